@@ -1,0 +1,18 @@
+/* libddp: data-parallel training in C. Include this one header. */
+#ifndef DDP_DDP_H
+#define DDP_DDP_H
+
+#include "ddp/config.h"
+#include "ddp/env.h"
+#include "ddp/group.h"
+#include "ddp/reducer.h"
+#include "ddp/status.h"
+#include "ddp/store.h"
+#include "ddp/trace.h"
+#include "ddp/types.h"
+
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 1
+#define DDP_VERSION_PATCH 0
+
+#endif

@@ -1,0 +1,136 @@
+/* Process groups: collectives among `world_size` ranks, asynchronous on a progress thread.
+ *
+ * A group is created collectively by every rank from a store (the rendezvous), its rank and the
+ * world size. The transport is chosen automatically (shared memory when every rank is on one host)
+ * or by DDP_TRANSPORT / the options. Each collective returns a work handle at once; works run in
+ * issue order on the group's progress thread, so the caller's thread stays free to compute.
+ *
+ * Every collective carries a fingerprint (sequence number, op, dtype, count, root): ranks that
+ * disagree all get DDP_ERR_MISMATCH with both sides stated, never wrong data or a hang. Every wait
+ * is bounded by the group's timeout; a timeout names the ranks that did not arrive. After a
+ * timeout, mismatch or dead peer the group is broken: later calls return DDP_ERR_ABORTED and the
+ * group must be destroyed. Results are bitwise identical on every rank.
+ *
+ * Thread-safety: collectives may be issued from any one thread at a time per group (issue order
+ * defines the sequence, so two threads issuing concurrently on one group is a usage error). */
+#ifndef DDP_GROUP_H
+#define DDP_GROUP_H
+
+#include <stddef.h>
+
+#include "ddp/status.h"
+#include "ddp/store.h"
+#include "ddp/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_group ddp_group_t;
+typedef struct ddp_work ddp_work_t;
+
+typedef struct ddp_group_options {
+    int timeout_ms;        /* 0: DDP_TIMEOUT (default 300 s) */
+    const char *transport; /* NULL or "auto", "shm", "tcp", "mpi"; DDP_TRANSPORT overrides auto */
+    const char *name;      /* distinguishes groups created on one store; NULL: "default" */
+} ddp_group_options_t;
+
+#define DDP_GROUP_OPTIONS_INIT {0, NULL, NULL}
+
+/* Collective over all `world_size` ranks. The store must stay valid until ddp_group_destroy. */
+DDP_API ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
+                                      const ddp_group_options_t *options, ddp_group_t **out);
+
+/* Reads the launcher's environment (see ddp/env.h), connects to its TCP store and creates the
+ * group; the group owns that store and closes it on destroy. */
+DDP_API ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options,
+                                               ddp_group_t **out);
+
+/* Collective over every rank of `parent` (like torch's new_group): ranks listed in `ranks`
+ * (sorted ascending or not; no duplicates) form a new group, ordered as listed; *out is NULL on
+ * the ranks not listed. */
+DDP_API ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
+                                     const ddp_group_options_t *options, ddp_group_t **out);
+
+/* Waits for queued works, stops the progress thread, frees everything. NULL is allowed. */
+DDP_API void ddp_group_destroy(ddp_group_t *group);
+
+DDP_API int ddp_group_rank(const ddp_group_t *group);
+DDP_API int ddp_group_size(const ddp_group_t *group);
+DDP_API int ddp_group_timeout_ms(const ddp_group_t *group);
+/* "shm", "tcp", "mpi", "hierarchical", "self" (world size 1). */
+DDP_API const char *ddp_group_transport(const ddp_group_t *group);
+
+/* ---- asynchronous collectives ------------------------------------------------------------
+ * Buffers must stay valid and untouched until the work completes. send == recv is in-place.
+ * A count of 0 is valid (the ranks still synchronise and check fingerprints). */
+
+/* recv[i] = op over ranks of send[i]. */
+DDP_API ddp_status_t ddp_group_allreduce_async(ddp_group_t *group, const void *send, void *recv,
+                                               size_t count, ddp_dtype_t dtype,
+                                               ddp_reduce_op_t op, ddp_work_t **work);
+/* buf on every rank = buf on `root`. */
+DDP_API ddp_status_t ddp_group_broadcast_async(ddp_group_t *group, void *buf, size_t count,
+                                               ddp_dtype_t dtype, int root, ddp_work_t **work);
+/* send holds world_size blocks of recv_count elements; recv = op over ranks of block[rank].
+ * In place when recv == send + rank * recv_count elements. */
+DDP_API ddp_status_t ddp_group_reduce_scatter_async(ddp_group_t *group, const void *send,
+                                                    void *recv, size_t recv_count,
+                                                    ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                                    ddp_work_t **work);
+/* recv (world_size * send_count elements) = concatenation of every rank's send, in rank order.
+ * In place when send == recv + rank * send_count elements. */
+DDP_API ddp_status_t ddp_group_allgather_async(ddp_group_t *group, const void *send, void *recv,
+                                               size_t send_count, ddp_dtype_t dtype,
+                                               ddp_work_t **work);
+DDP_API ddp_status_t ddp_group_barrier_async(ddp_group_t *group, ddp_work_t **work);
+
+/* ---- blocking conveniences: issue, then wait ------------------------------------------- */
+DDP_API ddp_status_t ddp_group_allreduce(ddp_group_t *group, const void *send, void *recv,
+                                         size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op);
+DDP_API ddp_status_t ddp_group_broadcast(ddp_group_t *group, void *buf, size_t count,
+                                         ddp_dtype_t dtype, int root);
+DDP_API ddp_status_t ddp_group_reduce_scatter(ddp_group_t *group, const void *send, void *recv,
+                                              size_t recv_count, ddp_dtype_t dtype,
+                                              ddp_reduce_op_t op);
+DDP_API ddp_status_t ddp_group_allgather(ddp_group_t *group, const void *send, void *recv,
+                                         size_t send_count, ddp_dtype_t dtype);
+DDP_API ddp_status_t ddp_group_barrier(ddp_group_t *group);
+
+/* ---- tasks: ordered user code on the progress thread --------------------------------------
+ * Runs fn(group, arg) on the progress thread, in issue order with the collectives. Inside fn,
+ * the blocking collective calls above execute inline (they are the next sequence numbers on
+ * every rank), so a communication hook can chain compress → allreduce → compute → allreduce while
+ * the caller's thread goes on computing. fn must not wait on works. fn's status becomes the
+ * work's status. */
+typedef ddp_status_t (*ddp_task_fn)(ddp_group_t *group, void *arg);
+DDP_API ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg,
+                                      ddp_work_t **work);
+
+/* ---- works ------------------------------------------------------------------------------- */
+
+/* Waits until the work completes (at most the group's timeout) and returns its status; the
+ * error text of a failed work is available through ddp_last_error() on the waiting thread. */
+DDP_API ddp_status_t ddp_work_wait(ddp_work_t *work);
+/* *done = 1 when complete (then ddp_work_wait returns at once). */
+DDP_API ddp_status_t ddp_work_test(ddp_work_t *work, int *done);
+/* Runs fn(arg, status) on the progress thread as soon as the work completes (at once, on the
+ * calling thread, if it already has). fn must be quick and must not wait on works. One per work. */
+typedef void (*ddp_work_callback_fn)(void *arg, ddp_status_t status);
+DDP_API ddp_status_t ddp_work_on_complete(ddp_work_t *work, ddp_work_callback_fn fn, void *arg);
+/* Releases the handle. A work still running goes on (its buffers must stay valid until then).
+ * NULL is allowed. */
+DDP_API void ddp_work_free(ddp_work_t *work);
+
+/* ---- buffers in the transport's memory -----------------------------------------------------
+ * Collective: every rank calls with the same size, in the same order. Returns this rank's buffer
+ * of `bytes` bytes (64-byte aligned, zeroed) living in memory the transport reads directly (the
+ * shared segment for shm), so collectives on it skip the copy in. On transports without such
+ * memory it is ordinary memory. Free collectively with ddp_group_free_buffer, before destroy. */
+DDP_API ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out);
+DDP_API ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,197 @@
+/* The Reducer: data-parallel gradient averaging with c10d's semantics, in C.
+ *
+ * C has no autograd, so the caller's backward pass reports each gradient as it is finished
+ * (ddp_reducer_grad_ready is the autograd hook). Parameters are grouped into buckets (1 MiB for the
+ * first, then bucket_cap, per dtype, in reverse registration order); the moment a bucket's last
+ * gradient is ready it is divided by the world size and its allreduce starts on the group's
+ * progress thread, overlapping communication with the rest of backward.
+ *
+ *     ddp_reducer_create(group, params, n, buffers, nb, &config, &reducer);  // verify + broadcast
+ *     for each step:
+ *         ddp_reducer_prepare(reducer);                 // buffers broadcast, iteration starts
+ *         ddp_reducer_grad(reducer, i, &g);             // where param i's gradient lives
+ *         forward; backward writing g and calling ddp_reducer_grad_ready(reducer, i)
+ *         ddp_reducer_finalize(reducer);                // averaged gradients are in place
+ *         optimizer step; ddp_reducer_zero_grad(reducer);
+ *
+ * Thread-safety: one thread drives a reducer. Errors from any rank (mismatch, timeout, death)
+ * reach every rank as a status; usage errors name the parameter. */
+#ifndef DDP_REDUCER_H
+#define DDP_REDUCER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/group.h"
+#include "ddp/status.h"
+#include "ddp/trace.h"
+#include "ddp/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_param {
+    const char *name; /* unique per model; copied */
+    void *data;       /* values; overwritten with rank 0's at create; must outlive the reducer */
+    size_t numel;
+    ddp_dtype_t dtype; /* f32, f64, f16 or bf16 */
+    size_t rows;       /* matrix view rows (numel % rows == 0), 0 for a vector; sparse: table rows */
+    int sparse;        /* gradient arrives as rows (ddp_reducer_sparse_grad), reduced by allgather */
+    void *grad;        /* user-owned gradient (numel elements) when config.user_grads; else NULL */
+} ddp_param_t;
+
+typedef struct ddp_buffer {
+    const char *name;
+    void *data; /* e.g. running statistics: broadcast from rank 0, never reduced */
+    size_t numel;
+    ddp_dtype_t dtype;
+} ddp_buffer_t;
+
+/* What a communication hook is given: one bucket, already divided by the world size. */
+typedef struct ddp_comm_bucket {
+    size_t index;          /* position in reduction order (0 is reduced first) */
+    void *data;            /* flattened gradients: numel elements of dtype */
+    size_t numel;
+    ddp_dtype_t dtype;
+    size_t nparams;
+    const size_t *params;  /* parameter indices, in bucket order */
+    const size_t *offsets; /* element offset of each parameter in data */
+    const size_t *numels;  /* elements of each parameter */
+    const size_t *rows;    /* matrix rows of each parameter (0: vector) */
+    uint64_t iteration;    /* synchronised iterations completed before this one */
+} ddp_comm_bucket_t;
+
+/* Starts reducing bucket->data asynchronously so that, when *work completes, data holds the sum
+ * over ranks (= the average, since the input was prescaled). The bucket memory stays valid and
+ * untouched by the reducer until then. The default hook is an allreduce with DDP_SUM. */
+typedef ddp_status_t (*ddp_comm_hook_fn)(void *state, ddp_group_t *group,
+                                         const ddp_comm_bucket_t *bucket, ddp_work_t **work);
+
+typedef struct ddp_reducer_config {
+    size_t bucket_cap_bytes;       /* 25 MiB */
+    size_t first_bucket_bytes;     /* 1 MiB */
+    size_t broadcast_bucket_bytes; /* 250 MiB: coalescing of the initial broadcast */
+    int find_unused_parameters;    /* 0: every parameter must be marked ready each iteration */
+    int user_grads;                /* 0: gradients live in bucket memory; 1: param.grad, copied */
+    int broadcast_buffers;         /* 1: prepare broadcasts buffers from rank 0 */
+    int rebuild_buckets;           /* 1: after the first iteration, rebuild once in arrival order */
+    int sync_at_create;            /* 1: verify the model across ranks and broadcast from rank 0 */
+    ddp_comm_hook_fn comm_hook;    /* NULL: allreduce-sum of the prescaled bucket */
+    void *comm_hook_state;
+    ddp_trace_t *trace; /* NULL, or bucket allreduce spans are recorded here */
+} ddp_reducer_config_t;
+
+#define DDP_REDUCER_CONFIG_INIT                                                                   \
+    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL}
+
+typedef struct ddp_reducer ddp_reducer_t;
+
+/* Collective. Deduplicates parameters registered twice (same data pointer), verifies count,
+ * names, numel, dtype and sparsity across ranks (a mismatch names the first differing parameter
+ * and both sides, on every rank), broadcasts parameters and buffers from rank 0 in coalesced
+ * buckets, and assigns gradient buckets. params/buffers arrays are copied; data pointers must
+ * outlive the reducer. */
+DDP_API ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params,
+                                        size_t nparams, const ddp_buffer_t *buffers,
+                                        size_t nbuffers, const ddp_reducer_config_t *config,
+                                        ddp_reducer_t **out);
+DDP_API void ddp_reducer_destroy(ddp_reducer_t *reducer);
+
+/* Where parameter i's gradient lives (index as registered, duplicates map to the kept one).
+ * Bucket memory unless user_grads. Valid until the next ddp_reducer_prepare (a rebuild moves it);
+ * gradients are preserved across a rebuild. */
+DDP_API ddp_status_t ddp_reducer_grad(ddp_reducer_t *reducer, size_t index, void **grad);
+
+/* Zeroes every gradient (dense ones and pending sparse rows). */
+DDP_API ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *reducer);
+
+/* Starts an iteration. Broadcasts buffers when configured. DDP_ERR_INVALID_USAGE if the previous
+ * synchronised iteration was not finalized. */
+DDP_API ddp_status_t ddp_reducer_prepare(ddp_reducer_t *reducer);
+
+/* Parameter i's gradient is complete for this iteration. The last gradient of a bucket launches
+ * its reduction (strictly in bucket order). Marking a parameter twice is DDP_ERR_INVALID_USAGE. */
+DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index);
+
+/* Sparse gradient of parameter i: nrows rows of numel/rows elements each, at `indices`. Counts as
+ * grad_ready. Data is copied. */
+DDP_API ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *reducer, size_t index,
+                                             const int64_t *indices, const void *values,
+                                             size_t nrows);
+
+/* Waits for every bucket; afterwards each gradient holds the average over ranks. With
+ * find_unused_parameters, gradients of globally unused parameters are left untouched. */
+DDP_API ddp_status_t ddp_reducer_finalize(ddp_reducer_t *reducer);
+
+/* The averaged sparse gradient of parameter i after finalize: sorted unique row indices and their
+ * rows (owned by the reducer, valid until the next prepare). */
+DDP_API ddp_status_t ddp_reducer_sparse_result(ddp_reducer_t *reducer, size_t index,
+                                               const int64_t **indices, const void **values,
+                                               size_t *nrows);
+
+/* no_sync: with enabled = 0, iterations accumulate gradients locally without communication; the
+ * next iteration with sync enabled averages the accumulated sums. */
+DDP_API ddp_status_t ddp_reducer_set_sync(ddp_reducer_t *reducer, int enabled);
+
+/* Bucket layout (after any rebuild): number of buckets, and bucket b's parameter indices. */
+DDP_API size_t ddp_reducer_bucket_count(const ddp_reducer_t *reducer);
+DDP_API ddp_status_t ddp_reducer_bucket_params(const ddp_reducer_t *reducer, size_t bucket,
+                                               const size_t **params, size_t *nparams);
+
+typedef struct ddp_bucket_stats {
+    size_t bytes;
+    double ready_us; /* last gradient ready, relative to the first grad_ready of the iteration */
+    double launch_us;
+    double done_us;
+} ddp_bucket_stats_t;
+
+typedef struct ddp_reducer_stats {
+    uint64_t iteration;
+    double backward_us; /* first grad_ready to finalize entry */
+    double comm_us;     /* sum over buckets of done - launch */
+    double exposed_us;  /* time finalize waited */
+    size_t bytes;       /* bytes reduced this iteration (before any hook's compression) */
+    size_t nbuckets;
+    const ddp_bucket_stats_t *buckets; /* valid until the next prepare */
+} ddp_reducer_stats_t;
+
+/* Statistics of the last finalized synchronised iteration. */
+DDP_API ddp_status_t ddp_reducer_stats(const ddp_reducer_t *reducer, ddp_reducer_stats_t *out);
+
+/* ---- bucket assignment, on its own --------------------------------------------------------
+ * c10d's compute_bucket_assignment_by_size: tensors visited in `order` (NULL: index order) are
+ * grouped per dtype; a bucket closes when it reaches the current limit (limits[0] for the first
+ * bucket of each dtype, then the next limit, the last one repeating); sparse tensors get a bucket
+ * each. Buckets are sorted by their smallest tensor index. The Reducer passes the parameters in
+ * reverse order and reverses the result. */
+typedef struct ddp_bucket_assignment {
+    size_t nbuckets;
+    size_t *starts;  /* nbuckets + 1 offsets into indices */
+    size_t *indices; /* tensor indices, bucket by bucket */
+} ddp_bucket_assignment_t;
+
+DDP_API ddp_status_t ddp_compute_bucket_assignment(const ddp_param_t *params, size_t nparams,
+                                                   const size_t *limits, size_t nlimits,
+                                                   const size_t *order,
+                                                   ddp_bucket_assignment_t *out);
+DDP_API void ddp_bucket_assignment_free(ddp_bucket_assignment_t *assignment);
+
+/* ---- legacy mode (fairseq's LegacyDistributedDataParallel) --------------------------------
+ * After backward, one call all-reduces every gradient (param.grad, user-owned) through one flat
+ * buffer of buffer_numel elements (0: 2^28, capped at the total parameter count); a parameter
+ * larger than the buffer is reduced on its own; gradients are divided by the world size first. */
+typedef struct ddp_legacy ddp_legacy_t;
+DDP_API ddp_status_t ddp_legacy_create(ddp_group_t *group, const ddp_param_t *params,
+                                       size_t nparams, size_t buffer_numel, ddp_legacy_t **out);
+DDP_API void ddp_legacy_destroy(ddp_legacy_t *legacy);
+/* enabled = 0: ddp_legacy_allreduce does nothing (gradients accumulate). */
+DDP_API ddp_status_t ddp_legacy_set_sync(ddp_legacy_t *legacy, int enabled);
+/* has_grad[i] = 0 means parameter i got no gradient: it is zero-filled and takes part. NULL:
+ * every parameter has one. */
+DDP_API ddp_status_t ddp_legacy_allreduce(ddp_legacy_t *legacy, const unsigned char *has_grad);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,110 @@
+/* Rendezvous stores: a small key-value service through which ranks find each other.
+ *
+ * One interface, four implementations: in-memory (threads of one process), file (processes on one
+ * machine or a shared filesystem), TCP (a server hosted by a rank or the launcher, many clients) and
+ * prefix (namespaces the keys of another store). Keys are NUL-terminated strings of at most
+ * DDP_STORE_MAX_KEY bytes; values are byte strings of at most DDP_STORE_MAX_VALUE bytes.
+ *
+ * Thread-safety: a store handle may be used from several threads at once.
+ * Timeouts: every blocking call waits at most the store's timeout (ddp_store_set_timeout; default
+ * DDP_TIMEOUT). A timeout returns DDP_ERR_TIMEOUT and ddp_last_error() names the missing keys. */
+#ifndef DDP_STORE_H
+#define DDP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_STORE_MAX_KEY 1024
+#define DDP_STORE_MAX_VALUE (64u * 1024u * 1024u)
+
+typedef struct ddp_store ddp_store_t;
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+/* In-memory store shared by the threads of one process. */
+DDP_API ddp_status_t ddp_store_hash_create(ddp_store_t **out);
+
+/* File store at `path` (created if missing). Safe for concurrent processes on one machine (and on
+ * a shared filesystem with working fcntl locks). The file is not removed by destroy. */
+DDP_API ddp_status_t ddp_store_file_create(const char *path, ddp_store_t **out);
+
+/* Connects to a TCP store server at host:port, authenticating with `token` (may be NULL or "" only
+ * if the server has no token). Retries with backoff while the server is not yet up, until
+ * timeout_ms (0: DDP_TIMEOUT) passes. */
+DDP_API ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token,
+                                           int timeout_ms, ddp_store_t **out);
+
+/* A view of `base` whose keys are prefixed with "<prefix>/". Does not own `base`: base must
+ * outlive the prefix store. */
+DDP_API ddp_status_t ddp_store_prefix_create(ddp_store_t *base, const char *prefix,
+                                             ddp_store_t **out);
+
+/* Closes the handle and frees it. NULL is allowed. */
+DDP_API void ddp_store_destroy(ddp_store_t *store);
+
+/* Sets the timeout of blocking calls through this handle, in milliseconds (> 0). */
+DDP_API ddp_status_t ddp_store_set_timeout(ddp_store_t *store, int timeout_ms);
+DDP_API int ddp_store_timeout(const ddp_store_t *store);
+
+/* ---- operations -------------------------------------------------------------------------- */
+
+DDP_API ddp_status_t ddp_store_set(ddp_store_t *store, const char *key, const void *value,
+                                   size_t len);
+
+/* Waits until `key` exists (or the timeout passes), then returns a copy of its value in *value
+ * (free with ddp_free; NUL-terminated one byte past len for convenience) and its length. */
+DDP_API ddp_status_t ddp_store_get(ddp_store_t *store, const char *key, void **value,
+                                   size_t *len);
+
+/* Atomically adds `delta` to the integer stored at `key` (missing counts as 0; the value is kept
+ * as decimal text) and returns the new value in *result. */
+DDP_API ddp_status_t ddp_store_add(ddp_store_t *store, const char *key, int64_t delta,
+                                   int64_t *result);
+
+/* Atomically: if the key's value equals `expected` (a missing key matches expected_len == 0 with
+ * expected == NULL), set it to `desired`. Returns the value now stored in *current (ddp_free);
+ * the caller compares it with `desired` to learn whether it won. */
+DDP_API ddp_status_t ddp_store_compare_set(ddp_store_t *store, const char *key,
+                                           const void *expected, size_t expected_len,
+                                           const void *desired, size_t desired_len,
+                                           void **current, size_t *current_len);
+
+/* *all_exist = 1 when every key exists now, 0 otherwise. Does not block. */
+DDP_API ddp_status_t ddp_store_check(ddp_store_t *store, const char *const *keys, size_t nkeys,
+                                     int *all_exist);
+
+/* Waits until every key exists. timeout_ms 0 uses the store's timeout. On timeout the error text
+ * lists the keys still missing. */
+DDP_API ddp_status_t ddp_store_wait(ddp_store_t *store, const char *const *keys, size_t nkeys,
+                                    int timeout_ms);
+
+/* Deletes `key`; *deleted (may be NULL) says whether it existed. */
+DDP_API ddp_status_t ddp_store_delete(ddp_store_t *store, const char *key, int *deleted);
+
+/* Number of keys in the store (for a prefix store: the base store's count). */
+DDP_API ddp_status_t ddp_store_num_keys(ddp_store_t *store, int64_t *count);
+
+/* ---- TCP server -------------------------------------------------------------------------- */
+
+typedef struct ddp_store_server ddp_store_server_t;
+
+/* Starts a TCP store server on bind_addr:port (NULL bind_addr: 127.0.0.1; port 0: any free port)
+ * in a background thread. Every connection must authenticate with `token` first (NULL or "": no
+ * authentication). Malformed, oversized or unauthenticated frames close only that connection. */
+DDP_API ddp_status_t ddp_store_server_start(const char *bind_addr, int port, const char *token,
+                                            ddp_store_server_t **out);
+/* The port the server listens on. */
+DDP_API int ddp_store_server_port(const ddp_store_server_t *server);
+/* Stops the server thread, closes every connection and frees it. NULL is allowed. */
+DDP_API void ddp_store_server_stop(ddp_store_server_t *server);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

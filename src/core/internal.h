@@ -1,0 +1,56 @@
+/* Internal helpers every part of libddp uses: error recording, logging, environment look-ups,
+ * clocks. Not installed. */
+#ifndef DDP_CORE_INTERNAL_H
+#define DDP_CORE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/ddp.h"
+
+#if defined(__GNUC__)
+#define DDP_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define DDP_PRINTF(f, a)
+#endif
+
+#define DDP_ERROR_TEXT_MAX 2048
+
+/* Records `status` with a formatted message as the calling thread's last error; returns status,
+ * so callers write `return ddp__error(DDP_ERR_INVALID_ARGUMENT, "count: ...")`. */
+ddp_status_t ddp__error(ddp_status_t status, const char *fmt, ...) DDP_PRINTF(2, 3);
+/* Same, appending ": <strerror(errnum)>". */
+ddp_status_t ddp__error_errno(ddp_status_t status, int errnum, const char *fmt, ...)
+    DDP_PRINTF(3, 4);
+/* Clears the calling thread's last error (public calls do this on entry when convenient). */
+void ddp__clear_error(void);
+/* Replaces the calling thread's error text (used to carry a work's error to the waiting thread). */
+void ddp__set_error_text(const char *text);
+/* Prefixes the current error text with "<prefix>: " keeping the status. */
+ddp_status_t ddp__error_context(ddp_status_t status, const char *fmt, ...) DDP_PRINTF(2, 3);
+
+/* Logging, only when DDP_LOG_LEVEL asks (error, warn, info, debug); to stderr. */
+enum { DDP_LOG_NONE = 0, DDP_LOG_ERROR = 1, DDP_LOG_WARN = 2, DDP_LOG_INFO = 3, DDP_LOG_DEBUG = 4 };
+int ddp__log_level(void);
+void ddp__log(int level, const char *fmt, ...) DDP_PRINTF(2, 3);
+#define DDP_LOG(level, ...)                                                                       \
+    do {                                                                                          \
+        if (ddp__log_level() >= (level)) ddp__log((level), __VA_ARGS__);                          \
+    } while (0)
+
+/* Environment: the variable must be in the table (src/core/config.c); returns its value or the
+ * table's default (NULL when neither). */
+const char *ddp__env(const char *name);
+/* Integer value of an env variable; `fallback` when unset; *ok = 0 (if given) when malformed. */
+long long ddp__env_int(const char *name, long long fallback);
+
+/* Clocks. */
+double ddp__now_us(void);    /* monotonic */
+int64_t ddp__now_ns(void);   /* monotonic */
+
+/* Checked allocation helpers returning NULL and setting DDP_ERR_NO_MEMORY text. */
+void *ddp__malloc(size_t bytes, const char *what);
+void *ddp__calloc(size_t n, size_t size, const char *what);
+char *ddp__strdup(const char *s, const char *what);
+
+#endif

@@ -1,0 +1,155 @@
+/* Multi-process test runner: forks the ranks, shares a file store between them, enforces a
+ * timeout and reports which rank failed. */
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *ddp_test_tmpdir(void)
+{
+    static char path[512];
+    const char *base = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/ddp-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(path)) return NULL;
+    return path;
+}
+
+double ddp_test_random(unsigned long long *state)
+{
+    unsigned long long z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) / (double)(1ULL << 52) - 1.0;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int ddp_test_run_ranks(int world, int timeout_s, ddp_test_rank_fn fn, void *arg)
+{
+    if (world < 1 || world > 64) {
+        fprintf(stderr, "harness: bad world size %d\n", world);
+        return 1;
+    }
+    const char *dir = ddp_test_tmpdir();
+    if (!dir) {
+        perror("harness: mkdtemp");
+        return 1;
+    }
+    char store_path[600];
+    snprintf(store_path, sizeof store_path, "%s/store", dir);
+    char dir_copy[512];
+    snprintf(dir_copy, sizeof dir_copy, "%s", dir);
+    fflush(stdout);
+    fflush(stderr);
+
+    pid_t pids[64];
+    for (int r = 0; r < world; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("harness: fork");
+            for (int k = 0; k < r; k++) kill(pids[k], SIGKILL);
+            return 1;
+        }
+        if (pid == 0) {
+            ddp_store_t *store = NULL;
+            ddp_status_t s = ddp_store_file_create(store_path, &store);
+            if (s != DDP_OK) {
+                fprintf(stderr, "rank %d: file store: %s: %s\n", r, ddp_status_string(s),
+                        ddp_last_error());
+                _exit(1);
+            }
+            int rc = fn(r, world, store, arg);
+            ddp_store_destroy(store);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(rc == 0 ? 0 : 1);
+        }
+        pids[r] = pid;
+    }
+
+    int failed = 0, remaining = world;
+    int status_of[64];
+    int done[64] = {0};
+    double deadline_ms = (double)timeout_s * 1000.0;
+    double waited_ms = 0;
+    while (remaining > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            for (int r = 0; r < world; r++) {
+                if (pids[r] == pid && !done[r]) {
+                    done[r] = 1;
+                    status_of[r] = status;
+                    remaining--;
+                    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+                        if (WIFSIGNALED(status))
+                            fprintf(stderr, "harness: rank %d killed by signal %d\n", r, WTERMSIG(status));
+                        else
+                            fprintf(stderr, "harness: rank %d exited with status %d\n", r, WEXITSTATUS(status));
+                        failed = 1;
+                    }
+                }
+            }
+            continue;
+        }
+        if (pid < 0 && errno != EINTR) break;
+        if (waited_ms >= deadline_ms) {
+            for (int r = 0; r < world; r++) {
+                if (!done[r]) {
+                    fprintf(stderr, "harness: rank %d still running after %d s: killing it\n", r, timeout_s);
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                    done[r] = 1;
+                    remaining--;
+                }
+            }
+            failed = 1;
+            break;
+        }
+        sleep_ms(5);
+        waited_ms += 5;
+    }
+    (void)status_of;
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir_copy);
+    if (system(cmd) != 0) fprintf(stderr, "harness: could not remove %s\n", dir_copy);
+    return failed;
+}
+
+struct group_run {
+    const ddp_group_options_t *options;
+    ddp_test_group_fn fn;
+    void *arg;
+};
+
+static int run_with_group(int rank, int world, ddp_store_t *store, void *arg)
+{
+    struct group_run *run = arg;
+    ddp_group_t *group = NULL;
+    ddp_status_t s = ddp_group_create(store, rank, world, run->options, &group);
+    if (s != DDP_OK) {
+        fprintf(stderr, "rank %d: ddp_group_create: %s: %s\n", rank, ddp_status_string(s),
+                ddp_last_error());
+        return 1;
+    }
+    int rc = run->fn(group, run->arg);
+    ddp_group_destroy(group);
+    return rc;
+}
+
+int ddp_test_run_group(int world, int timeout_s, const ddp_group_options_t *options,
+                       ddp_test_group_fn fn, void *arg)
+{
+    struct group_run run = {options, fn, arg};
+    return ddp_test_run_ranks(world, timeout_s, run_with_group, &run);
+}

@@ -1,0 +1,79 @@
+/* Test harness: assertions and a runner that starts N real rank processes sharing a file store,
+ * so multi-rank tests are ordinary ctest programs. */
+#ifndef DDP_TEST_HARNESS_H
+#define DDP_TEST_HARNESS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ddp/ddp.h"
+
+/* Fails the current process (a rank or the test) with a located message. */
+#define CHECK(cond)                                                                               \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);             \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                                      \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);             \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fputc('\n', stderr);                                                                  \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+/* The call must return DDP_OK. */
+#define CHECK_OK(expr)                                                                            \
+    do {                                                                                          \
+        ddp_status_t check_status_ = (expr);                                                      \
+        if (check_status_ != DDP_OK) {                                                            \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr,             \
+                    ddp_status_string(check_status_), ddp_last_error());                          \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+/* The call must return `want`. */
+#define CHECK_STATUS(expr, want)                                                                  \
+    do {                                                                                          \
+        ddp_status_t check_status_ = (expr);                                                      \
+        if (check_status_ != (want)) {                                                            \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s (error text: %s)\n", __FILE__,    \
+                    __LINE__, #expr, ddp_status_string(check_status_), ddp_status_string(want),   \
+                    ddp_last_error());                                                            \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+/* The last error text must contain `needle`. */
+#define CHECK_ERROR_MENTIONS(needle)                                                              \
+    CHECK_MSG(strstr(ddp_last_error(), (needle)) != NULL, "error text '%s' does not mention '%s'", \
+              ddp_last_error(), (needle))
+
+/* Body of one rank: returns 0 on success. Runs in its own process. */
+typedef int (*ddp_test_rank_fn)(int rank, int world, ddp_store_t *store, void *arg);
+
+/* Forks `world` processes; rank r runs fn(r, world, store, arg) with a file store in a fresh
+ * temporary directory shared by all ranks. Returns 0 when every rank exits 0 within timeout_s;
+ * otherwise prints which rank failed or hung, kills every rank and returns 1. */
+int ddp_test_run_ranks(int world, int timeout_s, ddp_test_rank_fn fn, void *arg);
+
+/* Like ddp_test_run_ranks, but each rank first creates a process group over the store (options may
+ * be NULL) and hands it to fn through `group_fn`. */
+typedef int (*ddp_test_group_fn)(ddp_group_t *group, void *arg);
+int ddp_test_run_group(int world, int timeout_s, const ddp_group_options_t *options,
+                       ddp_test_group_fn fn, void *arg);
+
+/* Makes a fresh directory under $TMPDIR (or /tmp); returns its path (static storage per call:
+ * copy it if needed), or NULL. */
+const char *ddp_test_tmpdir(void);
+
+/* Deterministic pseudo-random doubles in [-1, 1) from a seed (splitmix64). */
+double ddp_test_random(unsigned long long *state);
+
+#endif

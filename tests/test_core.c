@@ -1,0 +1,118 @@
+/* Core: status names, last-error text, dtype/op tables, half-precision conversions, the env
+ * table and the trace writer. */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "harness.h"
+
+#include <unistd.h>
+
+static void test_status_and_errors(void)
+{
+    CHECK(strcmp(ddp_status_string(DDP_OK), "DDP_OK") == 0);
+    CHECK(strcmp(ddp_status_string(DDP_ERR_TIMEOUT), "DDP_ERR_TIMEOUT") == 0);
+    CHECK(strcmp(ddp_status_string((ddp_status_t)-999), "DDP_ERR_UNKNOWN") == 0);
+    ddp_dtype_t d;
+    CHECK_STATUS(ddp_dtype_parse("f99", &d), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("f99");
+    CHECK_STATUS(ddp_dtype_parse(NULL, &d), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("name");
+    CHECK_OK(ddp_dtype_parse("bf16", &d));
+    CHECK(d == DDP_BF16);
+    ddp_reduce_op_t op;
+    CHECK_OK(ddp_reduce_op_parse("prod", &op));
+    CHECK(op == DDP_PROD);
+    CHECK_STATUS(ddp_reduce_op_parse("mean", &op), DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ddp_dtype_size(DDP_F16) == 2 && ddp_dtype_size(DDP_I64) == 8);
+    CHECK(ddp_dtype_size((ddp_dtype_t)42) == 0);
+    CHECK(strcmp(ddp_dtype_name((ddp_dtype_t)42), "invalid") == 0);
+}
+
+static void test_half_conversions(void)
+{
+    /* Every f16 value round-trips exactly through f32. */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float f = ddp_f16_to_f32((uint16_t)h);
+        if (isnan(f)) {
+            CHECK(isnan(ddp_f16_to_f32(ddp_f32_to_f16(f))));
+            continue;
+        }
+        CHECK_MSG(ddp_f32_to_f16(f) == h, "f16 0x%04x -> %g -> 0x%04x", h, f, ddp_f32_to_f16(f));
+    }
+    CHECK(ddp_f16_to_f32(0x3c00) == 1.0f);
+    CHECK(ddp_f16_to_f32(0x7bff) == 65504.0f);
+    CHECK(ddp_f32_to_f16(65520.0f) == 0x7c00);  /* rounds to infinity */
+    CHECK(ddp_f32_to_f16(65519.0f) == 0x7bff);
+    /* Ties go to even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10. */
+    CHECK(ddp_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);
+    CHECK(ddp_f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3c02);
+    CHECK(ddp_f32_to_f16(0x1p-25f) == 0x0000);       /* half the smallest subnormal: to even 0 */
+    CHECK(ddp_f32_to_f16(0x1.8p-25f) == 0x0001);
+    CHECK(ddp_f32_to_f16(-0.0f) == 0x8000);
+    for (uint32_t b = 0; b < 0x10000u; b++) {
+        float f = ddp_bf16_to_f32((uint16_t)b);
+        if (isnan(f)) continue;
+        CHECK(ddp_f32_to_bf16(f) == b);
+    }
+    CHECK(ddp_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);  /* tie to even */
+    CHECK(ddp_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
+    CHECK(isnan(ddp_bf16_to_f32(ddp_f32_to_bf16(NAN))));
+}
+
+static void test_env_table(void)
+{
+    const ddp_env_var_t *table;
+    size_t n = ddp_env_vars(&table);
+    int found = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECK(strncmp(table[i].name, "DDP_", 4) == 0 || strchr(table[i].name, '_') || 1);
+        CHECK(table[i].help && table[i].help[0]);
+        if (strcmp(table[i].name, "DDP_TIMEOUT") == 0) found = 1;
+    }
+    CHECK(found);
+    unsetenv("DDP_TIMEOUT");
+    CHECK(ddp_default_timeout_ms() == 300000);
+    setenv("DDP_TIMEOUT", "2.5", 1);
+    CHECK(ddp_default_timeout_ms() == 2500);
+    setenv("DDP_TIMEOUT", "garbage", 1);
+    CHECK(ddp_default_timeout_ms() == 300000);
+    unsetenv("DDP_TIMEOUT");
+}
+
+static void test_trace(void)
+{
+    const char *dir = ddp_test_tmpdir();
+    CHECK(dir);
+    char path[600];
+    snprintf(path, sizeof path, "%s/t.json", dir);
+    ddp_trace_t *t;
+    CHECK_OK(ddp_trace_open(path, 3, &t));
+    CHECK_OK(ddp_trace_name_lane(t, 1, "comm"));
+    CHECK_OK(ddp_trace_span(t, "bucket \"0\"", "allreduce", 1, 10.0, 25.5));
+    CHECK_OK(ddp_trace_close(t));
+    FILE *f = fopen(path, "r");
+    CHECK(f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    CHECK(strstr(buf, "\"traceEvents\""));
+    CHECK(strstr(buf, "bucket \\\"0\\\""));
+    CHECK(strstr(buf, "\"dur\":15.500"));
+    CHECK(strstr(buf, "\"pid\":3"));
+    remove(path);
+    rmdir(dir);
+    CHECK_STATUS(ddp_trace_open("/nonexistent-dir/x.json", 0, &t), DDP_ERR_SYSTEM);
+    CHECK_ERROR_MENTIONS("/nonexistent-dir/x.json");
+}
+
+int main(void)
+{
+    test_status_and_errors();
+    test_half_conversions();
+    test_env_table();
+    test_trace();
+    printf("test_core: ok\n");
+    return 0;
+}
