@@ -22,6 +22,15 @@ static const ddp_env_var_t env_table[] = {
     {"LOCAL_WORLD_SIZE", "", "number of ranks on this host"},
     {"MASTER_ADDR", "", "address of the host running the TCP store"},
     {"MASTER_PORT", "", "port of the TCP store"},
+    {"GROUP_RANK", "", "rank of this host (node) in the job (set by ddprun)"},
+    {"OMPI_COMM_WORLD_RANK", "", "global rank under Open MPI mpirun (when RANK is unset)"},
+    {"OMPI_COMM_WORLD_SIZE", "", "number of ranks under Open MPI mpirun"},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "", "rank on this host under Open MPI mpirun"},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "", "number of ranks on this host under Open MPI mpirun"},
+    {"PMI_RANK", "", "global rank under MPICH mpiexec (when RANK and OMPI_* are unset)"},
+    {"PMI_SIZE", "", "number of ranks under MPICH mpiexec"},
+    {"MPI_LOCALRANKID", "", "rank on this host under MPICH mpiexec"},
+    {"MPI_LOCALNRANKS", "", "number of ranks on this host under MPICH mpiexec"},
 };
 
 size_t ddp_env_vars(const ddp_env_var_t **table)
