@@ -1,0 +1,467 @@
+/* Size sweeps over the group's collectives, reported the way nccl-tests does.
+ *
+ * For each size: warmup iterations; with -c 1 one checked run whose output is compared element
+ * by element with values computed here (inputs are small integers, so sums, products, minima and
+ * copies are exact in every type; only AVG of floats may round, and gets one unit in the last
+ * place); then one calibration round that fixes how many iterations a timing round needs to last
+ * --min-ms (the same count on every rank); then --rounds timing rounds. A round's time is each
+ * rank's time per iteration, taken as the maximum over ranks (an allreduce MAX), and the size's
+ * time is the median round. Buffers are allocated once at the largest size, touched before use,
+ * either with malloc or (--segment 1) with ddp_group_alloc_buffer. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "core/internal.h"
+
+typedef struct bench {
+    ddp_group_t *group;
+    const ddp_bench_options_t *o;
+    int rank, world;
+    size_t elem;           /* bytes per element */
+    void *send, *recv;     /* send == recv when in place (recv is always the big one) */
+    size_t capacity;       /* bytes in each buffer */
+} bench_t;
+
+/* ---- elements as doubles --------------------------------------------------------------- */
+
+static double load(const void *buf, size_t i, ddp_dtype_t t)
+{
+    switch (t) {
+    case DDP_F32: return ((const float *)buf)[i];
+    case DDP_F64: return ((const double *)buf)[i];
+    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_I32: return ((const int32_t *)buf)[i];
+    case DDP_I64: return (double)((const int64_t *)buf)[i];
+    case DDP_U8: return ((const uint8_t *)buf)[i];
+    default: return NAN;
+    }
+}
+
+static void store(void *buf, size_t i, ddp_dtype_t t, double v)
+{
+    switch (t) {
+    case DDP_F32: ((float *)buf)[i] = (float)v; break;
+    case DDP_F64: ((double *)buf)[i] = v; break;
+    case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
+    case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
+    case DDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+static int is_float(ddp_dtype_t t) { return t == DDP_F32 || t == DDP_F64 || t == DDP_F16 || t == DDP_BF16; }
+
+/* Input of `rank` at global element index i: small integers, exact in every type, so that the
+ * expected result is exact too. Products stay within +-2^world. u8 gets non-negative values. */
+static double input_value(const bench_t *b, int rank, size_t i)
+{
+    if (b->o->op == DDP_PROD) {
+        static const double signed_factors[] = {1, -1, 2, 1, -2, -1, 1};
+        static const double unsigned_factors[] = {1, 1, 2, 1, 2, 1, 1};
+        size_t k = (i * 3 + (size_t)rank) % 7;
+        return b->o->dtype == DDP_U8 ? unsigned_factors[k] : signed_factors[k];
+    }
+    double v = (double)((i * 7 + (size_t)rank * 5) % 13);
+    return b->o->dtype == DDP_U8 ? v : v - 6.0;
+}
+
+/* Value the reduction of input_value over every rank must produce at index i, rounded to the
+ * type as the library rounds it (f16/bf16: computed in f32, rounded once). */
+static double expected_reduction(const bench_t *b, size_t i)
+{
+    ddp_reduce_op_t op = b->o->op;
+    double acc = input_value(b, 0, i);
+    for (int r = 1; r < b->world; r++) {
+        double v = input_value(b, r, i);
+        if (op == DDP_SUM || op == DDP_AVG) acc += v;
+        else if (op == DDP_MIN) acc = v < acc ? v : acc;
+        else if (op == DDP_MAX) acc = v > acc ? v : acc;
+        else acc *= v;
+    }
+    if (op == DDP_AVG) {
+        if (is_float(b->o->dtype)) acc /= b->world;
+        else acc = (double)((long long)acc / b->world); /* truncation toward zero */
+    }
+    unsigned char tmp[8];
+    store(tmp, 0, b->o->dtype, acc);
+    return load(tmp, 0, b->o->dtype);
+}
+
+static int same(const bench_t *b, double got, double want)
+{
+    if (got == want) return 1;
+    if (b->o->op != DDP_AVG || !is_float(b->o->dtype)) return 0;
+    /* AVG of floats: the library may divide or multiply by 1/n; allow one unit in the last place. */
+    double ulp = b->o->dtype == DDP_F64 ? 0x1p-52 : b->o->dtype == DDP_F32 ? 0x1p-23
+                 : b->o->dtype == DDP_F16 ? 0x1p-10 : 0x1p-7;
+    return fabs(got - want) <= fabs(want) * ulp;
+}
+
+/* ---- one size ---------------------------------------------------------------------------- */
+
+typedef struct size_plan {
+    size_t count;      /* elements the call is given: see the transport contract's count */
+    size_t total;      /* elements in the whole buffer (the SIZE column / elem) */
+    const void *send;
+    void *recv;
+} size_plan_t;
+
+/* Splits `bytes` into the call's arguments for this collective. */
+static size_plan_t plan_size(const bench_t *b, size_t bytes)
+{
+    size_plan_t p = {0, 0, b->send, b->recv};
+    size_t elems = bytes / b->elem;
+    size_t w = (size_t)b->world;
+    char *recv = b->recv;
+    switch (b->o->collective) {
+    case DDP_BENCH_ALLREDUCE:
+    case DDP_BENCH_BROADCAST:
+        p.count = p.total = elems;
+        break;
+    case DDP_BENCH_REDUCE_SCATTER:
+        p.count = elems / w;
+        p.total = p.count * w;
+        /* In place: the result lands in block[rank] of the input. */
+        if (b->o->inplace) {
+            p.send = recv;
+            p.recv = recv + (size_t)b->rank * p.count * b->elem;
+        }
+        break;
+    case DDP_BENCH_ALLGATHER:
+        p.count = elems / w;
+        p.total = p.count * w;
+        if (b->o->inplace) p.send = recv + (size_t)b->rank * p.count * b->elem;
+        break;
+    case DDP_BENCH_BARRIER:
+        break;
+    }
+    if (b->o->collective == DDP_BENCH_BROADCAST) p.send = p.recv;
+    return p;
+}
+
+static ddp_status_t run_once(const bench_t *b, const size_plan_t *p)
+{
+    ddp_group_t *g = b->group;
+    ddp_dtype_t t = b->o->dtype;
+    switch (b->o->collective) {
+    case DDP_BENCH_ALLREDUCE: return ddp_group_allreduce(g, p->send, p->recv, p->count, t, b->o->op);
+    case DDP_BENCH_BROADCAST: return ddp_group_broadcast(g, p->recv, p->count, t, b->o->root);
+    case DDP_BENCH_REDUCE_SCATTER:
+        return ddp_group_reduce_scatter(g, p->send, p->recv, p->count, t, b->o->op);
+    case DDP_BENCH_ALLGATHER: return ddp_group_allgather(g, p->send, p->recv, p->count, t);
+    case DDP_BENCH_BARRIER: return ddp_group_barrier(g);
+    }
+    return DDP_ERR_INVALID_ARGUMENT;
+}
+
+static int report_failure(const bench_t *b, const char *what, size_t bytes, ddp_status_t s)
+{
+    fprintf(stderr, "ddp-bench: rank %d: %s %s at %zu bytes: %s: %s\n", b->rank, what,
+            ddp_bench_collective_name(b->o->collective), bytes, ddp_status_string(s),
+            ddp_last_error());
+    return -1;
+}
+
+static int run_iterations(const bench_t *b, const size_plan_t *p, long iters, size_t bytes)
+{
+    for (long k = 0; k < iters; k++) {
+        ddp_status_t s = run_once(b, p);
+        if (s != DDP_OK) return report_failure(b, "running", bytes, s);
+    }
+    return 0;
+}
+
+/* Fills the buffers with this rank's inputs for a checked run (check = 1) or a timed run. Timed
+ * in-place reductions feed their output back in, so there the input is a fixed point of the
+ * reduction (0 for sums, 1 for products) to keep values finite and out of the slow denormals. */
+static void fill(const bench_t *b, const size_plan_t *p, int check)
+{
+    ddp_dtype_t t = b->o->dtype;
+    ddp_bench_collective_t c = b->o->collective;
+    int reducing = c == DDP_BENCH_ALLREDUCE || c == DDP_BENCH_REDUCE_SCATTER;
+    if (!check && b->o->inplace && reducing && (b->o->op == DDP_SUM || b->o->op == DDP_PROD)) {
+        double v = b->o->op == DDP_SUM ? 0.0 : 1.0;
+        for (size_t i = 0; i < p->total; i++) store(b->recv, i, t, v);
+        return;
+    }
+    switch (c) {
+    case DDP_BENCH_ALLREDUCE:
+    case DDP_BENCH_REDUCE_SCATTER:
+        for (size_t i = 0; i < p->total; i++) store((void *)p->send, i, t, input_value(b, b->rank, i));
+        if (p->send != b->recv) memset(b->recv, 0xff, p->total * b->elem);
+        break;
+    case DDP_BENCH_BROADCAST:
+        for (size_t i = 0; i < p->total; i++)
+            store(b->recv, i, t, b->rank == b->o->root ? input_value(b, b->rank, i) : 100.0);
+        break;
+    case DDP_BENCH_ALLGATHER: {
+        /* Rank r contributes the elements r*count .. (r+1)*count-1 of the global pattern. */
+        size_t base = (size_t)b->rank * p->count;
+        memset(b->recv, 0xff, p->total * b->elem); /* before: in place, send lies inside recv */
+        for (size_t j = 0; j < p->count; j++)
+            store((void *)p->send, j, t, input_value(b, b->rank, base + j));
+        break;
+    }
+    case DDP_BENCH_BARRIER:
+        break;
+    }
+}
+
+/* Counts this rank's wrong output elements. */
+static long long count_wrong(const bench_t *b, const size_plan_t *p)
+{
+    ddp_dtype_t t = b->o->dtype;
+    long long wrong = 0;
+    switch (b->o->collective) {
+    case DDP_BENCH_ALLREDUCE:
+        for (size_t i = 0; i < p->count; i++)
+            wrong += !same(b, load(p->recv, i, t), expected_reduction(b, i));
+        break;
+    case DDP_BENCH_REDUCE_SCATTER: {
+        size_t base = (size_t)b->rank * p->count;
+        for (size_t j = 0; j < p->count; j++)
+            wrong += !same(b, load(p->recv, j, t), expected_reduction(b, base + j));
+        break;
+    }
+    case DDP_BENCH_BROADCAST:
+        for (size_t i = 0; i < p->count; i++)
+            wrong += load(p->recv, i, t) != input_value(b, b->o->root, i);
+        break;
+    case DDP_BENCH_ALLGATHER:
+        for (size_t i = 0; i < p->total; i++)
+            wrong += load(p->recv, i, t) != input_value(b, (int)(i / p->count), i);
+        break;
+    case DDP_BENCH_BARRIER:
+        break;
+    }
+    return wrong;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct result {
+    size_t bytes, count;
+    double time_us, min_us, max_us; /* median, fastest and slowest round */
+    long iters;
+    long long wrong; /* -1: not checked */
+} result_t;
+
+/* Times `iters` iterations on this rank, then takes the slowest rank's time per iteration. */
+static int timed_round(const bench_t *b, const size_plan_t *p, long iters, size_t bytes,
+                       double *us_per_iter)
+{
+    ddp_status_t s = ddp_group_barrier(b->group);
+    if (s != DDP_OK) return report_failure(b, "barrier before", bytes, s);
+    double start = ddp_time_us();
+    if (run_iterations(b, p, iters, bytes)) return -1;
+    double t = (ddp_time_us() - start) / (double)iters;
+    s = ddp_group_allreduce(b->group, &t, &t, 1, DDP_F64, DDP_MAX);
+    if (s != DDP_OK) return report_failure(b, "max of times after", bytes, s);
+    *us_per_iter = t;
+    return 0;
+}
+
+static int measure(const bench_t *b, size_t bytes, result_t *r)
+{
+    const ddp_bench_options_t *o = b->o;
+    size_plan_t p = plan_size(b, bytes);
+    r->count = p.total;
+    r->bytes = p.total * b->elem;
+    r->wrong = -1;
+
+    fill(b, &p, 0);
+    if (run_iterations(b, &p, o->warmup, bytes)) return -1;
+    if (o->check) {
+        fill(b, &p, 1);
+        ddp_status_t s = run_once(b, &p);
+        if (s != DDP_OK) return report_failure(b, "checking", bytes, s);
+        long long wrong = count_wrong(b, &p);
+        s = ddp_group_allreduce(b->group, &wrong, &wrong, 1, DDP_I64, DDP_SUM);
+        if (s != DDP_OK) return report_failure(b, "summing wrong counts of", bytes, s);
+        r->wrong = wrong;
+        fill(b, &p, 0);
+    }
+
+    /* Calibration: every rank gets the same (max) time, hence the same iteration count. */
+    double per_iter = 0;
+    if (timed_round(b, &p, o->iters, bytes, &per_iter)) return -1;
+    long iters = o->iters;
+    if (per_iter * (double)iters < o->min_round_ms * 1000.0) {
+        double want = o->min_round_ms * 1000.0 / (per_iter > 0.01 ? per_iter : 0.01);
+        iters = want > 10000000.0 ? 10000000L : (long)ceil(want);
+    }
+    r->iters = iters;
+
+    double rounds[1000];
+    for (int k = 0; k < o->rounds; k++)
+        if (timed_round(b, &p, iters, bytes, &rounds[k])) return -1;
+    qsort(rounds, (size_t)o->rounds, sizeof rounds[0], compare_doubles);
+    int n = o->rounds;
+    r->time_us = n % 2 ? rounds[n / 2] : 0.5 * (rounds[n / 2 - 1] + rounds[n / 2]);
+    r->min_us = rounds[0];
+    r->max_us = rounds[n - 1];
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+
+static double bus_factor(const bench_t *b)
+{
+    double n = b->world;
+    switch (b->o->collective) {
+    case DDP_BENCH_ALLREDUCE: return 2.0 * (n - 1) / n;
+    case DDP_BENCH_REDUCE_SCATTER:
+    case DDP_BENCH_ALLGATHER: return (n - 1) / n;
+    default: return 1.0;
+    }
+}
+
+static const char *redop_column(const bench_t *b)
+{
+    ddp_bench_collective_t c = b->o->collective;
+    return c == DDP_BENCH_ALLREDUCE || c == DDP_BENCH_REDUCE_SCATTER ? ddp_reduce_op_name(b->o->op)
+                                                                     : "none";
+}
+
+static void print_header(const bench_t *b)
+{
+    const ddp_bench_options_t *o = b->o;
+    printf("# ddp-bench %s: %d ranks, transport %s, %s buffers, %s\n",
+           ddp_bench_collective_name(o->collective), b->world, ddp_group_transport(b->group),
+           o->segment ? "segment" : "user", o->inplace ? "in place" : "out of place");
+    printf("# time: per iteration, max over ranks, median of %d rounds of >= %d iterations and "
+           ">= %g ms; warmup %d; check %s\n",
+           o->rounds, o->iters, o->min_round_ms, o->warmup, o->check ? "on" : "off");
+    printf("#\n");
+    printf("# %12s %12s %6s %6s %12s %12s %12s %8s\n", "size", "count", "type", "redop",
+           "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong");
+    fflush(stdout);
+}
+
+static void print_row(const bench_t *b, const result_t *r)
+{
+    double algbw = r->time_us > 0 ? (double)r->bytes / r->time_us / 1e3 : 0.0;
+    double busbw = algbw * bus_factor(b);
+    const ddp_bench_options_t *o = b->o;
+    if (o->json) {
+        char wrong[32];
+        if (r->wrong < 0) snprintf(wrong, sizeof wrong, "null");
+        else snprintf(wrong, sizeof wrong, "%lld", r->wrong);
+        printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
+               "\"time_us\":%.4f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"world_size\":%d,"
+               "\"inplace\":%d,\"segment\":%d,\"transport\":\"%s\",\"iters\":%ld,\"rounds\":%d,"
+               "\"time_us_min\":%.4f,\"time_us_max\":%.4f}\n",
+               ddp_bench_collective_name(o->collective), ddp_dtype_name(o->dtype), redop_column(b),
+               r->bytes, r->count, r->time_us, algbw, busbw, wrong, b->world, o->inplace,
+               o->segment, ddp_group_transport(b->group), r->iters, o->rounds, r->min_us,
+               r->max_us);
+    } else {
+        char wrong[32];
+        if (r->wrong < 0) snprintf(wrong, sizeof wrong, "N/A");
+        else snprintf(wrong, sizeof wrong, "%lld", r->wrong);
+        printf("  %12zu %12zu %6s %6s %12.2f %12.2f %12.2f %8s\n", r->bytes, r->count,
+               ddp_dtype_name(o->dtype), redop_column(b), r->time_us, algbw, busbw, wrong);
+    }
+    fflush(stdout);
+}
+
+/* ---- buffers ----------------------------------------------------------------------------- */
+
+static void *alloc_user(size_t bytes)
+{
+    size_t rounded = (bytes + 4095) / 4096 * 4096;
+    void *p = aligned_alloc(4096, rounded ? rounded : 4096);
+    if (p) memset(p, 0, rounded ? rounded : 4096); /* fault the pages in before timing */
+    return p;
+}
+
+static int alloc_buffers(bench_t *b)
+{
+    size_t bytes = b->capacity;
+    if (b->o->segment) {
+        ddp_status_t s = ddp_group_alloc_buffer(b->group, bytes ? bytes : 64, &b->recv);
+        if (s == DDP_OK && !b->o->inplace)
+            s = ddp_group_alloc_buffer(b->group, bytes ? bytes : 64, &b->send);
+        if (s != DDP_OK) {
+            fprintf(stderr, "ddp-bench: rank %d: ddp_group_alloc_buffer(%zu): %s: %s\n", b->rank,
+                    bytes, ddp_status_string(s), ddp_last_error());
+            return -1;
+        }
+        memset(b->recv, 0, bytes);
+        if (!b->o->inplace) memset(b->send, 0, bytes);
+    } else {
+        b->recv = alloc_user(bytes);
+        b->send = b->o->inplace ? NULL : alloc_user(bytes);
+        if (!b->recv || (!b->o->inplace && !b->send)) {
+            fprintf(stderr, "ddp-bench: rank %d: out of memory for two %zu-byte buffers\n",
+                    b->rank, bytes);
+            return -1;
+        }
+    }
+    if (b->o->inplace) b->send = b->recv;
+    return 0;
+}
+
+static void free_buffers(bench_t *b)
+{
+    if (b->o->segment) {
+        if (b->send && b->send != b->recv) ddp_group_free_buffer(b->group, b->send);
+        if (b->recv) ddp_group_free_buffer(b->group, b->recv);
+    } else {
+        if (b->send != b->recv) free(b->send);
+        free(b->recv);
+    }
+}
+
+int ddp_bench_collectives(ddp_group_t *group, const ddp_bench_options_t *options)
+{
+    bench_t b = {
+        .group = group,
+        .o = options,
+        .rank = ddp_group_rank(group),
+        .world = ddp_group_size(group),
+        .elem = ddp_dtype_size(options->dtype),
+        .capacity = options->collective == DDP_BENCH_BARRIER ? 0 : options->max_bytes,
+    };
+    if (alloc_buffers(&b)) return DDP_BENCH_EXIT_FAILED;
+
+    int rc = DDP_BENCH_EXIT_OK;
+    double busbw_sum = 0;
+    int rows = 0;
+    if (b.rank == 0 && !options->json) print_header(&b);
+    for (size_t bytes = options->min_bytes;;) {
+        result_t r;
+        if (options->collective == DDP_BENCH_BARRIER) bytes = 0;
+        if (measure(&b, bytes, &r)) {
+            rc = DDP_BENCH_EXIT_FAILED;
+            break;
+        }
+        if (r.wrong > 0) rc = DDP_BENCH_EXIT_FAILED;
+        if (b.rank == 0) print_row(&b, &r);
+        busbw_sum += r.time_us > 0 ? (double)r.bytes / r.time_us / 1e3 * bus_factor(&b) : 0;
+        rows++;
+        /* The barrier has no size; other collectives step until the largest size. */
+        if (options->collective == DDP_BENCH_BARRIER || bytes == 0) break;
+        if (bytes > options->max_bytes / options->factor) break;
+        bytes *= options->factor;
+    }
+    if (b.rank == 0 && !options->json && rc == DDP_BENCH_EXIT_OK) {
+        printf("# Avg bus bandwidth    : %.3f GB/s\n", rows ? busbw_sum / rows : 0.0);
+        printf("# Wrong elements       : %s\n", options->check ? "0" : "not checked");
+    }
+    if (b.rank == 0 && rc != DDP_BENCH_EXIT_OK && !options->json)
+        printf("# FAILED: a collective failed or returned wrong elements\n");
+    free_buffers(&b);
+    return rc;
+}
