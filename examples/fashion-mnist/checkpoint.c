@@ -1,0 +1,287 @@
+/* Checkpoints: everything needed to continue a run so that it ends bitwise identical to a run
+ * that was never interrupted. Layout (native byte order, this machine's floats):
+ *   "FMNISTCK" | u32 version | u32 header bytes | fm_hyper_t fields | fm_progress_t fields |
+ *   u64 optimizer steps | u64 numel[6] | parameters | optimizer state1 | [state2] | u32 crc32
+ * The permutation of an epoch is a function of (seed, epoch), so seed + progress is the RNG state.
+ * Saving never leaves a torn file: temp file, fsync, rename, fsync of the directory. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "trainer.h"
+
+#define MAGIC "FMNISTCK"
+#define VERSION 1u
+
+typedef struct {
+    unsigned char *data;
+    size_t len, cap;
+} buf_t;
+
+static int put(buf_t *b, const void *p, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *d = realloc(b->data, cap);
+        if (!d) return -1;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+static int put_u64(buf_t *b, uint64_t v) { return put(b, &v, sizeof v); }
+static int put_f64(buf_t *b, double v) { return put(b, &v, sizeof v); }
+
+static int put_hyper(buf_t *b, const fm_hyper_t *h)
+{
+    return put_u64(b, h->hidden) | put_u64(b, h->batch) | put_u64(b, h->accumulate) |
+           put_u64(b, h->subset) | put_u64(b, h->seed) | put_u64(b, h->optim) |
+           put_f64(b, h->lr) | put_f64(b, h->momentum) | put_f64(b, h->weight_decay) |
+           put_f64(b, h->beta1) | put_f64(b, h->beta2) | put_f64(b, h->eps);
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int fm_checkpoint_save(const char *path, const fm_hyper_t *hyper, const fm_progress_t *progress,
+                       const fm_mlp_t *model, const fm_optim_t *opt, char *err, size_t errlen)
+{
+    buf_t b = {0};
+    int rc = -1, fd = -1;
+    char tmp[4096];
+    uint32_t version = VERSION, header = 8 + 4 + 4 + 12 * 8 + 6 * 8 + 8 + FM_NPARAMS * 8;
+    int bad = put(&b, MAGIC, 8) | put(&b, &version, 4) | put(&b, &header, 4) | put_hyper(&b, hyper);
+    bad |= put_u64(&b, progress->epoch) | put_u64(&b, progress->step_in_epoch) |
+           put_u64(&b, progress->global_step) | put_f64(&b, progress->loss_sum) |
+           put_u64(&b, progress->loss_count) | put_f64(&b, progress->last_epoch_loss) |
+           put_u64(&b, opt->steps);
+    for (int k = 0; k < FM_NPARAMS; k++) bad |= put_u64(&b, model->numel[k]);
+    for (int k = 0; k < FM_NPARAMS; k++)
+        bad |= put(&b, model->params[k], model->numel[k] * sizeof(float));
+    for (int k = 0; k < FM_NPARAMS; k++)
+        bad |= put(&b, opt->state1[k], model->numel[k] * sizeof(float));
+    if (opt->kind == FM_OPTIM_ADAM)
+        for (int k = 0; k < FM_NPARAMS; k++)
+            bad |= put(&b, opt->state2[k], model->numel[k] * sizeof(float));
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    /* zlib's crc32 takes an unsigned length: feed it in pieces below 1 GiB. */
+    for (size_t off = 0; off < b.len; off += 1u << 30) {
+        size_t n = b.len - off < (1u << 30) ? b.len - off : (1u << 30);
+        crc = (uint32_t)crc32(crc, b.data + off, (unsigned)n);
+    }
+    bad |= put(&b, &crc, 4);
+    if (bad) {
+        snprintf(err, errlen, "out of memory building checkpoint %s", path);
+        goto out;
+    }
+
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (write_all(fd, b.data, b.len) || fsync(fd)) {
+        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        goto out_unlink;
+    }
+    if (close(fd)) {
+        fd = -1;
+        snprintf(err, errlen, "cannot close %s: %s", tmp, strerror(errno));
+        goto out_unlink;
+    }
+    fd = -1;
+    if (rename(tmp, path)) {
+        snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto out_unlink;
+    }
+    /* The rename is durable only once the directory entry is. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    rc = 0;
+    goto out;
+out_unlink:
+    if (fd >= 0) close(fd);
+    fd = -1;
+    unlink(tmp);
+out:
+    if (fd >= 0) close(fd);
+    free(b.data);
+    return rc;
+}
+
+typedef struct {
+    const unsigned char *p;
+    size_t left;
+} reader_t;
+
+static int get(reader_t *r, void *out, size_t n)
+{
+    if (r->left < n) return -1;
+    memcpy(out, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 0;
+}
+
+static int check_u64(const char *path, const char *name, uint64_t saved, uint64_t now, char *err,
+                     size_t errlen)
+{
+    if (saved == now) return 0;
+    snprintf(err, errlen,
+             "checkpoint %s was written with %s %llu but this run uses %s %llu; resume with the "
+             "same setting",
+             path, name, (unsigned long long)saved, name, (unsigned long long)now);
+    return -1;
+}
+
+static int check_f64(const char *path, const char *name, double saved, double now, char *err,
+                     size_t errlen)
+{
+    if (saved == now) return 0;
+    snprintf(err, errlen,
+             "checkpoint %s was written with %s %.17g but this run uses %s %.17g; resume with the "
+             "same setting",
+             path, name, saved, name, now);
+    return -1;
+}
+
+int fm_checkpoint_load(const char *path, const fm_hyper_t *hyper, fm_progress_t *progress,
+                       fm_mlp_t *model, fm_optim_t *opt, char *err, size_t errlen)
+{
+    int rc = -1;
+    unsigned char *data = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open checkpoint %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) || st.st_size < 0) {
+        snprintf(err, errlen, "cannot stat checkpoint %s: %s", path, strerror(errno));
+        goto out;
+    }
+    size_t len = (size_t)st.st_size;
+    data = malloc(len ? len : 1);
+    if (!data) {
+        snprintf(err, errlen, "out of memory reading checkpoint %s (%zu bytes)", path, len);
+        goto out;
+    }
+    if (fread(data, 1, len, f) != len) {
+        snprintf(err, errlen, "cannot read checkpoint %s: %s", path,
+                 ferror(f) ? strerror(errno) : "short read");
+        goto out;
+    }
+    if (len < 16 || memcmp(data, MAGIC, 8) != 0) {
+        snprintf(err, errlen, "%s is not a fashion-mnist checkpoint (bad magic or %zu bytes)",
+                 path, len);
+        goto out;
+    }
+    uint32_t version, header;
+    memcpy(&version, data + 8, 4);
+    memcpy(&header, data + 12, 4);
+    if (version != VERSION) {
+        snprintf(err, errlen, "checkpoint %s has version %u, this trainer reads version %u", path,
+                 version, VERSION);
+        goto out;
+    }
+    if (len < (size_t)header + 4) {
+        snprintf(err, errlen, "checkpoint %s is truncated (%zu bytes, header alone is %u)", path,
+                 len, header);
+        goto out;
+    }
+    /* Shapes first, so a checkpoint of another size says so rather than "bad checksum". */
+    reader_t r = {data + 16, len - 16};
+    fm_hyper_t h = {0};
+    fm_progress_t pr = {0};
+    uint64_t steps = 0, numel[FM_NPARAMS] = {0};
+    int bad = get(&r, &h.hidden, 8) | get(&r, &h.batch, 8) | get(&r, &h.accumulate, 8) |
+              get(&r, &h.subset, 8) | get(&r, &h.seed, 8) | get(&r, &h.optim, 8) |
+              get(&r, &h.lr, 8) | get(&r, &h.momentum, 8) | get(&r, &h.weight_decay, 8) |
+              get(&r, &h.beta1, 8) | get(&r, &h.beta2, 8) | get(&r, &h.eps, 8);
+    bad |= get(&r, &pr.epoch, 8) | get(&r, &pr.step_in_epoch, 8) | get(&r, &pr.global_step, 8) |
+           get(&r, &pr.loss_sum, 8) | get(&r, &pr.loss_count, 8) | get(&r, &pr.last_epoch_loss, 8) |
+           get(&r, &steps, 8);
+    for (int k = 0; k < FM_NPARAMS; k++) bad |= get(&r, &numel[k], 8);
+    if (bad) {
+        snprintf(err, errlen, "checkpoint %s is truncated in its header", path);
+        goto out;
+    }
+    if (check_u64(path, "--hidden", h.hidden, hyper->hidden, err, errlen) ||
+        check_u64(path, "--optim (0 sgd, 1 adam)", h.optim, hyper->optim, err, errlen) ||
+        check_u64(path, "--batch", h.batch, hyper->batch, err, errlen) ||
+        check_u64(path, "--accumulate", h.accumulate, hyper->accumulate, err, errlen) ||
+        check_u64(path, "--subset", h.subset, hyper->subset, err, errlen) ||
+        check_u64(path, "--seed", h.seed, hyper->seed, err, errlen) ||
+        check_f64(path, "--lr", h.lr, hyper->lr, err, errlen) ||
+        check_f64(path, "--momentum", h.momentum, hyper->momentum, err, errlen) ||
+        check_f64(path, "--wd", h.weight_decay, hyper->weight_decay, err, errlen) ||
+        check_f64(path, "--beta1", h.beta1, hyper->beta1, err, errlen) ||
+        check_f64(path, "--beta2", h.beta2, hyper->beta2, err, errlen) ||
+        check_f64(path, "--eps", h.eps, hyper->eps, err, errlen))
+        goto out;
+    size_t body = 0;
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        if (numel[k] != model->numel[k]) {
+            snprintf(err, errlen, "checkpoint %s: parameter %s has %llu elements, the model %zu",
+                     path, fm_param_names[k], (unsigned long long)numel[k], model->numel[k]);
+            goto out;
+        }
+        body += numel[k] * sizeof(float) * (opt->kind == FM_OPTIM_ADAM ? 3 : 2);
+    }
+    size_t expect = 16 + (len - 16 - r.left) + body + 4;
+    if (len != expect) {
+        snprintf(err, errlen, "checkpoint %s is %s: %zu bytes, expected %zu", path,
+                 len < expect ? "truncated" : "too long (corrupt)", len, expect);
+        goto out;
+    }
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0), saved;
+    for (size_t off = 0; off < len - 4; off += 1u << 30) {
+        size_t n = len - 4 - off < (1u << 30) ? len - 4 - off : (1u << 30);
+        crc = (uint32_t)crc32(crc, data + off, (unsigned)n);
+    }
+    memcpy(&saved, data + len - 4, 4);
+    if (crc != saved) {
+        snprintf(err, errlen, "checkpoint %s is corrupt: checksum 0x%08x, stored 0x%08x", path,
+                 crc, saved);
+        goto out;
+    }
+    for (int k = 0; k < FM_NPARAMS; k++) get(&r, model->params[k], numel[k] * sizeof(float));
+    for (int k = 0; k < FM_NPARAMS; k++) get(&r, opt->state1[k], numel[k] * sizeof(float));
+    if (opt->kind == FM_OPTIM_ADAM)
+        for (int k = 0; k < FM_NPARAMS; k++) get(&r, opt->state2[k], numel[k] * sizeof(float));
+    opt->steps = steps;
+    *progress = pr;
+    rc = 0;
+out:
+    free(data);
+    fclose(f);
+    return rc;
+}

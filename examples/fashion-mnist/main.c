@@ -1,0 +1,694 @@
+/* fashion-mnist: data-parallel training of an MLP on Fashion-MNIST with libddp.
+ *
+ * Every rank holds the whole model. Each epoch, every rank draws the same permutation from
+ * (seed, epoch) and takes its contiguous share of each global batch (DistributedSampler), so N
+ * ranks with global batch B see exactly the samples one rank with batch B sees. Backward reports
+ * each layer's gradients to the Reducer as soon as they are written (last layer first), which
+ * starts their allreduce while the earlier layers are still being differentiated; after finalize
+ * every rank holds the same averaged gradient and takes the same optimizer step.
+ *
+ * Run it alone (a 1-rank group) or under the launcher: build/ddprun -n 2 build/fashion-mnist. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "ddp/ddp.h"
+#include "trainer.h"
+
+#ifdef FM_HAVE_OPENBLAS_THREADS
+void openblas_set_num_threads(int num_threads);
+#endif
+
+#define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
+#define EVAL_CHUNK 500
+
+typedef struct options {
+    const char *data_dir;
+    size_t hidden, batch, epochs, max_steps, subset, synthetic, accumulate, log_every;
+    size_t trace_steps, warmup;
+    uint64_t seed;
+    int optim; /* FM_OPTIM_* */
+    int legacy;
+    double lr, momentum, weight_decay, beta1, beta2, eps, bucket_mb;
+    const char *checkpoint, *resume, *trace;
+    int json, print_checksum, print_losses, no_eval;
+} options_t;
+
+typedef struct trainer {
+    options_t o;
+    int rank, world;
+    ddp_group_t *group;
+    ddp_store_t *local_store; /* the in-memory store of a run without a launcher */
+    ddp_reducer_t *reducer;
+    ddp_legacy_t *legacy;
+    ddp_trace_t *trace;
+    fm_mlp_t model;
+    fm_optim_t opt;
+    float *grads[FM_NPARAMS];     /* where this iteration's gradients are */
+    float *own_grads[FM_NPARAMS]; /* legacy mode: our gradient buffers */
+    fm_dataset_t train, test;
+    size_t local_batch;
+    /* backward callback state */
+    ddp_status_t status;
+    int tracing;
+    double mark_us;
+    /* loss bookkeeping: local step losses not yet averaged over ranks */
+    double *pending;
+    size_t npending, pending_first_step;
+    fm_progress_t progress;
+} trainer_t;
+
+static const char *prog = "fashion-mnist";
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: %s [options]\n"
+            "Trains an MLP 784-h-h-10 on Fashion-MNIST, data-parallel over the ranks started by\n"
+            "ddprun (build/ddprun -n 2 %s ...) or as one process without a launcher.\n"
+            "\n"
+            "data and model:\n"
+            "  --data DIR          directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz\n"
+            "                      (default " DEFAULT_DATA_DIR ")\n"
+            "  --subset N          use only the first N training samples (quick tests)\n"
+            "  --synthetic N       N random samples instead of the files (benchmarks; no eval)\n"
+            "  --hidden N          hidden width (default 1024)\n"
+            "  --seed N            initialisation and shuffling seed (default 1)\n"
+            "training:\n"
+            "  --epochs N          epochs (default 3)\n"
+            "  --max-steps N       stop after N optimizer steps in total (0: no limit)\n"
+            "  --batch N           GLOBAL batch per micro-step, split evenly over ranks (default 128)\n"
+            "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
+            "                      communication (no_sync), so the effective batch is K*batch\n"
+            "  --optim sgd|adam    optimiser (default adam)\n"
+            "  --lr F              learning rate (default 1e-3 for adam, 0.05 for sgd)\n"
+            "  --momentum F        SGD momentum (default 0.9)\n"
+            "  --wd F              weight decay, added to the gradient (default 0)\n"
+            "  --beta1 F --beta2 F --eps F   Adam (defaults 0.9, 0.999, 1e-8)\n"
+            "  --sync reducer|legacy   bucketed Reducer overlapping backward (default) or one\n"
+            "                      flat-buffer allreduce after backward\n"
+            "  --bucket-mb F       Reducer bucket cap in MiB (default 25)\n"
+            "checkpoints:\n"
+            "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
+            "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
+            "output:\n"
+            "  --json              print one final JSON line with the results\n"
+            "  --log-every N       log line every N steps when stdout is not a terminal\n"
+            "  --print-losses      print every step's global loss (\"loss step=S value=L\")\n"
+            "  --print-checksum    each rank prints a checksum of its parameters at the end\n"
+            "  --trace FILE        Chrome trace of the first --trace-steps steps (default 5);\n"
+            "                      with several ranks FILE gets .rankR inserted before .json\n"
+            "  --warmup N          steps left out of the timing (default 3)\n"
+            "  --no-eval           skip the test-set evaluation\n"
+            "  --help              this text\n"
+            "exit status: 0 success, 1 runtime error, 2 bad option\n",
+            prog, prog);
+}
+
+static void die_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see --help)\n");
+    exit(2);
+}
+
+static size_t parse_size(const char *opt, const char *v, size_t min)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-' || x < min)
+        die_usage("%s: '%s' is not an integer >= %zu", opt, v, min);
+    return (size_t)x;
+}
+
+static double parse_double(const char *opt, const char *v, double min, double max)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= min && x <= max))
+        die_usage("%s: '%s' is not a number in [%g, %g]", opt, v, min, max);
+    return x;
+}
+
+static void parse_options(int argc, char **argv, options_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->data_dir = DEFAULT_DATA_DIR;
+    o->hidden = 1024;
+    o->batch = 128;
+    o->epochs = 3;
+    o->accumulate = 1;
+    o->seed = 1;
+    o->optim = FM_OPTIM_ADAM;
+    o->lr = -1;
+    o->momentum = 0.9;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+    o->bucket_mb = 25;
+    o->trace_steps = 5;
+    o->warmup = 3;
+    for (int i = 1; i < argc; i++) {
+        char name[64];
+        const char *arg = argv[i], *val = NULL;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0) die_usage("unexpected argument '%s'", arg);
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (len >= sizeof name) die_usage("unknown option '%s'", arg);
+        memcpy(name, arg, len);
+        name[len] = '\0';
+        /* flags */
+        int *flag = !strcmp(name, "--json")             ? &o->json
+                    : !strcmp(name, "--print-checksum") ? &o->print_checksum
+                    : !strcmp(name, "--print-losses")   ? &o->print_losses
+                    : !strcmp(name, "--no-eval")        ? &o->no_eval
+                                                        : NULL;
+        if (flag) {
+            if (eq) die_usage("%s takes no value", name);
+            *flag = 1;
+            continue;
+        }
+        static const char *const valued[] = {
+            "--data",  "--hidden", "--batch",    "--epochs",     "--max-steps",  "--subset",
+            "--synthetic", "--accumulate", "--seed", "--optim", "--lr", "--momentum", "--wd",
+            "--beta1", "--beta2",  "--eps",      "--sync",       "--bucket-mb",  "--checkpoint",
+            "--resume", "--trace", "--trace-steps", "--log-every", "--warmup"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(name, valued[k]);
+        if (!known) die_usage("unknown option '%s'", name);
+        if (eq) val = eq + 1;
+        else if (i + 1 < argc) val = argv[++i];
+        else die_usage("%s needs a value", name);
+
+        if (!strcmp(name, "--data")) o->data_dir = val;
+        else if (!strcmp(name, "--hidden")) o->hidden = parse_size(name, val, 1);
+        else if (!strcmp(name, "--batch")) o->batch = parse_size(name, val, 1);
+        else if (!strcmp(name, "--epochs")) o->epochs = parse_size(name, val, 1);
+        else if (!strcmp(name, "--max-steps")) o->max_steps = parse_size(name, val, 0);
+        else if (!strcmp(name, "--subset")) o->subset = parse_size(name, val, 1);
+        else if (!strcmp(name, "--synthetic")) o->synthetic = parse_size(name, val, 1);
+        else if (!strcmp(name, "--accumulate")) o->accumulate = parse_size(name, val, 1);
+        else if (!strcmp(name, "--seed")) o->seed = parse_size(name, val, 0);
+        else if (!strcmp(name, "--log-every")) o->log_every = parse_size(name, val, 1);
+        else if (!strcmp(name, "--trace-steps")) o->trace_steps = parse_size(name, val, 1);
+        else if (!strcmp(name, "--warmup")) o->warmup = parse_size(name, val, 0);
+        else if (!strcmp(name, "--lr")) o->lr = parse_double(name, val, 0, 1e3);
+        else if (!strcmp(name, "--momentum")) o->momentum = parse_double(name, val, 0, 1);
+        else if (!strcmp(name, "--wd")) o->weight_decay = parse_double(name, val, 0, 1e3);
+        else if (!strcmp(name, "--beta1")) o->beta1 = parse_double(name, val, 0, 0.999999);
+        else if (!strcmp(name, "--beta2")) o->beta2 = parse_double(name, val, 0, 0.999999999);
+        else if (!strcmp(name, "--eps")) o->eps = parse_double(name, val, 0, 1);
+        else if (!strcmp(name, "--bucket-mb")) o->bucket_mb = parse_double(name, val, 0.001, 4096);
+        else if (!strcmp(name, "--checkpoint")) o->checkpoint = val;
+        else if (!strcmp(name, "--resume")) o->resume = val;
+        else if (!strcmp(name, "--trace")) o->trace = val;
+        else if (!strcmp(name, "--optim")) {
+            if (!strcmp(val, "sgd")) o->optim = FM_OPTIM_SGD;
+            else if (!strcmp(val, "adam")) o->optim = FM_OPTIM_ADAM;
+            else die_usage("--optim: '%s' is neither sgd nor adam", val);
+        } else if (!strcmp(name, "--sync")) {
+            if (!strcmp(val, "reducer")) o->legacy = 0;
+            else if (!strcmp(val, "legacy")) o->legacy = 1;
+            else die_usage("--sync: '%s' is neither reducer nor legacy", val);
+        }
+        if (val && !*val) die_usage("%s: empty value", name);
+    }
+    if (o->lr < 0) o->lr = o->optim == FM_OPTIM_ADAM ? 1e-3 : 0.05;
+    if (o->hidden > (1u << 16)) die_usage("--hidden: %zu is larger than 65536", o->hidden);
+    if (o->batch > (1u << 20)) die_usage("--batch: %zu is larger than 1048576", o->batch);
+    if (o->accumulate > 4096) die_usage("--accumulate: %zu is larger than 4096", o->accumulate);
+    if (o->synthetic && o->subset) die_usage("--synthetic and --subset exclude each other");
+}
+
+/* ---- errors: print with the rank and exit 1 ------------------------------------------------ */
+
+static int g_rank = 0;
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: rank %d: error: ", prog, g_rank);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static void check(ddp_status_t st, const char *what)
+{
+    if (st != DDP_OK) fail("%s: %s: %s", what, ddp_status_string(st), ddp_last_error());
+}
+
+/* ---- process group ------------------------------------------------------------------------- */
+
+static void setup_group(trainer_t *t)
+{
+    ddp_group_options_t gopt = DDP_GROUP_OPTIONS_INIT;
+    ddp_status_t st = ddp_group_create_from_env(&gopt, &t->group);
+    if (st == DDP_ERR_NOT_FOUND) {
+        /* No launcher: one process, a 1-rank group over an in-memory store. */
+        check(ddp_store_hash_create(&t->local_store), "creating the in-memory store");
+        check(ddp_group_create(t->local_store, 0, 1, &gopt, &t->group), "creating a 1-rank group");
+    } else {
+        check(st, "creating the process group from the launcher's environment");
+    }
+    t->rank = ddp_group_rank(t->group);
+    t->world = ddp_group_size(t->group);
+    g_rank = t->rank;
+}
+
+/* ---- backward hook: hand finished gradients to the Reducer --------------------------------- */
+
+static int on_layer_done(void *ctx, int layer)
+{
+    trainer_t *t = ctx;
+    if (t->tracing) {
+        static const char *const names[3] = {"backward fc1", "backward fc2", "backward fc3"};
+        double now = ddp_time_us();
+        ddp_trace_span(t->trace, names[layer], "compute", 0, t->mark_us, now);
+        t->mark_us = now;
+    }
+    if (!t->reducer) return 0;
+    for (int k = 1; k >= 0; k--) { /* weight first, then bias: W3, b3, W2, b2, W1, b1 */
+        ddp_status_t st = ddp_reducer_grad_ready(t->reducer, (size_t)(2 * layer + 1 - k));
+        if (st != DDP_OK) {
+            t->status = st;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- losses: local per-step values, averaged over ranks in one allreduce ------------------- */
+
+static void flush_losses(trainer_t *t)
+{
+    if (t->world > 1)
+        check(ddp_group_allreduce(t->group, t->pending, t->pending, t->npending, DDP_F64, DDP_SUM),
+              "averaging step losses over ranks");
+    for (size_t i = 0; i < t->npending; i++) {
+        double loss = t->pending[i] / t->world;
+        if (t->o.print_losses && t->rank == 0)
+            printf("loss step=%zu value=%.9g\n", t->pending_first_step + i + 1, loss);
+        t->progress.loss_sum += loss;
+        t->progress.loss_count++;
+    }
+    t->pending_first_step += t->npending;
+    t->npending = 0;
+}
+
+/* ---- evaluation: each rank counts its share of the test set, the counts are summed --------- */
+
+static double evaluate(trainer_t *t)
+{
+    if (t->o.no_eval || t->o.synthetic) return -1.0;
+    size_t n = t->test.count;
+    size_t lo = n * (size_t)t->rank / (size_t)t->world, hi = n * (size_t)(t->rank + 1) / (size_t)t->world;
+    int64_t counts[2] = {(int64_t)fm_mlp_count_correct(&t->model, t->test.images + lo * FM_PIXELS,
+                                                       t->test.labels + lo, hi - lo),
+                         (int64_t)(hi - lo)};
+    if (t->world > 1)
+        check(ddp_group_allreduce(t->group, counts, counts, 2, DDP_I64, DDP_SUM),
+              "summing test-set counts");
+    return counts[1] ? (double)counts[0] / (double)counts[1] : 0.0;
+}
+
+/* ---- progress display (rank 0) -------------------------------------------------------------- */
+
+static void format_eta(double seconds, char *out, size_t len)
+{
+    if (!(seconds >= 0) || seconds > 1e7) {
+        snprintf(out, len, "--:--");
+        return;
+    }
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(out, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(out, len, "%ld:%02ld", s / 60, s % 60);
+}
+
+static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size_t steps,
+                          double local_loss, double samples_per_sec, int final)
+{
+    static double last_draw = 0;
+    double now = ddp_time_us();
+    char eta[32];
+    size_t left = steps - step;
+    if (t->o.max_steps && t->o.max_steps - t->progress.global_step < left)
+        left = t->o.max_steps - t->progress.global_step;
+    format_eta(samples_per_sec > 0 ? (double)left * (double)(t->o.batch * t->o.accumulate) /
+                                         samples_per_sec
+                                   : -1,
+               eta, sizeof eta);
+    if (tty) {
+        if (!final && now - last_draw < 100e3) return;
+        last_draw = now;
+        char bar[31];
+        size_t fill = steps ? step * 30 / steps : 0;
+        for (size_t i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+        bar[30] = '\0';
+        printf("\repoch %zu/%zu [%s] step %zu/%zu loss %.4f %.0f samples/s ETA %s ", epoch + 1,
+               t->o.epochs, bar, step, steps, local_loss, samples_per_sec, eta);
+        if (final) printf("\r%*s\r", 100, "");
+        fflush(stdout);
+    } else if (!final) {
+        printf("epoch %zu/%zu step %zu/%zu loss %.4f (rank 0) %.0f samples/s ETA %s\n", epoch + 1,
+               t->o.epochs, step, steps, local_loss, samples_per_sec, eta);
+        fflush(stdout);
+    }
+}
+
+/* ---- checkpoint --------------------------------------------------------------------------- */
+
+static fm_hyper_t hyper_of(const options_t *o)
+{
+    fm_hyper_t h = {o->hidden, o->batch, o->accumulate, o->synthetic ? o->synthetic : o->subset,
+                    o->seed, (uint64_t)o->optim, o->lr, o->optim == FM_OPTIM_SGD ? o->momentum : 0,
+                    o->weight_decay, o->optim == FM_OPTIM_ADAM ? o->beta1 : 0,
+                    o->optim == FM_OPTIM_ADAM ? o->beta2 : 0, o->optim == FM_OPTIM_ADAM ? o->eps : 0};
+    return h;
+}
+
+static void save_checkpoint(trainer_t *t)
+{
+    if (!t->o.checkpoint || t->rank != 0) return;
+    char err[8192];
+    fm_hyper_t h = hyper_of(&t->o);
+    if (fm_checkpoint_save(t->o.checkpoint, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
+        fail("%s", err);
+}
+
+static void trace_path(const trainer_t *t, char *out, size_t len)
+{
+    if (t->world == 1) {
+        snprintf(out, len, "%s", t->o.trace);
+        return;
+    }
+    const char *dot = strrchr(t->o.trace, '.');
+    const char *slash = strrchr(t->o.trace, '/');
+    if (dot && (!slash || dot > slash))
+        snprintf(out, len, "%.*s.rank%d%s", (int)(dot - t->o.trace), t->o.trace, t->rank, dot);
+    else
+        snprintf(out, len, "%s.rank%d", t->o.trace, t->rank);
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    trainer_t tr;
+    memset(&tr, 0, sizeof tr);
+    trainer_t *t = &tr;
+    parse_options(argc, argv, &t->o);
+    const options_t *o = &t->o;
+#ifdef FM_HAVE_OPENBLAS_THREADS
+    openblas_set_num_threads(1); /* one core per rank: the ranks are the parallelism */
+#endif
+
+    setup_group(t);
+    if (o->batch % (size_t)t->world)
+        fail("--batch %zu is not divisible by the world size %d: the global batch is split "
+             "evenly over ranks",
+             o->batch, t->world);
+    t->local_batch = o->batch / (size_t)t->world;
+
+    /* data */
+    char err[8192];
+    if (o->synthetic) {
+        if (fm_dataset_synthetic(o->synthetic, 1234, &t->train)) fail("out of memory");
+    } else {
+        if (fm_dataset_load(o->data_dir, "train", o->subset, &t->train, err, sizeof err))
+            fail("%s", err);
+        if (o->subset && t->train.count < o->subset)
+            fail("--subset %zu: the training set has only %zu samples", o->subset, t->train.count);
+        if (!o->no_eval && fm_dataset_load(o->data_dir, "t10k", 0, &t->test, err, sizeof err))
+            fail("%s", err);
+    }
+    size_t per_step = o->batch * o->accumulate;
+    size_t steps_per_epoch = t->train.count / per_step;
+    if (steps_per_epoch == 0)
+        fail("%zu training samples are fewer than one optimizer step needs (--batch %zu x "
+             "--accumulate %zu)",
+             t->train.count, o->batch, o->accumulate);
+
+    /* model and optimizer, then the checkpoint (every rank reads it) */
+    size_t max_batch = t->local_batch > EVAL_CHUNK ? t->local_batch : EVAL_CHUNK;
+    if (fm_mlp_create(o->hidden, max_batch, o->seed, &t->model)) fail("out of memory for the model");
+    t->opt.kind = o->optim;
+    t->opt.lr = o->lr;
+    t->opt.momentum = o->momentum;
+    t->opt.weight_decay = o->weight_decay;
+    t->opt.beta1 = o->beta1;
+    t->opt.beta2 = o->beta2;
+    t->opt.eps = o->eps;
+    if (fm_optim_create(&t->opt, t->model.numel)) fail("out of memory for the optimizer");
+    t->progress.last_epoch_loss = NAN;
+    if (o->resume) {
+        fm_hyper_t h = hyper_of(o);
+        if (fm_checkpoint_load(o->resume, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
+            fail("%s", err);
+    }
+    t->pending_first_step = t->progress.global_step;
+
+    if (o->trace) {
+        char path[4096];
+        trace_path(t, path, sizeof path);
+        check(ddp_trace_open(path, t->rank, &t->trace), "opening the trace file");
+        ddp_trace_name_lane(t->trace, 0, "trainer (compute)");
+    }
+
+    /* data parallelism: the Reducer (verifies the model, broadcasts rank 0's values) or legacy */
+    ddp_param_t params[FM_NPARAMS];
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        params[k] = (ddp_param_t){fm_param_names[k], t->model.params[k], t->model.numel[k], DDP_F32,
+                                  t->model.rows[k], 0, NULL};
+    }
+    if (o->legacy) {
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            t->own_grads[k] = calloc(t->model.numel[k], sizeof(float));
+            if (!t->own_grads[k]) fail("out of memory for gradients");
+            params[k].grad = t->own_grads[k];
+            t->grads[k] = t->own_grads[k];
+            if (t->world > 1)
+                check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32, 0),
+                      "broadcasting the initial parameters");
+        }
+        check(ddp_legacy_create(t->group, params, FM_NPARAMS, 0, &t->legacy),
+              "creating the legacy allreduce");
+    } else {
+        ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
+        cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+        cfg.trace = t->trace;
+        check(ddp_reducer_create(t->group, params, FM_NPARAMS, NULL, 0, &cfg, &t->reducer),
+              "creating the Reducer");
+    }
+
+    float *xbuf = malloc(t->local_batch * FM_PIXELS * sizeof(float));
+    uint8_t *ybuf = malloc(t->local_batch);
+    uint32_t *perm = malloc(t->train.count * sizeof(uint32_t));
+    t->pending = calloc(steps_per_epoch, sizeof(double));
+    if (!xbuf || !ybuf || !perm || !t->pending) fail("out of memory");
+
+    const int tty = t->rank == 0 && isatty(STDOUT_FILENO);
+    size_t log_every = o->log_every ? o->log_every : (steps_per_epoch >= 10 ? steps_per_epoch / 10 : 1);
+    if (t->rank == 0) {
+        printf("fashion-mnist: %d rank%s (%s), %zu train samples, hidden %zu, global batch %zu "
+               "(%zu per rank)%s, %s lr %g, sync %s\n",
+               t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
+               o->hidden, o->batch, t->local_batch,
+               o->accumulate > 1 ? " x accumulate" : "", o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
+               o->lr, o->legacy ? "legacy" : "reducer");
+        fflush(stdout);
+    }
+
+    /* timing over steps after the warm-up */
+    double timed_us = 0, exposed_us = 0;
+    size_t timed_steps = 0, run_steps = 0;
+    double accuracy = -1.0;
+    int stopped = 0;
+    const float scale = 1.0f / (float)(t->local_batch * o->accumulate);
+
+    for (size_t epoch = t->progress.epoch; epoch < o->epochs && !stopped; epoch++) {
+        fm_permutation(o->seed, epoch, t->train.count, perm);
+        double epoch_start = ddp_time_us(), epoch_exposed = 0, local_loss_sum = 0;
+        size_t epoch_steps = 0;
+        for (size_t s = t->progress.step_in_epoch; s < steps_per_epoch; s++) {
+            if (o->max_steps && t->progress.global_step >= o->max_steps) {
+                stopped = 1;
+                break;
+            }
+            double step_start = ddp_time_us();
+            double step_loss = 0, step_exposed = 0;
+            t->tracing = t->trace && run_steps >= 1 && run_steps <= o->trace_steps;
+            for (size_t k = 0; k < o->accumulate; k++) {
+                int sync = k + 1 == o->accumulate;
+                size_t base = (s * o->accumulate + k) * o->batch + (size_t)t->rank * t->local_batch;
+                for (size_t i = 0; i < t->local_batch; i++) {
+                    uint32_t idx = perm[base + i];
+                    memcpy(xbuf + i * FM_PIXELS, t->train.images + (size_t)idx * FM_PIXELS,
+                           FM_PIXELS * sizeof(float));
+                    ybuf[i] = t->train.labels[idx];
+                }
+                if (t->reducer) {
+                    check(ddp_reducer_set_sync(t->reducer, sync), "ddp_reducer_set_sync");
+                    check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+                    for (int p = 0; p < FM_NPARAMS; p++)
+                        check(ddp_reducer_grad(t->reducer, (size_t)p, (void **)&t->grads[p]),
+                              "ddp_reducer_grad");
+                } else {
+                    check(ddp_legacy_set_sync(t->legacy, sync), "ddp_legacy_set_sync");
+                }
+                double t0 = ddp_time_us();
+                fm_mlp_forward(&t->model, xbuf, t->local_batch);
+                double t1 = ddp_time_us();
+                if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
+                t->mark_us = t1;
+                double loss = 0;
+                if (fm_mlp_backward(&t->model, xbuf, ybuf, t->local_batch, scale, t->grads, &loss,
+                                    on_layer_done, t))
+                    check(t->status, "ddp_reducer_grad_ready");
+                step_loss += loss / (double)o->accumulate;
+                double t2 = ddp_time_us();
+                if (t->reducer) {
+                    check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
+                    if (sync) {
+                        ddp_reducer_stats_t stats;
+                        if (ddp_reducer_stats(t->reducer, &stats) == DDP_OK)
+                            step_exposed = stats.exposed_us;
+                    }
+                } else if (sync) {
+                    check(ddp_legacy_allreduce(t->legacy, NULL), "ddp_legacy_allreduce");
+                    step_exposed = ddp_time_us() - t2;
+                }
+                if (t->tracing)
+                    ddp_trace_span(t->trace, sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
+                                   "compute", 0, t2, ddp_time_us());
+            }
+            double t3 = ddp_time_us();
+            fm_optim_step(&t->opt, t->model.params, t->grads);
+            if (t->reducer) check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+            else
+                for (int p = 0; p < FM_NPARAMS; p++)
+                    memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
+            double step_end = ddp_time_us();
+            if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, step_end);
+
+            t->pending[t->npending++] = step_loss;
+            t->progress.global_step++;
+            t->progress.step_in_epoch = s + 1;
+            run_steps++;
+            epoch_steps++;
+            local_loss_sum += step_loss;
+            epoch_exposed += step_exposed;
+            if (run_steps > o->warmup) {
+                timed_us += step_end - step_start;
+                exposed_us += step_exposed;
+                timed_steps++;
+            }
+            if (t->rank == 0 && (tty || (s + 1) % log_every == 0)) {
+                double sps = timed_steps ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
+                show_progress(t, tty, epoch, s + 1, steps_per_epoch,
+                              local_loss_sum / (double)epoch_steps, sps, 0);
+            }
+        }
+        if (tty) show_progress(t, tty, epoch, 0, steps_per_epoch, 0, 0, 1);
+        double train_us = ddp_time_us() - epoch_start;
+        flush_losses(t);
+        if (stopped) break;
+        /* the epoch is complete */
+        double epoch_loss = t->progress.loss_count ? t->progress.loss_sum / (double)t->progress.loss_count
+                                                   : NAN;
+        accuracy = evaluate(t);
+        if (t->rank == 0) {
+            printf("epoch %zu/%zu: train loss %.4f", epoch + 1, o->epochs, epoch_loss);
+            if (accuracy >= 0) printf(", test accuracy %.2f%%", accuracy * 100.0);
+            printf(", %.0f samples/s, exposed comm %.3f ms/step\n",
+                   epoch_steps ? (double)(epoch_steps * per_step) / (train_us * 1e-6) : 0.0,
+                   epoch_steps ? epoch_exposed / (double)epoch_steps / 1000.0 : 0.0);
+            fflush(stdout);
+        }
+        t->progress.epoch = epoch + 1;
+        t->progress.step_in_epoch = 0;
+        t->progress.last_epoch_loss = epoch_loss;
+        t->progress.loss_sum = 0;
+        t->progress.loss_count = 0;
+        save_checkpoint(t);
+    }
+    if (o->max_steps && t->progress.global_step >= o->max_steps) stopped = 1;
+    double final_loss = t->progress.last_epoch_loss;
+    if (stopped && t->progress.step_in_epoch > 0 && t->progress.step_in_epoch < steps_per_epoch) {
+        /* stopped inside an epoch: report that partial epoch and save where we are */
+        if (t->progress.loss_count) final_loss = t->progress.loss_sum / (double)t->progress.loss_count;
+        accuracy = evaluate(t);
+        save_checkpoint(t);
+        if (t->rank == 0) {
+            printf("stopped after %llu steps (--max-steps): train loss %.4f",
+                   (unsigned long long)t->progress.global_step, final_loss);
+            if (accuracy >= 0) printf(", test accuracy %.2f%%", accuracy * 100.0);
+            printf("\n");
+        }
+    } else if (accuracy < 0 && !o->no_eval && !o->synthetic) {
+        accuracy = evaluate(t); /* e.g. resumed from a checkpoint of the last epoch */
+    }
+
+    if (o->print_checksum) {
+        double sum = 0;
+        uint64_t h = fm_mlp_checksum(&t->model, &sum);
+        printf("checksum rank=%d fnv=%016llx sum=%.17g\n", t->rank, (unsigned long long)h, sum);
+    }
+    if (t->rank == 0) {
+        double step_ms = timed_steps ? timed_us / (double)timed_steps / 1000.0 : 0;
+        double sps = timed_us > 0 ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
+        if (o->json) {
+            printf("{\"test_accuracy\":");
+            if (accuracy >= 0) printf("%.4f", accuracy);
+            else printf("null");
+            printf(",\"samples_per_sec\":%.1f,\"step_ms\":%.4f,\"exposed_comm_ms\":%.4f,"
+                   "\"world_size\":%d,\"epochs\":%zu,\"steps\":%llu,\"timed_steps\":%zu,"
+                   "\"final_loss\":",
+                   sps, step_ms, timed_steps ? exposed_us / (double)timed_steps / 1000.0 : 0.0,
+                   t->world, o->epochs, (unsigned long long)t->progress.global_step, timed_steps);
+            if (isfinite(final_loss)) printf("%.6f", final_loss);
+            else printf("null");
+            printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
+                   "\"sync\":\"%s\",\"transport\":\"%s\"}\n",
+                   o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
+                   o->legacy ? "legacy" : "reducer", ddp_group_transport(t->group));
+        } else if (accuracy >= 0) {
+            printf("final test accuracy: %.2f%%\n", accuracy * 100.0);
+        }
+        fflush(stdout);
+    }
+
+    ddp_reducer_destroy(t->reducer);
+    ddp_legacy_destroy(t->legacy);
+    if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
+    ddp_group_destroy(t->group);
+    ddp_store_destroy(t->local_store);
+    for (int p = 0; p < FM_NPARAMS; p++) free(t->own_grads[p]);
+    free(xbuf);
+    free(ybuf);
+    free(perm);
+    free(t->pending);
+    fm_optim_destroy(&t->opt);
+    fm_mlp_destroy(&t->model);
+    fm_dataset_free(&t->train);
+    fm_dataset_free(&t->test);
+    return 0;
+}
