@@ -36,6 +36,7 @@ typedef struct ddp_bench_options {
     int inplace;          /* --inplace */
     int segment;          /* --segment: buffers from ddp_group_alloc_buffer */
     int json;             /* --json: one JSON object per size instead of the table */
+    int corrupt;          /* --test-corrupt: rank 0 spoils one checked element (tests the check) */
 } ddp_bench_options_t;
 
 /* Name as written after -o ("allreduce", ...). */

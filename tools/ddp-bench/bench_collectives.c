@@ -286,6 +286,8 @@ static int measure(const bench_t *b, size_t bytes, result_t *r)
         fill(b, &p, 1);
         ddp_status_t s = run_once(b, &p);
         if (s != DDP_OK) return report_failure(b, "checking", bytes, s);
+        if (o->corrupt && b->rank == 0 && p.total > 0 && o->collective != DDP_BENCH_BARRIER)
+            store(p.recv, 0, o->dtype, load(p.recv, 0, o->dtype) + 1.0);
         long long wrong = count_wrong(b, &p);
         s = ddp_group_allreduce(b->group, &wrong, &wrong, 1, DDP_I64, DDP_SUM);
         if (s != DDP_OK) return report_failure(b, "summing wrong counts of", bytes, s);

@@ -35,6 +35,8 @@ static void usage(FILE *out)
             "      --segment 0|1      buffers from ddp_group_alloc_buffer, i.e. in the\n"
             "                         transport's memory (default 0: malloc)\n"
             "      --json             one JSON object per size instead of the table\n"
+            "      --test-corrupt 0|1 rank 0 spoils one output element before the check (to\n"
+            "                         test that checking catches it)\n"
             "  -h, --help             this text\n"
             "SIZE is the whole buffer: the allreduce/broadcast buffer, the reduce_scatter input,\n"
             "the allgather output. time = per iteration, max over ranks, median over rounds;\n"
@@ -187,6 +189,8 @@ static int parse_options(int argc, char **argv, ddp_bench_options_t *o)
             if (parse_int(v, 0, 1, &o->inplace)) USAGE_ERROR("--inplace: expected 0 or 1, not '%s'", v);
         } else if (OPTION(NULL, "--segment")) {
             if (parse_int(v, 0, 1, &o->segment)) USAGE_ERROR("--segment: expected 0 or 1, not '%s'", v);
+        } else if (OPTION(NULL, "--test-corrupt")) {
+            if (parse_int(v, 0, 1, &o->corrupt)) USAGE_ERROR("--test-corrupt: expected 0 or 1, not '%s'", v);
         } else if (missing) {
             USAGE_ERROR("option %s needs a value", arg);
         } else {
