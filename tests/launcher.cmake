@@ -1,3 +1,12 @@
 # The launcher: ddp_env_read (test_env) and ddprun end to end (test_launcher, which starts the real
 # build/ddprun binary and uses itself as the worker program).
 ddp_add_test(NAME test_env SOURCES test_env.c TIMEOUT 30)
+
+# ddprun scenarios: only where ddprun itself is built (it needs the TCP store).
+if(TARGET ddprun)
+  foreach(scenario env multinode failure multinode-failure signals output options)
+    ddp_add_test(NAME test_launcher SOURCES test_launcher.c ARGS ${scenario} TIMEOUT 90)
+  endforeach()
+  target_compile_definitions(test_launcher PRIVATE DDPRUN_PATH="$<TARGET_FILE:ddprun>")
+  add_dependencies(test_launcher ddprun)
+endif()

@@ -1,0 +1,1075 @@
+/* ddprun: the launcher. Starts N local worker processes of a data-parallel job with torchrun's
+ * environment (RANK, WORLD_SIZE, LOCAL_RANK, ...), hosts the TCP rendezvous store on node 0,
+ * prefixes each worker's output lines with its rank, and tears the whole job down - on every
+ * node - as soon as one worker fails, so no rank is left blocked in a collective.
+ *
+ * One thread runs an event loop over the workers' output pipes and a self-pipe fed by signal
+ * handlers; in multi-node jobs a second thread watches the store for another node's failure. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ddp/ddp.h"
+
+extern char **environ;
+
+#define MAX_LOCAL_WORKERS 1024
+#define LINE_MAX_BYTES (64 * 1024)
+#define WATCH_INTERVAL_MS 200
+#define STORE_CALL_TIMEOUT_MS 5000
+#define FAILURE_TEXT_MAX 512
+
+/* ---- options ------------------------------------------------------------------------------- */
+
+typedef struct options {
+    int nproc;               /* workers on this node (-n) */
+    int nnodes;              /* nodes in the job */
+    int node_rank;           /* this node */
+    const char *master_addr; /* NULL: 127.0.0.1 */
+    int master_port;         /* 0: any free port (single node only) */
+    const char *token;       /* NULL: generated (single node) or DDP_STORE_TOKEN */
+    int prefix;              /* prefix output lines with "[rank] " */
+    double timeout_s;        /* 0: no limit on the job's run time */
+    double grace_s;          /* SIGTERM -> SIGKILL delay */
+    double heartbeat_timeout_s;
+    char **program;          /* PROGRAM ARGS..., NULL-terminated (points into argv) */
+} options_t;
+
+static const char usage_text[] =
+    "usage: ddprun -n N [options] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts N worker processes of a libddp (or torchrun-style) job on this machine and waits for\n"
+    "them. Node 0 hosts the TCP rendezvous store the workers meet through.\n"
+    "\n"
+    "options:\n"
+    "  -n, --nproc-per-node N  workers to start on this node (required, 1 to 1024)\n"
+    "  --nnodes M              nodes in the job (default 1); run one ddprun per node\n"
+    "  --node-rank K           this node's index, 0 to M-1 (default 0); node 0 hosts the store\n"
+    "  --master-addr A         address of node 0: node 0's store binds to it, the workers connect\n"
+    "                          to it (default 127.0.0.1)\n"
+    "  --master-port P         port of the store (default: any free port; required when M > 1)\n"
+    "  --token T               shared secret of the store. With M > 1 every node needs the same\n"
+    "                          token: give --token or export DDP_STORE_TOKEN (preferred: a\n"
+    "                          command line is visible to other users in ps). With M = 1 a\n"
+    "                          random token is generated unless --token is given.\n"
+    "  --no-prefix             pass the workers' output through untouched (default: each line\n"
+    "                          starts with \"[RANK] \"; stdout and stderr stay apart; lines\n"
+    "                          longer than 64 KiB are split)\n"
+    "  --timeout S             stop the job if it runs longer than S seconds (default: no limit);\n"
+    "                          joining the other nodes waits at most DDP_TIMEOUT seconds\n"
+    "  --grace S               seconds between SIGTERM and SIGKILL when stopping workers\n"
+    "                          (default 5)\n"
+    "  --heartbeat-timeout S   node 0 stops the job when another node's ddprun has been silent\n"
+    "                          for S seconds (default 30; multi-node only)\n"
+    "  --print-config          print libddp's environment variables and exit\n"
+    "  -h, --help              print this help and exit\n"
+    "  Options may also be written --option=VALUE; \"--\" ends the options.\n"
+    "\n"
+    "environment set for worker i of node K (N workers per node, M nodes):\n"
+    "  RANK=K*N+i  WORLD_SIZE=M*N  LOCAL_RANK=i  LOCAL_WORLD_SIZE=N  GROUP_RANK=K\n"
+    "  MASTER_ADDR, MASTER_PORT   where the store listens\n"
+    "  DDP_STORE_TOKEN            the store's secret\n"
+    "Workers run in their own process groups and receive SIGKILL if ddprun dies.\n"
+    "\n"
+    "failures: SIGINT, SIGTERM and SIGHUP are forwarded to every worker (a second one sends\n"
+    "SIGKILL). When a worker exits non-zero or is killed, ddprun reports its rank, stops the\n"
+    "others (SIGTERM, then SIGKILL after the grace period) on every node, and exits 1, or 128+N\n"
+    "when the worker or ddprun was killed by signal N. A node that fails marks the store key\n"
+    "job/failed; the other nodes see it and stop too.\n"
+    "\n"
+    "exit status: 0 when every worker exited 0; 1 or 128+N on failure; 2 for bad options.\n";
+
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ddprun: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\nTry 'ddprun --help'.\n", stderr);
+    exit(2);
+}
+
+static int parse_int(const char *option, const char *text, int lo, int hi)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+        usage_error("%s: '%s' is not an integer from %d to %d", option, text, lo, hi);
+    }
+    return (int)v;
+}
+
+static double parse_seconds(const char *option, const char *text)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || errno == ERANGE || !(v >= 0) || v > 1e7) {
+        usage_error("%s: '%s' is not a number of seconds (0 or more)", option, text);
+    }
+    return v;
+}
+
+/* Matches argv[*i] against `name`; returns its value ("--name V" or "--name=V"), advancing *i. */
+static const char *option_value(int argc, char **argv, int *i, const char *name)
+{
+    const char *arg = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) return NULL;
+    if (arg[n] == '=') return arg + n + 1;
+    if (arg[n] != '\0') return NULL;
+    if (*i + 1 >= argc) usage_error("%s needs a value", name);
+    *i += 1;
+    return argv[*i];
+}
+
+static void parse_options(int argc, char **argv, options_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->nproc = -1;
+    o->nnodes = 1;
+    o->prefix = 1;
+    o->grace_s = 5.0;
+    o->heartbeat_timeout_s = 30.0;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v;
+        if (a[0] != '-' || a[1] == '\0') break;
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage_text, stdout);
+            exit(0);
+        } else if (strcmp(a, "--print-config") == 0) {
+            exit(ddp_config_print(stdout) == DDP_OK ? 0 : 1);
+        } else if (strcmp(a, "--no-prefix") == 0) {
+            o->prefix = 0;
+        } else if ((v = option_value(argc, argv, &i, "-n")) ||
+                   (v = option_value(argc, argv, &i, "--nproc-per-node"))) {
+            o->nproc = parse_int(a, v, 1, MAX_LOCAL_WORKERS);
+        } else if ((v = option_value(argc, argv, &i, "--nnodes"))) {
+            o->nnodes = parse_int("--nnodes", v, 1, 1 << 16);
+        } else if ((v = option_value(argc, argv, &i, "--node-rank"))) {
+            o->node_rank = parse_int("--node-rank", v, 0, 1 << 16);
+        } else if ((v = option_value(argc, argv, &i, "--master-addr"))) {
+            if (!*v || strlen(v) >= 256) usage_error("--master-addr: '%s' is not an address", v);
+            o->master_addr = v;
+        } else if ((v = option_value(argc, argv, &i, "--master-port"))) {
+            o->master_port = parse_int("--master-port", v, 1, 65535);
+        } else if ((v = option_value(argc, argv, &i, "--token"))) {
+            o->token = v;
+        } else if ((v = option_value(argc, argv, &i, "--timeout"))) {
+            o->timeout_s = parse_seconds("--timeout", v);
+        } else if ((v = option_value(argc, argv, &i, "--grace"))) {
+            o->grace_s = parse_seconds("--grace", v);
+        } else if ((v = option_value(argc, argv, &i, "--heartbeat-timeout"))) {
+            o->heartbeat_timeout_s = parse_seconds("--heartbeat-timeout", v);
+            if (o->heartbeat_timeout_s < 1) usage_error("--heartbeat-timeout: at least 1 second");
+        } else {
+            usage_error("unknown option '%s'", a);
+        }
+    }
+    if (o->nproc < 0) usage_error("-n N (workers per node) is required");
+    if (i >= argc) usage_error("no PROGRAM to run");
+    o->program = argv + i;
+    if (o->node_rank >= o->nnodes) {
+        usage_error("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
+    }
+    if ((long long)o->nnodes * o->nproc > INT_MAX) usage_error("--nnodes x -n is too large");
+    if (o->nnodes > 1) {
+        if (o->master_port == 0) {
+            usage_error("--nnodes %d needs --master-port (every node must know it)", o->nnodes);
+        }
+        if (!o->token) {
+            const char *t = getenv("DDP_STORE_TOKEN");
+            if (!t || !*t) {
+                usage_error("--nnodes %d needs the same token on every node: export "
+                            "DDP_STORE_TOKEN or give --token",
+                            o->nnodes);
+            }
+            o->token = t;
+        }
+    }
+    if (o->token && (!*o->token || strlen(o->token) >= 128)) {
+        usage_error("--token/DDP_STORE_TOKEN must be 1 to 127 characters");
+    }
+}
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Writes everything, retrying on EINTR and on a non-blocking descriptor that is full. */
+static void write_all(int fd, const char *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n > 0) {
+            data += n;
+            len -= (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && errno == EAGAIN) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            poll(&p, 1, 100);
+        } else {
+            return; /* EPIPE and the like: the reader went away; drop the output */
+        }
+    }
+}
+
+static const char *signal_name(int sig)
+{
+    const char *abbrev = sigabbrev_np(sig);
+    static _Thread_local char name[32];
+    snprintf(name, sizeof name, "SIG%s", abbrev ? abbrev : "?");
+    return name;
+}
+
+static void make_token(char *out, size_t size)
+{
+    unsigned char bytes[24];
+    size_t got = 0;
+    while (got < sizeof bytes) {
+        ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+        if (n > 0) got += (size_t)n;
+        else if (n < 0 && errno != EINTR) break;
+    }
+    if (got < sizeof bytes) {
+        int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, bytes, sizeof bytes);
+            if (n == (ssize_t)sizeof bytes) got = sizeof bytes;
+            close(fd);
+        }
+    }
+    if (got < sizeof bytes) {
+        fprintf(stderr, "ddprun: cannot read random bytes for the store token\n");
+        exit(1);
+    }
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0;
+    for (size_t j = 0; j < sizeof bytes && k + 2 < size; j++) {
+        out[k++] = hex[bytes[j] >> 4];
+        out[k++] = hex[bytes[j] & 15];
+    }
+    out[k] = '\0';
+}
+
+/* ---- signals: handlers only write the signal number into a pipe the event loop polls ------- */
+
+static int signal_pipe[2] = {-1, -1};
+static volatile sig_atomic_t workers_started;
+
+static void on_signal(int sig)
+{
+    if (!workers_started) _exit(128 + sig); /* still joining: nothing to clean up */
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    ssize_t ignored = write(signal_pipe[1], &b, 1);
+    (void)ignored;
+    errno = saved;
+}
+
+static const int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+static void install_signal_handlers(void)
+{
+    if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        perror("ddprun: pipe");
+        exit(1);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof forwarded_signals / sizeof forwarded_signals[0]; i++) {
+        sigaction(forwarded_signals[i], &sa, NULL);
+    }
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* Library threads (the store server, the watcher) must not take our signals: create them with
+ * the forwarded signals blocked so only the main thread runs on_signal. */
+static void block_forwarded_signals(int block, sigset_t *old)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof forwarded_signals / sizeof forwarded_signals[0]; i++) {
+        sigaddset(&set, forwarded_signals[i]);
+    }
+    if (block) pthread_sigmask(SIG_BLOCK, &set, old);
+    else pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+/* ---- workers and their output -------------------------------------------------------------- */
+
+typedef struct stream {
+    int fd;        /* read end of the worker's pipe; -1 once closed */
+    int target;    /* 1 or 2: where prefixed lines go */
+    char *pending; /* bytes of an unfinished line (LINE_MAX_BYTES) */
+    size_t len;
+} stream_t;
+
+typedef struct worker {
+    int rank;
+    int local_rank;
+    pid_t pid;    /* also its process-group id */
+    int running;  /* not reaped yet */
+    int status;   /* wait status once reaped */
+    stream_t out;
+    stream_t err;
+} worker_t;
+
+/* Writes "[rank] <line>\n" in one write, so lines of different workers never mix. */
+static void emit_line(const worker_t *w, stream_t *s)
+{
+    char prefix[32];
+    int plen = snprintf(prefix, sizeof prefix, "[%d] ", w->rank);
+    char *buf = malloc((size_t)plen + s->len + 1);
+    if (buf) {
+        memcpy(buf, prefix, (size_t)plen);
+        memcpy(buf + plen, s->pending, s->len);
+        buf[(size_t)plen + s->len] = '\n';
+        write_all(s->target, buf, (size_t)plen + s->len + 1);
+        free(buf);
+    }
+    s->len = 0;
+}
+
+/* Adds bytes of the current line; a line longer than LINE_MAX_BYTES is split into several. */
+static void stream_append(const worker_t *w, stream_t *s, const char *data, size_t len)
+{
+    while (len > 0) {
+        if (s->len == LINE_MAX_BYTES) emit_line(w, s);
+        size_t take = LINE_MAX_BYTES - s->len;
+        if (take > len) take = len;
+        memcpy(s->pending + s->len, data, take);
+        s->len += take;
+        data += take;
+        len -= take;
+    }
+}
+
+/* Reads what the worker wrote; emits every complete line with its rank in front. */
+static void stream_read(const worker_t *w, stream_t *s)
+{
+    char chunk[16384];
+    ssize_t n = read(s->fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) { /* EOF (or an error): flush a partial last line and stop watching */
+        if (s->len > 0) emit_line(w, s);
+        close(s->fd);
+        s->fd = -1;
+        return;
+    }
+    size_t start = 0;
+    for (size_t k = 0; k < (size_t)n; k++) {
+        if (chunk[k] != '\n') continue;
+        stream_append(w, s, chunk + start, k - start);
+        emit_line(w, s);
+        start = k + 1;
+    }
+    stream_append(w, s, chunk + start, (size_t)n - start);
+}
+
+static char *env_entry(const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static char *env_entry(const char *name, const char *fmt, ...)
+{
+    char value[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof value, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(name) + 1 + strlen(value) + 1;
+    char *e = malloc(n);
+    if (!e) {
+        fprintf(stderr, "ddprun: out of memory\n");
+        exit(1);
+    }
+    snprintf(e, n, "%s=%s", name, value);
+    return e;
+}
+
+static const char *const set_names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                        "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                        "DDP_STORE_TOKEN"};
+#define NUM_SET_NAMES (sizeof set_names / sizeof set_names[0])
+
+static int is_set_name(const char *entry)
+{
+    for (size_t i = 0; i < NUM_SET_NAMES; i++) {
+        size_t n = strlen(set_names[i]);
+        if (strncmp(entry, set_names[i], n) == 0 && entry[n] == '=') return 1;
+    }
+    return 0;
+}
+
+typedef struct job {
+    options_t opt;
+    const char *master_addr;
+    int master_port;
+    char token[128];
+    worker_t *workers;
+    int nworkers;
+    int running;
+    /* how the job ends */
+    int stopping;         /* teardown started */
+    int killed;           /* SIGKILL already sent */
+    double kill_at;       /* when to escalate to SIGKILL */
+    int exit_code;
+    /* multi-node */
+    ddp_store_t *store;
+    ddp_store_server_t *server;
+    pthread_t watcher;
+    int watcher_running;
+    int notify_pipe[2];
+    pthread_mutex_t lock;
+    char remote_failure[FAILURE_TEXT_MAX]; /* guarded by lock */
+    int watcher_stop;                      /* guarded by lock */
+    int watcher_done;                      /* guarded by lock: the store is unreachable */
+    int64_t nodes_exited;                  /* guarded by lock */
+} job_t;
+
+/* Builds the environment of one worker: ours minus the variables we set, plus them. */
+static char **worker_environment(const job_t *job, const worker_t *w)
+{
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **envp = calloc(n + NUM_SET_NAMES + 1, sizeof *envp);
+    if (!envp) {
+        fprintf(stderr, "ddprun: out of memory\n");
+        exit(1);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!is_set_name(environ[i])) envp[k++] = environ[i];
+    }
+    const options_t *o = &job->opt;
+    envp[k++] = env_entry("RANK", "%d", w->rank);
+    envp[k++] = env_entry("WORLD_SIZE", "%d", o->nnodes * o->nproc);
+    envp[k++] = env_entry("LOCAL_RANK", "%d", w->local_rank);
+    envp[k++] = env_entry("LOCAL_WORLD_SIZE", "%d", o->nproc);
+    envp[k++] = env_entry("GROUP_RANK", "%d", o->node_rank);
+    envp[k++] = env_entry("MASTER_ADDR", "%s", job->master_addr);
+    envp[k++] = env_entry("MASTER_PORT", "%d", job->master_port);
+    envp[k++] = env_entry("DDP_STORE_TOKEN", "%s", job->token);
+    envp[k] = NULL;
+    return envp;
+}
+
+static void free_environment(char **envp)
+{
+    size_t n = 0;
+    while (envp[n]) n++;
+    for (size_t i = n - NUM_SET_NAMES; i < n; i++) free(envp[i]);
+    free(envp);
+}
+
+static void child_error(const char *what, const char *program)
+{
+    /* Only async-signal-safe calls between fork and exec. */
+    const char *reason = strerror(errno);
+    const char *parts[] = {"ddprun: cannot ", what, " '", program, "': ", reason, "\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        ssize_t ignored = write(2, parts[i], strlen(parts[i]));
+        (void)ignored;
+    }
+}
+
+static int start_worker(job_t *job, worker_t *w)
+{
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (job->opt.prefix) {
+        if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+            perror("ddprun: pipe");
+            return -1;
+        }
+    }
+    char **envp = worker_environment(job, w);
+    pid_t parent = getpid();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("ddprun: fork");
+        free_environment(envp);
+        return -1;
+    }
+    if (pid == 0) {
+        /* Its own process group, so stopping a worker also stops whatever it started. */
+        setpgid(0, 0);
+        /* Die with ddprun even if ddprun is SIGKILLed. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        signal(SIGPIPE, SIG_DFL);
+        for (size_t i = 0; i < sizeof forwarded_signals / sizeof forwarded_signals[0]; i++) {
+            signal(forwarded_signals[i], SIG_DFL);
+        }
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (job->opt.prefix) {
+            if (dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
+        }
+        execvpe(job->opt.program[0], job->opt.program, envp);
+        child_error("run", job->opt.program[0]);
+        _exit(127);
+    }
+    setpgid(pid, pid); /* also here: no race with a kill(-pid) right after fork */
+    free_environment(envp);
+    w->pid = pid;
+    w->running = 1;
+    if (job->opt.prefix) {
+        close(out[1]);
+        close(err[1]);
+        w->out.fd = out[0];
+        w->err.fd = err[0];
+        fcntl(out[0], F_SETFL, O_NONBLOCK);
+        fcntl(err[0], F_SETFL, O_NONBLOCK);
+    }
+    return 0;
+}
+
+static void signal_workers(job_t *job, int sig)
+{
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        /* The group outlives the worker when it left children behind: signal it either way. */
+        if (w->pid > 0) kill(-w->pid, sig);
+        if (w->running) kill(w->pid, sig);
+    }
+}
+
+static void begin_stop(job_t *job, int exit_code)
+{
+    if (job->stopping) return;
+    job->stopping = 1;
+    job->exit_code = exit_code;
+    if (job->running > 0) {
+        fprintf(stderr, "ddprun: stopping %d remaining worker%s (SIGTERM, SIGKILL after %g s)\n",
+                job->running, job->running == 1 ? "" : "s", job->opt.grace_s);
+        signal_workers(job, SIGTERM);
+    }
+    job->kill_at = now_s() + job->opt.grace_s;
+}
+
+/* ---- multi-node: the store, the watcher thread and job/failed ------------------------------ */
+
+static void publish_failure(job_t *job, const char *text)
+{
+    if (!job->store) return;
+    void *current = NULL;
+    size_t current_len = 0;
+    ddp_status_t s = ddp_store_compare_set(job->store, "job/failed", NULL, 0, text, strlen(text),
+                                           &current, &current_len);
+    if (s != DDP_OK) {
+        fprintf(stderr, "ddprun: could not tell the other nodes (job/failed): %s\n",
+                ddp_last_error());
+    }
+    ddp_free(current);
+}
+
+static void notify_main(job_t *job)
+{
+    unsigned char b = 1;
+    ssize_t ignored = write(job->notify_pipe[1], &b, 1);
+    (void)ignored;
+}
+
+static int watcher_should_stop(job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    int stop = job->watcher_stop;
+    pthread_mutex_unlock(&job->lock);
+    return stop;
+}
+
+static void set_remote_failure(job_t *job, const char *text)
+{
+    pthread_mutex_lock(&job->lock);
+    if (!job->remote_failure[0]) snprintf(job->remote_failure, sizeof job->remote_failure, "%s", text);
+    pthread_mutex_unlock(&job->lock);
+    notify_main(job);
+}
+
+/* Every WATCH_INTERVAL_MS: look for job/failed, beat this node's heartbeat, count the nodes that
+ * have finished, and (node 0) notice another node's ddprun that went silent or never came. */
+static void *watcher_main(void *arg)
+{
+    job_t *job = arg;
+    const options_t *o = &job->opt;
+    int nnodes = o->nnodes;
+    int64_t *last_beat = calloc((size_t)nnodes, sizeof *last_beat);
+    double *last_change = calloc((size_t)nnodes, sizeof *last_change);
+    if (!last_beat || !last_change) {
+        set_remote_failure(job, "ddprun watcher: out of memory");
+        free(last_beat);
+        free(last_change);
+        return NULL;
+    }
+    double started = now_s();
+    double join_limit = ddp_default_timeout_ms() / 1000.0;
+    for (int k = 0; k < nnodes; k++) last_change[k] = started;
+    char key[64], text[FAILURE_TEXT_MAX];
+    snprintf(key, sizeof key, "job/heartbeat/%d", o->node_rank);
+    while (!watcher_should_stop(job)) {
+        const char *failed_key = "job/failed";
+        int exists = 0;
+        int64_t value = 0;
+        ddp_status_t s = ddp_store_check(job->store, &failed_key, 1, &exists);
+        if (s == DDP_OK && exists) {
+            void *v = NULL;
+            size_t len = 0;
+            s = ddp_store_get(job->store, failed_key, &v, &len);
+            if (s == DDP_OK) {
+                /* Keep watching: node 0 still counts the nodes that have finished. */
+                set_remote_failure(job, (const char *)v);
+                ddp_free(v);
+            }
+        }
+        if (s == DDP_OK) s = ddp_store_add(job->store, key, 1, &value);
+        if (s == DDP_OK) s = ddp_store_add(job->store, "job/exited", 0, &value);
+        if (s == DDP_OK) {
+            pthread_mutex_lock(&job->lock);
+            job->nodes_exited = value;
+            pthread_mutex_unlock(&job->lock);
+            notify_main(job);
+        }
+        if (s != DDP_OK) {
+            if (watcher_should_stop(job)) break;
+            snprintf(text, sizeof text, "lost the store at %s:%d (node 0 gone?): %s",
+                     job->master_addr, job->master_port, ddp_last_error());
+            set_remote_failure(job, text);
+            break;
+        }
+        if (o->node_rank == 0) {
+            double now = now_s();
+            for (int k = 1; k < nnodes; k++) {
+                char other[64];
+                int done = 0;
+                snprintf(other, sizeof other, "job/exited/%d", k);
+                const char *done_key = other;
+                if (ddp_store_check(job->store, &done_key, 1, &done) != DDP_OK || done) continue;
+                snprintf(other, sizeof other, "job/heartbeat/%d", k);
+                int64_t beat = 0;
+                if (ddp_store_add(job->store, other, 0, &beat) != DDP_OK) continue;
+                if (beat != last_beat[k]) {
+                    last_beat[k] = beat;
+                    last_change[k] = now;
+                } else if (beat == 0 && now - started > join_limit) {
+                    snprintf(text, sizeof text,
+                             "node %d did not join within %g s (DDP_TIMEOUT)", k, join_limit);
+                    publish_failure(job, text);
+                } else if (beat > 0 && now - last_change[k] > o->heartbeat_timeout_s) {
+                    snprintf(text, sizeof text,
+                             "node %d's ddprun has been silent for %g s (--heartbeat-timeout)",
+                             k, o->heartbeat_timeout_s);
+                    publish_failure(job, text);
+                }
+            }
+        }
+        sleep_ms(WATCH_INTERVAL_MS);
+    }
+    free(last_beat);
+    free(last_change);
+    pthread_mutex_lock(&job->lock);
+    job->watcher_done = 1;
+    pthread_mutex_unlock(&job->lock);
+    notify_main(job);
+    return NULL;
+}
+
+/* Node 0 hosts the store (multi-node: every node also connects to it as a client). */
+static int setup_store(job_t *job)
+{
+    const options_t *o = &job->opt;
+    job->master_addr = o->master_addr ? o->master_addr : "127.0.0.1";
+    job->master_port = o->master_port;
+    if (o->token) snprintf(job->token, sizeof job->token, "%s", o->token);
+    else make_token(job->token, sizeof job->token);
+
+    if (o->node_rank == 0) {
+        sigset_t old;
+        block_forwarded_signals(1, &old);
+        ddp_status_t s =
+            ddp_store_server_start(job->master_addr, o->master_port, job->token, &job->server);
+        block_forwarded_signals(0, &old);
+        if (s != DDP_OK) {
+            fprintf(stderr, "ddprun: cannot host the store on %s:%d: %s\n", job->master_addr,
+                    o->master_port, ddp_last_error());
+            return -1;
+        }
+        job->master_port = ddp_store_server_port(job->server);
+    }
+    if (o->nnodes == 1) return 0;
+
+    int timeout_ms = ddp_default_timeout_ms();
+    if (o->timeout_s > 0 && o->timeout_s * 1000 < timeout_ms) timeout_ms = (int)(o->timeout_s * 1000);
+    if (timeout_ms < 1) timeout_ms = 1;
+    sigset_t old;
+    block_forwarded_signals(1, &old);
+    ddp_status_t s = ddp_store_tcp_connect(job->master_addr, job->master_port, job->token,
+                                           timeout_ms, &job->store);
+    block_forwarded_signals(0, &old);
+    if (s != DDP_OK) {
+        fprintf(stderr, "ddprun: node %d cannot reach the store at %s:%d: %s\n", o->node_rank,
+                job->master_addr, job->master_port, ddp_last_error());
+        return -1;
+    }
+    ddp_store_set_timeout(job->store, timeout_ms);
+
+    /* Every node must agree on the shape of the job, and each node rank be taken once. */
+    char config[128], key[64];
+    snprintf(config, sizeof config, "nnodes=%d nproc=%d", o->nnodes, o->nproc);
+    if (o->node_rank == 0) {
+        s = ddp_store_set(job->store, "ddprun/config", config, strlen(config));
+    } else {
+        void *v = NULL;
+        size_t len = 0;
+        s = ddp_store_get(job->store, "ddprun/config", &v, &len);
+        if (s == DDP_OK && (len != strlen(config) || memcmp(v, config, len) != 0)) {
+            fprintf(stderr, "ddprun: node %d has %s but node 0 has %.*s\n", o->node_rank, config,
+                    (int)len, (const char *)v);
+            ddp_free(v);
+            return -1;
+        }
+        ddp_free(v);
+    }
+    if (s == DDP_OK) {
+        char mine[128], host[64] = "?";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        snprintf(mine, sizeof mine, "pid %d on %s", (int)getpid(), host);
+        snprintf(key, sizeof key, "ddprun/node/%d", o->node_rank);
+        void *current = NULL;
+        size_t len = 0;
+        s = ddp_store_compare_set(job->store, key, NULL, 0, mine, strlen(mine), &current, &len);
+        if (s == DDP_OK && (len != strlen(mine) || memcmp(current, mine, len) != 0)) {
+            fprintf(stderr, "ddprun: --node-rank %d is already taken by ddprun %.*s\n",
+                    o->node_rank, (int)len, (const char *)current);
+            ddp_free(current);
+            return -1;
+        }
+        ddp_free(current);
+    }
+    if (s != DDP_OK) {
+        fprintf(stderr, "ddprun: node %d: rendezvous through the store failed: %s\n",
+                o->node_rank, ddp_last_error());
+        return -1;
+    }
+    ddp_store_set_timeout(job->store, STORE_CALL_TIMEOUT_MS);
+    return 0;
+}
+
+static int start_watcher(job_t *job)
+{
+    if (pipe2(job->notify_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        perror("ddprun: pipe");
+        return -1;
+    }
+    if (!job->store) return 0;
+    sigset_t old;
+    block_forwarded_signals(1, &old);
+    int rc = pthread_create(&job->watcher, NULL, watcher_main, job);
+    block_forwarded_signals(0, &old);
+    if (rc != 0) {
+        fprintf(stderr, "ddprun: cannot start the store watcher: %s\n", strerror(rc));
+        return -1;
+    }
+    job->watcher_running = 1;
+    return 0;
+}
+
+static void stop_watcher(job_t *job)
+{
+    if (!job->watcher_running) return;
+    pthread_mutex_lock(&job->lock);
+    job->watcher_stop = 1;
+    pthread_mutex_unlock(&job->lock);
+    pthread_join(job->watcher, NULL);
+    job->watcher_running = 0;
+}
+
+/* ---- the event loop ------------------------------------------------------------------------ */
+
+static void describe_exit(char *out, size_t size, const worker_t *w, int node, int nnodes)
+{
+    char where[48] = "";
+    if (nnodes > 1) snprintf(where, sizeof where, " on node %d", node);
+    if (WIFSIGNALED(w->status)) {
+        int sig = WTERMSIG(w->status);
+        snprintf(out, size, "rank %d (pid %d)%s killed by signal %d (%s)", w->rank, (int)w->pid,
+                 where, sig, signal_name(sig));
+    } else {
+        snprintf(out, size, "rank %d (pid %d)%s exited with status %d", w->rank, (int)w->pid,
+                 where, WEXITSTATUS(w->status));
+    }
+}
+
+static void reap(job_t *job)
+{
+    for (;;) {
+        int status = 0;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) return;
+        for (int i = 0; i < job->nworkers; i++) {
+            worker_t *w = &job->workers[i];
+            if (w->pid != pid || !w->running) continue;
+            w->running = 0;
+            w->status = status;
+            job->running--;
+            int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            if (failed && !job->stopping) {
+                char text[FAILURE_TEXT_MAX];
+                describe_exit(text, sizeof text, w, job->opt.node_rank, job->opt.nnodes);
+                fprintf(stderr, "ddprun: %s\n", text);
+                publish_failure(job, text);
+                begin_stop(job, WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1);
+            }
+        }
+    }
+}
+
+static int streams_open(const job_t *job)
+{
+    for (int i = 0; i < job->nworkers; i++) {
+        if (job->workers[i].out.fd >= 0 || job->workers[i].err.fd >= 0) return 1;
+    }
+    return 0;
+}
+
+static void run_event_loop(job_t *job)
+{
+    const options_t *o = &job->opt;
+    double deadline = o->timeout_s > 0 ? now_s() + o->timeout_s : 0;
+    double drain_until = 0;  /* after the last worker: stop waiting for stray pipe writers */
+    int sent_exited = 0;
+    double linger_until = 0; /* node 0: wait for the other nodes before closing the store */
+    struct pollfd *fds = calloc((size_t)job->nworkers * 2 + 2, sizeof *fds);
+    worker_t **owner = calloc((size_t)job->nworkers * 2 + 2, sizeof *owner);
+    stream_t **stream_of = calloc((size_t)job->nworkers * 2 + 2, sizeof *stream_of);
+    if (!fds || !owner || !stream_of) {
+        fprintf(stderr, "ddprun: out of memory\n");
+        begin_stop(job, 1);
+    }
+    for (;;) {
+        int nfds = 0;
+        if (fds) {
+            fds[nfds++] = (struct pollfd){signal_pipe[0], POLLIN, 0};
+            fds[nfds++] = (struct pollfd){job->notify_pipe[0], POLLIN, 0};
+            for (int i = 0; i < job->nworkers; i++) {
+                stream_t *ss[2] = {&job->workers[i].out, &job->workers[i].err};
+                for (int k = 0; k < 2; k++) {
+                    if (ss[k]->fd < 0) continue;
+                    owner[nfds] = &job->workers[i];
+                    stream_of[nfds] = ss[k];
+                    fds[nfds++] = (struct pollfd){ss[k]->fd, POLLIN, 0};
+                }
+            }
+            if (poll(fds, (nfds_t)nfds, 100) < 0 && errno != EINTR) perror("ddprun: poll");
+        } else {
+            sleep_ms(100);
+        }
+
+        /* Signals sent to ddprun go to every worker; a second one escalates to SIGKILL. */
+        unsigned char sigs[16];
+        ssize_t got;
+        while ((got = read(signal_pipe[0], sigs, sizeof sigs)) > 0) {
+            for (ssize_t k = 0; k < got; k++) {
+                int sig = sigs[k];
+                if (!job->stopping) {
+                    fprintf(stderr, "ddprun: received %s, forwarding it to the workers\n",
+                            signal_name(sig));
+                    char text[FAILURE_TEXT_MAX];
+                    snprintf(text, sizeof text, "ddprun on node %d received %s", o->node_rank,
+                             signal_name(sig));
+                    publish_failure(job, text);
+                    job->stopping = 1;
+                    job->exit_code = 128 + sig;
+                    job->kill_at = now_s() + o->grace_s;
+                    signal_workers(job, sig);
+                } else if (!job->killed) {
+                    fprintf(stderr, "ddprun: received %s again, killing the workers\n",
+                            signal_name(sig));
+                    job->killed = 1;
+                    signal_workers(job, SIGKILL);
+                }
+            }
+        }
+        while ((got = read(job->notify_pipe[0], sigs, sizeof sigs)) > 0) {
+        }
+
+        for (int i = 2; i < nfds; i++) {
+            if (fds[i].revents) stream_read(owner[i], stream_of[i]);
+        }
+        reap(job);
+
+        char remote[FAILURE_TEXT_MAX];
+        int64_t exited = 0;
+        int watcher_done = 0;
+        pthread_mutex_lock(&job->lock);
+        snprintf(remote, sizeof remote, "%s", job->remote_failure);
+        exited = job->nodes_exited;
+        watcher_done = job->watcher_done;
+        pthread_mutex_unlock(&job->lock);
+        double now = now_s();
+        if (remote[0] && !job->stopping) {
+            fprintf(stderr, "ddprun: stopping the job: %s\n", remote);
+            begin_stop(job, 1);
+        }
+        if (deadline > 0 && now > deadline && !job->stopping) {
+            fprintf(stderr, "ddprun: the job ran past --timeout %g s\n", o->timeout_s);
+            char text[FAILURE_TEXT_MAX];
+            snprintf(text, sizeof text, "node %d ran past --timeout %g s", o->node_rank,
+                     o->timeout_s);
+            publish_failure(job, text);
+            begin_stop(job, 1);
+        }
+        if (job->stopping && !job->killed && job->running > 0 && now >= job->kill_at) {
+            fprintf(stderr, "ddprun: %d worker%s still running after %g s, sending SIGKILL\n",
+                    job->running, job->running == 1 ? "" : "s", o->grace_s);
+            job->killed = 1;
+            signal_workers(job, SIGKILL);
+        }
+
+        if (job->running > 0) continue;
+        /* Every worker is reaped. Take what they left in the pipes, then finish. */
+        if (drain_until == 0) {
+            drain_until = now + 2.0;
+            /* Anything a worker left behind in its process group goes with it. */
+            if (job->stopping) signal_workers(job, SIGKILL);
+        }
+        if (streams_open(job) && now < drain_until) continue;
+        if (!job->store) break;
+        if (!sent_exited) {
+            char key[64];
+            int64_t count = 0;
+            snprintf(key, sizeof key, "job/exited/%d", o->node_rank);
+            ddp_store_set(job->store, key, "1", 1);
+            ddp_store_add(job->store, "job/exited", 1, &count);
+            sent_exited = 1;
+            if (o->node_rank != 0) break;
+            /* Node 0 keeps the store up until the other nodes are done; after a failure, only
+             * long enough for them to see job/failed and stop their workers. */
+            linger_until = job->stopping ? now + o->grace_s + 5.0 : 0;
+            pthread_mutex_lock(&job->lock);
+            if (count > job->nodes_exited) job->nodes_exited = count;
+            exited = job->nodes_exited;
+            pthread_mutex_unlock(&job->lock);
+        }
+        if (exited >= o->nnodes) break;
+        if (remote[0] && linger_until == 0) linger_until = now + o->grace_s + 5.0;
+        if (linger_until > 0 && now > linger_until) break;
+        if (watcher_done || !job->watcher_running) break;
+    }
+    free(fds);
+    free(owner);
+    free(stream_of);
+}
+
+int main(int argc, char **argv)
+{
+    job_t job;
+    memset(&job, 0, sizeof job);
+    job.notify_pipe[0] = job.notify_pipe[1] = -1;
+    pthread_mutex_init(&job.lock, NULL);
+    parse_options(argc, argv, &job.opt);
+    install_signal_handlers();
+
+    if (setup_store(&job) != 0) {
+        ddp_store_destroy(job.store);
+        ddp_store_server_stop(job.server);
+        return 1;
+    }
+    if (start_watcher(&job) != 0) {
+        ddp_store_destroy(job.store);
+        ddp_store_server_stop(job.server);
+        return 1;
+    }
+
+    job.nworkers = job.opt.nproc;
+    job.workers = calloc((size_t)job.nworkers, sizeof *job.workers);
+    if (!job.workers) {
+        fprintf(stderr, "ddprun: out of memory\n");
+        return 1;
+    }
+    workers_started = 1;
+    for (int i = 0; i < job.nworkers; i++) {
+        worker_t *w = &job.workers[i];
+        w->local_rank = i;
+        w->rank = job.opt.node_rank * job.opt.nproc + i;
+        w->out = (stream_t){-1, 1, NULL, 0};
+        w->err = (stream_t){-1, 2, NULL, 0};
+        w->out.pending = malloc(LINE_MAX_BYTES);
+        w->err.pending = malloc(LINE_MAX_BYTES);
+        if (!w->out.pending || !w->err.pending || start_worker(&job, w) != 0) {
+            char text[FAILURE_TEXT_MAX];
+            snprintf(text, sizeof text, "node %d could not start rank %d", job.opt.node_rank,
+                     w->rank);
+            fprintf(stderr, "ddprun: %s\n", text);
+            publish_failure(&job, text);
+            begin_stop(&job, 1);
+            break;
+        }
+        job.running++;
+    }
+
+    run_event_loop(&job);
+
+    stop_watcher(&job);
+    int code = job.stopping ? job.exit_code : 0;
+    if (!job.stopping) {
+        char remote[FAILURE_TEXT_MAX];
+        pthread_mutex_lock(&job.lock);
+        snprintf(remote, sizeof remote, "%s", job.remote_failure);
+        pthread_mutex_unlock(&job.lock);
+        if (remote[0]) { /* our workers were done; another node failed afterwards */
+            fprintf(stderr, "ddprun: the job failed elsewhere: %s\n", remote);
+            code = 1;
+        }
+    }
+    for (int i = 0; i < job.nworkers; i++) {
+        free(job.workers[i].out.pending);
+        free(job.workers[i].err.pending);
+        if (job.workers[i].out.fd >= 0) close(job.workers[i].out.fd);
+        if (job.workers[i].err.fd >= 0) close(job.workers[i].err.fd);
+    }
+    free(job.workers);
+    ddp_store_destroy(job.store);
+    ddp_store_server_stop(job.server);
+    return code;
+}
