@@ -1,0 +1,613 @@
+/* TCP store server: one background thread runs a poll() loop over non-blocking sockets. Each
+ * connection has its own input and output buffers, so a slow, silent or hostile client never
+ * blocks the loop; it must authenticate with the shared token first. get/wait on missing keys are
+ * parked server-side and answered when a write makes them ready or their timeout passes, so
+ * clients never poll. Anything malformed closes only that connection. Protocol:
+ * docs/store-protocol.md. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "store/store_impl.h"
+#include "store/tcp_frame.h"
+
+#define MAX_CONNECTIONS 4096
+/* A connection that has not authenticated within this time is closed. */
+#define AUTH_DEADLINE_MS 60000
+/* Bytes read from one connection per loop turn, so one fast sender cannot starve the others. */
+#define READ_BUDGET (4u << 20)
+
+struct conn {
+    int fd;
+    int authenticated;
+    int64_t opened_ns;
+    char peer[64];
+    uint8_t *in; /* received bytes not yet consumed */
+    size_t in_len, in_cap;
+    ddp__bytes_t out; /* responses not yet sent, from out_sent on */
+    size_t out_sent;
+    int parked;                /* a get/wait waits for keys */
+    ddp__store_request_t wait; /* the parked request (owns its keys) */
+    int64_t wait_deadline_ns;
+    int dead; /* to be closed at the end of this loop turn */
+};
+
+struct ddp_store_server {
+    pthread_t thread;
+    int listen_fd;
+    int wake[2]; /* a byte written to wake[1] stops the loop */
+    int port;
+    uint8_t *token;
+    size_t token_len;
+    ddp__kv_table_t table; /* touched only by the server thread */
+    struct conn **conns;
+    size_t nconns, conns_cap;
+};
+
+/* ---- connections ------------------------------------------------------------------------- */
+
+static void conn_close(struct conn *c, const char *reason)
+{
+    if (reason) DDP_LOG(DDP_LOG_WARN, "TCP store server: closing connection from %s: %s", c->peer, reason);
+    c->dead = 1;
+}
+
+static void conn_free(struct conn *c)
+{
+    close(c->fd);
+    free(c->in);
+    ddp__bytes_free(&c->out);
+    ddp__store_request_free(&c->wait);
+    free(c);
+}
+
+/* Sends what is pending without blocking. */
+static void conn_flush(struct conn *c)
+{
+    while (!c->dead && c->out_sent < c->out.len) {
+        ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            c->out_sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        conn_close(c, n < 0 ? strerror(errno) : "send returned 0");
+        return;
+    }
+    if (c->out_sent == c->out.len) {
+        c->out.len = 0;
+        c->out_sent = 0;
+        if (c->out.cap > (1u << 20)) ddp__bytes_free(&c->out); /* give back a large reply */
+    }
+}
+
+static void reply_ok(struct conn *c, const void *body, size_t len)
+{
+    size_t start = ddp__bytes_frame_begin(&c->out);
+    ddp__bytes_u8(&c->out, DDP__STORE_REPLY_OK);
+    ddp__bytes_append(&c->out, body, len);
+    ddp__bytes_frame_end(&c->out, start);
+    if (c->out.failed) conn_close(c, "out of memory for a reply");
+}
+
+static void reply_u64(struct conn *c, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (56 - 8 * i));
+    reply_ok(c, b, 8);
+}
+
+static void reply_error(struct conn *c, ddp_status_t status, const char *text)
+{
+    size_t start = ddp__bytes_frame_begin(&c->out);
+    ddp__bytes_u8(&c->out, DDP__STORE_REPLY_ERROR);
+    ddp__bytes_u32(&c->out, (uint32_t)(int32_t)status);
+    ddp__bytes_append(&c->out, text, strlen(text));
+    ddp__bytes_frame_end(&c->out, start);
+    if (c->out.failed) conn_close(c, "out of memory for a reply");
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static int all_present(struct ddp_store_server *srv, const ddp__store_request_t *req)
+{
+    for (uint32_t i = 0; i < req->nkeys; i++)
+        if (!ddp__kv_find(&srv->table, req->keys[i])) return 0;
+    return 1;
+}
+
+/* Answers a get/wait whose keys all exist. */
+static void answer_wait(struct ddp_store_server *srv, struct conn *c, const ddp__store_request_t *req)
+{
+    if (req->op == DDP__STORE_OP_GET) {
+        ddp__kv_entry_t *e = ddp__kv_find(&srv->table, req->keys[0]);
+        reply_ok(c, e->value, e->len);
+    } else {
+        reply_ok(c, NULL, 0);
+    }
+}
+
+/* After a write: answers every parked request that is now satisfied. */
+static void wake_waiters(struct ddp_store_server *srv)
+{
+    for (size_t i = 0; i < srv->nconns; i++) {
+        struct conn *c = srv->conns[i];
+        if (!c->parked || c->dead || !all_present(srv, &c->wait)) continue;
+        answer_wait(srv, c, &c->wait);
+        c->parked = 0;
+        ddp__store_request_free(&c->wait);
+        conn_flush(c);
+    }
+}
+
+static void time_out_waiter(struct ddp_store_server *srv, struct conn *c)
+{
+    unsigned char *missing = calloc(c->wait.nkeys, 1);
+    int n = 0;
+    for (uint32_t i = 0; i < c->wait.nkeys; i++) {
+        int absent = ddp__kv_find(&srv->table, c->wait.keys[i]) == NULL;
+        if (missing) missing[i] = (unsigned char)absent;
+        n += absent;
+    }
+    char list[DDP_ERROR_TEXT_MAX / 2];
+    ddp__store_format_keys(list, sizeof list, (const char *const *)c->wait.keys, c->wait.nkeys,
+                           missing);
+    free(missing);
+    char text[DDP_ERROR_TEXT_MAX];
+    snprintf(text, sizeof text, "timed out after %u ms waiting for %d missing key%s: %s",
+             c->wait.timeout_ms, n, n == 1 ? "" : "s", list);
+    reply_error(c, DDP_ERR_TIMEOUT, text);
+    c->parked = 0;
+    ddp__store_request_free(&c->wait);
+    conn_flush(c);
+}
+
+/* Compares the presented token with ours in time independent of where they differ. */
+static int token_matches(const struct ddp_store_server *srv, const uint8_t *token, size_t len)
+{
+    if (srv->token_len == 0) return 1;
+    unsigned diff = (unsigned)(len != srv->token_len);
+    for (size_t i = 0; i < srv->token_len; i++) {
+        uint8_t presented = i < len ? token[i] : 0;
+        diff |= (unsigned)(presented ^ srv->token[i]);
+    }
+    return diff == 0;
+}
+
+/* Handles one decoded request of an authenticated connection. Returns 1 when it wrote. */
+static int handle(struct ddp_store_server *srv, struct conn *c, ddp__store_request_t *req)
+{
+    ddp_status_t s;
+    switch (req->op) {
+    case DDP__STORE_OP_AUTH:
+        reply_ok(c, NULL, 0); /* re-authenticating is harmless */
+        return 0;
+    case DDP__STORE_OP_SET:
+        s = ddp__kv_put(&srv->table, req->keys[0], req->value, req->value_len);
+        if (s != DDP_OK) reply_error(c, s, ddp_last_error());
+        else reply_ok(c, NULL, 0);
+        return 1;
+    case DDP__STORE_OP_GET:
+    case DDP__STORE_OP_WAIT:
+        if (all_present(srv, req)) {
+            answer_wait(srv, c, req);
+        } else if (req->timeout_ms == 0) {
+            c->wait = *req;
+            req->keys = NULL;
+            time_out_waiter(srv, c);
+        } else {
+            c->parked = 1;
+            c->wait = *req; /* takes the keys */
+            req->keys = NULL;
+            req->nkeys = 0;
+            c->wait.value = NULL;
+            c->wait_deadline_ns = ddp__now_ns() + (int64_t)req->timeout_ms * 1000000;
+        }
+        return 0;
+    case DDP__STORE_OP_ADD: {
+        ddp__kv_entry_t *e = ddp__kv_find(&srv->table, req->keys[0]);
+        char text[32];
+        size_t text_len = 0;
+        int64_t result = 0;
+        s = ddp__store_add_text(req->keys[0], e ? e->value : NULL, e ? e->len : 0, e != NULL,
+                                req->delta, text, &text_len, &result);
+        if (s == DDP_OK) s = ddp__kv_put(&srv->table, req->keys[0], text, text_len);
+        if (s != DDP_OK) {
+            reply_error(c, s, ddp_last_error());
+            return 0;
+        }
+        reply_u64(c, (uint64_t)result);
+        return 1;
+    }
+    case DDP__STORE_OP_COMPARE_SET: {
+        ddp__kv_entry_t *e = ddp__kv_find(&srv->table, req->keys[0]);
+        int wrote = 0;
+        if (ddp__store_cas_matches(e ? e->value : NULL, e ? e->len : 0, e != NULL, req->expected,
+                                   req->expected_len)) {
+            s = ddp__kv_put(&srv->table, req->keys[0], req->value, req->value_len);
+            if (s != DDP_OK) {
+                reply_error(c, s, ddp_last_error());
+                return 0;
+            }
+            e = ddp__kv_find(&srv->table, req->keys[0]);
+            wrote = 1;
+        }
+        reply_ok(c, e ? e->value : NULL, e ? e->len : 0);
+        return wrote;
+    }
+    case DDP__STORE_OP_CHECK: {
+        uint8_t all = (uint8_t)all_present(srv, req);
+        reply_ok(c, &all, 1);
+        return 0;
+    }
+    case DDP__STORE_OP_DELETE: {
+        uint8_t deleted = (uint8_t)ddp__kv_remove(&srv->table, req->keys[0]);
+        reply_ok(c, &deleted, 1);
+        return 0;
+    }
+    case DDP__STORE_OP_NUM_KEYS:
+        reply_u64(c, (uint64_t)srv->table.count);
+        return 0;
+    }
+    return 0;
+}
+
+/* Consumes the complete frames buffered on `c`, one request at a time: a parked request or an
+ * unsent reply holds the rest back (so a client that never reads cannot grow our memory). */
+static void process(struct ddp_store_server *srv, struct conn *c)
+{
+    size_t off = 0;
+    while (!c->dead && !c->parked && c->out.len == 0) {
+        size_t limit = c->authenticated ? DDP__STORE_MAX_FRAME : DDP__STORE_MAX_AUTH_FRAME;
+        size_t payload_len = 0;
+        const char *why = NULL;
+        int r = ddp__store_frame_split(c->in + off, c->in_len - off, limit, &payload_len, &why);
+        if (r == DDP__FRAME_NEED_MORE) break;
+        if (r == DDP__FRAME_BAD) {
+            char text[160];
+            snprintf(text, sizeof text, "%s%s", why,
+                     c->authenticated ? "" : " (before authentication, limit 4101 bytes)");
+            conn_close(c, text);
+            break;
+        }
+        const uint8_t *payload = c->in + off + DDP__STORE_FRAME_HEADER;
+        off += DDP__STORE_FRAME_HEADER + payload_len;
+        ddp__store_request_t req;
+        char reason[128];
+        if (ddp__store_request_decode(payload, payload_len, &req, reason, sizeof reason) != 0) {
+            ddp__store_request_free(&req);
+            conn_close(c, reason);
+            break;
+        }
+        if (!c->authenticated) {
+            if (req.op != DDP__STORE_OP_AUTH) {
+                conn_close(c, "first request is not AUTH");
+            } else if (!token_matches(srv, req.value, req.value_len)) {
+                /* Tell the client why, then close: it must not retry with the same token. */
+                reply_error(c, DDP_ERR_PROTOCOL, "authentication failed: wrong store token");
+                conn_flush(c);
+                conn_close(c, "wrong token");
+            } else {
+                c->authenticated = 1;
+                reply_ok(c, NULL, 0);
+            }
+            ddp__store_request_free(&req);
+            if (!c->dead) conn_flush(c);
+            continue;
+        }
+        int wrote = handle(srv, c, &req);
+        ddp__store_request_free(&req);
+        conn_flush(c);
+        if (wrote) wake_waiters(srv);
+    }
+    if (off > 0 && !c->dead) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    /* Give back the memory of a large request once it has been handled. */
+    if (c->in_len == 0 && c->in_cap > (1u << 20)) {
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+}
+
+/* Reads what the socket has (up to READ_BUDGET). The buffer grows only as bytes actually arrive,
+ * never to the size a length prefix merely claims. */
+static void conn_read(struct conn *c)
+{
+    size_t budget = READ_BUDGET;
+    while (!c->dead && budget > 0) {
+        /* An honest client has at most one request in flight, so the buffer holds at most one
+         * frame plus what one read turn brought in before process() consumed it. */
+        if (c->in_len >= (size_t)DDP__STORE_MAX_FRAME + DDP__STORE_FRAME_HEADER + READ_BUDGET) {
+            conn_close(c, "too much data buffered while a request is pending");
+            return;
+        }
+        if (c->in_cap - c->in_len < 65536) {
+            size_t cap = c->in_cap ? c->in_cap * 2 : 65536;
+            uint8_t *p = realloc(c->in, cap);
+            if (!p) {
+                conn_close(c, "out of memory for the input buffer");
+                return;
+            }
+            c->in = p;
+            c->in_cap = cap;
+        }
+        size_t room = c->in_cap - c->in_len;
+        if (room > budget) room = budget;
+        ssize_t n = recv(c->fd, c->in + c->in_len, room, MSG_DONTWAIT);
+        if (n > 0) {
+            c->in_len += (size_t)n;
+            budget -= (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            if (c->in_len > 0 && !c->parked)
+                conn_close(c, "peer closed the connection in the middle of a frame");
+            else
+                conn_close(c, NULL); /* an ordinary goodbye */
+            return;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) conn_close(c, strerror(errno));
+        return;
+    }
+}
+
+static void accept_all(struct ddp_store_server *srv)
+{
+    for (;;) {
+        struct sockaddr_storage addr;
+        socklen_t alen = sizeof addr;
+        int fd = accept4(srv->listen_fd, (struct sockaddr *)&addr, &alen,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                DDP_LOG(DDP_LOG_WARN, "TCP store server: accept: %s", strerror(errno));
+            return;
+        }
+        if (srv->nconns >= MAX_CONNECTIONS) {
+            DDP_LOG(DDP_LOG_WARN, "TCP store server: refusing a connection: %d already open",
+                    MAX_CONNECTIONS);
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->opened_ns = ddp__now_ns();
+        char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
+        getnameinfo((struct sockaddr *)&addr, alen, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+        snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
+        if (srv->nconns == srv->conns_cap) {
+            size_t cap = srv->conns_cap ? srv->conns_cap * 2 : 16;
+            struct conn **p = realloc(srv->conns, cap * sizeof *p);
+            if (!p) {
+                conn_free(c);
+                continue;
+            }
+            srv->conns = p;
+            srv->conns_cap = cap;
+        }
+        srv->conns[srv->nconns++] = c;
+        DDP_LOG(DDP_LOG_DEBUG, "TCP store server: connection from %s", c->peer);
+    }
+}
+
+/* Closes and removes the connections marked dead. */
+static void reap(struct ddp_store_server *srv)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < srv->nconns; i++) {
+        if (srv->conns[i]->dead) conn_free(srv->conns[i]);
+        else srv->conns[kept++] = srv->conns[i];
+    }
+    srv->nconns = kept;
+}
+
+static void *serve(void *arg)
+{
+    struct ddp_store_server *srv = arg;
+    struct pollfd *fds = NULL;
+    size_t fds_cap = 0;
+    for (;;) {
+        size_t want = srv->nconns + 2;
+        if (want > fds_cap) {
+            struct pollfd *p = realloc(fds, want * sizeof *p);
+            if (!p) {
+                DDP_LOG(DDP_LOG_ERROR, "TCP store server: out of memory for poll set");
+                ddp__sleep_us(10000);
+                continue;
+            }
+            fds = p;
+            fds_cap = want;
+        }
+        fds[0] = (struct pollfd){.fd = srv->wake[0], .events = POLLIN};
+        fds[1] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
+        int64_t now = ddp__now_ns();
+        int64_t next = now + 1000 * 1000000LL; /* wake at least once a second */
+        for (size_t i = 0; i < srv->nconns; i++) {
+            struct conn *c = srv->conns[i];
+            short ev = POLLIN;
+            if (c->out.len > c->out_sent) ev |= POLLOUT;
+            fds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
+            if (c->parked && c->wait_deadline_ns < next) next = c->wait_deadline_ns;
+        }
+        int timeout = next <= now ? 0 : (int)((next - now) / 1000000) + 1;
+        int n = poll(fds, srv->nconns + 2, timeout);
+        if (n < 0 && errno != EINTR) {
+            DDP_LOG(DDP_LOG_ERROR, "TCP store server: poll: %s", strerror(errno));
+            ddp__sleep_us(10000);
+        }
+        if (n > 0 && (fds[0].revents & POLLIN)) break;
+        size_t polled = srv->nconns;
+        for (size_t i = 0; n > 0 && i < polled; i++) {
+            struct conn *c = srv->conns[i];
+            short re = fds[i + 2].revents;
+            if (re & POLLOUT) conn_flush(c);
+            if (re & (POLLIN | POLLHUP | POLLERR)) conn_read(c);
+        }
+        /* Requests: also for connections whose earlier reply or wait held buffered frames back. */
+        for (size_t i = 0; i < srv->nconns; i++) process(srv, srv->conns[i]);
+        now = ddp__now_ns();
+        for (size_t i = 0; i < srv->nconns; i++) {
+            struct conn *c = srv->conns[i];
+            if (c->dead) continue;
+            if (c->parked && c->wait_deadline_ns <= now) {
+                time_out_waiter(srv, c);
+                process(srv, c);
+            }
+            if (!c->authenticated && now - c->opened_ns > (int64_t)AUTH_DEADLINE_MS * 1000000)
+                conn_close(c, "did not authenticate in time");
+        }
+        if (n > 0 && (fds[1].revents & POLLIN)) accept_all(srv);
+        reap(srv);
+    }
+    free(fds);
+    return NULL;
+}
+
+/* ---- public ------------------------------------------------------------------------------ */
+
+ddp_status_t ddp_store_server_start(const char *bind_addr, int port, const char *token,
+                                    ddp_store_server_t **out)
+{
+    static const char fn[] = "ddp_store_server_start";
+    if (port < 0 || port > 65535)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: port %d is not in 0..65535", fn, port);
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (token && strlen(token) > DDP__STORE_MAX_TOKEN)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: token is longer than %u bytes", fn,
+                          DDP__STORE_MAX_TOKEN);
+    if (!bind_addr || !*bind_addr) bind_addr = "127.0.0.1";
+    ddp__clear_error();
+
+    ddp_status_t s = DDP_ERR_NO_MEMORY;
+    struct ddp_store_server *srv = ddp__calloc(1, sizeof *srv, "TCP store server");
+    if (!srv) return s;
+    srv->listen_fd = -1;
+    srv->wake[0] = srv->wake[1] = -1;
+    if (token && *token) {
+        srv->token_len = strlen(token);
+        srv->token = (uint8_t *)ddp__strdup(token, "store token");
+        if (!srv->token) goto free_srv;
+    }
+    s = ddp__kv_init(&srv->table);
+    if (s != DDP_OK) goto free_token;
+
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int gai = getaddrinfo(bind_addr, portstr, &hints, &res);
+    if (gai != 0) {
+        s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: bind_addr '%s': %s", fn, bind_addr,
+                       gai_strerror(gai));
+        goto free_table;
+    }
+    int err = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                        ai->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+            srv->listen_fd = fd;
+            break;
+        }
+        err = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (srv->listen_fd < 0) {
+        s = ddp__error_errno(DDP_ERR_SYSTEM, err, "%s: cannot listen on %s:%d", fn, bind_addr,
+                             port);
+        goto free_table;
+    }
+    struct sockaddr_storage addr;
+    socklen_t alen = sizeof addr;
+    if (getsockname(srv->listen_fd, (struct sockaddr *)&addr, &alen) != 0) {
+        s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "%s: getsockname", fn);
+        goto close_listen;
+    }
+    srv->port = ntohs(addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&addr)->sin6_port
+                                                 : ((struct sockaddr_in *)&addr)->sin_port);
+    if (pipe2(srv->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "%s: pipe", fn);
+        goto close_listen;
+    }
+    int rc = pthread_create(&srv->thread, NULL, serve, srv);
+    if (rc != 0) {
+        s = ddp__error_errno(DDP_ERR_SYSTEM, rc, "%s: starting the server thread", fn);
+        goto close_pipe;
+    }
+    DDP_LOG(DDP_LOG_INFO, "TCP store server listening on %s:%d", bind_addr, srv->port);
+    *out = srv;
+    return DDP_OK;
+
+close_pipe:
+    close(srv->wake[0]);
+    close(srv->wake[1]);
+close_listen:
+    close(srv->listen_fd);
+free_table:
+    ddp__kv_free(&srv->table);
+free_token:
+    free(srv->token);
+free_srv:
+    free(srv);
+    return s;
+}
+
+int ddp_store_server_port(const ddp_store_server_t *server)
+{
+    if (!server) {
+        ddp__error(DDP_ERR_INVALID_ARGUMENT, "ddp_store_server_port: server is NULL");
+        return -1;
+    }
+    return server->port;
+}
+
+void ddp_store_server_stop(ddp_store_server_t *server)
+{
+    if (!server) return;
+    char byte = 1;
+    while (write(server->wake[1], &byte, 1) < 0 && errno == EINTR) {
+    }
+    pthread_join(server->thread, NULL);
+    for (size_t i = 0; i < server->nconns; i++) conn_free(server->conns[i]);
+    free(server->conns);
+    close(server->wake[0]);
+    close(server->wake[1]);
+    close(server->listen_fd);
+    ddp__kv_free(&server->table);
+    free(server->token);
+    free(server);
+}
