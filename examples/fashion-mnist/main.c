@@ -417,6 +417,7 @@ int main(int argc, char **argv)
     trainer_t *t = &tr;
     parse_options(argc, argv, &t->o);
     const options_t *o = &t->o;
+    if (getenv("RANK")) g_rank = atoi(getenv("RANK")); /* for errors before the group exists */
 #ifdef FM_HAVE_OPENBLAS_THREADS
     openblas_set_num_threads(1); /* one core per rank: the ranks are the parallelism */
 #endif

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""PyTorch DDP anchor for the trainer benchmark: the same MLP 784-h-h-10 (ReLU, cross-entropy,
+SGD with momentum) as build/fashion-mnist, one thread per rank, 2 ranks over gloo on 127.0.0.1.
+
+For each (hidden, batch per rank) it measures
+  local_step_ms  forward + backward + optimizer step in one process, no communication
+  ddp_step_ms    the same step under DistributedDataParallel on 2 ranks (rank 0's mean)
+  exposed_ms     ddp_step_ms - local_step_ms: communication the backward pass did not hide
+and prints one JSON line per configuration.
+
+  /usr/bin/python3 bench/pytorch_ddp.py --hidden 1024 4096 --batch 1 64 --steps 30 --warmup 5
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def make_model(hidden):
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 10))
+
+
+def timed_steps(model, batch, steps, warmup):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(batch, 784, generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    total = 0.0
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        end = time.perf_counter()
+        if i >= warmup:
+            total += end - start
+    return total / steps * 1000.0
+
+
+def ddp_worker(rank, world, port, hidden, batch, steps, warmup, queue):
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(make_model(hidden))
+    # Line the ranks up so that one rank's start-up is not counted as the other's communication.
+    dist.barrier()
+    ms = timed_steps(model, batch, steps, warmup)
+    t = torch.tensor([ms], dtype=torch.float64)
+    dist.all_reduce(t)  # report the mean over ranks
+    if rank == 0:
+        queue.put(t.item() / world)
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64], help="batch PER RANK")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--world", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ctx = mp.get_context("spawn")
+    for hidden in args.hidden:
+        for batch in args.batch:
+            local = timed_steps(make_model(hidden), batch, args.steps, args.warmup)
+            queue = ctx.SimpleQueue()
+            mp.start_processes(ddp_worker, args=(args.world, free_port(), hidden, batch, args.steps,
+                                                 args.warmup, queue),
+                               nprocs=args.world, join=True, start_method="spawn")
+            ddp = queue.get()
+            print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "hidden": hidden,
+                              "batch_per_rank": batch, "world_size": args.world,
+                              "local_step_ms": round(local, 3), "ddp_step_ms": round(ddp, 3),
+                              "exposed_ms": round(ddp - local, 3)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+#!/bin/sh
+# libddp's trainer against PyTorch DDP (gloo) on the same MLP 784-h-h-10, 2 ranks on this machine,
+# side by side in one invocation. For each hidden size and batch per rank:
+#   step ms    one data-parallel optimizer step on 2 ranks (forward, backward, allreduce, SGD)
+#   exposed ms 2-rank step - 1-rank step at the same batch per rank (communication not hidden
+#              by backward); for libddp the Reducer's own measure (finalize wait) is shown too
+# then the scaling of libddp's trainer: 2 ranks vs 1 rank at the same global batch.
+#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=30 WARMUP=5 HIDDEN="1024 4096"
+#                                                    BATCH="1 64" SCALE_BATCH=128 to change)
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+STEPS=${STEPS:-30}
+WARMUP=${WARMUP:-5}
+HIDDEN=${HIDDEN:-1024 4096}
+BATCH=${BATCH:-1 64}
+SCALE_BATCH=${SCALE_BATCH:-128}
+FM=$BUILD/fashion-mnist
+DDPRUN=$BUILD/ddprun
+PY=/usr/bin/python3
+for f in "$FM" "$DDPRUN"; do
+    [ -x "$f" ] || { echo "bench: $f missing: build first (make)" >&2; exit 1; }
+done
+export OPENBLAS_NUM_THREADS=1
+
+# PyTorch: install Debian's python3-torch when missing (root only); otherwise skip its column.
+have_torch=1
+if ! $PY -c 'import torch.distributed' 2>/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "bench: installing python3-torch (Debian)" >&2
+        apt-get install -y python3-torch >/dev/null 2>&1 || have_torch=0
+        $PY -c 'import torch.distributed' 2>/dev/null || have_torch=0
+    else
+        have_torch=0
+    fi
+fi
+[ "$have_torch" = 1 ] || echo "bench: PyTorch unavailable (apt-get install python3-torch): its columns are skipped" >&2
+
+field() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" | tail -1; }
+
+# trainer RANKS GLOBAL_BATCH HIDDEN: prints the JSON line of a timed run on synthetic data
+trainer() {
+    n=$1 b=$2 h=$3
+    samples=$((b * (STEPS + WARMUP)))
+    args="--synthetic $samples --hidden $h --batch $b --optim sgd --lr 0.01 --epochs 1000000"
+    args="$args --max-steps $((STEPS + WARMUP)) --warmup $WARMUP --json"
+    if [ "$n" = 1 ]; then
+        "$FM" $args | grep '^{'
+    else
+        "$DDPRUN" -n "$n" "$FM" $args | sed -n 's/^\[0\] {/{/p'
+    fi
+}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-trainer.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum, $STEPS timed steps after $WARMUP"
+echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC')"
+printf '%-22s | %-28s | %-22s | %s\n' "config" "libddp step / exposed ms" "PyTorch step / exposed" \
+    "exposed ratio (PyTorch / libddp)"
+printf '%-22s | %-28s | %-22s | %s\n' "" "(reducer's own exposed)" "ms" ""
+for h in $HIDDEN; do
+    for b in $BATCH; do
+        local1=$(trainer 1 "$b" "$h" | field step_ms)
+        line=$(trainer 2 $((2 * b)) "$h")
+        step2=$(echo "$line" | field step_ms)
+        red=$(echo "$line" | field exposed_comm_ms)
+        exp=$(awk -v a="$step2" -v l="$local1" 'BEGIN { d = a - l; if (d < 0) d = 0; printf "%.2f", d }')
+        pt="-"
+        ratio="-"
+        if [ "$have_torch" = 1 ]; then
+            $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$STEPS" --warmup "$WARMUP" \
+                >"$tmp/pt" 2>"$tmp/pt.err" || cat "$tmp/pt.err" >&2
+            pstep=$(field ddp_step_ms <"$tmp/pt")
+            pexp=$(field exposed_ms <"$tmp/pt")
+            if [ -n "$pstep" ]; then
+                pt=$(printf '%.2f / %.2f' "$pstep" "$pexp")
+                ratio=$(awk -v p="$pexp" -v e="$exp" -v r="$red" 'BEGIN {
+                    m = e > r ? e : r; if (m < 0.01) m = 0.01; printf "%.0fx", p / m }')
+            fi
+        fi
+        printf '%-22s | %-28s | %-22s | %s\n' "hidden $h, batch $b/rank" \
+            "$(printf '%.2f / %.2f (%.2f)' "$step2" "$exp" "$red")" "$pt" "$ratio"
+    done
+done
+
+echo
+echo "# scaling: same global batch $SCALE_BATCH, hidden 1024, samples/s"
+s1=$(trainer 1 "$SCALE_BATCH" 1024 | field samples_per_sec)
+s2=$(trainer 2 "$SCALE_BATCH" 1024 | field samples_per_sec)
+awk -v a="$s1" -v b="$s2" 'BEGIN { printf "1 rank %.0f samples/s, 2 ranks %.0f samples/s: %.2fx\n", a, b, b / a }'

@@ -1,0 +1,205 @@
+#!/bin/sh
+# End-to-end checks of build/fashion-mnist, run by ctest: test_trainer.sh CASE TRAINER [DDPRUN]
+#   worlds      1, 2 and 3 ranks with the same global batch: same loss per step (1e-5), and every
+#               rank ends with bitwise identical parameters
+#   resume      an interrupted run resumed from its checkpoint ends bitwise identical to an
+#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary)
+#   accumulate  --accumulate 4 with batch B/4 equals batch B; --sync legacy equals the Reducer
+#   errors      missing/corrupt/truncated data, bad options, mismatching checkpoints
+# Small subsets keep each case well under 30 s on two busy cores.
+set -u
+CASE=$1
+FM=$2
+DDPRUN=${3:-}
+DATA=${FMNIST_DATA:-/usr/share/datasets/fashion-mnist}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_trainer.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+FAILED=0
+
+fail() {
+    echo "FAIL: $*" >&2
+    FAILED=1
+}
+
+# run N ARGS...: the trainer on N ranks (alone for 1 when there is no launcher); output without
+# ddprun's "[rank] " prefixes in $WORK/out, status in $RC.
+run() {
+    n=$1
+    shift
+    if [ "$n" = 1 ]; then
+        "$FM" "$@" >"$WORK/out" 2>"$WORK/err"
+        RC=$?
+    else
+        if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ]; then
+            echo "SKIP: no ddprun for $n ranks" >&2
+            exit 77
+        fi
+        "$DDPRUN" -n "$n" "$FM" "$@" >"$WORK/raw" 2>"$WORK/err"
+        RC=$?
+        sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/out"
+    fi
+    if [ "$RC" != 0 ]; then
+        echo "--- trainer on $n rank(s) exited $RC: $*" >&2
+        cat "$WORK/err" >&2
+    fi
+}
+
+losses() { grep '^loss step=' "$WORK/out" | sed 's/.*value=//'; }
+checksums() { grep '^checksum rank=' "$WORK/out" | sed 's/.*fnv=\([0-9a-f]*\).*/\1/' | sort -u; }
+json_field() { grep '^{' "$WORK/out" | sed "s/.*\"$1\":\([^,}]*\).*/\1/"; }
+
+# same_losses FILE_A FILE_B TOLERANCE WHAT: equal length >= 1, |a - b| <= tol elementwise
+same_losses() {
+    if ! awk -v tol="$3" 'NR == FNR { a[FNR] = $1; n = FNR; next }
+        { m = FNR; d = a[FNR] - $1; if (d < 0) d = -d; if (d > tol) { bad = 1;
+          printf "step %d: %s vs %s\n", FNR, a[FNR], $1 } }
+        END { if (n != m || n == 0) { printf "%d vs %d steps\n", n, m; exit 1 } exit bad }' "$1" "$2" >&2; then
+        fail "$4"
+    fi
+}
+
+one_checksum() { # every rank must agree
+    c=$(checksums | wc -l)
+    r=$(grep -c '^checksum rank=' "$WORK/out")
+    if [ "$c" != 1 ] || [ "$r" != "$1" ]; then
+        fail "$2: expected one checksum from $1 ranks, got:"
+        grep '^checksum' "$WORK/out" >&2
+    fi
+}
+
+COMMON="--subset 1200 --hidden 96 --seed 3 --no-eval --print-losses --print-checksum"
+
+case "$CASE" in
+worlds)
+    for opt in sgd adam; do
+        args="$COMMON --optim $opt --batch 48 --max-steps 20 --epochs 2"
+        run 1 $args
+        [ "$RC" = 0 ] || fail "1 rank $opt"
+        losses >"$WORK/l1"
+        [ "$(wc -l <"$WORK/l1")" = 20 ] || fail "1 rank $opt: expected 20 losses"
+        for n in 2 3; do
+            run $n $args
+            [ "$RC" = 0 ] || fail "$n ranks $opt"
+            losses >"$WORK/l$n"
+            same_losses "$WORK/l1" "$WORK/l$n" 1e-5 "$opt: 1 rank vs $n ranks, global batch 48"
+            one_checksum $n "$opt on $n ranks"
+        done
+    done
+    # an odd split with 3 ranks of one sample each
+    run 1 $COMMON --optim sgd --batch 3 --max-steps 20
+    losses >"$WORK/o1"
+    run 3 $COMMON --optim sgd --batch 3 --max-steps 20
+    losses >"$WORK/o3"
+    same_losses "$WORK/o1" "$WORK/o3" 1e-5 "batch 3: 1 rank vs 3 ranks of one sample"
+    one_checksum 3 "3 ranks batch 3"
+    ;;
+resume)
+    # 1200 samples / 48 = 25 steps per epoch: stop at 13 (mid-epoch) and at 25 (epoch end)
+    args="$COMMON --optim adam --batch 48 --epochs 2 --json"
+    for n in 1 2; do
+        run $n $args
+        [ "$RC" = 0 ] || fail "$n ranks: uninterrupted"
+        want=$(checksums)
+        want_loss=$(json_field final_loss)
+        losses >"$WORK/full"
+        for stop in 13 25 31; do
+            rm -f "$WORK/ck"
+            run $n $args --max-steps $stop --checkpoint "$WORK/ck"
+            [ "$RC" = 0 ] && [ -s "$WORK/ck" ] || fail "$n ranks: no checkpoint at step $stop"
+            losses >"$WORK/part1"
+            ls "$WORK" | grep -q 'ck.tmp' && fail "temporary checkpoint left behind"
+            run $n $args --resume "$WORK/ck" --checkpoint "$WORK/ck"
+            [ "$RC" = 0 ] || fail "$n ranks: resume from step $stop"
+            losses >"$WORK/part2"
+            cat "$WORK/part1" "$WORK/part2" >"$WORK/joined"
+            got=$(checksums)
+            [ "$got" = "$want" ] || fail "$n ranks, resumed at $stop: parameters $got, uninterrupted $want"
+            one_checksum $n "$n ranks resumed at $stop"
+            [ "$(json_field final_loss)" = "$want_loss" ] ||
+                fail "$n ranks, resumed at $stop: final loss $(json_field final_loss) vs $want_loss"
+            cmp -s "$WORK/joined" "$WORK/full" || fail "$n ranks, resumed at $stop: loss sequence differs"
+        done
+    done
+    # a checkpoint of another model, a corrupt and a truncated one: clear errors
+    run 1 $COMMON --optim adam --batch 48 --max-steps 3 --checkpoint "$WORK/ck"
+    run 1 $COMMON --optim adam --batch 48 --hidden 64 --resume "$WORK/ck"
+    [ "$RC" = 1 ] && grep -q -- '--hidden 96' "$WORK/err" || fail "other hidden size not named"
+    head -c 5000 "$WORK/ck" >"$WORK/trunc"
+    run 1 $COMMON --optim adam --batch 48 --resume "$WORK/trunc"
+    [ "$RC" = 1 ] && grep -q 'truncated' "$WORK/err" || fail "truncated checkpoint not reported"
+    cp "$WORK/ck" "$WORK/flip"
+    printf '\377' | dd of="$WORK/flip" bs=1 seek=9000 conv=notrunc 2>/dev/null
+    run 1 $COMMON --optim adam --batch 48 --resume "$WORK/flip"
+    [ "$RC" = 1 ] && grep -q 'corrupt' "$WORK/err" || fail "corrupt checkpoint not reported"
+    ;;
+accumulate)
+    base="$COMMON --optim sgd --max-steps 20"
+    for n in 1 2; do
+        run $n $base --batch 48
+        losses >"$WORK/b48"
+        c48=$(checksums)
+        run $n $base --batch 12 --accumulate 4
+        [ "$RC" = 0 ] || fail "$n ranks accumulate"
+        losses >"$WORK/acc"
+        same_losses "$WORK/b48" "$WORK/acc" 1e-5 "$n ranks: --accumulate 4 --batch 12 vs --batch 48"
+        one_checksum $n "$n ranks accumulate"
+        run $n $base --batch 48 --sync legacy
+        [ "$RC" = 0 ] || fail "$n ranks legacy"
+        losses >"$WORK/leg"
+        same_losses "$WORK/b48" "$WORK/leg" 1e-6 "$n ranks: --sync legacy vs reducer"
+        one_checksum $n "$n ranks legacy"
+        run $n $base --batch 12 --accumulate 4 --sync legacy
+        losses >"$WORK/legacc"
+        same_losses "$WORK/b48" "$WORK/legacc" 1e-5 "$n ranks: legacy accumulate vs batch 48"
+        [ -n "$c48" ] || fail "no checksum"
+    done
+    ;;
+errors)
+    mkdir -p "$WORK/none" "$WORK/bad" "$WORK/trunc"
+    run 1 --data "$WORK/none" --subset 100
+    [ "$RC" = 1 ] || fail "missing data: exit $RC, expected 1"
+    grep -q "$WORK/none/train-images-idx3-ubyte.gz" "$WORK/err" &&
+        grep -q 'apt-get install dataset-fashion-mnist' "$WORK/err" || fail "missing data: unclear error"
+    # labels where images belong: bad magic
+    cp "$DATA"/*.gz "$WORK/bad/"
+    cp "$DATA/train-labels-idx1-ubyte.gz" "$WORK/bad/train-images-idx3-ubyte.gz"
+    run 1 --data "$WORK/bad" --subset 100
+    [ "$RC" = 1 ] && grep -q 'train-images-idx3-ubyte.gz: bad magic' "$WORK/err" || fail "bad magic"
+    # the test images cut short
+    cp "$DATA"/*.gz "$WORK/trunc/"
+    gzip -dc "$DATA/t10k-images-idx3-ubyte.gz" | head -c 300000 | gzip -c >"$WORK/trunc/t10k-images-idx3-ubyte.gz"
+    run 1 --data "$WORK/trunc" --subset 100 --batch 50 --max-steps 1
+    [ "$RC" = 1 ] && grep -q 't10k-images-idx3-ubyte.gz: truncated' "$WORK/err" || fail "truncated"
+    # not gzip data at all after a gzip magic: corrupt
+    printf '\037\213\010\000\000\000\000\000\000\003garbage-garbage-garbage' >"$WORK/trunc/t10k-labels-idx1-ubyte.gz"
+    run 1 --data "$WORK/trunc" --subset 100 --batch 50 --max-steps 1
+    [ "$RC" = 1 ] && grep -q 't10k-labels-idx1-ubyte.gz' "$WORK/err" || fail "corrupt gzip"
+    # options
+    for bad in "--bogus" "--batch 0" "--batch x" "--optim rmsprop" "--sync none" "--hidden" "--lr -1" "extra"; do
+        run 1 $bad
+        [ "$RC" = 2 ] || fail "'$bad': exit $RC, expected 2"
+        opt=${bad%% *}
+        grep -q -- "$opt" "$WORK/err" || fail "'$bad': message does not name $opt"
+    done
+    run 1 --help
+    [ "$RC" = 0 ] && grep -q -- '--accumulate' "$WORK/out" || fail "--help"
+    # a global batch that does not split evenly over 2 ranks
+    if [ -n "$DDPRUN" ] && [ -x "$DDPRUN" ]; then
+        run 2 --subset 100 --batch 7
+        [ "$RC" != 0 ] && grep -q 'not divisible by the world size 2' "$WORK/err" || fail "batch 7 on 2 ranks"
+    fi
+    # a subset smaller than one step
+    run 1 --subset 10 --batch 64
+    [ "$RC" = 1 ] && grep -q 'fewer than one optimizer step' "$WORK/err" || fail "subset < batch"
+    ;;
+*)
+    echo "unknown case $CASE" >&2
+    exit 2
+    ;;
+esac
+
+if [ "$FAILED" != 0 ]; then
+    echo "test_trainer.sh $CASE: FAILED" >&2
+    exit 1
+fi
+echo "test_trainer.sh $CASE: ok"
