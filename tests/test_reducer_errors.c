@@ -1,0 +1,361 @@
+/* Reducer errors: each one on every rank, with the parameter's name in the text, and never a
+ * hang: model mismatch at create (numel, name, count, dtype, sparsity), a local create failure,
+ * grad_ready twice, finalize with unmarked parameters, prepare without finalize, a comm hook
+ * that makes ranks disagree on a bucket, and bad arguments.
+ *
+ * usage: test_reducer_errors CASE WORLD */
+#include <string.h>
+
+#include "harness.h"
+
+#define NP 5
+static const char *names[NP] = {"l1.w", "l1.b", "l2.w", "l2.b", "head"};
+static const size_t sizes[NP] = {12, 3, 7, 1, 29};
+
+typedef struct model {
+    ddp_param_t p[NP + 1];
+    float data[NP + 1][32];
+} model_t;
+
+static void model_make(model_t *m)
+{
+    memset(m, 0, sizeof *m);
+    for (int i = 0; i < NP + 1; i++) {
+        m->p[i].name = i < NP ? names[i] : "extra";
+        m->p[i].data = m->data[i];
+        m->p[i].numel = i < NP ? sizes[i] : 4;
+        m->p[i].dtype = DDP_F32;
+    }
+}
+
+static int last(ddp_group_t *g) { return ddp_group_rank(g) == ddp_group_size(g) - 1; }
+
+static void mark_all(ddp_reducer_t *r, int skip)
+{
+    for (int i = NP; i-- > 0;)
+        if (i != skip) CHECK_OK(ddp_reducer_grad_ready(r, (size_t)i));
+}
+
+static int case_mismatch(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    CHECK(ddp_group_size(group) >= 2);
+    ddp_reducer_t *r = NULL;
+    for (int variant = 0; variant < 5; variant++) {
+        model_t m;
+        model_make(&m);
+        size_t n = NP;
+        const char *mention1 = "l2.w", *mention2 = "l2.w";
+        if (last(group)) {
+            switch (variant) {
+            case 0: m.p[2].numel = 8; break;
+            case 1: m.p[2].name = "l2.weight"; mention2 = "l2.weight"; break;
+            case 2: n = NP + 1; mention1 = "extra"; mention2 = "registers 6"; break;
+            case 3: m.p[2].dtype = DDP_F64; mention2 = "f64"; break;
+            case 4: m.p[2].sparse = 1; m.p[2].rows = 7; mention2 = "sparse"; break;
+            }
+        } else if (variant == 1) {
+            mention2 = "l2.weight";
+        } else if (variant == 2) {
+            mention1 = "extra";
+            mention2 = "registers 6";
+        } else if (variant == 3) {
+            mention2 = "f64";
+        } else if (variant == 4) {
+            mention2 = "sparse";
+        }
+        CHECK_STATUS(ddp_reducer_create(group, m.p, n, NULL, 0, NULL, &r), DDP_ERR_MISMATCH);
+        CHECK_ERROR_MENTIONS(mention1);
+        CHECK_ERROR_MENTIONS(mention2);
+        CHECK_ERROR_MENTIONS("rank 0");
+        CHECK(r == NULL);
+    }
+    /* The group is still healthy: a matching model now works. */
+    model_t m;
+    model_make(&m);
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, NULL, &r));
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
+static int case_local_create(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    if (last(group)) m.p[1].name = NULL;
+    ddp_reducer_t *r = NULL;
+    if (last(group)) {
+        CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, NULL, &r),
+                     DDP_ERR_INVALID_ARGUMENT);
+        CHECK_ERROR_MENTIONS("params[1].name");
+    } else {
+        CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, NULL, &r), DDP_ERR_REMOTE);
+        char want[32];
+        snprintf(want, sizeof want, "rank %d", ddp_group_size(group) - 1);
+        CHECK_ERROR_MENTIONS(want);
+    }
+    /* Duplicate with different numel: every rank, INVALID_ARGUMENT naming both. */
+    model_make(&m);
+    m.p[3].data = m.p[0].data;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, NULL, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("l2.b");
+    CHECK_ERROR_MENTIONS("l1.w");
+    return 0;
+}
+
+static int case_twice(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    if (ddp_group_rank(group) == 0) {
+        CHECK_STATUS(ddp_reducer_grad_ready(r, 1), DDP_ERR_INVALID_USAGE);
+        CHECK_ERROR_MENTIONS("l1.b");
+        CHECK_ERROR_MENTIONS("shared weights");
+    }
+    CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("l1.b");
+    CHECK_ERROR_MENTIONS("twice");
+    /* The reducer goes on working. */
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    CHECK_OK(ddp_reducer_finalize(r));
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
+static int case_unmarked(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    for (int round = 0; round < 2; round++) {
+        CHECK_OK(ddp_reducer_prepare(r));
+        mark_all(r, last(group) ? 3 : -1);
+        CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE);
+        CHECK_ERROR_MENTIONS("l2.b");
+        CHECK_ERROR_MENTIONS("find_unused");
+    }
+    /* Every rank unmarked: all names listed. */
+    CHECK_OK(ddp_reducer_prepare(r));
+    CHECK_OK(ddp_reducer_grad_ready(r, 4));
+    CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("'l1.w', 'l1.b', 'l2.w', 'l2.b'");
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    CHECK_OK(ddp_reducer_finalize(r));
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
+static int case_prepare_twice(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, NULL, &r));
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    CHECK_STATUS(ddp_reducer_prepare(r), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("finalize");
+    CHECK_STATUS(ddp_reducer_zero_grad(r), DDP_ERR_INVALID_USAGE);
+    CHECK_OK(ddp_reducer_finalize(r));
+    CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("prepare");
+    /* A no_sync iteration need not be finalized. */
+    CHECK_OK(ddp_reducer_set_sync(r, 0));
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    CHECK_OK(ddp_reducer_set_sync(r, 1));
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    CHECK_OK(ddp_reducer_finalize(r));
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
+static ddp_status_t short_hook(void *state, ddp_group_t *group, const ddp_comm_bucket_t *b,
+                               ddp_work_t **work)
+{
+    (void)state;
+    size_t n = b->numel - (last(group) && b->index == 1 ? 1 : 0);
+    return ddp_group_allreduce_async(group, b->data, b->data, n, b->dtype, DDP_SUM, work);
+}
+
+static int case_hook_mismatch(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    c.comm_hook = short_hook;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    CHECK_OK(ddp_reducer_prepare(r));
+    for (int i = NP; i-- > 0;) {
+        ddp_status_t s = ddp_reducer_grad_ready(r, (size_t)i);
+        CHECK(s == DDP_OK || s == DDP_ERR_ABORTED || s == DDP_ERR_MISMATCH);
+    }
+    ddp_status_t s = ddp_reducer_finalize(r);
+    CHECK_MSG(s == DDP_ERR_MISMATCH || s == DDP_ERR_ABORTED, "finalize returned %s: %s",
+              ddp_status_string(s), ddp_last_error());
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
+static int case_args(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_t *r = NULL;
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    CHECK_STATUS(ddp_reducer_create(NULL, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("group");
+    /* The rest are collective: every rank makes the same mistake and gets the same error. */
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("out");
+    CHECK_STATUS(ddp_reducer_create(group, m.p, 0, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("nparams");
+    CHECK_STATUS(ddp_reducer_create(group, NULL, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("params");
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 2, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("buffers");
+    m.p[2].dtype = DDP_I32;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("l2.w");
+    m.p[2].dtype = DDP_F32;
+    m.p[2].rows = 2;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("l2.w");
+    CHECK_ERROR_MENTIONS("rows");
+    m.p[2].rows = 0;
+    m.p[4].sparse = 1;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("head");
+    m.p[4].sparse = 0;
+    m.p[1].data = NULL;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("l1.b");
+    m.p[1].data = m.data[1];
+    m.p[3].name = "l1.w";
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("l1.w");
+    m.p[3].name = "l2.b";
+    c.user_grads = 1;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("grad");
+    c.user_grads = 0;
+    c.bucket_cap_bytes = 0;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("bucket_cap_bytes");
+    c.bucket_cap_bytes = 64;
+    CHECK(r == NULL);
+
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    void *g = NULL;
+    CHECK_STATUS(ddp_reducer_grad(r, NP, &g), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("index 5");
+    CHECK_STATUS(ddp_reducer_grad(r, 0, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_reducer_grad(NULL, 0, &g), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_reducer_grad_ready(r, 0), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("prepare");
+    CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE);
+    CHECK_STATUS(ddp_reducer_grad_ready(r, 99), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_reducer_grad_ready(NULL, 0), DDP_ERR_INVALID_ARGUMENT);
+    int64_t idx = 0;
+    float val = 0;
+    CHECK_STATUS(ddp_reducer_sparse_grad(r, 0, &idx, &val, 1), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("l1.w");
+    const int64_t *ri;
+    const void *rv;
+    size_t rn;
+    CHECK_STATUS(ddp_reducer_sparse_result(r, 0, &ri, &rv, &rn), DDP_ERR_INVALID_USAGE);
+    CHECK_STATUS(ddp_reducer_sparse_result(r, 0, NULL, &rv, &rn), DDP_ERR_INVALID_ARGUMENT);
+    const size_t *ps;
+    size_t np;
+    CHECK_STATUS(ddp_reducer_bucket_params(r, 1000, &ps, &np), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("bucket 1000");
+    CHECK_STATUS(ddp_reducer_bucket_params(NULL, 0, &ps, &np), DDP_ERR_INVALID_ARGUMENT);
+    ddp_reducer_stats_t st;
+    CHECK_STATUS(ddp_reducer_stats(r, &st), DDP_ERR_INVALID_USAGE);
+    CHECK_STATUS(ddp_reducer_stats(r, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_reducer_prepare(NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_reducer_set_sync(NULL, 1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_reducer_zero_grad(NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ddp_reducer_bucket_count(NULL) == 0);
+    ddp_reducer_destroy(r);
+    ddp_reducer_destroy(NULL);
+
+    /* A sparse parameter: bad rows. */
+    model_make(&m);
+    m.p[4].sparse = 1;
+    m.p[4].rows = 29;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    CHECK_OK(ddp_reducer_prepare(r));
+    int64_t bad[2] = {3, 29};
+    float vals[2] = {1, 2};
+    CHECK_STATUS(ddp_reducer_sparse_grad(r, 4, bad, vals, 2), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("head");
+    CHECK_ERROR_MENTIONS("indices[1]");
+    CHECK_STATUS(ddp_reducer_sparse_grad(r, 4, NULL, vals, 2), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_reducer_sparse_grad(r, 4, bad, vals, 1));
+    CHECK_STATUS(ddp_reducer_sparse_grad(r, 4, bad, vals, 1), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("head");
+    mark_all(r, 4);
+    CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE); /* the twice error */
+    ddp_reducer_destroy(r);
+
+    /* Legacy mode arguments. */
+    ddp_legacy_t *l = NULL;
+    CHECK_STATUS(ddp_legacy_create(NULL, m.p, NP, 0, &l), DDP_ERR_INVALID_ARGUMENT);
+    model_make(&m);
+    CHECK_STATUS(ddp_legacy_create(group, m.p, NP, 0, &l), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("l1.w"); /* no grad */
+    CHECK_STATUS(ddp_legacy_create(group, m.p, 0, 0, &l), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_legacy_allreduce(NULL, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_legacy_set_sync(NULL, 0), DDP_ERR_INVALID_ARGUMENT);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = argc > 1 ? argv[1] : "args";
+    int world = argc > 2 ? atoi(argv[2]) : 2;
+    static const struct {
+        const char *name;
+        ddp_test_group_fn fn;
+    } cases[] = {{"mismatch", case_mismatch},
+                 {"local_create", case_local_create},
+                 {"twice", case_twice},
+                 {"unmarked", case_unmarked},
+                 {"prepare_twice", case_prepare_twice},
+                 {"hook_mismatch", case_hook_mismatch},
+                 {"args", case_args}};
+    ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
+    options.timeout_ms = 20000;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (strcmp(cases[i].name, which) != 0) continue;
+        int rc = ddp_test_run_group(world, 60, &options, cases[i].fn, NULL);
+        printf("test_reducer_errors %s world=%d: %s\n", which, world, rc ? "FAILED" : "ok");
+        return rc;
+    }
+    fprintf(stderr, "unknown case %s\n", which);
+    return 2;
+}
