@@ -315,6 +315,15 @@ static int worker_fail(const char *d, int fail_rank, int code, int world)
     return 0;
 }
 
+/* worker-late-fail DIR R: rank R exits 7 after a second; every other rank succeeds at once. */
+static int worker_late_fail(const char *d, int fail_rank)
+{
+    write_pids(d, 0);
+    if (env_int("RANK") != fail_rank) return 0;
+    sleep_ms(1000);
+    return 7;
+}
+
 /* worker-sleep DIR IGNORE_TERM: waits to be stopped. */
 static int worker_sleep(const char *d, int ignore_term)
 {
@@ -451,6 +460,31 @@ static void scenario_multinode(void)
         check_env_files(nnodes * nproc, nproc, port, "multi-node-secret");
     }
 
+    /* Two ddprun claiming the same node rank: one of them is refused, the job still runs. */
+    make_dir();
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", free_port());
+    run_t runs[3];
+    const char *node_ranks[3] = {"0", "1", "1"};
+    for (int k = 0; k < 3; k++) {
+        const char *args[] = {"-n", "1", "--nnodes", "2", "--node-rank", node_ranks[k],
+                              "--master-port", port_text, "sh", "-c", "sleep 3", NULL};
+        runs[k] = start_ddprun(k == 0 ? "dup0" : k == 1 ? "dup1" : "dup2", "secret", args);
+    }
+    CHECK(exit_code(wait_ddprun(&runs[0], 25, NULL)) == 0);
+    int refused = 0;
+    for (int k = 1; k < 3; k++) {
+        int code = exit_code(wait_ddprun(&runs[k], 25, NULL));
+        char *err = read_text(runs[k].err_path);
+        if (code != 0) {
+            CHECK_MSG(code == 1 && strstr(err, "--node-rank 1 is already taken by ddprun pid"),
+                      "duplicate node rank: exit %d: %s", code, err);
+            refused++;
+        }
+        free(err);
+    }
+    CHECK(refused == 1);
+
     /* Refused: several nodes without a shared token or port. */
     make_dir();
     const char *no_token[] = {"-n", "1", "--nnodes", "2", "--master-port", "4000", "true", NULL};
@@ -572,6 +606,62 @@ static void scenario_multinode_failure(void)
             free(err);
         }
         check_no_process_left(4);
+    }
+
+    /* Node 0's workers all succeed, then rank 3 on node 1 fails: node 0 still exits 1. */
+    make_dir();
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", free_port());
+    run_t runs[2];
+    for (int k = 0; k < 2; k++) {
+        const char *args[] = {"-n", "2", "--nnodes", "2", "--node-rank", k ? "1" : "0",
+                              "--master-port", port_text, self_path, "worker-late-fail", dir,
+                              "3", NULL};
+        runs[k] = start_ddprun(k ? "late1" : "late0", "shared-secret", args);
+    }
+    for (int k = 0; k < 2; k++) {
+        int status = wait_ddprun(&runs[k], 25, NULL);
+        char *err = read_text(runs[k].err_path);
+        if (exit_code(status) != 1) dump(&runs[k]);
+        CHECK_MSG(exit_code(status) == 1, "node %d exited with %d", k, exit_code(status));
+        CHECK(strstr(err, "rank 3 (pid ") && strstr(err, "on node 1 exited with status 7"));
+        free(err);
+    }
+
+    /* A node's ddprun killed outright: the other node notices (heartbeat or lost store), stops
+     * its workers and exits 1. */
+    for (int victim = 1; victim >= 0; victim--) {
+        make_dir();
+        snprintf(port_text, sizeof port_text, "%d", free_port());
+        for (int k = 0; k < 2; k++) {
+            char node[8];
+            snprintf(node, sizeof node, "%d", k);
+            const char *args[] = {"-n", "1", "--nnodes", "2", "--node-rank", k ? "1" : "0",
+                                  "--master-port", port_text, "--heartbeat-timeout", "1",
+                                  self_path, "worker-sleep", dir, "0", NULL};
+            runs[k] = start_ddprun(k ? "kill1" : "kill0", "shared-secret", args);
+        }
+        wait_for_pid_files(2);
+        sleep_ms(300); /* let both heartbeats start */
+        CHECK(kill(runs[victim].pid, SIGKILL) == 0);
+        int status = wait_ddprun(&runs[victim], 10, NULL);
+        CHECK(WIFSIGNALED(status));
+        int survivor = 1 - victim;
+        status = wait_ddprun(&runs[survivor], 25, NULL);
+        char *err = read_text(runs[survivor].err_path);
+        if (exit_code(status) != 1) dump(&runs[survivor]);
+        CHECK_MSG(exit_code(status) == 1, "node %d exited with %d", survivor, exit_code(status));
+        CHECK(strstr(err, victim == 1 ? "node 1's ddprun has been silent" : "lost the store"));
+        free(err);
+        /* The survivor's worker and child, and the victim's worker (PR_SET_PDEATHSIG). */
+        char path[700];
+        snprintf(path, sizeof path, "%s/pids.%d", dir, victim);
+        char *text = read_text(path);
+        CHECK(text);
+        pid_t orphan = (pid_t)atoi(strchr(text, ' ') + 1);
+        kill(orphan, SIGKILL); /* the victim worker's own child: nobody is left to stop it */
+        free(text);
+        check_no_process_left(2);
     }
 }
 
@@ -769,10 +859,14 @@ int main(int argc, char **argv)
     if (strcmp(mode, "worker-env") == 0 && argc == 3) return worker_env(argv[2]);
     if (strcmp(mode, "worker-fail") == 0 && argc == 6)
         return worker_fail(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (strcmp(mode, "worker-late-fail") == 0 && argc == 4)
+        return worker_late_fail(argv[2], atoi(argv[3]));
     if (strcmp(mode, "worker-sleep") == 0 && argc == 4) return worker_sleep(argv[2], atoi(argv[3]));
     if (strcmp(mode, "worker-output") == 0) return worker_output();
 
     signal(SIGPIPE, SIG_IGN);
+    /* Bounds every rendezvous wait of ddprun and the workers if something breaks. */
+    setenv("DDP_TIMEOUT", "20", 1);
     if (strcmp(mode, "env") == 0) scenario_env();
     else if (strcmp(mode, "multinode") == 0) scenario_multinode();
     else if (strcmp(mode, "failure") == 0) scenario_failure();

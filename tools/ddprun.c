@@ -462,6 +462,7 @@ typedef struct job {
     int watcher_stop;                      /* guarded by lock */
     int watcher_done;                      /* guarded by lock: the store is unreachable */
     int64_t nodes_exited;                  /* guarded by lock */
+    int nodes_dead;                        /* guarded by lock: node 0 gave up on them */
 } job_t;
 
 /* Builds the environment of one worker: ours minus the variables we set, plus them. */
@@ -589,9 +590,19 @@ static void begin_stop(job_t *job, int exit_code)
 
 /* ---- multi-node: the store, the watcher thread and job/failed ------------------------------ */
 
+/* The store is there and reachable (a lost store would make every call wait its timeout). */
+static int store_usable(job_t *job)
+{
+    if (!job->store) return 0;
+    pthread_mutex_lock(&job->lock);
+    int lost = job->watcher_done && !job->watcher_stop;
+    pthread_mutex_unlock(&job->lock);
+    return !lost;
+}
+
 static void publish_failure(job_t *job, const char *text)
 {
-    if (!job->store) return;
+    if (!store_usable(job)) return;
     void *current = NULL;
     size_t current_len = 0;
     ddp_status_t s = ddp_store_compare_set(job->store, "job/failed", NULL, 0, text, strlen(text),
@@ -635,10 +646,12 @@ static void *watcher_main(void *arg)
     int nnodes = o->nnodes;
     int64_t *last_beat = calloc((size_t)nnodes, sizeof *last_beat);
     double *last_change = calloc((size_t)nnodes, sizeof *last_change);
-    if (!last_beat || !last_change) {
+    char *dead = calloc((size_t)nnodes, 1);
+    if (!last_beat || !last_change || !dead) {
         set_remote_failure(job, "ddprun watcher: out of memory");
         free(last_beat);
         free(last_change);
+        free(dead);
         return NULL;
     }
     double started = now_s();
@@ -679,6 +692,7 @@ static void *watcher_main(void *arg)
         if (o->node_rank == 0) {
             double now = now_s();
             for (int k = 1; k < nnodes; k++) {
+                if (dead[k]) continue;
                 char other[64];
                 int done = 0;
                 snprintf(other, sizeof other, "job/exited/%d", k);
@@ -690,22 +704,30 @@ static void *watcher_main(void *arg)
                 if (beat != last_beat[k]) {
                     last_beat[k] = beat;
                     last_change[k] = now;
+                    continue;
                 } else if (beat == 0 && now - started > join_limit) {
                     snprintf(text, sizeof text,
                              "node %d did not join within %g s (DDP_TIMEOUT)", k, join_limit);
-                    publish_failure(job, text);
                 } else if (beat > 0 && now - last_change[k] > o->heartbeat_timeout_s) {
                     snprintf(text, sizeof text,
                              "node %d's ddprun has been silent for %g s (--heartbeat-timeout)",
                              k, o->heartbeat_timeout_s);
-                    publish_failure(job, text);
+                } else {
+                    continue;
                 }
+                /* Written here, seen by every node (this one included) on the next check. */
+                publish_failure(job, text);
+                dead[k] = 1;
+                pthread_mutex_lock(&job->lock);
+                job->nodes_dead++;
+                pthread_mutex_unlock(&job->lock);
             }
         }
         sleep_ms(WATCH_INTERVAL_MS);
     }
     free(last_beat);
     free(last_change);
+    free(dead);
     pthread_mutex_lock(&job->lock);
     job->watcher_done = 1;
     pthread_mutex_unlock(&job->lock);
@@ -740,11 +762,10 @@ static int setup_store(job_t *job)
     int timeout_ms = ddp_default_timeout_ms();
     if (o->timeout_s > 0 && o->timeout_s * 1000 < timeout_ms) timeout_ms = (int)(o->timeout_s * 1000);
     if (timeout_ms < 1) timeout_ms = 1;
-    sigset_t old;
-    block_forwarded_signals(1, &old);
+    /* The client starts no thread; leaving signals open here lets Ctrl-C end a long wait for
+     * node 0 at once (on_signal exits while no worker exists). */
     ddp_status_t s = ddp_store_tcp_connect(job->master_addr, job->master_port, job->token,
                                            timeout_ms, &job->store);
-    block_forwarded_signals(0, &old);
     if (s != DDP_OK) {
         fprintf(stderr, "ddprun: node %d cannot reach the store at %s:%d: %s\n", o->node_rank,
                 job->master_addr, job->master_port, ddp_last_error());
@@ -943,7 +964,7 @@ static void run_event_loop(job_t *job)
         int watcher_done = 0;
         pthread_mutex_lock(&job->lock);
         snprintf(remote, sizeof remote, "%s", job->remote_failure);
-        exited = job->nodes_exited;
+        exited = job->nodes_exited + job->nodes_dead;
         watcher_done = job->watcher_done;
         pthread_mutex_unlock(&job->lock);
         double now = now_s();
@@ -975,6 +996,7 @@ static void run_event_loop(job_t *job)
         }
         if (streams_open(job) && now < drain_until) continue;
         if (!job->store) break;
+        if (!store_usable(job)) break;
         if (!sent_exited) {
             char key[64];
             int64_t count = 0;
@@ -988,7 +1010,7 @@ static void run_event_loop(job_t *job)
             linger_until = job->stopping ? now + o->grace_s + 5.0 : 0;
             pthread_mutex_lock(&job->lock);
             if (count > job->nodes_exited) job->nodes_exited = count;
-            exited = job->nodes_exited;
+            exited = job->nodes_exited + job->nodes_dead;
             pthread_mutex_unlock(&job->lock);
         }
         if (exited >= o->nnodes) break;
