@@ -1,0 +1,495 @@
+/* TCP transport rendezvous: choose the address to listen on, publish it through the store, and
+ * build one authenticated connection per pair of ranks (the lower rank connects to the higher).
+ * A connection that does not present the job's token, the group name and consistent ranks is
+ * closed without an answer while the rendezvous goes on (like the store server's own check). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport/tcp/tcp.h"
+
+static int remaining_ms(int64_t deadline_ns)
+{
+    int64_t left = deadline_ns - ddp__now_ns();
+    if (left <= 0) return 0;
+    int64_t ms = (left + 999999) / 1000000;
+    return ms > 1000000 ? 1000000 : (int)ms;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int set_nonblocking(int fd)
+{
+    int flags = fcntl(fd, F_GETFL, 0);
+    if (flags < 0) return -1;
+    return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+/* ---- choosing the address ----------------------------------------------------------------
+ * DDP_SOCKET_IFNAME names the interface explicitly (first IPv4 address, else IPv6). Without it
+ * we ask the kernel which source address it would use to reach MASTER_ADDR (a connected UDP
+ * socket sends nothing): on a multi-homed host that is the interface facing the other hosts,
+ * which is what peers can reach. Without MASTER_ADDR the job is single-host: 127.0.0.1. */
+static ddp_status_t address_of_interface(const char *ifname, struct sockaddr_storage *out,
+                                         socklen_t *len)
+{
+    struct ifaddrs *list = NULL;
+    if (getifaddrs(&list) != 0)
+        return ddp__error_errno(DDP_ERR_SYSTEM, errno, "DDP_SOCKET_IFNAME=%s: getifaddrs", ifname);
+    int found = 0;
+    for (int want = AF_INET; want != 0 && !found; want = want == AF_INET ? AF_INET6 : 0) {
+        for (struct ifaddrs *a = list; a; a = a->ifa_next) {
+            if (!a->ifa_addr || strcmp(a->ifa_name, ifname) != 0) continue;
+            if (a->ifa_addr->sa_family != want) continue;
+            if (want == AF_INET6) {
+                const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)a->ifa_addr;
+                if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) continue;
+            }
+            *len = want == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+            memcpy(out, a->ifa_addr, *len);
+            found = 1;
+            break;
+        }
+    }
+    freeifaddrs(list);
+    if (!found)
+        return ddp__error(DDP_ERR_NOT_FOUND,
+                          "DDP_SOCKET_IFNAME=%s: no such interface with an IPv4 or global IPv6 "
+                          "address",
+                          ifname);
+    return DDP_OK;
+}
+
+static ddp_status_t address_towards(const char *host, const char *port,
+                                    struct sockaddr_storage *out, socklen_t *len)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0)
+        return ddp__error(DDP_ERR_SYSTEM, "MASTER_ADDR=%s: cannot resolve: %s", host,
+                          gai_strerror(rc));
+    ddp_status_t status = ddp__error(DDP_ERR_SYSTEM, "MASTER_ADDR=%s: no route", host);
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+            *len = sizeof *out;
+            if (getsockname(fd, (struct sockaddr *)out, len) == 0) {
+                close(fd);
+                status = DDP_OK;
+                break;
+            }
+        }
+        status = ddp__error_errno(DDP_ERR_SYSTEM, errno, "MASTER_ADDR=%s: no route", host);
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return status;
+}
+
+ddp_status_t ddp__tcp_listen(int *listen_fd, char *published, size_t size)
+{
+    struct sockaddr_storage addr;
+    socklen_t len = 0;
+    ddp_status_t s;
+    const char *ifname = ddp__env("DDP_SOCKET_IFNAME");
+    const char *master = ddp__env("MASTER_ADDR");
+    if (ifname) {
+        s = address_of_interface(ifname, &addr, &len);
+    } else if (master) {
+        const char *port = ddp__env("MASTER_PORT");
+        s = address_towards(master, port ? port : "29500", &addr, &len);
+    } else {
+        s = address_towards("127.0.0.1", "29500", &addr, &len);
+    }
+    if (s != DDP_OK) return s;
+    if (addr.ss_family == AF_INET) ((struct sockaddr_in *)&addr)->sin_port = 0;
+    else ((struct sockaddr_in6 *)&addr)->sin6_port = 0;
+
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ddp__error_errno(DDP_ERR_SYSTEM, errno, "tcp transport: socket");
+    if (bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, 128) != 0) {
+        int e = errno;
+        close(fd);
+        return ddp__error_errno(DDP_ERR_SYSTEM, e, "tcp transport: bind/listen");
+    }
+    len = sizeof addr;
+    if (getsockname(fd, (struct sockaddr *)&addr, &len) != 0 || set_nonblocking(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return ddp__error_errno(DDP_ERR_SYSTEM, e, "tcp transport: getsockname");
+    }
+    char host[INET6_ADDRSTRLEN];
+    int port;
+    if (addr.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&addr)->sin_addr, host, sizeof host);
+        port = ntohs(((struct sockaddr_in *)&addr)->sin_port);
+    } else {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&addr)->sin6_addr, host, sizeof host);
+        port = ntohs(((struct sockaddr_in6 *)&addr)->sin6_port);
+    }
+    snprintf(published, size, "%s %d", host, port);
+    *listen_fd = fd;
+    return DDP_OK;
+}
+
+/* ---- blocking-with-deadline byte transfers used only during the rendezvous ---------------- */
+static ddp_status_t send_all(int fd, const void *buf, size_t bytes, int64_t deadline_ns,
+                             int peer)
+{
+    const char *p = buf;
+    while (bytes > 0) {
+        ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
+        if (n > 0) {
+            p += n;
+            bytes -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd = {fd, POLLOUT, 0};
+            int ms = remaining_ms(deadline_ns);
+            if (ms == 0)
+                return ddp__error(DDP_ERR_TIMEOUT,
+                                  "tcp rendezvous: timed out sending the hello to rank %d", peer);
+            poll(&pfd, 1, ms);
+            continue;
+        }
+        return ddp__error_errno(DDP_ERR_REMOTE, errno,
+                                "tcp rendezvous: sending the hello to rank %d", peer);
+    }
+    return DDP_OK;
+}
+
+/* Connects (non-blocking, retrying while refused) to "host port" before the deadline. */
+static ddp_status_t connect_to(const char *published, int peer, int64_t deadline_ns, int *out)
+{
+    char host[INET6_ADDRSTRLEN + 1], port[16];
+    if (sscanf(published, "%46s %15s", host, port) != 2)
+        return ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d published a malformed "
+                          "address '%s'", peer, published);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0)
+        return ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d published '%s': %s", peer,
+                          published, gai_strerror(rc));
+    int delay_ms = 5;
+    int last_errno = 0;
+    for (;;) {
+        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            last_errno = errno;
+            break;
+        }
+        set_nonblocking(fd);
+        int r = connect(fd, res->ai_addr, res->ai_addrlen);
+        if (r != 0 && errno == EINPROGRESS) {
+            struct pollfd pfd = {fd, POLLOUT, 0};
+            int ms = remaining_ms(deadline_ns);
+            if (ms > 0 && poll(&pfd, 1, ms) == 1) {
+                int err = 0;
+                socklen_t elen = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+                r = err == 0 ? 0 : -1;
+                errno = err;
+            } else {
+                errno = ETIMEDOUT;
+            }
+        }
+        if (r == 0) {
+            freeaddrinfo(res);
+            *out = fd;
+            return DDP_OK;
+        }
+        last_errno = errno;
+        close(fd);
+        if (remaining_ms(deadline_ns) == 0) break;
+        sleep_ms(delay_ms);
+        if (delay_ms < 200) delay_ms *= 2;
+    }
+    freeaddrinfo(res);
+    if (remaining_ms(deadline_ns) == 0)
+        return ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous: timed out connecting to rank %d at "
+                          "%s (%s)", peer, published, strerror(last_errno));
+    return ddp__error_errno(DDP_ERR_SYSTEM, last_errno, "tcp rendezvous: connecting to rank %d",
+                            peer);
+}
+
+/* ---- the acceptor's side ---------------------------------------------------------------- */
+typedef struct pending {
+    int fd;
+    size_t have;
+    char buf[sizeof(ddp__tcp_hello_t) + DDP_TCP_MAX_TOKEN + DDP_TCP_MAX_GROUP];
+} pending_t;
+
+#define MAX_PENDING 64
+
+static int constant_time_equal(const char *a, size_t alen, const char *b, size_t blen)
+{
+    unsigned char diff = (unsigned char)(alen != blen);
+    size_t n = alen < blen ? alen : blen;
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Reads what the pending connection has sent. Returns 1 when a full hello arrived and it is
+ * valid (*from set), 0 while incomplete, -1 when it must be closed (reason in *why). */
+static int pending_step(pending_t *p, const char *token, const char *group, int rank, int world,
+                        const ddp__tcp_conn_t *conns, int *from, const char **why)
+{
+    for (;;) {
+        size_t need = sizeof(ddp__tcp_hello_t);
+        if (p->have >= need) {
+            ddp__tcp_hello_t h;
+            memcpy(&h, p->buf, sizeof h);
+            if (h.magic != DDP_TCP_HELLO_MAGIC || h.version != DDP_TCP_VERSION) {
+                *why = "not a libddp hello (garbage or another version)";
+                return -1;
+            }
+            if (h.token_len > DDP_TCP_MAX_TOKEN || h.group_len > DDP_TCP_MAX_GROUP) {
+                *why = "oversized hello";
+                return -1;
+            }
+            need += h.token_len + h.group_len;
+            if (p->have >= need) {
+                const char *t = p->buf + sizeof h;
+                const char *g = t + h.token_len;
+                if (!constant_time_equal(t, h.token_len, token, strlen(token))) {
+                    *why = "wrong or missing token";
+                    return -1;
+                }
+                if (h.group_len != strlen(group) || memcmp(g, group, h.group_len) != 0) {
+                    *why = "another group";
+                    return -1;
+                }
+                if (h.to_rank != rank || h.world != world || h.from_rank < 0 ||
+                    h.from_rank >= rank) {
+                    *why = "inconsistent ranks";
+                    return -1;
+                }
+                if (conns[h.from_rank].fd >= 0) {
+                    *why = "a second connection from the same rank";
+                    return -1;
+                }
+                *from = h.from_rank;
+                return 1;
+            }
+        }
+        ssize_t n = recv(p->fd, p->buf + p->have, need - p->have, 0);
+        if (n > 0) {
+            p->have += (size_t)n;
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+        *why = "closed before completing the hello";
+        return -1;
+    }
+}
+
+ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, int rank,
+                                  int world, int listen_fd, int timeout_ms,
+                                  ddp__tcp_conn_t *conns)
+{
+    int64_t deadline = ddp__now_ns() + (int64_t)timeout_ms * 1000000LL;
+    const char *token = ddp__env("DDP_STORE_TOKEN");
+    if (!token) token = "";
+    size_t token_len = strlen(token), group_len = strlen(group_name);
+    if (token_len > DDP_TCP_MAX_TOKEN)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "DDP_STORE_TOKEN is longer than %u bytes",
+                          DDP_TCP_MAX_TOKEN);
+    if (group_len > DDP_TCP_MAX_GROUP)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_name is longer than %u bytes",
+                          DDP_TCP_MAX_GROUP);
+    ddp_status_t s = DDP_OK;
+    pending_t *pend = NULL;
+    int npend = 0;
+    char key[DDP_STORE_MAX_KEY];
+
+    /* 1. Connect to every higher rank and send the hello; do not wait for the answers yet, so
+     * that no rank waits on another that is itself waiting (the acks are read in step 3). */
+    for (int peer = rank + 1; peer < world; peer++) {
+        snprintf(key, sizeof key, "%s/tcp/addr/%d", group_name, peer);
+        const char *keys[1] = {key};
+        s = ddp_store_wait(store, keys, 1, remaining_ms(deadline) > 0 ? remaining_ms(deadline) : 1);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "tcp rendezvous: waiting for the address of rank %d", peer);
+            goto fail;
+        }
+        void *value = NULL;
+        size_t vlen = 0;
+        s = ddp_store_get(store, key, &value, &vlen);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "tcp rendezvous: reading the address of rank %d", peer);
+            goto fail;
+        }
+        int fd = -1;
+        s = connect_to(value, peer, deadline, &fd);
+        ddp_free(value);
+        if (s != DDP_OK) goto fail;
+        conns[peer].fd = fd;
+        char hello[sizeof(ddp__tcp_hello_t) + DDP_TCP_MAX_TOKEN + DDP_TCP_MAX_GROUP];
+        ddp__tcp_hello_t h = {DDP_TCP_HELLO_MAGIC, DDP_TCP_VERSION, rank, peer, world,
+                              (uint32_t)token_len, (uint32_t)group_len, 0};
+        memcpy(hello, &h, sizeof h);
+        memcpy(hello + sizeof h, token, token_len);
+        memcpy(hello + sizeof h + token_len, group_name, group_len);
+        s = send_all(fd, hello, sizeof h + token_len + group_len, deadline, peer);
+        if (s != DDP_OK) goto fail;
+    }
+
+    /* 2. Accept from every lower rank; strangers are read without blocking the others and
+     * dropped as soon as their hello proves wrong. */
+    pend = calloc(MAX_PENDING, sizeof *pend);
+    if (!pend) {
+        s = ddp__error(DDP_ERR_NO_MEMORY, "tcp rendezvous: pending connections");
+        goto fail;
+    }
+    int accepted = 0;
+    while (accepted < rank) {
+        struct pollfd pfds[MAX_PENDING + 1];
+        pfds[0].fd = listen_fd;
+        pfds[0].events = POLLIN;
+        for (int i = 0; i < npend; i++) {
+            pfds[i + 1].fd = pend[i].fd;
+            pfds[i + 1].events = POLLIN;
+        }
+        int ms = remaining_ms(deadline);
+        if (ms == 0) {
+            char missing[512] = "";
+            size_t used = 0;
+            for (int r = 0; r < rank && used + 16 < sizeof missing; r++)
+                if (conns[r].fd < 0)
+                    used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                             used ? ", " : "", r);
+            s = ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d timed out "
+                           "waiting for connections from rank(s) %s", group_name, rank, missing);
+            goto fail;
+        }
+        int ready = poll(pfds, (nfds_t)npend + 1, ms > 200 ? 200 : ms);
+        if (ready < 0 && errno != EINTR) {
+            s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "tcp rendezvous: poll");
+            goto fail;
+        }
+        if (ready <= 0) continue;
+        for (int i = npend - 1; i >= 0; i--) {
+            if (!pfds[i + 1].revents) continue;
+            int from = -1;
+            const char *why = NULL;
+            int r = pending_step(&pend[i], token, group_name, rank, world, conns, &from, &why);
+            if (r == 0) continue;
+            if (r > 0) {
+                uint32_t ack[2] = {DDP_TCP_ACK_MAGIC, 0};
+                /* 8 bytes into a fresh socket's empty buffer cannot block. */
+                if (send(pend[i].fd, ack, sizeof ack, MSG_NOSIGNAL) != (ssize_t)sizeof ack) {
+                    why = "could not send the acknowledgement";
+                    r = -1;
+                } else {
+                    conns[from].fd = pend[i].fd;
+                    accepted++;
+                }
+            }
+            if (r < 0) {
+                DDP_LOG(DDP_LOG_WARN, "tcp rendezvous of group '%s' (rank %d): refused a "
+                        "connection: %s", group_name, rank, why);
+                close(pend[i].fd);
+            }
+            pend[i] = pend[npend - 1];
+            npend--;
+        }
+        if (pfds[0].revents) {
+            for (;;) {
+                int fd = accept(listen_fd, NULL, NULL);
+                if (fd < 0) break;
+                fcntl(fd, F_SETFD, FD_CLOEXEC);
+                set_nonblocking(fd);
+                if (npend == MAX_PENDING) {
+                    /* Too many strangers at once: drop the oldest. */
+                    close(pend[0].fd);
+                    pend[0] = pend[npend - 1];
+                    npend--;
+                }
+                pend[npend].fd = fd;
+                pend[npend].have = 0;
+                npend++;
+            }
+        }
+    }
+
+    /* 3. The acknowledgements from the higher ranks: a refusal shows as a closed connection. */
+    for (int peer = rank + 1; peer < world; peer++) {
+        uint32_t ack[2];
+        size_t have = 0;
+        while (have < sizeof ack) {
+            ssize_t n = recv(conns[peer].fd, (char *)ack + have, sizeof ack - have, 0);
+            if (n > 0) {
+                have += (size_t)n;
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                struct pollfd pfd = {conns[peer].fd, POLLIN, 0};
+                int ms = remaining_ms(deadline);
+                if (ms == 0) {
+                    s = ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d "
+                                   "timed out waiting for rank %d to accept its connection",
+                                   group_name, rank, peer);
+                    goto fail;
+                }
+                poll(&pfd, 1, ms);
+                continue;
+            }
+            s = ddp__error(DDP_ERR_REMOTE, "tcp rendezvous of group '%s': rank %d refused the "
+                           "connection of rank %d (different DDP_STORE_TOKEN, group or world "
+                           "size?)", group_name, peer, rank);
+            goto fail;
+        }
+        if (ack[0] != DDP_TCP_ACK_MAGIC) {
+            s = ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d sent a malformed "
+                           "acknowledgement", peer);
+            goto fail;
+        }
+    }
+
+    for (int peer = 0; peer < world; peer++) {
+        if (peer == rank) continue;
+        int one = 1;
+        setsockopt(conns[peer].fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        set_nonblocking(conns[peer].fd);
+    }
+    for (int i = 0; i < npend; i++) close(pend[i].fd);
+    free(pend);
+    return DDP_OK;
+
+fail:
+    if (pend) {
+        for (int i = 0; i < npend; i++) close(pend[i].fd);
+        free(pend);
+    }
+    for (int peer = 0; peer < world; peer++) {
+        if (conns[peer].fd >= 0) close(conns[peer].fd);
+        conns[peer].fd = -1;
+    }
+    return s;
+}

@@ -1,0 +1,101 @@
+/* Helpers shared by the TCP transport tests: deterministic inputs per rank, a float64 reference,
+ * tolerant comparison per dtype and a hash for bitwise comparisons across ranks. */
+#ifndef DDP_TEST_TCP_COMMON_H
+#define DDP_TEST_TCP_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* Input element i of `rank` as a double, already representable in dtype (so the reference
+ * starts from exactly what the rank sends). Integers stay small enough that sums and products of
+ * four ranks never wrap. */
+static double tcp_test_value(ddp_dtype_t dt, int rank, size_t i, unsigned salt)
+{
+    unsigned long long st = (unsigned long long)rank * 1000003ULL + i * 7919ULL + salt * 104729ULL;
+    double x = ddp_test_random(&st);
+    switch (dt) {
+    case DDP_F32: return (double)(float)x;
+    case DDP_F64: return x;
+    case DDP_F16: return (double)ddp_f16_to_f32(ddp_f32_to_f16((float)x));
+    case DDP_BF16: return (double)ddp_bf16_to_f32(ddp_f32_to_bf16((float)x));
+    case DDP_I32: return (double)(long long)(x * 40.0);
+    case DDP_I64: return (double)(long long)(x * 40.0);
+    case DDP_U8: return (double)(long long)((x + 1.0) * 1.9); /* 0..3 */
+    default: return 0;
+    }
+}
+
+static void tcp_test_store(ddp_dtype_t dt, void *buf, size_t i, double v)
+{
+    switch (dt) {
+    case DDP_F32: ((float *)buf)[i] = (float)v; break;
+    case DDP_F64: ((double *)buf)[i] = v; break;
+    case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
+    case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
+    case DDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+static double tcp_test_load(ddp_dtype_t dt, const void *buf, size_t i)
+{
+    switch (dt) {
+    case DDP_F32: return ((const float *)buf)[i];
+    case DDP_F64: return ((const double *)buf)[i];
+    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_I32: return ((const int32_t *)buf)[i];
+    case DDP_I64: return (double)((const int64_t *)buf)[i];
+    case DDP_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+static int tcp_test_is_int(ddp_dtype_t dt) { return dt == DDP_I32 || dt == DDP_I64 || dt == DDP_U8; }
+
+/* Reference reduction in float64 over the ranks' values of element i. */
+static double tcp_test_reference(ddp_dtype_t dt, ddp_reduce_op_t op, int world, size_t i,
+                                 unsigned salt)
+{
+    double acc = tcp_test_value(dt, 0, i, salt);
+    for (int r = 1; r < world; r++) {
+        double v = tcp_test_value(dt, r, i, salt);
+        switch (op) {
+        case DDP_SUM:
+        case DDP_AVG: acc += v; break;
+        case DDP_PROD: acc *= v; break;
+        case DDP_MIN: acc = v < acc ? v : acc; break;
+        case DDP_MAX: acc = v > acc ? v : acc; break;
+        default: break;
+        }
+    }
+    if (op == DDP_AVG) acc = tcp_test_is_int(dt) ? trunc(acc / world) : acc / world;
+    return acc;
+}
+
+/* Absolute tolerance for |result - reference| (values are O(1); products of up to 4 values). */
+static double tcp_test_tolerance(ddp_dtype_t dt)
+{
+    switch (dt) {
+    case DDP_F32: return 1e-5;
+    case DDP_F64: return 1e-12;
+    case DDP_F16: return 4e-3;
+    case DDP_BF16: return 3e-2;
+    default: return 0;
+    }
+}
+
+static uint64_t tcp_test_hash(const void *buf, size_t bytes)
+{
+    const unsigned char *p = buf;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+#endif
