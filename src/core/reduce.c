@@ -1,0 +1,345 @@
+/* Reduction kernels: dst = op over k sources, for every dtype and op (see reduce.h).
+ *
+ * How: the data is processed in blocks of BLOCK elements. For each block, source 0 is loaded into
+ * a small accumulator that stays in L1, every further source is combined into it in order, AVG
+ * divides once, and the finished block is written to each destination. Because a whole block is
+ * read from every source before any destination byte of that block is written, a destination may
+ * be one of the sources (in place). Every loop is a plain element-wise loop over arrays the
+ * compiler vectorises; the same loops are compiled twice, once for baseline x86-64 and once with
+ * target("avx2,f16c") (F16C converts halves eight at a time), and the variant is chosen once at
+ * run time. Element-wise IEEE operations give the same bits at any vector width and no FMA is
+ * enabled, so both variants produce identical results. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/reduce.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DDP_REDUCE_X86 1
+#define DDP_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+#else
+#define DDP_REDUCE_X86 0
+#define DDP_TARGET_AVX2
+#endif
+
+#define BLOCK 1024
+#define INLINE static inline __attribute__((always_inline))
+
+typedef struct reduce_args {
+    void *const *dsts;
+    int ndsts;
+    const void *const *srcs;
+    int nsrcs;
+    size_t count;
+    ddp_reduce_op_t op;
+} reduce_args_t;
+
+/* Copies a finished block from destination 0 to every other destination. */
+INLINE void fan_out(const reduce_args_t *a, size_t byte_offset, size_t bytes)
+{
+    const char *first = (const char *)a->dsts[0] + byte_offset;
+    for (int d = 1; d < a->ndsts; d++) {
+        char *dst = (char *)a->dsts[d] + byte_offset;
+        if (dst != first) memcpy(dst, first, bytes);
+    }
+}
+
+/* ---- f32 and f64: accumulated in their own type ------------------------------------------ */
+
+#define COMBINE_LOOP(T, acc, x, n, op)                                                            \
+    do {                                                                                          \
+        switch (op) {                                                                             \
+        case DDP_SUM:                                                                             \
+        case DDP_AVG:                                                                             \
+            for (size_t i = 0; i < (n); i++) (acc)[i] = (acc)[i] + (x)[i];                        \
+            break;                                                                                \
+        case DDP_MIN:                                                                             \
+            for (size_t i = 0; i < (n); i++) (acc)[i] = (acc)[i] < (x)[i] ? (acc)[i] : (x)[i];    \
+            break;                                                                                \
+        case DDP_MAX:                                                                             \
+            for (size_t i = 0; i < (n); i++) (acc)[i] = (acc)[i] > (x)[i] ? (acc)[i] : (x)[i];    \
+            break;                                                                                \
+        default:                                                                                  \
+            for (size_t i = 0; i < (n); i++) (acc)[i] = (acc)[i] * (x)[i];                        \
+            break;                                                                                \
+        }                                                                                         \
+    } while (0)
+
+/* dst = a op b in one pass (two sources, the most common case): no accumulator copy. */
+#define COMBINE2_LOOP(T, dst, a, b, n, op)                                                        \
+    do {                                                                                          \
+        switch (op) {                                                                             \
+        case DDP_SUM:                                                                             \
+            for (size_t i = 0; i < (n); i++) (dst)[i] = (a)[i] + (b)[i];                          \
+            break;                                                                                \
+        case DDP_AVG:                                                                             \
+            for (size_t i = 0; i < (n); i++) (dst)[i] = ((a)[i] + (b)[i]) / (T)2;                 \
+            break;                                                                                \
+        case DDP_MIN:                                                                             \
+            for (size_t i = 0; i < (n); i++) (dst)[i] = (a)[i] < (b)[i] ? (a)[i] : (b)[i];        \
+            break;                                                                                \
+        case DDP_MAX:                                                                             \
+            for (size_t i = 0; i < (n); i++) (dst)[i] = (a)[i] > (b)[i] ? (a)[i] : (b)[i];        \
+            break;                                                                                \
+        default:                                                                                  \
+            for (size_t i = 0; i < (n); i++) (dst)[i] = (a)[i] * (b)[i];                          \
+            break;                                                                                \
+        }                                                                                         \
+    } while (0)
+
+#define FLOAT_KERNEL(NAME, T, ATTR)                                                               \
+    ATTR static void NAME(const reduce_args_t *a)                                                 \
+    {                                                                                             \
+        T acc[BLOCK];                                                                             \
+        for (size_t base = 0; base < a->count; base += BLOCK) {                                   \
+            size_t n = a->count - base < BLOCK ? a->count - base : BLOCK;                         \
+            T *d0 = (T *)a->dsts[0] + base;                                                       \
+            const T *s0 = (const T *)a->srcs[0] + base;                                           \
+            if (a->nsrcs == 2) {                                                                  \
+                const T *s1 = (const T *)a->srcs[1] + base;                                       \
+                COMBINE2_LOOP(T, d0, s0, s1, n, a->op);                                           \
+            } else {                                                                              \
+                memcpy(acc, s0, n * sizeof(T));                                                   \
+                for (int s = 1; s < a->nsrcs; s++) {                                              \
+                    const T *x = (const T *)a->srcs[s] + base;                                    \
+                    COMBINE_LOOP(T, acc, x, n, a->op);                                            \
+                }                                                                                 \
+                if (a->op == DDP_AVG) {                                                           \
+                    T div = (T)a->nsrcs;                                                          \
+                    for (size_t i = 0; i < n; i++) acc[i] = acc[i] / div;                         \
+                }                                                                                 \
+                memcpy(d0, acc, n * sizeof(T));                                                   \
+            }                                                                                     \
+            fan_out(a, base * sizeof(T), n * sizeof(T));                                          \
+        }                                                                                         \
+    }
+
+FLOAT_KERNEL(reduce_f32_base, float, )
+FLOAT_KERNEL(reduce_f64_base, double, )
+#if DDP_REDUCE_X86
+FLOAT_KERNEL(reduce_f32_avx2, float, DDP_TARGET_AVX2)
+FLOAT_KERNEL(reduce_f64_avx2, double, DDP_TARGET_AVX2)
+#endif
+
+/* ---- f16 and bf16: widened to f32, reduced, rounded once ---------------------------------- */
+
+/* Branch-free binary16 -> f32 (exact), written so that it vectorises: the exponent is rebiased,
+ * infinities/NaNs get the maximal exponent, and subnormals are normalised with one float
+ * subtraction (the classic "magic number" trick). */
+INLINE float f16_to_f32_inline(uint16_t h)
+{
+    const uint32_t shifted_exp = 0x7c00u << 13;
+    uint32_t o = ((uint32_t)h & 0x7fffu) << 13;
+    uint32_t exp = o & shifted_exp;
+    o += (uint32_t)(127 - 15) << 23;
+    uint32_t is_special = exp == shifted_exp;
+    uint32_t is_sub = exp == 0;
+    o += is_special ? (uint32_t)(128 - 16) << 23 : 0u;
+    float f;
+    uint32_t sub_bits = o + (1u << 23);
+    float sub;
+    memcpy(&sub, &sub_bits, 4);
+    sub -= 6.103515625e-05f; /* 2^-14 */
+    memcpy(&f, &o, 4);
+    f = is_sub ? sub : f;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits |= ((uint32_t)h & 0x8000u) << 16;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+INLINE float bf16_to_f32_inline(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f32 -> bf16 with round-to-nearest-even; NaN stays a quiet NaN. Same as ddp_f32_to_bf16. */
+INLINE uint16_t f32_to_bf16_inline(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+INLINE void widen_bf16(float *out, const uint16_t *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32_inline(in[i]);
+}
+
+INLINE void narrow_bf16(uint16_t *out, const float *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16_inline(in[i]);
+}
+
+INLINE void widen_f16_base(float *out, const uint16_t *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = f16_to_f32_inline(in[i]);
+}
+
+INLINE void narrow_f16_base(uint16_t *out, const float *in, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = ddp_f32_to_f16(in[i]);
+}
+
+#if DDP_REDUCE_X86
+DDP_TARGET_AVX2 INLINE void widen_f16_avx2(float *out, const uint16_t *in, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
+    for (; i < n; i++) out[i] = f16_to_f32_inline(in[i]);
+}
+
+DDP_TARGET_AVX2 INLINE void narrow_f16_avx2(uint16_t *out, const float *in, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = ddp_f32_to_f16(in[i]);
+}
+#endif
+
+#define HALF_KERNEL(NAME, WIDEN, NARROW, ATTR)                                                    \
+    ATTR static void NAME(const reduce_args_t *a)                                                 \
+    {                                                                                             \
+        float acc[BLOCK];                                                                         \
+        float x[BLOCK];                                                                           \
+        for (size_t base = 0; base < a->count; base += BLOCK) {                                   \
+            size_t n = a->count - base < BLOCK ? a->count - base : BLOCK;                         \
+            WIDEN(acc, (const uint16_t *)a->srcs[0] + base, n);                                   \
+            for (int s = 1; s < a->nsrcs; s++) {                                                  \
+                WIDEN(x, (const uint16_t *)a->srcs[s] + base, n);                                 \
+                COMBINE_LOOP(float, acc, x, n, a->op);                                            \
+            }                                                                                     \
+            if (a->op == DDP_AVG) {                                                               \
+                float div = (float)a->nsrcs;                                                      \
+                for (size_t i = 0; i < n; i++) acc[i] = acc[i] / div;                             \
+            }                                                                                     \
+            NARROW((uint16_t *)a->dsts[0] + base, acc, n);                                        \
+            fan_out(a, base * 2, n * 2);                                                          \
+        }                                                                                         \
+    }
+
+HALF_KERNEL(reduce_f16_base, widen_f16_base, narrow_f16_base, )
+HALF_KERNEL(reduce_bf16_base, widen_bf16, narrow_bf16, )
+#if DDP_REDUCE_X86
+HALF_KERNEL(reduce_f16_avx2, widen_f16_avx2, narrow_f16_avx2, DDP_TARGET_AVX2)
+HALF_KERNEL(reduce_bf16_avx2, widen_bf16, narrow_bf16, DDP_TARGET_AVX2)
+#endif
+
+/* ---- integers: accumulated in 64 bits with wrapping arithmetic ------------------------------ */
+
+#define INT_KERNEL(NAME, T)                                                                       \
+    static void NAME(const reduce_args_t *a)                                                      \
+    {                                                                                             \
+        int64_t acc[BLOCK];                                                                       \
+        for (size_t base = 0; base < a->count; base += BLOCK) {                                   \
+            size_t n = a->count - base < BLOCK ? a->count - base : BLOCK;                         \
+            const T *s0 = (const T *)a->srcs[0] + base;                                           \
+            for (size_t i = 0; i < n; i++) acc[i] = (int64_t)s0[i];                               \
+            for (int s = 1; s < a->nsrcs; s++) {                                                  \
+                const T *x = (const T *)a->srcs[s] + base;                                        \
+                switch (a->op) {                                                                  \
+                case DDP_SUM:                                                                     \
+                case DDP_AVG:                                                                     \
+                    for (size_t i = 0; i < n; i++)                                                \
+                        acc[i] = (int64_t)((uint64_t)acc[i] + (uint64_t)(int64_t)x[i]);           \
+                    break;                                                                        \
+                case DDP_MIN:                                                                     \
+                    for (size_t i = 0; i < n; i++)                                                \
+                        acc[i] = acc[i] < (int64_t)x[i] ? acc[i] : (int64_t)x[i];                 \
+                    break;                                                                        \
+                case DDP_MAX:                                                                     \
+                    for (size_t i = 0; i < n; i++)                                                \
+                        acc[i] = acc[i] > (int64_t)x[i] ? acc[i] : (int64_t)x[i];                 \
+                    break;                                                                        \
+                default:                                                                          \
+                    for (size_t i = 0; i < n; i++)                                                \
+                        acc[i] = (int64_t)((uint64_t)acc[i] * (uint64_t)(int64_t)x[i]);           \
+                    break;                                                                        \
+                }                                                                                 \
+            }                                                                                     \
+            if (a->op == DDP_AVG) {                                                               \
+                int64_t div = a->nsrcs;                                                           \
+                for (size_t i = 0; i < n; i++) acc[i] = acc[i] / div;                             \
+            }                                                                                     \
+            T *d0 = (T *)a->dsts[0] + base;                                                       \
+            for (size_t i = 0; i < n; i++) d0[i] = (T)acc[i];                                     \
+            fan_out(a, base * sizeof(T), n * sizeof(T));                                          \
+        }                                                                                         \
+    }
+
+INT_KERNEL(reduce_i32, int32_t)
+INT_KERNEL(reduce_i64, int64_t)
+INT_KERNEL(reduce_u8, uint8_t)
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+typedef void (*kernel_fn)(const reduce_args_t *a);
+
+static _Atomic int kernels_chosen = -1; /* -1 unknown, 0 baseline, 1 avx2+f16c */
+
+static int choose(void)
+{
+    int v = atomic_load_explicit(&kernels_chosen, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+#if DDP_REDUCE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) v = 1;
+#endif
+    atomic_store_explicit(&kernels_chosen, v, memory_order_relaxed);
+    return v;
+}
+
+const char *ddp__reduce_variant(void) { return choose() ? "avx2+f16c" : "baseline"; }
+
+static kernel_fn kernel_for(ddp_dtype_t dtype)
+{
+    int fast = choose();
+    (void)fast;
+    switch (dtype) {
+#if DDP_REDUCE_X86
+    case DDP_F32: return fast ? reduce_f32_avx2 : reduce_f32_base;
+    case DDP_F64: return fast ? reduce_f64_avx2 : reduce_f64_base;
+    case DDP_F16: return fast ? reduce_f16_avx2 : reduce_f16_base;
+    case DDP_BF16: return fast ? reduce_bf16_avx2 : reduce_bf16_base;
+#else
+    case DDP_F32: return reduce_f32_base;
+    case DDP_F64: return reduce_f64_base;
+    case DDP_F16: return reduce_f16_base;
+    case DDP_BF16: return reduce_bf16_base;
+#endif
+    case DDP_I32: return reduce_i32;
+    case DDP_I64: return reduce_i64;
+    case DDP_U8: return reduce_u8;
+    default: return NULL;
+    }
+}
+
+void ddp__reduce_multi(void *const *dsts, int ndsts, const void *const *srcs, int nsrcs,
+                       size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op)
+{
+    if (count == 0 || nsrcs < 1 || ndsts < 1) return;
+    kernel_fn fn = kernel_for(dtype);
+    if (!fn) return;
+    reduce_args_t a = {dsts, ndsts, srcs, nsrcs, count, op};
+    fn(&a);
+}
+
+void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
+                 ddp_reduce_op_t op)
+{
+    void *dsts[1] = {dst};
+    ddp__reduce_multi(dsts, 1, srcs, nsrcs, count, dtype, op);
+}

@@ -1,0 +1,31 @@
+/* Reduction kernels shared by every transport: dst = op over k sources, element by element.
+ *
+ * Sources are combined strictly in the order given (source 0, then 1, ...), so a transport that
+ * passes the ranks' data in rank order gets results that are bitwise identical on every rank.
+ * f16 and bf16 are widened to f32, reduced in f32 and rounded once (never summed in half
+ * precision). AVG sums, then divides once by the number of sources; integers divide with
+ * truncation toward zero. Integer sums and products wrap (two's complement) instead of invoking
+ * undefined behaviour; i32 and u8 sums are accumulated in 64 bits, so AVG of i32/u8 is exact
+ * (e.g. u8 avg of 200 and 100 is 150), while i64 AVG divides the wrapped 64-bit sum. MIN and MAX
+ * use (a < b ? a : b) semantics, i.e. the result for a NaN operand depends on its position. */
+#ifndef DDP_CORE_REDUCE_H
+#define DDP_CORE_REDUCE_H
+
+#include <stddef.h>
+
+#include "ddp/types.h"
+
+/* dsts[d][i] = op over s of srcs[s][i], for i < count and every d < ndsts (every destination
+ * receives the very same bytes). A destination may be identical to a source (in place), but must
+ * not partially overlap one. nsrcs >= 1, ndsts >= 1, dtype and op valid (callers validate). */
+void ddp__reduce_multi(void *const *dsts, int ndsts, const void *const *srcs, int nsrcs,
+                       size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op);
+
+/* The common case: one destination. */
+void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
+                 ddp_reduce_op_t op);
+
+/* Name of the kernel variant chosen at run time ("avx2+f16c" or "baseline"), for benchmarks. */
+const char *ddp__reduce_variant(void);
+
+#endif

@@ -1,0 +1,1055 @@
+/* Process groups: argument checks, the work queue, the progress thread, tasks, and the group's
+ * life cycle (create, split, create from the launcher's environment, destroy).
+ *
+ * Each group has one FIFO of works and one progress thread that runs them in issue order. A
+ * collective gets its sequence number when it starts running (not when it is issued), so the
+ * blocking collectives a task runs inline take the next numbers exactly as on every other rank.
+ * The thread hands each collective to the transport (src/group/transport.h) with an absolute
+ * deadline; the first failure breaks the group: it is recorded, the transport is told (so peers
+ * fail fast) and every queued or later work fails with DDP_ERR_ABORTED quoting the cause.
+ *
+ * Works and the group are reference counted: a work holds its group, so a handle stays valid
+ * (and ddp_work_wait answers) even after ddp_group_destroy. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "group/registry.h"
+#include "group/transport.h"
+
+#define GROUP_MAX_WORLD 4096
+
+/* The TCP store is another helper's part and may not be linked into every build yet. */
+#pragma weak ddp_store_tcp_connect
+
+struct ddp_work {
+    _Atomic int refs; /* the user's handle + the queue's reference */
+    ddp_group_t *group;
+    struct ddp_work *next;
+    int is_task;
+    ddp__collective_t coll;
+    ddp_task_fn task_fn;
+    void *task_arg;
+    /* Guarded by group->mu. */
+    int done;
+    ddp_status_t status;
+    char *error_text;
+    ddp_work_callback_fn callback;
+    void *callback_arg;
+    int callback_set;
+};
+
+typedef struct fallback_buffer {
+    void *ptr;
+    struct fallback_buffer *next;
+} fallback_buffer_t;
+
+struct ddp_group {
+    _Atomic int refs; /* 1 until destroy + 1 per live work */
+    ddp_store_t *store;
+    int owns_store;
+    char prefix[512]; /* store keys of this group instance: "ddp/group/<name>/<instance>" */
+    int rank;
+    int world;
+    int timeout_ms;
+    const ddp__transport_ops_t *ops;
+    void *state;
+
+    pthread_mutex_t mu;
+    pthread_cond_t queue_cv; /* work queued or stop requested */
+    pthread_cond_t done_cv;  /* some work completed */
+    ddp_work_t *head;
+    ddp_work_t *tail;
+    int stop;
+    int thread_started;
+    pthread_t thread;
+
+    uint64_t seq;                   /* progress thread only */
+    _Atomic int64_t last_progress_ns; /* last time the progress thread started or ended something */
+    _Atomic int broken;
+    ddp_status_t broken_status;     /* guarded by mu */
+    char broken_text[DDP_ERROR_TEXT_MAX];
+
+    int splits; /* caller's thread: number of ddp_group_split calls so far */
+    fallback_buffer_t *fallback_buffers; /* guarded by mu */
+};
+
+/* The group whose progress thread this is (NULL on other threads). */
+static _Thread_local ddp_group_t *progress_group;
+
+static const char *kind_name(ddp__collective_kind_t kind)
+{
+    switch (kind) {
+    case DDP__ALLREDUCE: return "allreduce";
+    case DDP__BROADCAST: return "broadcast";
+    case DDP__REDUCE_SCATTER: return "reduce_scatter";
+    case DDP__ALLGATHER: return "allgather";
+    case DDP__BARRIER: return "barrier";
+    }
+    return "unknown";
+}
+
+void ddp__fingerprint_describe(const ddp__collective_t *c, char *buf, size_t size)
+{
+    snprintf(buf, size, "seq %llu %s %s %s count %zu root %d", (unsigned long long)c->seq,
+             kind_name(c->kind), ddp_dtype_name(c->dtype), ddp_reduce_op_name(c->op), c->count,
+             c->root);
+}
+
+/* ---- reference counting ------------------------------------------------------------------- */
+
+static void group_free(ddp_group_t *g)
+{
+    fallback_buffer_t *b = g->fallback_buffers;
+    while (b) {
+        fallback_buffer_t *next = b->next;
+        free(b->ptr);
+        free(b);
+        b = next;
+    }
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->queue_cv);
+    pthread_cond_destroy(&g->done_cv);
+    free(g);
+}
+
+static void group_unref(ddp_group_t *g)
+{
+    if (atomic_fetch_sub(&g->refs, 1) == 1) group_free(g);
+}
+
+static void work_unref(ddp_work_t *w)
+{
+    if (atomic_fetch_sub(&w->refs, 1) == 1) {
+        ddp_group_t *g = w->group;
+        free(w->error_text);
+        free(w);
+        group_unref(g);
+    }
+}
+
+/* ---- breaking the group ------------------------------------------------------------------- */
+
+/* Records the first failure and tells the transport, so peers stop waiting for this rank. */
+static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
+{
+    int first = 0;
+    pthread_mutex_lock(&g->mu);
+    if (!atomic_load(&g->broken)) {
+        g->broken_status = status;
+        snprintf(g->broken_text, sizeof g->broken_text, "%s", text);
+        atomic_store(&g->broken, 1);
+        first = 1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (first) {
+        DDP_LOG(DDP_LOG_WARN, "group %s rank %d broken: %s: %s", g->prefix, g->rank,
+                ddp_status_string(status), text);
+        if (g->ops && g->ops->abort) g->ops->abort(g->state, text);
+    }
+}
+
+/* DDP_ERR_ABORTED with the original cause, as the calling thread's error. */
+static ddp_status_t aborted_error(ddp_group_t *g, const char *what)
+{
+    char cause[DDP_ERROR_TEXT_MAX];
+    ddp_status_t cause_status;
+    pthread_mutex_lock(&g->mu);
+    snprintf(cause, sizeof cause, "%s", g->broken_text);
+    cause_status = g->broken_status;
+    pthread_mutex_unlock(&g->mu);
+    return ddp__error(DDP_ERR_ABORTED,
+                      "%s on rank %d not run: the group was broken by an earlier failure (%s): %s",
+                      what, g->rank, ddp_status_string(cause_status), cause);
+}
+
+/* ---- running one collective (progress thread) --------------------------------------------- */
+
+static ddp_status_t run_collective(ddp_group_t *g, ddp__collective_t *c)
+{
+    if (atomic_load(&g->broken)) {
+        char what[256];
+        ddp__fingerprint_describe(c, what, sizeof what);
+        return aborted_error(g, what);
+    }
+    c->seq = ++g->seq;
+    int64_t now = ddp__now_ns();
+    c->deadline_ns = now + (int64_t)g->timeout_ms * 1000000LL;
+    atomic_store(&g->last_progress_ns, now);
+    ddp__clear_error();
+    ddp_status_t s = g->ops->run(g->state, c);
+    atomic_store(&g->last_progress_ns, ddp__now_ns());
+    if (s != DDP_OK) {
+        if (ddp_last_error()[0] == '\0') {
+            char what[256];
+            ddp__fingerprint_describe(c, what, sizeof what);
+            ddp__error(s, "%s failed on rank %d (transport %s)", what, g->rank, g->ops->name);
+        }
+        char text[DDP_ERROR_TEXT_MAX];
+        snprintf(text, sizeof text, "%s", ddp_last_error());
+        break_group(g, s, text);
+        ddp__set_error_text(text);
+    }
+    return s;
+}
+
+static void execute(ddp_group_t *g, ddp_work_t *w)
+{
+    ddp_status_t s;
+    ddp__clear_error();
+    if (w->is_task) {
+        if (atomic_load(&g->broken)) {
+            s = aborted_error(g, "task");
+        } else {
+            atomic_store(&g->last_progress_ns, ddp__now_ns());
+            s = w->task_fn(g, w->task_arg);
+            atomic_store(&g->last_progress_ns, ddp__now_ns());
+            if (s != DDP_OK && ddp_last_error()[0] == '\0')
+                ddp__error(s, "task on rank %d returned %s", g->rank, ddp_status_string(s));
+        }
+    } else {
+        s = run_collective(g, &w->coll);
+    }
+    char *text = NULL;
+    if (s != DDP_OK) text = strdup(ddp_last_error());
+
+    pthread_mutex_lock(&g->mu);
+    w->done = 1;
+    w->status = s;
+    w->error_text = text;
+    ddp_work_callback_fn cb = w->callback;
+    void *cb_arg = w->callback_arg;
+    pthread_cond_broadcast(&g->done_cv);
+    pthread_mutex_unlock(&g->mu);
+    if (cb) cb(cb_arg, s);
+}
+
+static void *progress_main(void *arg)
+{
+    ddp_group_t *g = arg;
+    progress_group = g;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->head && !g->stop) pthread_cond_wait(&g->queue_cv, &g->mu);
+        ddp_work_t *w = g->head;
+        if (!w) break; /* stop requested and the queue is drained */
+        g->head = w->next;
+        if (!g->head) g->tail = NULL;
+        pthread_mutex_unlock(&g->mu);
+        execute(g, w);
+        work_unref(w); /* the queue's reference */
+        pthread_mutex_lock(&g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    progress_group = NULL;
+    return NULL;
+}
+
+/* ---- issuing ------------------------------------------------------------------------------ */
+
+static ddp_status_t enqueue(ddp_group_t *g, const ddp__collective_t *c, ddp_task_fn fn, void *arg,
+                            ddp_work_t **out)
+{
+    if (atomic_load(&g->broken)) {
+        if (c) {
+            char what[256];
+            ddp__fingerprint_describe(c, what, sizeof what);
+            return aborted_error(g, what);
+        }
+        return aborted_error(g, "task");
+    }
+    ddp_work_t *w = ddp__calloc(1, sizeof *w, "a work");
+    if (!w) return DDP_ERR_NO_MEMORY;
+    atomic_init(&w->refs, 2);
+    w->group = g;
+    atomic_fetch_add(&g->refs, 1);
+    if (c) {
+        w->coll = *c;
+    } else {
+        w->is_task = 1;
+        w->task_fn = fn;
+        w->task_arg = arg;
+    }
+    pthread_mutex_lock(&g->mu);
+    if (g->tail) g->tail->next = w;
+    else g->head = w;
+    g->tail = w;
+    pthread_cond_signal(&g->queue_cv);
+    pthread_mutex_unlock(&g->mu);
+    *out = w;
+    return DDP_OK;
+}
+
+/* Waits for a work without the "not on a progress thread" rule (internal: blocking calls made
+ * from another group's task may wait). Bounded: if the group's progress thread makes no progress
+ * for its timeout plus a margin, the group is broken and DDP_ERR_TIMEOUT returned. */
+static ddp_status_t wait_work(ddp_work_t *w)
+{
+    ddp_group_t *g = w->group;
+    int64_t margin_ns = 2000000000LL + (int64_t)g->timeout_ms * 100000LL; /* 2 s + 10% */
+    int64_t limit_ns = (int64_t)g->timeout_ms * 1000000LL + margin_ns;
+    pthread_mutex_lock(&g->mu);
+    while (!w->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g->done_cv, &g->mu, &ts);
+        if (w->done) break;
+        int64_t idle = ddp__now_ns() - atomic_load(&g->last_progress_ns);
+        if (idle > limit_ns) {
+            pthread_mutex_unlock(&g->mu);
+            char text[512];
+            snprintf(text, sizeof text,
+                     "rank %d: the progress thread of group %s made no progress for %lld ms "
+                     "(timeout %d ms): a task or transport is stuck",
+                     g->rank, g->prefix, (long long)(idle / 1000000), g->timeout_ms);
+            break_group(g, DDP_ERR_TIMEOUT, text);
+            return ddp__error(DDP_ERR_TIMEOUT, "%s", text);
+        }
+    }
+    ddp_status_t s = w->status;
+    if (s != DDP_OK) ddp__set_error_text(w->error_text ? w->error_text : "");
+    else ddp__clear_error();
+    pthread_mutex_unlock(&g->mu);
+    return s;
+}
+
+/* A blocking collective: inline on this group's progress thread (inside a task), otherwise
+ * issue + wait. */
+static ddp_status_t run_blocking(ddp_group_t *g, ddp__collective_t *c)
+{
+    if (progress_group == g) return run_collective(g, c);
+    ddp_work_t *w = NULL;
+    ddp_status_t s = enqueue(g, c, NULL, NULL, &w);
+    if (s != DDP_OK) return s;
+    s = wait_work(w);
+    char text[DDP_ERROR_TEXT_MAX];
+    snprintf(text, sizeof text, "%s", ddp_last_error());
+    ddp_work_free(w);
+    if (s != DDP_OK) ddp__set_error_text(text);
+    return s;
+}
+
+/* ---- argument checks ---------------------------------------------------------------------- */
+
+static ddp_status_t check_group(const ddp_group_t *g, const char *fn)
+{
+    if (!g) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: group is NULL", fn);
+    return DDP_OK;
+}
+
+static ddp_status_t check_dtype(ddp_dtype_t dtype, const char *fn)
+{
+    if ((unsigned)dtype >= DDP_DTYPE_COUNT)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: dtype %d is not a valid ddp_dtype_t", fn,
+                          (int)dtype);
+    return DDP_OK;
+}
+
+static ddp_status_t check_op(ddp_reduce_op_t op, const char *fn)
+{
+    if ((unsigned)op >= DDP_OP_COUNT)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: op %d is not a valid ddp_reduce_op_t", fn,
+                          (int)op);
+    return DDP_OK;
+}
+
+/* count * elements must fit in memory: refuse sizes whose byte count overflows. */
+static ddp_status_t check_count(size_t count, size_t multiplier, ddp_dtype_t dtype, const char *fn,
+                                const char *name)
+{
+    size_t esize = ddp_dtype_size(dtype);
+    if (multiplier == 0) multiplier = 1;
+    if (count > (SIZE_MAX / 2) / esize / multiplier)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: %s %zu is too large", fn, name, count);
+    return DDP_OK;
+}
+
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return abytes > 0 && bbytes > 0 && pa < pb + bbytes && pb < pa + abytes;
+}
+
+#define TRY(expr)                                                                                 \
+    do {                                                                                          \
+        ddp_status_t try_status_ = (expr);                                                        \
+        if (try_status_ != DDP_OK) return try_status_;                                            \
+    } while (0)
+
+static ddp_status_t build_allreduce(ddp_group_t *g, const void *send, void *recv, size_t count,
+                                    ddp_dtype_t dtype, ddp_reduce_op_t op, ddp__collective_t *c)
+{
+    const char *fn = "allreduce";
+    TRY(check_group(g, fn));
+    TRY(check_dtype(dtype, fn));
+    TRY(check_op(op, fn));
+    TRY(check_count(count, 1, dtype, fn, "count"));
+    if (count > 0 && !send) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send is NULL with count %zu", fn, count);
+    if (count > 0 && !recv) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: recv is NULL with count %zu", fn, count);
+    size_t bytes = count * ddp_dtype_size(dtype);
+    if (send != recv && overlaps(send, bytes, recv, bytes))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s: send and recv overlap without being equal (in place needs send == recv)", fn);
+    memset(c, 0, sizeof *c);
+    c->kind = DDP__ALLREDUCE;
+    c->send = send;
+    c->recv = recv;
+    c->count = count;
+    c->dtype = dtype;
+    c->op = op;
+    return DDP_OK;
+}
+
+static ddp_status_t build_broadcast(ddp_group_t *g, void *buf, size_t count, ddp_dtype_t dtype,
+                                    int root, ddp__collective_t *c)
+{
+    const char *fn = "broadcast";
+    TRY(check_group(g, fn));
+    TRY(check_dtype(dtype, fn));
+    TRY(check_count(count, 1, dtype, fn, "count"));
+    if (count > 0 && !buf) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", fn, count);
+    if (root < 0 || root >= g->world)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: root %d is out of range [0, %d)", fn, root, g->world);
+    memset(c, 0, sizeof *c);
+    c->kind = DDP__BROADCAST;
+    c->send = buf;
+    c->recv = buf;
+    c->count = count;
+    c->dtype = dtype;
+    c->root = root;
+    return DDP_OK;
+}
+
+static ddp_status_t build_reduce_scatter(ddp_group_t *g, const void *send, void *recv,
+                                         size_t recv_count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                         ddp__collective_t *c)
+{
+    const char *fn = "reduce_scatter";
+    TRY(check_group(g, fn));
+    TRY(check_dtype(dtype, fn));
+    TRY(check_op(op, fn));
+    TRY(check_count(recv_count, (size_t)g->world, dtype, fn, "recv_count"));
+    if (recv_count > 0 && !send) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send is NULL with recv_count %zu", fn, recv_count);
+    if (recv_count > 0 && !recv) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: recv is NULL with recv_count %zu", fn, recv_count);
+    size_t esize = ddp_dtype_size(dtype);
+    size_t rbytes = recv_count * esize;
+    const char *in_place = (const char *)send + (size_t)g->rank * rbytes;
+    if (recv_count > 0 && (const void *)in_place != recv &&
+        overlaps(send, rbytes * (size_t)g->world, recv, rbytes))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s: recv overlaps send but is not send + rank * recv_count elements (the in-place position)", fn);
+    memset(c, 0, sizeof *c);
+    c->kind = DDP__REDUCE_SCATTER;
+    c->send = send;
+    c->recv = recv;
+    c->count = recv_count;
+    c->dtype = dtype;
+    c->op = op;
+    return DDP_OK;
+}
+
+static ddp_status_t build_allgather(ddp_group_t *g, const void *send, void *recv,
+                                    size_t send_count, ddp_dtype_t dtype, ddp__collective_t *c)
+{
+    const char *fn = "allgather";
+    TRY(check_group(g, fn));
+    TRY(check_dtype(dtype, fn));
+    TRY(check_count(send_count, (size_t)g->world, dtype, fn, "send_count"));
+    if (send_count > 0 && !send) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send is NULL with send_count %zu", fn, send_count);
+    if (send_count > 0 && !recv) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: recv is NULL with send_count %zu", fn, send_count);
+    size_t sbytes = send_count * ddp_dtype_size(dtype);
+    const char *in_place = (const char *)recv + (size_t)g->rank * sbytes;
+    if (send_count > 0 && (const void *)in_place != send &&
+        overlaps(send, sbytes, recv, sbytes * (size_t)g->world))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s: send overlaps recv but is not recv + rank * send_count elements (the in-place position)", fn);
+    memset(c, 0, sizeof *c);
+    c->kind = DDP__ALLGATHER;
+    c->send = send;
+    c->recv = recv;
+    c->count = send_count;
+    c->dtype = dtype;
+    return DDP_OK;
+}
+
+static ddp_status_t build_barrier(ddp_group_t *g, ddp__collective_t *c)
+{
+    TRY(check_group(g, "barrier"));
+    memset(c, 0, sizeof *c);
+    c->kind = DDP__BARRIER;
+    c->dtype = DDP_U8;
+    return DDP_OK;
+}
+
+static ddp_status_t issue(ddp_group_t *g, const ddp__collective_t *c, ddp_work_t **work,
+                          const char *fn)
+{
+    if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: work is NULL", fn);
+    return enqueue(g, c, NULL, NULL, work);
+}
+
+/* ---- public collectives ------------------------------------------------------------------- */
+
+ddp_status_t ddp_group_allreduce_async(ddp_group_t *group, const void *send, void *recv,
+                                       size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                       ddp_work_t **work)
+{
+    ddp__collective_t c;
+    TRY(build_allreduce(group, send, recv, count, dtype, op, &c));
+    return issue(group, &c, work, "allreduce_async");
+}
+
+ddp_status_t ddp_group_broadcast_async(ddp_group_t *group, void *buf, size_t count,
+                                       ddp_dtype_t dtype, int root, ddp_work_t **work)
+{
+    ddp__collective_t c;
+    TRY(build_broadcast(group, buf, count, dtype, root, &c));
+    return issue(group, &c, work, "broadcast_async");
+}
+
+ddp_status_t ddp_group_reduce_scatter_async(ddp_group_t *group, const void *send, void *recv,
+                                            size_t recv_count, ddp_dtype_t dtype,
+                                            ddp_reduce_op_t op, ddp_work_t **work)
+{
+    ddp__collective_t c;
+    TRY(build_reduce_scatter(group, send, recv, recv_count, dtype, op, &c));
+    return issue(group, &c, work, "reduce_scatter_async");
+}
+
+ddp_status_t ddp_group_allgather_async(ddp_group_t *group, const void *send, void *recv,
+                                       size_t send_count, ddp_dtype_t dtype, ddp_work_t **work)
+{
+    ddp__collective_t c;
+    TRY(build_allgather(group, send, recv, send_count, dtype, &c));
+    return issue(group, &c, work, "allgather_async");
+}
+
+ddp_status_t ddp_group_barrier_async(ddp_group_t *group, ddp_work_t **work)
+{
+    ddp__collective_t c;
+    TRY(build_barrier(group, &c));
+    return issue(group, &c, work, "barrier_async");
+}
+
+ddp_status_t ddp_group_allreduce(ddp_group_t *group, const void *send, void *recv, size_t count,
+                                 ddp_dtype_t dtype, ddp_reduce_op_t op)
+{
+    ddp__collective_t c;
+    TRY(build_allreduce(group, send, recv, count, dtype, op, &c));
+    return run_blocking(group, &c);
+}
+
+ddp_status_t ddp_group_broadcast(ddp_group_t *group, void *buf, size_t count, ddp_dtype_t dtype,
+                                 int root)
+{
+    ddp__collective_t c;
+    TRY(build_broadcast(group, buf, count, dtype, root, &c));
+    return run_blocking(group, &c);
+}
+
+ddp_status_t ddp_group_reduce_scatter(ddp_group_t *group, const void *send, void *recv,
+                                      size_t recv_count, ddp_dtype_t dtype, ddp_reduce_op_t op)
+{
+    ddp__collective_t c;
+    TRY(build_reduce_scatter(group, send, recv, recv_count, dtype, op, &c));
+    return run_blocking(group, &c);
+}
+
+ddp_status_t ddp_group_allgather(ddp_group_t *group, const void *send, void *recv,
+                                 size_t send_count, ddp_dtype_t dtype)
+{
+    ddp__collective_t c;
+    TRY(build_allgather(group, send, recv, send_count, dtype, &c));
+    return run_blocking(group, &c);
+}
+
+ddp_status_t ddp_group_barrier(ddp_group_t *group)
+{
+    ddp__collective_t c;
+    TRY(build_barrier(group, &c));
+    return run_blocking(group, &c);
+}
+
+ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)
+{
+    TRY(check_group(group, "submit"));
+    if (!fn) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "submit: fn is NULL");
+    if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "submit: work is NULL");
+    return enqueue(group, NULL, fn, arg, work);
+}
+
+/* ---- works -------------------------------------------------------------------------------- */
+
+ddp_status_t ddp_work_wait(ddp_work_t *work)
+{
+    if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_wait: work is NULL");
+    if (progress_group)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "work_wait called on the progress thread of group %s (inside a task or "
+                          "callback): tasks run blocking collectives inline and must not wait on "
+                          "works",
+                          progress_group->prefix);
+    return wait_work(work);
+}
+
+ddp_status_t ddp_work_test(ddp_work_t *work, int *done)
+{
+    if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_test: work is NULL");
+    if (!done) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_test: done is NULL");
+    ddp_group_t *g = work->group;
+    pthread_mutex_lock(&g->mu);
+    *done = work->done;
+    pthread_mutex_unlock(&g->mu);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_work_on_complete(ddp_work_t *work, ddp_work_callback_fn fn, void *arg)
+{
+    if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_on_complete: work is NULL");
+    if (!fn) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_on_complete: fn is NULL");
+    ddp_group_t *g = work->group;
+    pthread_mutex_lock(&g->mu);
+    if (work->callback_set) {
+        pthread_mutex_unlock(&g->mu);
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "work_on_complete: this work already has a callback (one per work)");
+    }
+    work->callback_set = 1;
+    if (!work->done) {
+        work->callback = fn;
+        work->callback_arg = arg;
+        pthread_mutex_unlock(&g->mu);
+        return DDP_OK;
+    }
+    ddp_status_t s = work->status;
+    pthread_mutex_unlock(&g->mu);
+    fn(arg, s);
+    return DDP_OK;
+}
+
+void ddp_work_free(ddp_work_t *work)
+{
+    if (work) work_unref(work);
+}
+
+/* ---- buffers ------------------------------------------------------------------------------ */
+
+ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out)
+{
+    TRY(check_group(group, "alloc_buffer"));
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "alloc_buffer: out is NULL");
+    if (bytes > SIZE_MAX / 4)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "alloc_buffer: bytes %zu is too large", bytes);
+    if (atomic_load(&group->broken)) return aborted_error(group, "alloc_buffer");
+    if (group->ops->alloc_buffer) return group->ops->alloc_buffer(group->state, bytes, out);
+    fallback_buffer_t *node = ddp__calloc(1, sizeof *node, "a buffer record");
+    if (!node) return DDP_ERR_NO_MEMORY;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    node->ptr = aligned_alloc(64, rounded ? rounded : 64);
+    if (!node->ptr) {
+        free(node);
+        return ddp__error(DDP_ERR_NO_MEMORY, "alloc_buffer: out of memory for %zu bytes", bytes);
+    }
+    memset(node->ptr, 0, rounded ? rounded : 64);
+    pthread_mutex_lock(&group->mu);
+    node->next = group->fallback_buffers;
+    group->fallback_buffers = node;
+    pthread_mutex_unlock(&group->mu);
+    *out = node->ptr;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer)
+{
+    TRY(check_group(group, "free_buffer"));
+    if (!buffer) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "free_buffer: buffer is NULL");
+    if (group->ops->free_buffer) return group->ops->free_buffer(group->state, buffer);
+    pthread_mutex_lock(&group->mu);
+    fallback_buffer_t **link = &group->fallback_buffers;
+    while (*link && (*link)->ptr != buffer) link = &(*link)->next;
+    fallback_buffer_t *node = *link;
+    if (node) *link = node->next;
+    pthread_mutex_unlock(&group->mu);
+    if (!node)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "free_buffer: %p was not returned by ddp_group_alloc_buffer on this group",
+                          buffer);
+    free(node->ptr);
+    free(node);
+    return DDP_OK;
+}
+
+/* ---- accessors ---------------------------------------------------------------------------- */
+
+int ddp_group_rank(const ddp_group_t *group) { return group ? group->rank : -1; }
+int ddp_group_size(const ddp_group_t *group) { return group ? group->world : 0; }
+int ddp_group_timeout_ms(const ddp_group_t *group) { return group ? group->timeout_ms : 0; }
+const char *ddp_group_transport(const ddp_group_t *group)
+{
+    return group && group->ops ? group->ops->name : "none";
+}
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+/* "hostname|boot id": equal on two ranks iff they share a kernel, hence shared memory. */
+static void host_identity(char *buf, size_t size)
+{
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown");
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    snprintf(buf, size, "%s|%s", host, boot);
+}
+
+/* Sets `key` and reads the same key of every rank into values[r] (malloc'd, NUL-terminated). */
+static ddp_status_t exchange(ddp_store_t *store, const char *prefix, const char *what, int rank,
+                             int world, int timeout_ms, const char *mine, char **values)
+{
+    char key[700];
+    snprintf(key, sizeof key, "%s/%s/%d", prefix, what, rank);
+    ddp_status_t s = ddp_store_set(store, key, mine, strlen(mine));
+    if (s != DDP_OK) return ddp__error_context(s, "group rendezvous: publishing %s", key);
+    char **keys = calloc((size_t)world, sizeof *keys);
+    char *keybuf = calloc((size_t)world, 700);
+    if (!keys || !keybuf) {
+        free(keys);
+        free(keybuf);
+        return ddp__error(DDP_ERR_NO_MEMORY, "group rendezvous: out of memory");
+    }
+    for (int r = 0; r < world; r++) {
+        keys[r] = keybuf + (size_t)r * 700;
+        snprintf(keys[r], 700, "%s/%s/%d", prefix, what, r);
+    }
+    s = ddp_store_wait(store, (const char *const *)keys, (size_t)world, timeout_ms);
+    if (s != DDP_OK) {
+        ddp__error_context(s, "group rendezvous (rank %d of %d) waiting for every rank's %s",
+                           rank, world, what);
+        goto out;
+    }
+    for (int r = 0; r < world; r++) {
+        void *v = NULL;
+        size_t len = 0;
+        s = ddp_store_get(store, keys[r], &v, &len);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "group rendezvous: reading %s", keys[r]);
+            for (int k = 0; k < r; k++) {
+                free(values[k]);
+                values[k] = NULL;
+            }
+            goto out;
+        }
+        values[r] = v;
+    }
+out:
+    free(keys);
+    free(keybuf);
+    return s;
+}
+
+static void free_values(char **values, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ddp_free(values[i]);
+        values[i] = NULL;
+    }
+}
+
+static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank, int world,
+                                    const ddp_group_options_t *options, const char *name,
+                                    int timeout_ms, ddp_group_t **out)
+{
+    ddp_status_t s;
+    ddp_group_t *g = ddp__calloc(1, sizeof *g, "a process group");
+    if (!g) return DDP_ERR_NO_MEMORY;
+    atomic_init(&g->refs, 1);
+    g->store = store;
+    g->owns_store = 0;
+    g->rank = rank;
+    g->world = world;
+    g->timeout_ms = timeout_ms;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->queue_cv, NULL);
+    pthread_cond_init(&g->done_cv, NULL);
+    atomic_store(&g->last_progress_ns, ddp__now_ns());
+
+    /* Which transport was asked for: the options, else DDP_TRANSPORT, else auto. */
+    const char *asked = options && options->transport ? options->transport : NULL;
+    if (!asked || strcmp(asked, "auto") == 0) {
+        const char *env = ddp__env("DDP_TRANSPORT");
+        asked = env ? env : "auto";
+    }
+    if (strcmp(asked, "auto") && strcmp(asked, "shm") && strcmp(asked, "tcp") &&
+        strcmp(asked, "mpi")) {
+        s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                       "group_create: transport '%s' is unknown (expected auto, shm, tcp or mpi)",
+                       asked);
+        goto fail;
+    }
+
+    const char *chosen = "self";
+    if (world == 1 || !store) {
+        snprintf(g->prefix, sizeof g->prefix, "ddp/group/%s/local", name);
+    } else {
+        /* Instances of one name on one store are numbered: the k-th creation on every rank gets
+         * instance k (every rank's add for instance k precedes any for k+1, since creation is
+         * collective and completes only after every rank has added). */
+        char key[600];
+        snprintf(key, sizeof key, "ddp/group/%s/instances", name);
+        int64_t v = 0;
+        s = ddp_store_add(store, key, 1, &v);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "group_create: counting instances of group '%s'", name);
+            goto fail;
+        }
+        snprintf(g->prefix, sizeof g->prefix, "ddp/group/%s/%lld", name,
+                 (long long)((v - 1) / world));
+
+        char mine[512];
+        char ident[400];
+        host_identity(ident, sizeof ident);
+        snprintf(mine, sizeof mine, "%s|%s", asked, ident);
+        char **values = ddp__calloc((size_t)world, sizeof *values, "host identities");
+        if (!values) {
+            s = DDP_ERR_NO_MEMORY;
+            goto fail;
+        }
+        s = exchange(store, g->prefix, "host", rank, world, timeout_ms, mine, values);
+        if (s != DDP_OK) {
+            free(values);
+            goto fail;
+        }
+        int same_host = 1;
+        int bad = -1;
+        for (int r = 0; r < world; r++) {
+            const char *bar = strchr(values[r], '|');
+            size_t alen = bar ? (size_t)(bar - values[r]) : strlen(values[r]);
+            if (alen != strlen(asked) || strncmp(values[r], asked, alen) != 0) bad = r;
+            if (!bar || strcmp(bar + 1, ident) != 0) same_host = 0;
+        }
+        if (bad >= 0) {
+            s = ddp__error(DDP_ERR_MISMATCH,
+                           "group_create: ranks ask for different transports: rank %d asks for "
+                           "'%s' but rank %d asks for '%.*s'",
+                           rank, asked, bad, (int)strcspn(values[bad], "|"), values[bad]);
+            free_values(values, world);
+            free(values);
+            goto fail;
+        }
+        int other = 0;
+        for (int r = 0; r < world; r++) {
+            const char *bar = strchr(values[r], '|');
+            if (!bar || strcmp(bar + 1, ident) != 0) {
+                other = r;
+                break;
+            }
+        }
+        char other_host[256];
+        snprintf(other_host, sizeof other_host, "%s", strchr(values[other], '|') ? strchr(values[other], '|') + 1 : "?");
+        free_values(values, world);
+        free(values);
+
+        if (strcmp(asked, "auto") == 0) {
+            chosen = same_host ? "shm" : "tcp";
+        } else if (strcmp(asked, "shm") == 0 && !same_host) {
+            s = ddp__error(DDP_ERR_UNSUPPORTED,
+                           "group_create: transport shm needs every rank on one host, but rank "
+                           "%d is on '%s' and rank %d on '%s'",
+                           rank, ident, other, other_host);
+            goto fail;
+        } else {
+            chosen = asked;
+        }
+    }
+    g->ops = ddp__transport_find(chosen, &s);
+    if (!g->ops) {
+        ddp__error_context(s, "group_create (rank %d of %d)", rank, world);
+        goto fail;
+    }
+    s = g->ops->create(store, g->prefix, rank, world, timeout_ms, &g->state);
+    if (s != DDP_OK) {
+        ddp__error_context(s, "group_create: transport %s (rank %d of %d)", g->ops->name, rank,
+                           world);
+        g->ops = NULL;
+        goto fail;
+    }
+    int rc = pthread_create(&g->thread, NULL, progress_main, g);
+    if (rc != 0) {
+        s = ddp__error_errno(DDP_ERR_SYSTEM, rc, "group_create: starting the progress thread");
+        g->ops->destroy(g->state);
+        goto fail;
+    }
+    g->thread_started = 1;
+    g->owns_store = owns_store;
+    *out = g;
+    DDP_LOG(DDP_LOG_INFO, "group %s: rank %d of %d over %s", g->prefix, rank, world,
+            g->ops->name);
+    return DDP_OK;
+fail:
+    group_free(g);
+    return s;
+}
+
+static ddp_status_t check_options(const ddp_group_options_t *options, const char *fn)
+{
+    if (!options) return DDP_OK;
+    if (options->timeout_ms < 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: options->timeout_ms %d is negative", fn,
+                          options->timeout_ms);
+    if (options->name && (options->name[0] == '\0' || strlen(options->name) > 200))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s: options->name must be 1 to 200 characters", fn);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
+                              const ddp_group_options_t *options, ddp_group_t **out)
+{
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_create: out is NULL");
+    if (world_size < 1 || world_size > GROUP_MAX_WORLD)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "group_create: world_size %d is out of range [1, %d]", world_size,
+                          GROUP_MAX_WORLD);
+    if (rank < 0 || rank >= world_size)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "group_create: rank %d is out of range [0, %d)", rank, world_size);
+    if (!store && world_size > 1)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "group_create: store is NULL (only allowed with world_size 1)");
+    TRY(check_options(options, "group_create"));
+    int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
+                                                        : ddp_default_timeout_ms();
+    const char *name = options && options->name ? options->name : "default";
+    return create_internal(store, 0, rank, world_size, options, name, timeout_ms, out);
+}
+
+ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_group_t **out)
+{
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_create_from_env: out is NULL");
+    TRY(check_options(options, "group_create_from_env"));
+    ddp_env_t env;
+    ddp_status_t s = ddp_env_read(&env);
+    if (s != DDP_OK) return ddp__error_context(s, "group_create_from_env");
+    int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
+                                                        : ddp_default_timeout_ms();
+    const char *name = options && options->name ? options->name : "default";
+    ddp_store_t *store = NULL;
+    if (env.world_size > 1) {
+        if (env.master_addr[0] == '\0' || env.master_port <= 0)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "group_create_from_env: MASTER_ADDR and MASTER_PORT must name the "
+                              "TCP store (launcher '%s' gave '%s' port %d)",
+                              env.source, env.master_addr, env.master_port);
+        if (!ddp_store_tcp_connect)
+            return ddp__error(DDP_ERR_UNSUPPORTED,
+                              "group_create_from_env: this libddp has no TCP store");
+        s = ddp_store_tcp_connect(env.master_addr, env.master_port, env.token, timeout_ms, &store);
+        if (s != DDP_OK)
+            return ddp__error_context(s, "group_create_from_env: connecting to the store at %s:%d",
+                                      env.master_addr, env.master_port);
+    }
+    s = create_internal(store, 1, env.rank, env.world_size, options, name, timeout_ms, out);
+    if (s != DDP_OK) ddp_store_destroy(store);
+    return s;
+}
+
+ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
+                             const ddp_group_options_t *options, ddp_group_t **out)
+{
+    TRY(check_group(parent, "group_split"));
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: out is NULL");
+    if (!ranks) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: ranks is NULL");
+    if (nranks < 1 || nranks > parent->world)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: nranks %d is out of range [1, %d]",
+                          nranks, parent->world);
+    TRY(check_options(options, "group_split"));
+    int my_index = -1;
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->world)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "group_split: ranks[%d] = %d is out of range [0, %d)", i, ranks[i],
+                              parent->world);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                  "group_split: rank %d is listed twice (ranks[%d] and ranks[%d])",
+                                  ranks[i], j, i);
+        if (ranks[i] == parent->rank) my_index = i;
+    }
+    int k = ++parent->splits;
+    char name[400];
+    snprintf(name, sizeof name, "%s/split%d%s%s", parent->prefix + strlen("ddp/group/"), k,
+             options && options->name ? "-" : "", options && options->name ? options->name : "");
+
+    /* Every rank of the parent must pass the same list: compare through the store. */
+    char mine[4096];
+    size_t off = 0;
+    for (int i = 0; i < nranks && off < sizeof mine - 16; i++)
+        off += (size_t)snprintf(mine + off, sizeof mine - off, "%s%d", i ? "," : "", ranks[i]);
+    int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
+                                                        : parent->timeout_ms;
+    ddp_status_t s = DDP_OK;
+    if (parent->world > 1) {
+        char prefix[600];
+        snprintf(prefix, sizeof prefix, "ddp/group/%s", name);
+        char **values = ddp__calloc((size_t)parent->world, sizeof *values, "split lists");
+        if (!values) return DDP_ERR_NO_MEMORY;
+        s = exchange(parent->store, prefix, "members", parent->rank, parent->world, timeout_ms,
+                     mine, values);
+        if (s != DDP_OK) {
+            free(values);
+            return ddp__error_context(s, "group_split");
+        }
+        for (int r = 0; r < parent->world && s == DDP_OK; r++) {
+            if (strcmp(values[r], mine) != 0)
+                s = ddp__error(DDP_ERR_MISMATCH,
+                               "group_split: ranks disagree on the members: rank %d passed [%s] "
+                               "but rank %d passed [%s]",
+                               parent->rank, mine, r, values[r]);
+        }
+        free_values(values, parent->world);
+        free(values);
+        if (s != DDP_OK) return s;
+    }
+    if (my_index < 0) {
+        *out = NULL;
+        return DDP_OK;
+    }
+    ddp_group_options_t sub = DDP_GROUP_OPTIONS_INIT;
+    if (options) sub = *options;
+    return create_internal(parent->store, 0, my_index, nranks, &sub, name, timeout_ms, out);
+}
+
+void ddp_group_destroy(ddp_group_t *group)
+{
+    if (!group) return;
+    if (group->thread_started) {
+        pthread_mutex_lock(&group->mu);
+        group->stop = 1;
+        pthread_cond_signal(&group->queue_cv);
+        pthread_mutex_unlock(&group->mu);
+        if (progress_group != group) pthread_join(group->thread, NULL);
+        else pthread_detach(group->thread);
+    }
+    if (group->ops) group->ops->destroy(group->state);
+    group->ops = NULL;
+    group->state = NULL;
+    if (group->owns_store) ddp_store_destroy(group->store);
+    group->store = NULL;
+    group_unref(group);
+}

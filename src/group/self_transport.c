@@ -1,0 +1,59 @@
+/* The "self" transport of a world of one rank: every collective is a copy (or nothing). It keeps
+ * groups of size 1 on the same code path as larger ones (queue, works, tasks, errors). */
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/reduce.h"
+#include "group/registry.h"
+
+static ddp_status_t self_create(ddp_store_t *store, const char *group_name, int rank, int world,
+                                int timeout_ms, void **state)
+{
+    (void)store;
+    (void)group_name;
+    (void)rank;
+    (void)world;
+    (void)timeout_ms;
+    *state = NULL;
+    return DDP_OK;
+}
+
+static ddp_status_t self_run(void *state, const ddp__collective_t *c)
+{
+    (void)state;
+    size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    switch (c->kind) {
+    case DDP__ALLREDUCE:
+        /* Through the kernel so AVG and f16 behave exactly as with more ranks (op of one value). */
+        if (c->count > 0) {
+            const void *srcs[1] = {c->send};
+            ddp__reduce(c->recv, srcs, 1, c->count, c->dtype, c->op);
+        }
+        break;
+    case DDP__REDUCE_SCATTER:
+        if (c->count > 0) {
+            const void *srcs[1] = {c->send};
+            ddp__reduce(c->recv, srcs, 1, c->count, c->dtype, c->op);
+        }
+        break;
+    case DDP__ALLGATHER:
+        if (bytes > 0 && c->send != c->recv) memmove(c->recv, c->send, bytes);
+        break;
+    case DDP__BROADCAST:
+    case DDP__BARRIER:
+        break;
+    }
+    return DDP_OK;
+}
+
+static void self_destroy(void *state) { (void)state; }
+
+const ddp__transport_ops_t ddp__transport_self = {
+    .name = "self",
+    .create = self_create,
+    .run = self_run,
+    .alloc_buffer = NULL,
+    .free_buffer = NULL,
+    .abort = NULL,
+    .destroy = self_destroy,
+};

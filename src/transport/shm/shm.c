@@ -1,0 +1,897 @@
+/* Shared-memory transport: every rank of the group on one host maps one segment and runs the
+ * collectives through it (see docs/shm-transport.md for the layout and the reasons).
+ *
+ * Synchronisation is one counter per rank ("step"): a rank publishes step s when it has done
+ * its part of a phase, and waits until every rank's step is >= s. Every collective starts with
+ * such a phase whose data includes the fingerprint, so ranks that disagree all see it before
+ * anyone reads a byte of someone else's data. Waiting spins briefly, yields, then sleeps on a
+ * futex in the segment; while asleep it wakes every 100 ms to check deadlines, peers' abort
+ * flags and whether the ranks it waits for are still alive. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "core/reduce.h"
+#include "group/registry.h"
+#include "group/transport.h"
+
+#define SHM_MAGIC 0x3130746d68737064ULL /* "dpshmt01" */
+#define LINE 64
+#define PAGE 4096
+/* Per rank and parity: the staging area each round of a large collective goes through. */
+#define STAGE_BYTES ((size_t)1 << 20)
+/* Allreduces up to this size go the one-shot way (every rank reduces everything itself). */
+#define ONESHOT_MAX_BYTES ((size_t)32 << 10)
+#define REASON_MAX 512
+#define DDP__SHM_MAX_WORLD 64
+
+/* What every rank must agree on for one collective, plus the zero-copy hints. */
+typedef struct shm_fingerprint {
+    uint64_t seq;
+    uint64_t count;
+    int32_t kind;
+    int32_t dtype;
+    int32_t op;
+    int32_t root;
+    int64_t buffer_id; /* -1: not in a segment buffer */
+    uint64_t send_offset;
+    uint64_t recv_offset;
+} shm_fingerprint_t;
+
+typedef struct shm_header {
+    uint64_t magic;
+    uint32_t world;
+    uint32_t reserved;
+    uint64_t stage_bytes;
+    uint64_t segment_bytes;
+    char pad0[LINE - 32];
+    _Atomic uint32_t wake;     /* futex word: bumped when a rank publishes while others sleep */
+    _Atomic uint32_t sleepers; /* ranks inside (or about to enter) FUTEX_WAIT */
+    char pad1[LINE - 8];
+} shm_header_t;
+
+typedef struct shm_rank {
+    _Atomic uint64_t step; /* written by the owner only: last phase it completed its part of */
+    _Atomic uint64_t seq;  /* the collective the owner is in (or last ran) */
+    char pad0[LINE - 16];
+    shm_fingerprint_t fingerprint[2]; /* by step parity */
+    char pad1[2 * LINE - 2 * sizeof(shm_fingerprint_t)];
+    _Atomic int32_t pid;
+    _Atomic int32_t abort_status; /* 0, or the ddp_status_t with which the owner gave up */
+    char abort_reason[REASON_MAX];
+    char pad2[LINE - 8];
+} shm_rank_t;
+
+_Static_assert(sizeof(shm_header_t) == 2 * LINE, "header is two cache lines");
+_Static_assert(sizeof(shm_rank_t) % LINE == 0, "rank lines are cache-line sized");
+
+typedef struct shm_buffer {
+    int64_t id;
+    char *base;    /* the whole mapping: world regions */
+    size_t region; /* bytes per rank */
+    size_t total;
+    int fd; /* -1 once every rank has attached */
+    struct shm_buffer *next;
+} shm_buffer_t;
+
+typedef struct shm_state {
+    int rank;
+    int world;
+    int timeout_ms;
+    ddp_store_t *store;
+    char prefix[600];
+    int fd;
+    char *base;
+    size_t size;
+    shm_header_t *hdr;
+    shm_rank_t *ranks;
+    char *stage;
+    uint64_t step; /* this rank's step (progress thread) */
+    uint64_t use;  /* stage uses so far (progress thread); parity = use & 1 */
+    int spin_iters;
+    int yield_iters;
+    ddp_status_t last_status;
+    pthread_mutex_t buffers_mu;
+    shm_buffer_t *buffers;
+    int64_t next_buffer_id;
+} shm_state_t;
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+static char *stage_of(shm_state_t *S, int r, unsigned parity)
+{
+    return S->stage + ((size_t)r * 2 + parity) * STAGE_BYTES;
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns)
+{
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000LL), (long)(timeout_ns % 1000000000LL)};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+/* Wakes sleepers after this rank published something (a step or an abort). */
+static void wake_peers(shm_state_t *S)
+{
+    if (atomic_load(&S->hdr->sleepers) > 0) {
+        atomic_fetch_add(&S->hdr->wake, 1);
+        futex_wake_all(&S->hdr->wake);
+    }
+}
+
+/* A peer is dead when its pid is gone or a zombie. */
+static int peer_dead(int pid)
+{
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+static void describe(const ddp__collective_t *c, char *buf, size_t size)
+{
+    if (c) ddp__fingerprint_describe(c, buf, size);
+    else snprintf(buf, size, "rendezvous");
+}
+
+/* ---- waiting ------------------------------------------------------------------------------ */
+
+static int all_arrived(shm_state_t *S, uint64_t target)
+{
+    for (int j = 0; j < S->world; j++)
+        if (atomic_load_explicit(&S->ranks[j].step, memory_order_acquire) < target) return 0;
+    return 1;
+}
+
+/* Checks peers' abort flags and liveness; returns DDP_OK or the error to give up with. */
+static ddp_status_t check_peers(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
+                                int check_liveness)
+{
+    char what[256];
+    for (int j = 0; j < S->world; j++) {
+        if (j == S->rank) continue;
+        int st = atomic_load(&S->ranks[j].abort_status);
+        if (st != 0) {
+            describe(c, what, sizeof what);
+            ddp_status_t s = st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_REMOTE;
+            return ddp__error(s, "%s on rank %d: rank %d gave up (%s): %.*s", what, S->rank, j,
+                              ddp_status_string((ddp_status_t)st), REASON_MAX,
+                              S->ranks[j].abort_reason);
+        }
+    }
+    if (check_liveness) {
+        for (int j = 0; j < S->world; j++) {
+            if (j == S->rank) continue;
+            if (atomic_load_explicit(&S->ranks[j].step, memory_order_acquire) >= target) continue;
+            int pid = atomic_load(&S->ranks[j].pid);
+            if (peer_dead(pid)) {
+                describe(c, what, sizeof what);
+                return ddp__error(DDP_ERR_REMOTE,
+                                  "%s on rank %d: rank %d (pid %d) died (it was at seq %llu)", what,
+                                  S->rank, j, pid,
+                                  (unsigned long long)atomic_load(&S->ranks[j].seq));
+            }
+        }
+    }
+    return DDP_OK;
+}
+
+static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
+                                  int64_t deadline_ns)
+{
+    char what[256];
+    describe(c, what, sizeof what);
+    char missing[1024];
+    size_t off = 0;
+    missing[0] = '\0';
+    for (int j = 0; j < S->world && off < sizeof missing - 64; j++) {
+        if (atomic_load(&S->ranks[j].step) >= target) continue;
+        off += (size_t)snprintf(missing + off, sizeof missing - off, "%srank %d (at seq %llu)",
+                                off ? ", " : "", j,
+                                (unsigned long long)atomic_load(&S->ranks[j].seq));
+    }
+    (void)deadline_ns;
+    return ddp__error(DDP_ERR_TIMEOUT,
+                      "%s on rank %d timed out after %d ms: did not arrive: %s", what, S->rank,
+                      S->timeout_ms, missing[0] ? missing : "(none: they arrived just now)");
+}
+
+/* Waits until every rank's step is >= target. */
+static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
+                             int64_t deadline_ns)
+{
+    for (int i = 0; i < S->spin_iters; i++) {
+        if (all_arrived(S, target)) return DDP_OK;
+        cpu_relax();
+    }
+    for (int i = 0; i < S->yield_iters; i++) {
+        if (all_arrived(S, target)) return DDP_OK;
+        sched_yield();
+    }
+    int64_t next_check = 0;
+    for (;;) {
+        uint32_t w = atomic_load(&S->hdr->wake);
+        atomic_fetch_add(&S->hdr->sleepers, 1);
+        if (all_arrived(S, target)) {
+            atomic_fetch_sub(&S->hdr->sleepers, 1);
+            return DDP_OK;
+        }
+        int64_t now = ddp__now_ns();
+        int liveness = now >= next_check;
+        if (liveness) next_check = now + 100000000LL;
+        ddp_status_t s = check_peers(S, target, c, liveness);
+        if (s != DDP_OK) {
+            atomic_fetch_sub(&S->hdr->sleepers, 1);
+            if (all_arrived(S, target)) return DDP_OK;
+            return s;
+        }
+        if (now >= deadline_ns) {
+            atomic_fetch_sub(&S->hdr->sleepers, 1);
+            if (all_arrived(S, target)) return DDP_OK;
+            return timeout_error(S, target, c, deadline_ns);
+        }
+        int64_t nap = deadline_ns - now;
+        if (nap > 100000000LL) nap = 100000000LL;
+        futex_wait(&S->hdr->wake, w, nap);
+        atomic_fetch_sub(&S->hdr->sleepers, 1);
+    }
+}
+
+/* Publishes this rank's next step and waits for every rank to reach it. */
+static ddp_status_t sync_all(shm_state_t *S, const ddp__collective_t *c, int64_t deadline_ns)
+{
+    uint64_t target = ++S->step;
+    atomic_store(&S->ranks[S->rank].step, target);
+    wake_peers(S);
+    return wait_all(S, target, c, deadline_ns);
+}
+
+/* ---- fingerprints ------------------------------------------------------------------------- */
+
+static void fingerprint_of(const ddp__collective_t *c, shm_fingerprint_t *fp)
+{
+    memset(fp, 0, sizeof *fp);
+    fp->seq = c->seq;
+    fp->count = c->count;
+    fp->kind = (int32_t)c->kind;
+    fp->dtype = (int32_t)c->dtype;
+    fp->op = (int32_t)c->op;
+    fp->root = c->root;
+    fp->buffer_id = -1;
+}
+
+static void collective_of(const shm_fingerprint_t *fp, ddp__collective_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->seq = fp->seq;
+    c->count = fp->count;
+    c->kind = (ddp__collective_kind_t)fp->kind;
+    c->dtype = (ddp_dtype_t)fp->dtype;
+    c->op = (ddp_reduce_op_t)fp->op;
+    c->root = fp->root;
+}
+
+static int same_call(const shm_fingerprint_t *a, const shm_fingerprint_t *b)
+{
+    return a->seq == b->seq && a->count == b->count && a->kind == b->kind &&
+           a->dtype == b->dtype && a->op == b->op && a->root == b->root;
+}
+
+/* The first phase of every collective: publish the fingerprint (and whatever data the caller
+ * already staged), wait for everyone, compare. Every rank compares every rank with rank 0, so all
+ * ranks reach the same verdict and print the same text. */
+static ddp_status_t first_sync(shm_state_t *S, const ddp__collective_t *c,
+                               const shm_fingerprint_t *mine)
+{
+    unsigned parity = (unsigned)((S->step + 1) & 1);
+    S->ranks[S->rank].fingerprint[parity] = *mine;
+    ddp_status_t s = sync_all(S, c, c->deadline_ns);
+    if (s != DDP_OK) return s;
+    const shm_fingerprint_t *f0 = &S->ranks[0].fingerprint[parity];
+    for (int j = 1; j < S->world; j++) {
+        const shm_fingerprint_t *fj = &S->ranks[j].fingerprint[parity];
+        if (!same_call(f0, fj)) {
+            ddp__collective_t c0, cj;
+            char d0[256], dj[256];
+            collective_of(f0, &c0);
+            collective_of(fj, &cj);
+            ddp__fingerprint_describe(&c0, d0, sizeof d0);
+            ddp__fingerprint_describe(&cj, dj, sizeof dj);
+            return ddp__error(DDP_ERR_MISMATCH,
+                              "collective mismatch (seen on rank %d): rank 0 called %s but rank %d "
+                              "called %s",
+                              S->rank, d0, j, dj);
+        }
+    }
+    return DDP_OK;
+}
+
+/* ---- segment buffers ---------------------------------------------------------------------- */
+
+/* The segment buffer holding [p, p + bytes) in this rank's region, with its offset. */
+static shm_buffer_t *find_buffer(shm_state_t *S, const void *p, size_t bytes, size_t *offset)
+{
+    shm_buffer_t *found = NULL;
+    pthread_mutex_lock(&S->buffers_mu);
+    for (shm_buffer_t *b = S->buffers; b; b = b->next) {
+        const char *mine = b->base + (size_t)S->rank * b->region;
+        if ((const char *)p >= mine && (const char *)p + bytes <= mine + b->region) {
+            *offset = (size_t)((const char *)p - mine);
+            found = b;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&S->buffers_mu);
+    return found;
+}
+
+/* Splits n elements into world slices aligned to 64 bytes; slice r is [*lo, *hi). */
+static void slice_of(size_t n, int world, int r, size_t esize, size_t *lo, size_t *hi)
+{
+    size_t align = LINE / esize;
+    size_t per = round_up((n + (size_t)world - 1) / (size_t)world, align);
+    size_t a = per * (size_t)r, b = a + per;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+}
+
+/* ---- collectives -------------------------------------------------------------------------- */
+
+static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype);
+    const size_t bytes = c->count * esize;
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s;
+
+    if (bytes <= ONESHOT_MAX_BYTES) {
+        /* One-shot: stage, one synchronisation, every rank reduces all slots in rank order. */
+        unsigned q = (unsigned)(S->use++ & 1);
+        if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
+        s = first_sync(S, c, &fp);
+        if (s != DDP_OK || bytes == 0) return s;
+        const void *srcs[DDP__SHM_MAX_WORLD];
+        for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q);
+        ddp__reduce(c->recv, srcs, p, c->count, c->dtype, c->op);
+        return DDP_OK;
+    }
+
+    /* Zero copy when send and recv live in one segment buffer at the same offsets everywhere. */
+    size_t send_off = 0, recv_off = 0;
+    shm_buffer_t *buf = find_buffer(S, c->send, bytes, &send_off);
+    if (buf && find_buffer(S, c->recv, bytes, &recv_off) == buf) {
+        fp.buffer_id = buf->id;
+        fp.send_offset = send_off;
+        fp.recv_offset = recv_off;
+    }
+    const size_t chunk = (STAGE_BYTES / esize) / (size_t)p / (LINE / esize) * (LINE / esize) *
+                         (size_t)p;
+    int precopied = 0;
+    unsigned parity0 = (unsigned)(S->use & 1);
+    if (fp.buffer_id < 0) {
+        size_t n0 = c->count < chunk ? c->count : chunk;
+        memcpy(stage_of(S, me, parity0), c->send, n0 * esize);
+        precopied = 1;
+    }
+    s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    unsigned fparity = (unsigned)(S->step & 1);
+    int all_zero_copy = 1, any_zero_copy = 0;
+    for (int j = 0; j < p; j++) {
+        const shm_fingerprint_t *fj = &S->ranks[j].fingerprint[fparity];
+        if (fj->buffer_id >= 0) any_zero_copy = 1;
+        if (fj->buffer_id < 0 || fj->buffer_id != fp.buffer_id ||
+            fj->send_offset != fp.send_offset || fj->recv_offset != fp.recv_offset)
+            all_zero_copy = 0;
+    }
+
+    if (all_zero_copy) {
+        /* Rank r reduces slice r straight from every rank's region and writes the result into
+         * slice r of every rank's region; one barrier ends it. */
+        size_t lo, hi;
+        slice_of(c->count, p, me, esize, &lo, &hi);
+        if (hi > lo) {
+            const void *srcs[DDP__SHM_MAX_WORLD];
+            void *dsts[DDP__SHM_MAX_WORLD];
+            for (int j = 0; j < p; j++) {
+                char *region = buf->base + (size_t)j * buf->region;
+                srcs[j] = region + send_off + lo * esize;
+                dsts[j] = region + recv_off + lo * esize;
+            }
+            /* Own destination first so the fan-out copies read from this rank's cache. */
+            void *tmp = dsts[0];
+            dsts[0] = dsts[me];
+            dsts[me] = tmp;
+            ddp__reduce_multi(dsts, p, srcs, p, hi - lo, c->dtype, c->op);
+        }
+        return sync_all(S, c, c->deadline_ns);
+    }
+
+    /* Staged rounds: copy a chunk in, reduce my slice of it (in place in my stage, and into my
+     * recv), synchronise, copy the other slices out. */
+    const char *send = c->send;
+    char *recv = c->recv;
+    for (size_t o = 0; o < c->count; o += chunk) {
+        size_t n = c->count - o < chunk ? c->count - o : chunk;
+        unsigned q = (unsigned)(S->use++ & 1);
+        char *mine = stage_of(S, me, q);
+        if (o > 0 || any_zero_copy) {
+            if (!(o == 0 && precopied)) memcpy(mine, send + o * esize, n * esize);
+            s = sync_all(S, c, c->deadline_ns);
+            if (s != DDP_OK) return s;
+        } else if (q != parity0) {
+            return ddp__error(DDP_ERR_SYSTEM, "shm: internal error: stage parity drifted");
+        }
+        size_t lo, hi;
+        slice_of(n, p, me, esize, &lo, &hi);
+        if (hi > lo) {
+            const void *srcs[DDP__SHM_MAX_WORLD];
+            for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q) + lo * esize;
+            void *dsts[2] = {mine + lo * esize, recv + (o + lo) * esize};
+            ddp__reduce_multi(dsts, 2, srcs, p, hi - lo, c->dtype, c->op);
+        }
+        s = sync_all(S, c, c->deadline_ns);
+        if (s != DDP_OK) return s;
+        for (int j = 0; j < p; j++) {
+            if (j == me) continue;
+            size_t jlo, jhi;
+            slice_of(n, p, j, esize, &jlo, &jhi);
+            if (jhi > jlo)
+                memcpy(recv + (o + jlo) * esize, stage_of(S, j, q) + jlo * esize,
+                       (jhi - jlo) * esize);
+        }
+    }
+    return DDP_OK;
+}
+
+static ddp_status_t run_broadcast(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int me = S->rank, root = c->root;
+    const size_t esize = ddp_dtype_size(c->dtype);
+    const size_t chunk = STAGE_BYTES / esize;
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    char *buf = c->recv;
+    size_t o = 0;
+    int first = 1;
+    do {
+        size_t n = c->count - o < chunk ? c->count - o : chunk;
+        unsigned q = (unsigned)(S->use++ & 1);
+        if (me == root && n) memcpy(stage_of(S, root, q), buf + o * esize, n * esize);
+        ddp_status_t s = first ? first_sync(S, c, &fp) : sync_all(S, c, c->deadline_ns);
+        if (s != DDP_OK) return s;
+        first = 0;
+        if (me != root && n) memcpy(buf + o * esize, stage_of(S, root, q), n * esize);
+        o += n;
+    } while (o < c->count);
+    return DDP_OK;
+}
+
+static ddp_status_t run_reduce_scatter(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype);
+    size_t per_block = STAGE_BYTES / esize / (size_t)p; /* elements of each block per round */
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    const char *send = c->send;
+    char *recv = c->recv;
+    const size_t n = c->count;
+    size_t o = 0;
+    int first = 1;
+    do {
+        size_t k = n - o < per_block ? n - o : per_block;
+        unsigned q = (unsigned)(S->use++ & 1);
+        char *mine = stage_of(S, me, q);
+        for (int b = 0; b < p && k; b++)
+            memcpy(mine + (size_t)b * k * esize, send + ((size_t)b * n + o) * esize, k * esize);
+        ddp_status_t s = first ? first_sync(S, c, &fp) : sync_all(S, c, c->deadline_ns);
+        if (s != DDP_OK) return s;
+        first = 0;
+        if (k) {
+            const void *srcs[DDP__SHM_MAX_WORLD];
+            for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q) + (size_t)me * k * esize;
+            ddp__reduce(recv + o * esize, srcs, p, k, c->dtype, c->op);
+        }
+        o += k;
+    } while (o < n);
+    return DDP_OK;
+}
+
+static ddp_status_t run_allgather(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype);
+    const size_t chunk = STAGE_BYTES / esize;
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    const char *send = c->send;
+    char *recv = c->recv;
+    const size_t n = c->count;
+    const int in_place = send == recv + (size_t)me * n * esize;
+    size_t o = 0;
+    int first = 1;
+    do {
+        size_t k = n - o < chunk ? n - o : chunk;
+        unsigned q = (unsigned)(S->use++ & 1);
+        if (k) memcpy(stage_of(S, me, q), send + o * esize, k * esize);
+        ddp_status_t s = first ? first_sync(S, c, &fp) : sync_all(S, c, c->deadline_ns);
+        if (s != DDP_OK) return s;
+        first = 0;
+        for (int j = 0; j < p && k; j++) {
+            char *dst = recv + ((size_t)j * n + o) * esize;
+            if (j == me) {
+                if (!in_place) memcpy(dst, send + o * esize, k * esize);
+            } else {
+                memcpy(dst, stage_of(S, j, q), k * esize);
+            }
+        }
+        o += k;
+    } while (o < n);
+    return DDP_OK;
+}
+
+static ddp_status_t shm_run(void *state, const ddp__collective_t *c)
+{
+    shm_state_t *S = state;
+    atomic_store(&S->ranks[S->rank].seq, c->seq);
+    ddp_status_t s;
+    switch (c->kind) {
+    case DDP__ALLREDUCE: s = run_allreduce(S, c); break;
+    case DDP__BROADCAST: s = run_broadcast(S, c); break;
+    case DDP__REDUCE_SCATTER: s = run_reduce_scatter(S, c); break;
+    case DDP__ALLGATHER: s = run_allgather(S, c); break;
+    case DDP__BARRIER: {
+        shm_fingerprint_t fp;
+        fingerprint_of(c, &fp);
+        s = first_sync(S, c, &fp);
+        break;
+    }
+    default: s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "shm: unknown collective kind %d", (int)c->kind);
+    }
+    if (s != DDP_OK) S->last_status = s;
+    return s;
+}
+
+/* ---- abort and life cycle ----------------------------------------------------------------- */
+
+static void publish_abort(shm_state_t *S, ddp_status_t status, const char *reason)
+{
+    shm_rank_t *me = &S->ranks[S->rank];
+    if (atomic_load(&me->abort_status) != 0) return;
+    snprintf(me->abort_reason, sizeof me->abort_reason, "%s", reason);
+    atomic_store(&me->abort_status, (int32_t)(status ? status : DDP_ERR_REMOTE));
+    atomic_fetch_add(&S->hdr->wake, 1);
+    futex_wake_all(&S->hdr->wake);
+}
+
+static void shm_abort(void *state, const char *reason)
+{
+    shm_state_t *S = state;
+    if (!S || !S->ranks) return;
+    publish_abort(S, S->last_status ? S->last_status : DDP_ERR_REMOTE, reason);
+}
+
+/* Opens the memfd another rank published as "pid fd bytes" and maps it. */
+static ddp_status_t attach_memfd(const char *published, size_t expected_bytes, char **base,
+                                 const char *what)
+{
+    int pid = 0, fd = -1;
+    unsigned long long bytes = 0;
+    if (sscanf(published, "%d %d %llu", &pid, &fd, &bytes) != 3)
+        return ddp__error(DDP_ERR_PROTOCOL, "shm: malformed %s description '%s'", what, published);
+    if ((size_t)bytes != expected_bytes)
+        return ddp__error(DDP_ERR_MISMATCH, "shm: %s has %llu bytes but this rank expects %zu",
+                          what, bytes, expected_bytes);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    int mfd = open(path, O_RDWR | O_CLOEXEC);
+    if (mfd < 0)
+        return ddp__error_errno(DDP_ERR_SYSTEM, errno, "shm: opening %s (%s of rank 0)", path, what);
+    struct stat st;
+    if (fstat(mfd, &st) != 0 || (size_t)st.st_size != expected_bytes) {
+        close(mfd);
+        return ddp__error(DDP_ERR_PROTOCOL, "shm: %s at %s has the wrong size", what, path);
+    }
+    void *p = mmap(NULL, expected_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    int err = errno;
+    close(mfd);
+    if (p == MAP_FAILED) return ddp__error_errno(DDP_ERR_SYSTEM, err, "shm: mapping %s", what);
+    *base = p;
+    return DDP_OK;
+}
+
+/* Rank 0: an anonymous shared file of `bytes` bytes, mapped; *fd stays open for the others. */
+static ddp_status_t create_memfd(size_t bytes, const char *name, int *fd, char **base)
+{
+    int mfd = memfd_create(name, MFD_CLOEXEC);
+    if (mfd < 0) return ddp__error_errno(DDP_ERR_SYSTEM, errno, "shm: memfd_create");
+    if (ftruncate(mfd, (off_t)bytes) != 0) {
+        int err = errno;
+        close(mfd);
+        return ddp__error_errno(DDP_ERR_SYSTEM, err, "shm: sizing the segment to %zu bytes", bytes);
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        close(mfd);
+        return ddp__error_errno(DDP_ERR_SYSTEM, err, "shm: mapping %zu bytes", bytes);
+    }
+    *fd = mfd;
+    *base = p;
+    return DDP_OK;
+}
+
+static void shm_destroy(void *state);
+
+static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int rank, int world,
+                               int timeout_ms, void **state)
+{
+    if (world > DDP__SHM_MAX_WORLD)
+        return ddp__error(DDP_ERR_UNSUPPORTED, "shm: world size %d exceeds the maximum %d", world,
+                          DDP__SHM_MAX_WORLD);
+    shm_state_t *S = ddp__calloc(1, sizeof *S, "the shm transport");
+    if (!S) return DDP_ERR_NO_MEMORY;
+    S->rank = rank;
+    S->world = world;
+    S->timeout_ms = timeout_ms;
+    S->store = store;
+    S->fd = -1;
+    snprintf(S->prefix, sizeof S->prefix, "%s/shm", group_name);
+    pthread_mutex_init(&S->buffers_mu, NULL);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    /* More ranks than cores: a spinning waiter steals the core of the rank it waits for. */
+    if (ncpu > 0 && world <= ncpu) {
+        S->spin_iters = 20000;
+        S->yield_iters = 200;
+    } else {
+        S->spin_iters = 50;
+        S->yield_iters = 2000;
+    }
+
+    size_t header = sizeof(shm_header_t) + (size_t)world * sizeof(shm_rank_t);
+    size_t stage_off = round_up(header, PAGE);
+    S->size = stage_off + (size_t)world * 2 * STAGE_BYTES;
+
+    char key[700];
+    snprintf(key, sizeof key, "%s/segment", S->prefix);
+    ddp_status_t s;
+    if (rank == 0) {
+        s = create_memfd(S->size, "ddp-shm-group", &S->fd, &S->base);
+        if (s != DDP_OK) goto fail;
+        shm_header_t *hdr = (shm_header_t *)S->base;
+        hdr->magic = SHM_MAGIC;
+        hdr->world = (uint32_t)world;
+        hdr->stage_bytes = STAGE_BYTES;
+        hdr->segment_bytes = S->size;
+        char value[128];
+        snprintf(value, sizeof value, "%d %d %zu", (int)getpid(), S->fd, S->size);
+        s = ddp_store_set(store, key, value, strlen(value));
+        if (s != DDP_OK) {
+            ddp__error_context(s, "shm: publishing the segment");
+            goto fail;
+        }
+    } else {
+        const char *keys[1] = {key};
+        s = ddp_store_wait(store, keys, 1, timeout_ms);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "shm: rank %d waiting for rank 0's segment", rank);
+            goto fail;
+        }
+        void *v = NULL;
+        size_t len = 0;
+        s = ddp_store_get(store, key, &v, &len);
+        if (s != DDP_OK) goto fail;
+        s = attach_memfd(v, S->size, &S->base, "the group segment");
+        ddp_free(v);
+        if (s != DDP_OK) goto fail;
+        shm_header_t *hdr = (shm_header_t *)S->base;
+        if (hdr->magic != SHM_MAGIC || hdr->world != (uint32_t)world) {
+            s = ddp__error(DDP_ERR_PROTOCOL, "shm: the segment of rank 0 is not a %d-rank segment",
+                           world);
+            goto fail;
+        }
+    }
+    S->hdr = (shm_header_t *)S->base;
+    S->ranks = (shm_rank_t *)(S->base + sizeof(shm_header_t));
+    S->stage = S->base + stage_off;
+    atomic_store(&S->ranks[rank].pid, (int32_t)getpid());
+
+    /* Everyone attached: rank 0 closes the memfd, after which the segment has no name anywhere
+     * and disappears with the last mapping, whatever happens to the processes. */
+    s = sync_all(S, NULL, ddp__now_ns() + (int64_t)timeout_ms * 1000000LL);
+    if (s != DDP_OK) {
+        ddp__error_context(s, "shm: waiting for every rank to attach the segment");
+        goto fail;
+    }
+    if (S->fd >= 0) {
+        close(S->fd);
+        S->fd = -1;
+    }
+    *state = S;
+    return DDP_OK;
+fail:
+    if (S->ranks) publish_abort(S, s, ddp_last_error());
+    {
+        char text[DDP_ERROR_TEXT_MAX];
+        snprintf(text, sizeof text, "%s", ddp_last_error());
+        shm_destroy(S);
+        ddp__set_error_text(text);
+    }
+    return s;
+}
+
+static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
+{
+    shm_state_t *S = state;
+    shm_buffer_t *b = ddp__calloc(1, sizeof *b, "a segment buffer record");
+    if (!b) return DDP_ERR_NO_MEMORY;
+    b->fd = -1;
+    b->region = round_up(bytes ? bytes : 1, PAGE);
+    b->total = b->region * (size_t)S->world;
+    b->id = S->next_buffer_id++;
+    char key[700];
+    snprintf(key, sizeof key, "%s/buffer/%lld", S->prefix, (long long)b->id);
+    ddp_status_t s;
+    if (S->rank == 0) {
+        s = create_memfd(b->total, "ddp-shm-buffer", &b->fd, &b->base);
+        if (s != DDP_OK) goto fail;
+        char value[128];
+        snprintf(value, sizeof value, "%d %d %zu", (int)getpid(), b->fd, b->total);
+        s = ddp_store_set(S->store, key, value, strlen(value));
+        if (s != DDP_OK) goto fail;
+        /* Wait until every rank has mapped it, then drop the descriptor. */
+        char **keys = calloc((size_t)S->world, sizeof *keys);
+        char *keybuf = calloc((size_t)S->world, 720);
+        if (!keys || !keybuf) {
+            free(keys);
+            free(keybuf);
+            s = ddp__error(DDP_ERR_NO_MEMORY, "shm: alloc_buffer keys");
+            goto fail;
+        }
+        int nk = 0;
+        for (int r = 1; r < S->world; r++) {
+            keys[nk] = keybuf + (size_t)nk * 720;
+            snprintf(keys[nk], 720, "%s/attached/%d", key, r);
+            nk++;
+        }
+        s = nk ? ddp_store_wait(S->store, (const char *const *)keys, (size_t)nk, S->timeout_ms)
+               : DDP_OK;
+        free(keys);
+        free(keybuf);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "shm: alloc_buffer %lld waiting for every rank to attach",
+                               (long long)b->id);
+            goto fail;
+        }
+        /* Peers report a size mismatch through their own attach error; here only the wait. */
+        close(b->fd);
+        b->fd = -1;
+    } else {
+        const char *keys[1] = {key};
+        s = ddp_store_wait(S->store, keys, 1, S->timeout_ms);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "shm: alloc_buffer %lld waiting for rank 0", (long long)b->id);
+            goto fail;
+        }
+        void *v = NULL;
+        size_t len = 0;
+        s = ddp_store_get(S->store, key, &v, &len);
+        if (s != DDP_OK) goto fail;
+        s = attach_memfd(v, b->total, &b->base, "the segment buffer");
+        ddp_free(v);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "alloc_buffer: every rank must ask for the same size in the same "
+                                  "order (rank %d asked for %zu bytes)",
+                               S->rank, bytes);
+            goto fail;
+        }
+        char akey[760];
+        snprintf(akey, sizeof akey, "%s/attached/%d", key, S->rank);
+        s = ddp_store_set(S->store, akey, "1", 1);
+        if (s != DDP_OK) goto fail;
+    }
+    pthread_mutex_lock(&S->buffers_mu);
+    b->next = S->buffers;
+    S->buffers = b;
+    pthread_mutex_unlock(&S->buffers_mu);
+    *out = b->base + (size_t)S->rank * b->region;
+    return DDP_OK;
+fail:
+    if (b->base) munmap(b->base, b->total);
+    if (b->fd >= 0) close(b->fd);
+    free(b);
+    return s;
+}
+
+static ddp_status_t shm_free_buffer(void *state, void *buffer)
+{
+    shm_state_t *S = state;
+    pthread_mutex_lock(&S->buffers_mu);
+    shm_buffer_t **link = &S->buffers;
+    while (*link && (*link)->base + (size_t)S->rank * (*link)->region != (char *)buffer)
+        link = &(*link)->next;
+    shm_buffer_t *b = *link;
+    if (b) *link = b->next;
+    pthread_mutex_unlock(&S->buffers_mu);
+    if (!b)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "free_buffer: %p was not returned by ddp_group_alloc_buffer on this group",
+                          buffer);
+    munmap(b->base, b->total);
+    if (b->fd >= 0) close(b->fd);
+    free(b);
+    return DDP_OK;
+}
+
+static void shm_destroy(void *state)
+{
+    shm_state_t *S = state;
+    if (!S) return;
+    if (S->ranks) {
+        char reason[128];
+        snprintf(reason, sizeof reason, "rank %d left the group (ddp_group_destroy) after seq %llu",
+                 S->rank, (unsigned long long)atomic_load(&S->ranks[S->rank].seq));
+        publish_abort(S, DDP_ERR_REMOTE, reason);
+    }
+    shm_buffer_t *b = S->buffers;
+    while (b) {
+        shm_buffer_t *next = b->next;
+        munmap(b->base, b->total);
+        if (b->fd >= 0) close(b->fd);
+        free(b);
+        b = next;
+    }
+    if (S->base) munmap(S->base, S->size);
+    if (S->fd >= 0) close(S->fd);
+    pthread_mutex_destroy(&S->buffers_mu);
+    free(S);
+}
+
+const ddp__transport_ops_t ddp__transport_shm = {
+    .name = "shm",
+    .create = shm_create,
+    .run = shm_run,
+    .alloc_buffer = shm_alloc_buffer,
+    .free_buffer = shm_free_buffer,
+    .abort = shm_abort,
+    .destroy = shm_destroy,
+};

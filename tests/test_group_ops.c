@@ -1,0 +1,242 @@
+/* Every collective x every dtype x sizes 0, 1, 7, 4099, 1 Mi + 3, in place and out of place,
+ * against a float64 reference computed here; every rank must end with the very same bytes
+ * (checked by allgathering a hash of each result).
+ * Usage: test_group_ops <world> <family>   family: allreduce | broadcast | reduce_scatter |
+ * allgather | all */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "harness.h"
+
+static const size_t sizes[] = {0, 1, 7, 4099, (1u << 20) + 3};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+static const char *family = "all";
+
+/* Small integers so that sums and products are exact in every dtype (f16 and bf16 included). */
+static double input_value(int rank, size_t i, ddp_dtype_t dt, ddp_reduce_op_t op)
+{
+    if (op == DDP_PROD) {
+        static const int prod_signed[3] = {-1, 1, 2};
+        int v = (int)((i * 5 + (size_t)rank * 3) % 3);
+        return dt == DDP_U8 ? (double)(v + 1) : (double)prod_signed[v];
+    }
+    int v = (int)((i * 7 + (size_t)rank * 13) % 17);
+    return dt == DDP_U8 ? (double)v : (double)(v - 8);
+}
+
+static void put(void *buf, ddp_dtype_t dt, size_t i, double v)
+{
+    switch (dt) {
+    case DDP_F32: ((float *)buf)[i] = (float)v; break;
+    case DDP_F64: ((double *)buf)[i] = v; break;
+    case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
+    case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
+    case DDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+static double get(const void *buf, ddp_dtype_t dt, size_t i)
+{
+    switch (dt) {
+    case DDP_F32: return ((const float *)buf)[i];
+    case DDP_F64: return ((const double *)buf)[i];
+    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_I32: return ((const int32_t *)buf)[i];
+    case DDP_I64: return (double)((const int64_t *)buf)[i];
+    case DDP_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+static int is_float(ddp_dtype_t dt) { return dt == DDP_F32 || dt == DDP_F64 || dt == DDP_F16 || dt == DDP_BF16; }
+
+/* Reference for element i: op over ranks of input_value, in float64. */
+static double reference(int world, size_t i, ddp_dtype_t dt, ddp_reduce_op_t op)
+{
+    double acc = input_value(0, i, dt, op);
+    for (int r = 1; r < world; r++) {
+        double x = input_value(r, i, dt, op);
+        switch (op) {
+        case DDP_SUM:
+        case DDP_AVG: acc += x; break;
+        case DDP_MIN: acc = x < acc ? x : acc; break;
+        case DDP_MAX: acc = x > acc ? x : acc; break;
+        case DDP_PROD: acc *= x; break;
+        default: break;
+        }
+    }
+    if (op == DDP_AVG) acc = is_float(dt) ? acc / world : trunc(acc / world);
+    return acc;
+}
+
+static int close_enough(double got, double want, ddp_dtype_t dt, ddp_reduce_op_t op)
+{
+    if (op != DDP_AVG || !is_float(dt)) return got == want;
+    double tol = (dt == DDP_F16 || dt == DDP_BF16) ? 1e-2 : 1e-6;
+    return fabs(got - want) <= tol * (fabs(want) > 1 ? fabs(want) : 1);
+}
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Every rank must hold the same bytes: allgather the hashes and compare. */
+static void check_same_everywhere(ddp_group_t *g, const void *buf, size_t bytes, const char *what)
+{
+    int world = ddp_group_size(g);
+    int64_t mine = (int64_t)hash_bytes(buf, bytes);
+    int64_t all[8];
+    CHECK_OK(ddp_group_allgather(g, &mine, all, 1, DDP_I64));
+    for (int r = 0; r < world; r++)
+        CHECK_MSG(all[r] == mine, "%s: rank %d's result differs from rank %d's", what, r,
+                  ddp_group_rank(g));
+}
+
+static void test_allreduce(ddp_group_t *g)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    for (int dt = 0; dt < DDP_DTYPE_COUNT; dt++) {
+        size_t es = ddp_dtype_size((ddp_dtype_t)dt);
+        for (int op = 0; op < DDP_OP_COUNT; op++) {
+            for (size_t si = 0; si < NSIZES; si++) {
+                size_t n = sizes[si];
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    char *send = malloc(n * es + 1), *recv = malloc(n * es + 1);
+                    CHECK(send && recv);
+                    for (size_t i = 0; i < n; i++) put(send, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
+                    memset(recv, 0x5a, n * es);
+                    char *out = in_place ? send : recv;
+                    CHECK_OK(ddp_group_allreduce(g, send, out, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
+                    for (size_t i = 0; i < n; i++) {
+                        double want = reference(world, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
+                        double got = get(out, (ddp_dtype_t)dt, i);
+                        CHECK_MSG(close_enough(got, want, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
+                                  "allreduce %s %s n=%zu in_place=%d world=%d: element %zu is %g, want %g",
+                                  ddp_dtype_name((ddp_dtype_t)dt), ddp_reduce_op_name((ddp_reduce_op_t)op), n, in_place, world, i, got, want);
+                    }
+                    if (!in_place) {
+                        for (size_t i = 0; i < n; i++)
+                            CHECK_MSG(get(send, (ddp_dtype_t)dt, i) == input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
+                                      "allreduce modified send at %zu", i);
+                    }
+                    check_same_everywhere(g, out, n * es, "allreduce");
+                    free(send);
+                    free(recv);
+                }
+            }
+        }
+    }
+}
+
+static void test_broadcast(ddp_group_t *g)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    for (int dt = 0; dt < DDP_DTYPE_COUNT; dt++) {
+        size_t es = ddp_dtype_size((ddp_dtype_t)dt);
+        for (int root = 0; root < world; root++) {
+            for (size_t si = 0; si < NSIZES; si++) {
+                size_t n = sizes[si];
+                char *buf = malloc(n * es + 1);
+                CHECK(buf);
+                for (size_t i = 0; i < n; i++) put(buf, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, DDP_SUM));
+                CHECK_OK(ddp_group_broadcast(g, buf, n, (ddp_dtype_t)dt, root));
+                for (size_t i = 0; i < n; i++)
+                    CHECK_MSG(get(buf, (ddp_dtype_t)dt, i) == input_value(root, i, (ddp_dtype_t)dt, DDP_SUM),
+                              "broadcast %s root %d n=%zu: element %zu wrong", ddp_dtype_name((ddp_dtype_t)dt), root, n, i);
+                check_same_everywhere(g, buf, n * es, "broadcast");
+                free(buf);
+            }
+        }
+    }
+}
+
+static void test_reduce_scatter(ddp_group_t *g)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    for (int dt = 0; dt < DDP_DTYPE_COUNT; dt++) {
+        size_t es = ddp_dtype_size((ddp_dtype_t)dt);
+        for (int op = 0; op < DDP_OP_COUNT; op++) {
+            for (size_t si = 0; si < NSIZES; si++) {
+                size_t n = sizes[si];
+                if (n > 5000 && op != DDP_SUM && op != DDP_AVG) continue; /* keep it quick */
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    size_t total = n * (size_t)world;
+                    char *send = malloc(total * es + 1), *recv = malloc(n * es + 1);
+                    CHECK(send && recv);
+                    /* Element i of the whole array, rank r's contribution: input_value(r, i). */
+                    for (size_t i = 0; i < total; i++) put(send, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
+                    char *out = in_place ? send + (size_t)rank * n * es : recv;
+                    CHECK_OK(ddp_group_reduce_scatter(g, send, out, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
+                    for (size_t i = 0; i < n; i++) {
+                        double want = reference(world, (size_t)rank * n + i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
+                        double got = get(out, (ddp_dtype_t)dt, i);
+                        CHECK_MSG(close_enough(got, want, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
+                                  "reduce_scatter %s %s n=%zu in_place=%d world=%d: element %zu is %g, want %g",
+                                  ddp_dtype_name((ddp_dtype_t)dt), ddp_reduce_op_name((ddp_reduce_op_t)op), n, in_place, world, i, got, want);
+                    }
+                    free(send);
+                    free(recv);
+                }
+            }
+        }
+    }
+}
+
+static void test_allgather(ddp_group_t *g)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    for (int dt = 0; dt < DDP_DTYPE_COUNT; dt++) {
+        size_t es = ddp_dtype_size((ddp_dtype_t)dt);
+        for (size_t si = 0; si < NSIZES; si++) {
+            size_t n = sizes[si];
+            for (int in_place = 0; in_place < 2; in_place++) {
+                char *send = malloc(n * es + 1), *recv = malloc(n * (size_t)world * es + 1);
+                CHECK(send && recv);
+                memset(recv, 0x33, n * (size_t)world * es);
+                char *src = in_place ? recv + (size_t)rank * n * es : send;
+                for (size_t i = 0; i < n; i++) put(src, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, DDP_SUM));
+                CHECK_OK(ddp_group_allgather(g, src, recv, n, (ddp_dtype_t)dt));
+                for (int r = 0; r < world; r++)
+                    for (size_t i = 0; i < n; i++)
+                        CHECK_MSG(get(recv, (ddp_dtype_t)dt, (size_t)r * n + i) == input_value(r, i, (ddp_dtype_t)dt, DDP_SUM),
+                                  "allgather %s n=%zu in_place=%d: block %d element %zu wrong", ddp_dtype_name((ddp_dtype_t)dt), n, in_place, r, i);
+                check_same_everywhere(g, recv, n * (size_t)world * es, "allgather");
+                free(send);
+                free(recv);
+            }
+        }
+    }
+}
+
+static int body(ddp_group_t *g, void *arg)
+{
+    (void)arg;
+    int all = strcmp(family, "all") == 0;
+    if (all || !strcmp(family, "allreduce")) test_allreduce(g);
+    if (all || !strcmp(family, "broadcast")) test_broadcast(g);
+    if (all || !strcmp(family, "reduce_scatter")) test_reduce_scatter(g);
+    if (all || !strcmp(family, "allgather")) test_allgather(g);
+    for (int i = 0; i < 3; i++) CHECK_OK(ddp_group_barrier(g));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int world = argc > 1 ? atoi(argv[1]) : 2;
+    if (argc > 2) family = argv[2];
+    ddp_group_options_t opts = DDP_GROUP_OPTIONS_INIT;
+    opts.timeout_ms = 60000;
+    int rc = ddp_test_run_group(world, 110, &opts, body, NULL);
+    if (rc == 0) printf("test_group_ops world=%d %s: ok\n", world, family);
+    return rc;
+}
