@@ -1,12 +1,354 @@
-/* Placeholder for `ddp-bench -o reducer`; the Reducer's author replaces this whole file. */
+/* `ddp-bench -o reducer`: how much of the Reducer's communication hides behind backward.
+ *
+ * A model is a list of layers with real parameter shapes (an MLP 784-4096-4096-10, or a
+ * ResNet-50-like list of conv/bn/fc shapes, ~25.6 M parameters). Backward is simulated: layers
+ * from last to first each "compute" for a configurable time (a busy loop, or a sleep that leaves
+ * the core free as a GPU would), write their gradients and call grad_ready per parameter, so the
+ * Reducer launches bucket allreduces while later layers are still computing. Per iteration we
+ * report backward time, communication time (the union of the buckets' launch..done intervals,
+ * i.e. time the wire was busy), exposed communication (the wait in finalize) and
+ * overlap = 1 - exposed / communication. The anchor is the same model reduced with no compute
+ * at all (every bucket exposed), measured first in the same run. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "bench.h"
 
+typedef struct layer {
+    char name[48];
+    size_t numel[3]; /* weight, then bn weight / bias or bias (0: absent) */
+} layer_t;
+
+typedef struct model {
+    layer_t *layers;
+    size_t nlayers, cap;
+    size_t total;
+} model_t;
+
+static void add_layer(model_t *m, const char *name, size_t a, size_t b, size_t c)
+{
+    if (m->nlayers == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 64;
+        m->layers = realloc(m->layers, m->cap * sizeof *m->layers);
+    }
+    layer_t *l = &m->layers[m->nlayers++];
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->numel[0] = a;
+    l->numel[1] = b;
+    l->numel[2] = c;
+    m->total += a + b + c;
+}
+
+static void preset_mlp(model_t *m)
+{
+    const size_t dims[4] = {784, 4096, 4096, 10};
+    for (int l = 0; l < 3; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "fc%d", l);
+        add_layer(m, name, dims[l] * dims[l + 1], dims[l + 1], 0);
+    }
+}
+
+/* ResNet-50: conv1, four stages of bottleneck blocks (3, 4, 6, 3) of widths 64..512 with
+ * expansion 4 and a projection in each stage's first block, then fc 2048 -> 1000. A conv and
+ * its batch norm form one layer (convs have no bias; bn has weight and bias). */
+static void preset_resnet50(model_t *m)
+{
+    add_layer(m, "conv1", 64 * 3 * 7 * 7, 64, 64);
+    const int blocks[4] = {3, 4, 6, 3};
+    size_t in = 64;
+    for (int s = 0; s < 4; s++) {
+        size_t w = (size_t)64 << s;
+        for (int b = 0; b < blocks[s]; b++) {
+            char name[48];
+            snprintf(name, sizeof name, "layer%d.%d.conv1", s + 1, b);
+            add_layer(m, name, w * in, w, w);
+            snprintf(name, sizeof name, "layer%d.%d.conv2", s + 1, b);
+            add_layer(m, name, w * w * 9, w, w);
+            snprintf(name, sizeof name, "layer%d.%d.conv3", s + 1, b);
+            add_layer(m, name, 4 * w * w, 4 * w, 4 * w);
+            if (b == 0) {
+                snprintf(name, sizeof name, "layer%d.%d.downsample", s + 1, b);
+                add_layer(m, name, 4 * w * in, 4 * w, 4 * w);
+            }
+            in = 4 * w;
+        }
+    }
+    add_layer(m, "fc", 2048 * 1000, 1000, 0);
+}
+
+static void compute_for(double us, int sleep_mode)
+{
+    if (us <= 0) return;
+    if (sleep_mode) {
+        struct timespec ts = {(time_t)(us / 1e6), (long)(fmod(us, 1e6) * 1000.0)};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    double end = ddp_time_us() + us;
+    volatile double x = 1.0;
+    while (ddp_time_us() < end)
+        for (int i = 0; i < 64; i++) x = x * 1.0000001 + 1e-9;
+}
+
+typedef struct sample {
+    double backward, comm, exposed, overlap, comm_sum;
+} sample_t;
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_of(const sample_t *s, size_t n, size_t field)
+{
+    double *v = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) v[i] = ((const double *)&s[i])[field];
+    qsort(v, n, sizeof(double), compare_double);
+    double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    free(v);
+    return m;
+}
+
+/* Union of the buckets' [launch, done] intervals: the time communication was in progress. */
+static double comm_busy(const ddp_reducer_stats_t *st)
+{
+    size_t n = st->nbuckets;
+    double *start = malloc((n ? n : 1) * sizeof(double)), *end = malloc((n ? n : 1) * sizeof(double));
+    for (size_t b = 0; b < n; b++) {
+        start[b] = st->buckets[b].launch_us;
+        end[b] = st->buckets[b].done_us;
+    }
+    /* Buckets launch in order, so starts are sorted. */
+    double busy = 0, cs = 0, ce = -1e300;
+    for (size_t b = 0; b < n; b++) {
+        if (start[b] > ce) {
+            if (ce > cs) busy += ce - cs;
+            cs = start[b];
+            ce = end[b];
+        } else if (end[b] > ce) {
+            ce = end[b];
+        }
+    }
+    if (n && ce > cs) busy += ce - cs;
+    free(start);
+    free(end);
+    return busy;
+}
+
+typedef struct bench {
+    ddp_group_t *group;
+    ddp_reducer_t *reducer;
+    model_t *model;
+    size_t nparams;
+    int rank;
+} bench_t;
+
+static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t *out)
+{
+    ddp_status_t s = ddp_reducer_prepare(b->reducer);
+    size_t p = b->nparams;
+    for (size_t l = b->model->nlayers; s == DDP_OK && l-- > 0;) {
+        compute_for(compute_us, sleep_mode);
+        const layer_t *ly = &b->model->layers[l];
+        int np = (ly->numel[0] > 0) + (ly->numel[1] > 0) + (ly->numel[2] > 0);
+        for (int k = np; s == DDP_OK && k-- > 0;) {
+            size_t index = p - (size_t)np + (size_t)k;
+            float *g = NULL;
+            s = ddp_reducer_grad(b->reducer, index, (void **)&g);
+            if (s != DDP_OK) break;
+            /* The gradient this layer "computed" (touching its memory like a real backward). */
+            size_t n = ly->numel[k];
+            for (size_t e = 0; e < n; e += 16) g[e] = (float)(e % 7) * 0.5f;
+            s = ddp_reducer_grad_ready(b->reducer, index);
+        }
+        p -= (size_t)np;
+    }
+    if (s == DDP_OK) s = ddp_reducer_finalize(b->reducer);
+    if (s != DDP_OK) {
+        fprintf(stderr, "ddp-bench: rank %d: reducer iteration: %s: %s\n", b->rank,
+                ddp_status_string(s), ddp_last_error());
+        return 1;
+    }
+    ddp_reducer_stats_t st;
+    if (ddp_reducer_stats(b->reducer, &st) != DDP_OK) return 1;
+    out->backward = st.backward_us;
+    out->comm = comm_busy(&st);
+    out->comm_sum = st.comm_us;
+    out->exposed = st.exposed_us;
+    out->overlap = out->comm > 0 ? 100.0 * (1.0 - st.exposed_us / out->comm) : 0;
+    return 0;
+}
+
+static int usage(int rank, const char *msg, const char *arg)
+{
+    if (rank == 0) {
+        fprintf(stderr, "ddp-bench -o reducer: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
+        fprintf(stderr,
+                "usage: ddprun -n N ddp-bench -o reducer [--preset mlp|resnet50]\n"
+                "         [--compute-us US per layer | --compute-ratio R] [--sleep] [-n iters]\n"
+                "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
+                "  --compute-ratio R: backward computes R times the communication time measured\n"
+                "                     with no compute (spread evenly over the layers)\n"
+                "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n");
+    }
+    return DDP_BENCH_EXIT_USAGE;
+}
+
 int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    if (ddp_group_rank(group) == 0) fprintf(stderr, "ddp-bench: -o reducer is not built yet\n");
-    return 2;
+    int rank = ddp_group_rank(group), world = ddp_group_size(group);
+    const char *preset = "mlp";
+    double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1;
+    int iters = 10, warmup = 2, sleep_mode = 0, json = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(a, "--sleep")) {
+            sleep_mode = 1;
+            continue;
+        }
+        if (!strcmp(a, "--json")) {
+            json = 1;
+            continue;
+        }
+        if (!v) return usage(rank, "option needs a value", a);
+        i++;
+        if (!strcmp(a, "--preset")) {
+            if (strcmp(v, "mlp") && strcmp(v, "resnet50")) return usage(rank, "unknown preset", v);
+            preset = v;
+        } else if (!strcmp(a, "--compute-us")) {
+            compute_us = strtod(v, &end);
+            if (*end || compute_us < 0) return usage(rank, "bad --compute-us", v);
+        } else if (!strcmp(a, "--compute-ratio")) {
+            ratio = strtod(v, &end);
+            if (*end || ratio < 0) return usage(rank, "bad --compute-ratio", v);
+        } else if (!strcmp(a, "-n")) {
+            iters = (int)strtol(v, &end, 10);
+            if (*end || iters < 1 || iters > 100000) return usage(rank, "bad -n", v);
+        } else if (!strcmp(a, "-w")) {
+            warmup = (int)strtol(v, &end, 10);
+            if (*end || warmup < 0 || warmup > 1000) return usage(rank, "bad -w", v);
+        } else if (!strcmp(a, "--bucket-mb")) {
+            bucket_mb = strtod(v, &end);
+            if (*end || bucket_mb <= 0) return usage(rank, "bad --bucket-mb", v);
+        } else if (!strcmp(a, "--first-bucket-mb")) {
+            first_mb = strtod(v, &end);
+            if (*end || first_mb <= 0) return usage(rank, "bad --first-bucket-mb", v);
+        } else {
+            return usage(rank, "unknown option", a);
+        }
+    }
+    if (compute_us >= 0 && ratio >= 0)
+        return usage(rank, "give --compute-us or --compute-ratio, not both", NULL);
+    if (compute_us < 0 && ratio < 0) ratio = 1.5;
+
+    model_t model = {0};
+    if (!strcmp(preset, "mlp")) preset_mlp(&model);
+    else preset_resnet50(&model);
+
+    /* Parameters in registration (forward) order. */
+    size_t nparams = 0;
+    for (size_t l = 0; l < model.nlayers; l++)
+        for (int k = 0; k < 3; k++) nparams += model.layers[l].numel[k] > 0;
+    ddp_param_t *params = calloc(nparams, sizeof *params);
+    char (*names)[64] = calloc(nparams, 64);
+    float **data = calloc(nparams, sizeof(float *));
+    size_t p = 0;
+    static const char *suffix[3] = {"weight", "bn_or_bias", "bn_bias"};
+    for (size_t l = 0; l < model.nlayers; l++)
+        for (int k = 0; k < 3; k++) {
+            if (!model.layers[l].numel[k]) continue;
+            snprintf(names[p], 64, "%s.%s", model.layers[l].name, suffix[k]);
+            data[p] = calloc(model.layers[l].numel[k], sizeof(float));
+            params[p].name = names[p];
+            params[p].data = data[p];
+            params[p].numel = model.layers[l].numel[k];
+            params[p].dtype = DDP_F32;
+            p++;
+        }
+    ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
+    config.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
+    config.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
+    bench_t b = {group, NULL, &model, nparams, rank};
+    int rc = DDP_BENCH_EXIT_OK;
+    ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
+    if (s != DDP_OK) {
+        fprintf(stderr, "ddp-bench: rank %d: ddp_reducer_create: %s: %s\n", rank,
+                ddp_status_string(s), ddp_last_error());
+        rc = DDP_BENCH_EXIT_FAILED;
+        goto done;
+    }
+
+    /* Anchor: communication alone (no compute), after a warm-up that also triggers the rebuild. */
+    sample_t *samples = calloc((size_t)iters + 3, sizeof *samples);
+    for (int i = 0; i < warmup + 1 && rc == 0; i++) rc = one_iteration(&b, 0, 0, &samples[0]);
+    sample_t alone[3];
+    for (int i = 0; i < 3 && rc == 0; i++) rc = one_iteration(&b, 0, 0, &alone[i]);
+    double comm_alone = rc == 0 ? median_of(alone, 3, 1) : 0;
+    /* Every rank must use the same compute time: take rank 0's. */
+    double agreed[1] = {comm_alone};
+    if (rc == 0 && ddp_group_broadcast(group, agreed, 1, DDP_F64, 0) != DDP_OK) rc = 1;
+    comm_alone = agreed[0];
+    if (compute_us < 0) compute_us = ratio * comm_alone / (double)model.nlayers;
+    double compute_total = compute_us * (double)model.nlayers;
+
+    if (rc == 0 && rank == 0 && !json) {
+        printf("# reducer benchmark: preset %s, %zu layers, %zu parameters (%.1f MiB f32), "
+               "%d ranks, transport %s\n",
+               preset, model.nlayers, model.total, (double)model.total * 4 / 1048576.0, world,
+               ddp_group_transport(group));
+        printf("# buckets: %zu (first %.2g MiB, cap %.3g MiB); compute %.1f us per layer "
+               "(%.2f ms per step, %s)\n",
+               ddp_reducer_bucket_count(b.reducer), first_mb, bucket_mb, compute_us,
+               compute_total / 1000.0, sleep_mode ? "sleep" : "busy loop");
+        printf("# anchor: communication with no compute %.2f ms (all exposed)\n",
+               comm_alone / 1000.0);
+        printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms", "exposed_ms",
+               "comm_sum_ms", "overlap_%");
+    }
+    for (int i = 0; i < warmup && rc == 0; i++)
+        rc = one_iteration(&b, compute_us, sleep_mode, &samples[0]);
+    for (int i = 0; i < iters && rc == 0; i++) {
+        rc = one_iteration(&b, compute_us, sleep_mode, &samples[i]);
+        if (rc == 0 && rank == 0 && !json)
+            printf("%6d %12.3f %12.3f %12.3f %12.3f %10.1f\n", i, samples[i].backward / 1000.0,
+                   samples[i].comm / 1000.0, samples[i].exposed / 1000.0,
+                   samples[i].comm_sum / 1000.0, samples[i].overlap);
+    }
+    if (rc == 0 && rank == 0) {
+        double bw = median_of(samples, (size_t)iters, 0), cm = median_of(samples, (size_t)iters, 1);
+        double ex = median_of(samples, (size_t)iters, 2);
+        double ratio_exposed = cm > 0 ? ex / cm : 0;
+        if (json) {
+            printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
+                   "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"comm_alone_ms\":%.3f,"
+                   "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
+                   "\"exposed_over_comm\":%.4f}\n",
+                   preset, world, model.total, ddp_reducer_bucket_count(b.reducer), compute_us,
+                   sleep_mode, comm_alone / 1000.0, bw / 1000.0, cm / 1000.0, ex / 1000.0,
+                   ratio_exposed);
+        } else {
+            printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
+                   "exposed/comm %.1f%% (target <= 15%% when compute >= comm: compute %.2f ms "
+                   "%s comm %.2f ms)\n",
+                   bw / 1000.0, cm / 1000.0, ex / 1000.0, 100.0 * (1 - ratio_exposed),
+                   100.0 * ratio_exposed, compute_total / 1000.0,
+                   compute_total >= cm ? ">=" : "<", cm / 1000.0);
+        }
+    }
+    free(samples);
+    ddp_reducer_destroy(b.reducer);
+done:
+    for (size_t i = 0; i < nparams; i++) free(data[i]);
+    free(data);
+    free(names);
+    free(params);
+    free(model.layers);
+    return rc;
 }
