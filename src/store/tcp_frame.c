@@ -95,10 +95,8 @@ static int read_keys(struct reader *r, ddp__store_request_t *req, uint32_t count
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *k;
         size_t n;
-        if (read_blob(&scan, &k, &n, DDP_STORE_MAX_KEY, "truncated or too long key") != 0) {
-            snprintf(r->reason, r->reason_size, "%s", scan.reason);
-            return -1;
-        }
+        if (read_blob(&scan, &k, &n, DDP_STORE_MAX_KEY, "truncated or too long key") != 0)
+            return -1; /* scan shares r's reason buffer: the reason is written */
         if (memchr(k, 0, n)) return fail(r, "key contains a NUL byte");
         text += n + 1;
     }
