@@ -600,7 +600,7 @@ static void scenario_multinode_failure(void)
             if (exit_code(status) != 1 || !strstr(err, needle)) dump(&runs[k]);
             CHECK_MSG(exit_code(status) == 1, "node %d exited with %d", k, exit_code(status));
             CHECK_MSG(strstr(err, needle), "node %d does not name rank %d", k, fail_rank);
-            snprintf(needle, sizeof needle, "on node %d exited with status 7", failing_node);
+            snprintf(needle, sizeof needle, "exited with status 7 on node %d", failing_node);
             CHECK(strstr(err, needle));
             CHECK_MSG(seconds < 15.0, "node %d took %.1f s to stop", k, seconds);
             free(err);
@@ -624,7 +624,7 @@ static void scenario_multinode_failure(void)
         char *err = read_text(runs[k].err_path);
         if (exit_code(status) != 1) dump(&runs[k]);
         CHECK_MSG(exit_code(status) == 1, "node %d exited with %d", k, exit_code(status));
-        CHECK(strstr(err, "rank 3 (pid ") && strstr(err, "on node 1 exited with status 7"));
+        CHECK(strstr(err, "rank 3 (pid ") && strstr(err, "exited with status 7 on node 1"));
         free(err);
     }
 

@@ -614,6 +614,23 @@ static void publish_failure(job_t *job, const char *text)
     ddp_free(current);
 }
 
+static void set_remote_failure(job_t *job, const char *text);
+
+/* Reads job/failed into job->remote_failure when some node has set it. */
+static ddp_status_t fetch_failure(job_t *job)
+{
+    const char *failed_key = "job/failed";
+    int exists = 0;
+    ddp_status_t s = ddp_store_check(job->store, &failed_key, 1, &exists);
+    if (s != DDP_OK || !exists) return s;
+    void *v = NULL;
+    size_t len = 0;
+    s = ddp_store_get(job->store, failed_key, &v, &len);
+    if (s == DDP_OK) set_remote_failure(job, (const char *)v);
+    ddp_free(v);
+    return s;
+}
+
 static void notify_main(job_t *job)
 {
     unsigned char b = 1;
@@ -660,22 +677,12 @@ static void *watcher_main(void *arg)
     char key[64], text[FAILURE_TEXT_MAX];
     snprintf(key, sizeof key, "job/heartbeat/%d", o->node_rank);
     while (!watcher_should_stop(job)) {
-        const char *failed_key = "job/failed";
-        int exists = 0;
+        /* Count finished nodes before looking for job/failed: a node sets job/failed before it
+         * counts itself out, so a count that includes a failed node comes with its failure. */
         int64_t value = 0;
-        ddp_status_t s = ddp_store_check(job->store, &failed_key, 1, &exists);
-        if (s == DDP_OK && exists) {
-            void *v = NULL;
-            size_t len = 0;
-            s = ddp_store_get(job->store, failed_key, &v, &len);
-            if (s == DDP_OK) {
-                /* Keep watching: node 0 still counts the nodes that have finished. */
-                set_remote_failure(job, (const char *)v);
-                ddp_free(v);
-            }
-        }
-        if (s == DDP_OK) s = ddp_store_add(job->store, key, 1, &value);
+        ddp_status_t s = ddp_store_add(job->store, key, 1, &value);
         if (s == DDP_OK) s = ddp_store_add(job->store, "job/exited", 0, &value);
+        if (s == DDP_OK) s = fetch_failure(job);
         if (s == DDP_OK) {
             pthread_mutex_lock(&job->lock);
             job->nodes_exited = value;
@@ -853,11 +860,11 @@ static void describe_exit(char *out, size_t size, const worker_t *w, int node, i
     if (nnodes > 1) snprintf(where, sizeof where, " on node %d", node);
     if (WIFSIGNALED(w->status)) {
         int sig = WTERMSIG(w->status);
-        snprintf(out, size, "rank %d (pid %d)%s killed by signal %d (%s)", w->rank, (int)w->pid,
-                 where, sig, signal_name(sig));
+        snprintf(out, size, "rank %d (pid %d) killed by signal %d (%s)%s", w->rank, (int)w->pid,
+                 sig, signal_name(sig), where);
     } else {
-        snprintf(out, size, "rank %d (pid %d)%s exited with status %d", w->rank, (int)w->pid,
-                 where, WEXITSTATUS(w->status));
+        snprintf(out, size, "rank %d (pid %d) exited with status %d%s", w->rank, (int)w->pid,
+                 WEXITSTATUS(w->status), where);
     }
 }
 
@@ -1004,6 +1011,8 @@ static void run_event_loop(job_t *job)
             ddp_store_set(job->store, key, "1", 1);
             ddp_store_add(job->store, "job/exited", 1, &count);
             sent_exited = 1;
+            /* The count may already include a node that failed after our workers finished. */
+            fetch_failure(job);
             if (o->node_rank != 0) break;
             /* Node 0 keeps the store up until the other nodes are done; after a failure, only
              * long enough for them to see job/failed and stop their workers. */
