@@ -460,6 +460,7 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
         size_t n0 = (size_t)headers[1];
         for (int q = 1; q < world; q++) {
             size_t nq = (size_t)headers[3 * q + 1];
+            if (i >= n0 && i >= nq) continue;
             signature_t a, b;
             memcpy(&a, all + i * rec, rec);
             memcpy(&b, all + ((size_t)q * maxn + i) * rec, rec);
