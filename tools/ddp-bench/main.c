@@ -200,9 +200,6 @@ static int parse_options(int argc, char **argv, ddp_bench_options_t *o)
     }
     if (o->min_bytes > o->max_bytes)
         USAGE_ERROR("-b %zu is larger than -e %zu", o->min_bytes, o->max_bytes);
-    if (o->collective != DDP_BENCH_BARRIER && o->collective != DDP_BENCH_BROADCAST &&
-        o->dtype == DDP_U8 && (o->op == DDP_AVG || o->op == DDP_PROD))
-        USAGE_ERROR("-r %s is not benchmarked for -d u8", ddp_reduce_op_name(o->op));
     return DDP_BENCH_EXIT_OK;
 }
 
