@@ -9,7 +9,9 @@
 # Environment: BUILD (build directory, default <repo>/build; built if a program is missing),
 # RANKS ("2 4"), OPS ("allreduce"; also broadcast, reduce_scatter, allgather), DTYPE (f32),
 # REDOP (sum), MIN (8), MAX (128M), FACTOR (4), ITERS (5), WARMUP (2), ROUNDS (5),
-# MIN_MS (10), KEEP (a directory to keep the raw JSON in). Ratios > 1 mean libddp is faster.
+# MIN_MS (10), REPEAT (3: every run is repeated, interleaved, and the table shows the median
+# with the spread below it), KEEP (a directory to keep the raw JSON in).
+# Ratios > 1 mean libddp is faster.
 set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +27,7 @@ ITERS=${ITERS:-5}
 WARMUP=${WARMUP:-2}
 ROUNDS=${ROUNDS:-5}
 MIN_MS=${MIN_MS:-10}
+REPEAT=${REPEAT:-3}
 
 need=""
 for p in ddprun ddp-bench memcpy-probe mpi-baseline; do
@@ -63,67 +66,108 @@ json_only() { grep '^{' || true; }
 
 echo "# compare_collectives: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, $(uname -r)"
 echo "# $DTYPE $REDOP, sizes $MIN..$MAX x$FACTOR, >= $ITERS iterations x $ROUNDS rounds (median), warmup $WARMUP"
-"$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" \
-    --min-ms "$MIN_MS" --json | json_only >"$OUT/memcpy.json"
-
+echo "# $REPEAT repetitions of every run, interleaved; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Field `name` of a JSON line ("key":value), numbers and strings alike.
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
 
+# All runs of one repetition back to back, so that every configuration sees the same load.
+rep=1
+while [ "$rep" -le "$REPEAT" ]; do
+    "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" \
+        --min-ms "$MIN_MS" --json | json_only >"$OUT/memcpy.$rep.json"
+    for op in $OPS; do
+        for n in $RANKS; do
+            for seg in 0 1; do
+                # shellcheck disable=SC2086
+                "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" $COMMON \
+                    --segment "$seg" | json_only >"$OUT/ddp-$seg-$op-$n.$rep.json" || true
+            done
+            if [ "$HAVE_MPI" = 1 ]; then
+                # shellcheck disable=SC2086
+                mpirun --oversubscribe -np "$n" "$BUILD/mpi-baseline" -o "$op" $COMMON \
+                    | json_only >"$OUT/mpi-$op-$n.$rep.json" || true
+            else
+                : >"$OUT/mpi-$op-$n.$rep.json"
+            fi
+        done
+    done
+    rep=$((rep + 1))
+done
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# Lists the files of every repetition of one configuration.
+reps() { r=1; l=""; while [ "$r" -le "$REPEAT" ]; do l="$l $OUT/$1.$r.json"; r=$((r + 1)); done; echo "$l"; }
+
 for op in $OPS; do
     for n in $RANKS; do
-        # shellcheck disable=SC2086
-        "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" $COMMON --segment 0 \
-            | json_only >"$OUT/ddp-user-$op-$n.json"
-        # shellcheck disable=SC2086
-        "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" $COMMON --segment 1 \
-            | json_only >"$OUT/ddp-segment-$op-$n.json"
-        if [ "$HAVE_MPI" = 1 ]; then
-            # shellcheck disable=SC2086
-            mpirun --oversubscribe -np "$n" "$BUILD/mpi-baseline" -o "$op" $COMMON \
-                | json_only >"$OUT/mpi-$op-$n.json" || true
-        else
-            : >"$OUT/mpi-$op-$n.json"
-        fi
-
         echo
-        echo "## $op, $n ranks ($(field transport <"$OUT/ddp-user-$op-$n.json" | head -n 1) transport)"
-        # One table row per size: algbw of each run, the ratios, and memcpy's speed at that size.
-        awk -v user="$OUT/ddp-user-$op-$n.json" -v seg="$OUT/ddp-segment-$op-$n.json" \
-            -v mpi="$OUT/mpi-$op-$n.json" -v mem="$OUT/memcpy.json" '
+        echo "## $op $DTYPE $REDOP, $n ranks ($(field transport <"$OUT/ddp-0-$op-$n.1.json" | head -n 1) transport)," \
+            "algbw in GB/s, median of $REPEAT runs"
+        awk -v user="$(reps "ddp-0-$op-$n")" -v seg="$(reps "ddp-1-$op-$n")" \
+            -v mpi="$(reps "mpi-$op-$n")" -v mem="$(reps memcpy)" '
             function get(line, key,   m) {
                 if (match(line, "\"" key "\":\"?[^,\"}]*")) {
                     m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
                 }
                 return ""
             }
-            function slurp(file, bw, t, key,   line, b) {
-                while ((getline line < file) > 0) {
-                    b = get(line, "bytes"); bw[b] = get(line, key); t[b] = get(line, "time_us")
-                    if (file == user) order[++nsizes] = b
+            # Reads every repetition of one configuration: v[kind, bytes, k] = value of run k.
+            function slurp(kind, files, key,   list, nf, i, line, b) {
+                nf = split(files, list, " ")
+                for (i = 1; i <= nf; i++) {
+                    while ((getline line < list[i]) > 0) {
+                        b = get(line, "bytes")
+                        n[kind, b]++
+                        bw[kind, b, n[kind, b]] = get(line, key)
+                        us[kind, b, n[kind, b]] = get(line, "time_us")
+                        if (kind == "user" && !(b in seen)) { seen[b] = 1; order[++nsizes] = b }
+                    }
+                    close(list[i])
                 }
-                close(file)
+            }
+            # Median (and min, max) of the runs of one configuration at one size.
+            function stats(arr, kind, b,   k, m, tmp, i, j, t) {
+                m = n[kind, b] + 0
+                if (m == 0) { lo = hi = ""; return "" }
+                for (k = 1; k <= m; k++) tmp[k] = arr[kind, b, k] + 0
+                for (i = 2; i <= m; i++) for (j = i; j > 1 && tmp[j - 1] > tmp[j]; j--) {
+                    t = tmp[j]; tmp[j] = tmp[j - 1]; tmp[j - 1] = t
+                }
+                lo = tmp[1]; hi = tmp[m]
+                return m % 2 ? tmp[(m + 1) / 2] : (tmp[m / 2] + tmp[m / 2 + 1]) / 2
             }
             function ratio(a, b) { return (a != "" && b != "" && b + 0 > 0) ? sprintf("%.2f", a / b) : "-" }
             function show(x) { return x == "" ? "-" : sprintf("%.2f", x) }
+            function range(x) { return x == "" ? "-" : sprintf("%.2f-%.2f", lo, hi) }
             BEGIN {
-                slurp(user, ubw, ut, "algbw"); slurp(seg, sbw, st, "algbw")
-                slurp(mpi, mbw, mt, "algbw"); slurp(mem, cbw, ct, "gbps")
-                printf "%12s %9s %9s %9s %8s %8s %9s %8s %8s\n", "bytes", "user", "segment", "MPI",
-                       "user/MPI", "seg/MPI", "memcpy", "user/cpy", "seg/cpy"
-                printf "%12s %9s %9s %9s %8s %8s %9s %8s %8s\n", "", "GB/s", "GB/s", "GB/s", "", "",
-                       "GB/s", "", ""
+                slurp("user", user, "algbw"); slurp("seg", seg, "algbw")
+                slurp("mpi", mpi, "algbw"); slurp("mem", mem, "gbps")
+                fmt = "%10s %8s %8s %8s %8s %8s %8s %8s %8s\n"
+                printf fmt, "bytes", "user", "segment", "MPI", "user/MPI", "seg/MPI", "memcpy",
+                       "user/cpy", "seg/cpy"
                 for (i = 1; i <= nsizes; i++) {
                     b = order[i]
-                    printf "%12s %9s %9s %9s %8s %8s %9s %8s %8s\n", b, show(ubw[b]), show(sbw[b]),
-                           show(mbw[b]), ratio(ubw[b], mbw[b]), ratio(sbw[b], mbw[b]), show(cbw[b]),
-                           ratio(ubw[b], cbw[b]), ratio(sbw[b], cbw[b])
+                    u = stats(bw, "user", b); s = stats(bw, "seg", b)
+                    m = stats(bw, "mpi", b); c = stats(bw, "mem", b)
+                    printf fmt, b, show(u), show(s), show(m), ratio(u, m), ratio(s, m), show(c),
+                           ratio(u, c), ratio(s, c)
+                }
+                print "spread (min-max GB/s over the runs):"
+                fmt = "%10s %14s %14s %14s %14s\n"
+                printf fmt, "bytes", "user", "segment", "MPI", "memcpy"
+                for (i = 1; i <= nsizes; i++) {
+                    b = order[i]
+                    u = stats(bw, "user", b); ur = range(u); s = stats(bw, "seg", b); sr = range(s)
+                    m = stats(bw, "mpi", b); mr = range(m); c = stats(bw, "mem", b); cr = range(c)
+                    printf fmt, b, ur, sr, mr, cr
                 }
                 b = order[1]
-                printf "latency at %s B (us): user %s, segment %s, MPI %s, memcpy %s\n", b,
-                       show(ut[b]), show(st[b]), show(mt[b]), show(ct[b])
+                u = stats(us, "user", b); ur = range(u); s = stats(us, "seg", b); sr = range(s)
+                m = stats(us, "mpi", b); mr = range(m)
+                printf "latency at %s B, us (median, min-max): user %s (%s), segment %s (%s), MPI %s (%s)\n",
+                       b, show(u), ur, show(s), sr, show(m), mr
             }'
-        # Any wrong element or failed run shows up here rather than as a silent gap.
-        for f in "$OUT/ddp-user-$op-$n.json" "$OUT/ddp-segment-$op-$n.json"; do
+        for f in $(reps "ddp-0-$op-$n") $(reps "ddp-1-$op-$n"); do
             [ -s "$f" ] || echo "!! $(basename "$f"): no results (the run failed)"
         done
     done
