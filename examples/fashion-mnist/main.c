@@ -356,8 +356,13 @@ static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size
                                          samples_per_sec
                                    : -1,
                eta, sizeof eta);
+    if (tty && final) { /* the epoch's summary line takes the bar's place */
+        printf("\r%*s\r", 110, "");
+        fflush(stdout);
+        return;
+    }
     if (tty) {
-        if (!final && now - last_draw < 100e3) return;
+        if (now - last_draw < 100e3) return;
         last_draw = now;
         char bar[31];
         size_t fill = steps ? step * 30 / steps : 0;
@@ -365,7 +370,6 @@ static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size
         bar[30] = '\0';
         printf("\repoch %zu/%zu [%s] step %zu/%zu loss %.4f %.0f samples/s ETA %s ", epoch + 1,
                t->o.epochs, bar, step, steps, local_loss, samples_per_sec, eta);
-        if (final) printf("\r%*s\r", 100, "");
         fflush(stdout);
     } else if (!final) {
         printf("epoch %zu/%zu step %zu/%zu loss %.4f (rank 0) %.0f samples/s ETA %s\n", epoch + 1,
