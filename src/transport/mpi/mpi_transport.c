@@ -1,0 +1,981 @@
+/* MPI transport: each collective of a process group becomes one of MPI's non-blocking collectives
+ * on a communicator private to the group, polled with MPI_Test on the group's progress thread
+ * until it completes or the collective's deadline passes. Built only when MPI is found.
+ *
+ * Every collective first exchanges its fingerprint (seq, kind, dtype, op, count, root) in one
+ * small MPI_Iallreduce with MPI_MIN over the fingerprint and its bitwise complement, which yields
+ * both the minimum and the maximum of every field in one round trip: when they differ, the ranks
+ * disagree, and an MPI_Iallgather of the fingerprints (only on this error path) names two ranks
+ * and what each called. The exchange is the same on every rank whatever each rank called, so a
+ * disagreement can never pair mismatched MPI calls. It is also a full synchronisation, so a
+ * barrier (or a count of 0) needs nothing more.
+ *
+ * f16 and bf16 are widened to f32 in a scratch buffer, reduced by MPI in f32 and rounded once at
+ * the end (MPI reduces pairwise; reducing in half precision would round at every step). AVG is a
+ * SUM followed by a division on every rank; i32 and u8 are widened to i64 for AVG so that the sum
+ * cannot wrap before the division (u8 SUM and PROD too: see reduce_dtype). */
+#include <limits.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "group/transport.h"
+#include "transport/mpi/mpi_internal.h"
+
+enum {
+    FP_FIELDS = 6,       /* seq, kind, dtype, op, count, root */
+    ABORT_TAG = 0xdd0,   /* point-to-point tag of abort notices on the group's communicator */
+    ABORT_TEXT_MAX = 512,
+    PROBE_EVERY = 64,    /* MPI_Test calls between deadline and abort-notice checks */
+    YIELD_AFTER = 256,   /* MPI_Test calls after which the poller yields the core each time */
+};
+
+/* Largest element count handed to one MPI call (MPI counts are int). */
+#define MPI_CHUNK ((size_t)1 << 30)
+
+typedef struct mpi_state {
+    MPI_Comm comm;
+    int rank;
+    int world;
+    char name[128];
+
+    /* Fingerprint buffers live here, not on the stack: after a timeout MPI still owns them. */
+    int64_t fp_send[2 * FP_FIELDS];
+    int64_t fp_recv[2 * FP_FIELDS];
+
+    void *scratch; /* f32/i64 widening buffer, grown on demand */
+    size_t scratch_bytes;
+
+    /* Requests given up at a timeout; tested again at destroy. */
+    MPI_Request abandoned[4];
+    int nabandoned;
+
+    /* Set after a timeout or failure: later collectives return DDP_ERR_ABORTED with this text. */
+    int broken;
+    char broken_reason[DDP_ERROR_TEXT_MAX];
+
+    /* abort(): may be called from another thread while the progress thread polls. */
+    _Atomic int aborted;
+    char abort_reason[ABORT_TEXT_MAX];
+    MPI_Request abort_sends[64];
+    int nabort_sends;
+    char abort_notice[ABORT_TEXT_MAX];
+
+    int inject_fault;
+} mpi_state_t;
+
+/* ---- process-wide MPI initialisation ---------------------------------------------------- */
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int thread_level = -1;
+static int we_initialized;     /* we called MPI_Init_thread, so we finalise at exit */
+static int live_states;        /* groups not yet destroyed */
+static int leaked_requests;    /* requests abandoned at a timeout that MPI never completed */
+
+/* Under MPI_THREAD_SERIALIZED two groups' progress threads must not be inside MPI together. */
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+static int serialize_calls;
+
+static void enter_mpi(void)
+{
+    if (serialize_calls) pthread_mutex_lock(&call_lock);
+}
+
+static void leave_mpi(void)
+{
+    if (serialize_calls) pthread_mutex_unlock(&call_lock);
+}
+
+static const char *thread_level_name(int level)
+{
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown thread level";
+    }
+}
+
+static void finalize_at_exit(void)
+{
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    pthread_mutex_lock(&init_lock);
+    /* A group still alive may have its progress thread inside MPI: skip finalising then (mpirun
+     * will report the process as having exited without MPI_Finalize). Requests abandoned at a
+     * timeout do not stop OpenMPI's MPI_Finalize, which only waits for every process to call it
+     * (checked by test_mpi_transport's timeout and abort cases). */
+    int safe = we_initialized && !finalized && live_states == 0;
+    int leaked = leaked_requests;
+    pthread_mutex_unlock(&init_lock);
+    if (!safe) return;
+    if (leaked)
+        DDP_LOG(DDP_LOG_DEBUG, "MPI transport: finalising MPI with %d abandoned requests", leaked);
+    MPI_Finalize();
+}
+
+static ddp_status_t ensure_mpi(void)
+{
+    ddp_status_t status = DDP_OK;
+    pthread_mutex_lock(&init_lock);
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        status = ddp__error(DDP_ERR_INVALID_USAGE,
+                            "MPI transport: MPI has already been finalised in this process");
+        goto out;
+    }
+    if (!initialized) {
+        int provided = MPI_THREAD_SINGLE;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) {
+            status = ddp__mpi_error(rc, "MPI transport: MPI_Init_thread");
+            goto out;
+        }
+        we_initialized = 1;
+        atexit(finalize_at_exit);
+    }
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED) {
+        status = ddp__error(DDP_ERR_UNSUPPORTED,
+                            "MPI transport: MPI runs with %s, but the group's progress thread "
+                            "calls MPI: initialise MPI with MPI_Init_thread(..., "
+                            "MPI_THREAD_MULTIPLE, ...) (or MPI_THREAD_SERIALIZED)",
+                            thread_level_name(level));
+        goto out;
+    }
+    thread_level = level;
+    serialize_calls = level < MPI_THREAD_MULTIPLE;
+out:
+    pthread_mutex_unlock(&init_lock);
+    return status;
+}
+
+int ddp__mpi_thread_level(void)
+{
+    pthread_mutex_lock(&init_lock);
+    int level = thread_level;
+    pthread_mutex_unlock(&init_lock);
+    return level;
+}
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+static const char *error_class_name(int cls)
+{
+    switch (cls) {
+    case MPI_ERR_BUFFER: return "MPI_ERR_BUFFER";
+    case MPI_ERR_COUNT: return "MPI_ERR_COUNT";
+    case MPI_ERR_TYPE: return "MPI_ERR_TYPE";
+    case MPI_ERR_TAG: return "MPI_ERR_TAG";
+    case MPI_ERR_COMM: return "MPI_ERR_COMM";
+    case MPI_ERR_RANK: return "MPI_ERR_RANK";
+    case MPI_ERR_ROOT: return "MPI_ERR_ROOT";
+    case MPI_ERR_GROUP: return "MPI_ERR_GROUP";
+    case MPI_ERR_OP: return "MPI_ERR_OP";
+    case MPI_ERR_ARG: return "MPI_ERR_ARG";
+    case MPI_ERR_REQUEST: return "MPI_ERR_REQUEST";
+    case MPI_ERR_TRUNCATE: return "MPI_ERR_TRUNCATE";
+    case MPI_ERR_NO_MEM: return "MPI_ERR_NO_MEM";
+    case MPI_ERR_INTERN: return "MPI_ERR_INTERN";
+    case MPI_ERR_OTHER: return "MPI_ERR_OTHER";
+    case MPI_ERR_UNSUPPORTED_OPERATION: return "MPI_ERR_UNSUPPORTED_OPERATION";
+    case MPI_ERR_UNSUPPORTED_DATAREP: return "MPI_ERR_UNSUPPORTED_DATAREP";
+    default: return "MPI error";
+    }
+}
+
+ddp_status_t ddp__mpi_error(int mpi_code, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING + 1] = "";
+    int len = 0;
+    int cls = MPI_ERR_OTHER;
+    if (MPI_Error_class(mpi_code, &cls) != MPI_SUCCESS) cls = MPI_ERR_OTHER;
+    if (MPI_Error_string(mpi_code, text, &len) != MPI_SUCCESS) {
+        snprintf(text, sizeof text, "error code %d", mpi_code);
+    } else {
+        text[len < 0 ? 0 : (len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len)] = '\0';
+    }
+    ddp_status_t status;
+    switch (cls) {
+    case MPI_ERR_TRUNCATE: status = DDP_ERR_MISMATCH; break;
+    case MPI_ERR_NO_MEM: status = DDP_ERR_NO_MEMORY; break;
+    case MPI_ERR_UNSUPPORTED_OPERATION:
+    case MPI_ERR_UNSUPPORTED_DATAREP: status = DDP_ERR_UNSUPPORTED; break;
+    case MPI_ERR_BUFFER:
+    case MPI_ERR_COUNT:
+    case MPI_ERR_TYPE:
+    case MPI_ERR_TAG:
+    case MPI_ERR_COMM:
+    case MPI_ERR_RANK:
+    case MPI_ERR_ROOT:
+    case MPI_ERR_GROUP:
+    case MPI_ERR_OP:
+    case MPI_ERR_ARG: status = DDP_ERR_INVALID_ARGUMENT; break;
+    default: status = DDP_ERR_SYSTEM; break;
+    }
+    const char *cls_name = error_class_name(cls);
+    if (strncmp(text, cls_name, strlen(cls_name)) == 0) /* OpenMPI's text starts with it */
+        return ddp__error(status, "%s: %s", what ? what : "MPI", text);
+    return ddp__error(status, "%s: %s: %s", what ? what : "MPI", cls_name, text);
+}
+
+/* Marks the state unusable, keeping the current error text as the reason, and returns status. */
+static ddp_status_t break_state(mpi_state_t *s, ddp_status_t status)
+{
+    if (!s->broken) {
+        s->broken = 1;
+        snprintf(s->broken_reason, sizeof s->broken_reason, "%s", ddp_last_error());
+    }
+    return status;
+}
+
+static void describe(const ddp__collective_t *c, char *buf, size_t size)
+{
+    ddp__fingerprint_describe(c, buf, size);
+}
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+/* Receives a pending abort notice from a peer, if any: DDP_ERR_REMOTE naming it, else DDP_OK. */
+static ddp_status_t check_abort_notice(mpi_state_t *s)
+{
+    int flag = 0;
+    MPI_Status st;
+    enter_mpi();
+    int rc = MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
+    if (rc == MPI_SUCCESS && flag) {
+        int len = 0;
+        MPI_Get_count(&st, MPI_CHAR, &len);
+        if (len < 0 || len >= ABORT_TEXT_MAX) len = ABORT_TEXT_MAX - 1;
+        rc = MPI_Recv(s->abort_notice, ABORT_TEXT_MAX - 1, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG,
+                      s->comm, MPI_STATUS_IGNORE);
+        s->abort_notice[len] = '\0';
+    }
+    leave_mpi();
+    if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, "MPI transport: receiving an abort notice");
+    if (!flag) return DDP_OK;
+    return ddp__error(DDP_ERR_REMOTE, "MPI transport, group '%s': rank %d aborted the group: %s",
+                      s->name, st.MPI_SOURCE, s->abort_notice);
+}
+
+/* Polls `req` until it completes, the deadline passes, this group is aborted or a peer's abort
+ * notice arrives. `step` names what the request is for in error texts. */
+static ddp_status_t wait_request(mpi_state_t *s, MPI_Request *req, const ddp__collective_t *c,
+                                 const char *step)
+{
+    char fp[256];
+    for (unsigned long spins = 1;; spins++) {
+        int done = 0;
+        enter_mpi();
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        leave_mpi();
+        if (rc != MPI_SUCCESS) {
+            describe(c, fp, sizeof fp);
+            char what[512];
+            snprintf(what, sizeof what, "MPI transport, group '%s', rank %d: %s of %s", s->name,
+                     s->rank, step, fp);
+            return break_state(s, ddp__mpi_error(rc, what));
+        }
+        if (done) return DDP_OK;
+        if (spins % PROBE_EVERY == 0) {
+            ddp_status_t status = DDP_OK;
+            if (atomic_load(&s->aborted)) {
+                status = ddp__error(DDP_ERR_ABORTED, "MPI transport, group '%s': aborted: %s",
+                                    s->name, s->abort_reason);
+            } else if (ddp__now_ns() > c->deadline_ns) {
+                describe(c, fp, sizeof fp);
+                status = ddp__error(
+                    DDP_ERR_TIMEOUT,
+                    "MPI transport, group '%s': rank %d timed out in the %s of %s: at least one "
+                    "of the other %d ranks has not reached seq %llu (MPI cannot say which)",
+                    s->name, s->rank, step, fp, s->world - 1, (unsigned long long)c->seq);
+            } else {
+                status = check_abort_notice(s);
+            }
+            if (status != DDP_OK) {
+                /* MPI cannot cancel a collective: keep the request so that destroy can see
+                 * whether it ever completed. */
+                if (s->nabandoned < (int)(sizeof s->abandoned / sizeof s->abandoned[0]))
+                    s->abandoned[s->nabandoned++] = *req;
+                return break_state(s, status);
+            }
+        }
+        if (spins > YIELD_AFTER) sched_yield();
+    }
+}
+
+/* ---- fingerprints ------------------------------------------------------------------------ */
+
+static void fingerprint_fields(const ddp__collective_t *c, int64_t out[FP_FIELDS])
+{
+    out[0] = (int64_t)c->seq;
+    out[1] = (int64_t)c->kind;
+    out[2] = (int64_t)c->dtype;
+    out[3] = (int64_t)c->op;
+    out[4] = (int64_t)c->count;
+    out[5] = (int64_t)c->root;
+}
+
+static ddp__collective_t collective_from_fields(const int64_t f[FP_FIELDS])
+{
+    ddp__collective_t c;
+    memset(&c, 0, sizeof c);
+    c.seq = (uint64_t)f[0];
+    c.kind = (ddp__collective_kind_t)f[1];
+    c.dtype = (ddp_dtype_t)f[2];
+    c.op = (ddp_reduce_op_t)f[3];
+    c.count = (size_t)f[4];
+    c.root = (int)f[5];
+    return c;
+}
+
+/* The ranks disagree: gathers every fingerprint and names rank 0 and the first rank that differs
+ * from it. Every rank builds the same text. */
+static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
+{
+    int64_t mine[FP_FIELDS];
+    fingerprint_fields(c, mine);
+    int64_t *all = ddp__malloc((size_t)s->world * sizeof mine, "MPI transport fingerprints");
+    if (!all) return break_state(s, DDP_ERR_NO_MEMORY);
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Iallgather(mine, FP_FIELDS, MPI_INT64_T, all, FP_FIELDS, MPI_INT64_T, s->comm,
+                            &req);
+    leave_mpi();
+    ddp_status_t status;
+    if (rc != MPI_SUCCESS) {
+        status = break_state(s, ddp__mpi_error(rc, "MPI transport: gathering fingerprints"));
+    } else {
+        status = wait_request(s, &req, c, "fingerprint gather");
+    }
+    if (status != DDP_OK) {
+        /* `all` may still be written by MPI after a timeout: leak it rather than free it. */
+        return status;
+    }
+    int other = 1;
+    while (other < s->world && memcmp(all, all + (size_t)other * FP_FIELDS, sizeof mine) == 0)
+        other++;
+    if (other == s->world) other = 1; /* cannot happen: min and max differed */
+    ddp__collective_t first = collective_from_fields(all);
+    ddp__collective_t second = collective_from_fields(all + (size_t)other * FP_FIELDS);
+    char a[256], b[256];
+    describe(&first, a, sizeof a);
+    describe(&second, b, sizeof b);
+    free(all);
+    status = ddp__error(DDP_ERR_MISMATCH,
+                        "MPI transport, group '%s': collective mismatch: rank 0 called %s but "
+                        "rank %d called %s",
+                        s->name, a, other, b);
+    return break_state(s, status);
+}
+
+/* Exchanges the fingerprint; DDP_ERR_MISMATCH on every rank when any field differs. */
+static ddp_status_t check_fingerprint(mpi_state_t *s, const ddp__collective_t *c)
+{
+    int64_t f[FP_FIELDS];
+    fingerprint_fields(c, f);
+    for (int i = 0; i < FP_FIELDS; i++) {
+        s->fp_send[i] = f[i];
+        s->fp_send[FP_FIELDS + i] = ~f[i]; /* min of ~x is ~max of x */
+    }
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Iallreduce(s->fp_send, s->fp_recv, 2 * FP_FIELDS, MPI_INT64_T, MPI_MIN, s->comm,
+                            &req);
+    leave_mpi();
+    if (rc != MPI_SUCCESS)
+        return break_state(s, ddp__mpi_error(rc, "MPI transport: exchanging the fingerprint"));
+    ddp_status_t status = wait_request(s, &req, c, "fingerprint exchange");
+    if (status != DDP_OK) return status;
+    for (int i = 0; i < FP_FIELDS; i++) {
+        if (s->fp_recv[i] != ~s->fp_recv[FP_FIELDS + i]) return report_mismatch(s, c);
+    }
+    return DDP_OK;
+}
+
+/* ---- types ------------------------------------------------------------------------------- */
+
+/* The MPI type for moving (not reducing) elements of `dtype`. */
+static MPI_Datatype move_type(ddp_dtype_t dtype)
+{
+    switch (dtype) {
+    case DDP_F32: return MPI_FLOAT;
+    case DDP_F64: return MPI_DOUBLE;
+    case DDP_F16:
+    case DDP_BF16: return MPI_UINT16_T;
+    case DDP_I32: return MPI_INT32_T;
+    case DDP_I64: return MPI_INT64_T;
+    case DDP_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(ddp_reduce_op_t op)
+{
+    switch (op) {
+    case DDP_SUM:
+    case DDP_AVG: return MPI_SUM;
+    case DDP_MIN: return MPI_MIN;
+    case DDP_MAX: return MPI_MAX;
+    case DDP_PROD: return MPI_PROD;
+    default: return MPI_OP_NULL;
+    }
+}
+
+/* The type a reduction runs in: the dtype itself, or f32 for f16/bf16, or i64 for an AVG of
+ * i32/u8 (so that the sum does not wrap before the division). u8 SUM and PROD also run in i64
+ * and wrap when narrowed back: OpenMPI 4.1's AVX op component adds MPI_UINT8_T with unsigned
+ * saturation (200 + 100 gives 255, not 44), which test_mpi_transport caught. */
+static ddp_dtype_t reduce_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op)
+{
+    if (dtype == DDP_F16 || dtype == DDP_BF16) return DDP_F32;
+    if (op == DDP_AVG && dtype == DDP_I32) return DDP_I64;
+    if (dtype == DDP_U8 && (op == DDP_SUM || op == DDP_AVG || op == DDP_PROD)) return DDP_I64;
+    return dtype;
+}
+
+static void widen(ddp_dtype_t from, const void *src, void *dst, size_t n)
+{
+    if (from == DDP_F16) {
+        const uint16_t *a = src;
+        float *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = ddp_f16_to_f32(a[i]);
+    } else if (from == DDP_BF16) {
+        const uint16_t *a = src;
+        float *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = ddp_bf16_to_f32(a[i]);
+    } else if (from == DDP_I32) {
+        const int32_t *a = src;
+        int64_t *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = a[i];
+    } else { /* DDP_U8 */
+        const uint8_t *a = src;
+        int64_t *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = a[i];
+    }
+}
+
+static void narrow(ddp_dtype_t to, const void *src, void *dst, size_t n)
+{
+    if (to == DDP_F16) {
+        const float *a = src;
+        uint16_t *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = ddp_f32_to_f16(a[i]);
+    } else if (to == DDP_BF16) {
+        const float *a = src;
+        uint16_t *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = ddp_f32_to_bf16(a[i]);
+    } else if (to == DDP_I32) {
+        const int64_t *a = src;
+        int32_t *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = (int32_t)a[i];
+    } else { /* DDP_U8 */
+        const int64_t *a = src;
+        uint8_t *b = dst;
+        for (size_t i = 0; i < n; i++) b[i] = (uint8_t)a[i];
+    }
+}
+
+/* AVG: divides n summed elements of `dtype` (f32, f64 or i64) by the world size. */
+static void divide(ddp_dtype_t dtype, void *buf, size_t n, int world)
+{
+    if (dtype == DDP_F32) {
+        float *x = buf;
+        float w = (float)world;
+        for (size_t i = 0; i < n; i++) x[i] /= w;
+    } else if (dtype == DDP_F64) {
+        double *x = buf;
+        double w = (double)world;
+        for (size_t i = 0; i < n; i++) x[i] /= w;
+    } else if (dtype == DDP_I64) {
+        int64_t *x = buf;
+        for (size_t i = 0; i < n; i++) x[i] /= world; /* C truncates toward zero */
+    }
+}
+
+static void *scratch(mpi_state_t *s, size_t bytes)
+{
+    if (bytes <= s->scratch_bytes) return s->scratch;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) {
+        ddp__error(DDP_ERR_NO_MEMORY, "MPI transport: %zu bytes of scratch", bytes);
+        return NULL;
+    }
+    free(s->scratch);
+    s->scratch = p;
+    s->scratch_bytes = bytes;
+    return p;
+}
+
+/* ---- collectives --------------------------------------------------------------------------- */
+
+static ddp_status_t post_failed(mpi_state_t *s, int rc, const ddp__collective_t *c,
+                                const char *call)
+{
+    char fp[256], what[512];
+    describe(c, fp, sizeof fp);
+    snprintf(what, sizeof what, "MPI transport, group '%s', rank %d: %s for %s", s->name,
+             s->rank, call, fp);
+    return break_state(s, ddp__mpi_error(rc, what));
+}
+
+static MPI_Datatype faulty(mpi_state_t *s, MPI_Datatype type)
+{
+    if (!s->inject_fault) return type;
+    s->inject_fault = 0;
+    return MPI_DATATYPE_NULL;
+}
+
+/* Allreduce of n elements of `dtype` (already the reduction type), in chunks MPI can count. */
+static ddp_status_t allreduce_chunks(mpi_state_t *s, const ddp__collective_t *c, const void *send,
+                                     void *recv, size_t n, ddp_dtype_t dtype)
+{
+    size_t esz = ddp_dtype_size(dtype);
+    MPI_Datatype type = faulty(s, move_type(dtype));
+    for (size_t off = 0; off < n; off += MPI_CHUNK) {
+        size_t len = n - off < MPI_CHUNK ? n - off : MPI_CHUNK;
+        const void *src = send == MPI_IN_PLACE ? MPI_IN_PLACE : (const char *)send + off * esz;
+        MPI_Request req;
+        enter_mpi();
+        int rc = MPI_Iallreduce(src, (char *)recv + off * esz, (int)len, type, mpi_op(c->op),
+                                s->comm, &req);
+        leave_mpi();
+        if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Iallreduce");
+        ddp_status_t status = wait_request(s, &req, c, "MPI_Iallreduce");
+        if (status != DDP_OK) return status;
+    }
+    return DDP_OK;
+}
+
+static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
+{
+    ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
+    size_t n = c->count;
+    ddp_status_t status;
+    if (rtype == c->dtype) {
+        const void *send = c->send == c->recv ? MPI_IN_PLACE : c->send;
+        status = allreduce_chunks(s, c, send, c->recv, n, c->dtype);
+        if (status == DDP_OK && c->op == DDP_AVG) divide(c->dtype, c->recv, n, s->world);
+        return status;
+    }
+    void *wide = scratch(s, n * ddp_dtype_size(rtype));
+    if (!wide) return break_state(s, DDP_ERR_NO_MEMORY);
+    widen(c->dtype, c->send, wide, n);
+    status = allreduce_chunks(s, c, MPI_IN_PLACE, wide, n, rtype);
+    if (status != DDP_OK) return status;
+    if (c->op == DDP_AVG) divide(rtype, wide, n, s->world);
+    narrow(c->dtype, wide, c->recv, n);
+    return DDP_OK;
+}
+
+static ddp_status_t run_broadcast(mpi_state_t *s, const ddp__collective_t *c)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    if (s->rank == c->root && c->send && c->send != c->recv)
+        memmove(c->recv, c->send, c->count * esz);
+    MPI_Datatype type = faulty(s, move_type(c->dtype));
+    for (size_t off = 0; off < c->count; off += MPI_CHUNK) {
+        size_t len = c->count - off < MPI_CHUNK ? c->count - off : MPI_CHUNK;
+        MPI_Request req;
+        enter_mpi();
+        int rc = MPI_Ibcast((char *)c->recv + off * esz, (int)len, type, c->root, s->comm, &req);
+        leave_mpi();
+        if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Ibcast");
+        ddp_status_t status = wait_request(s, &req, c, "MPI_Ibcast");
+        if (status != DDP_OK) return status;
+    }
+    return DDP_OK;
+}
+
+static ddp_status_t run_reduce_scatter(mpi_state_t *s, const ddp__collective_t *c)
+{
+    size_t n = c->count;
+    size_t total = n * (size_t)s->world;
+    ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
+    size_t esz = ddp_dtype_size(c->dtype);
+    size_t rsz = ddp_dtype_size(rtype);
+    const char *send = c->send;
+    char *recv = c->recv;
+    /* MPI forbids overlapping send and receive buffers, and its MPI_IN_PLACE puts the result at
+     * the start of the buffer rather than in this rank's block: an in-place call (recv inside
+     * send) reduces into scratch and copies the block out. Widened types always use scratch,
+     * reduced in place there. */
+    int overlap = recv < send + total * esz && send < recv + n * esz;
+    void *out = recv;
+    const void *in = send;
+    MPI_Datatype type = move_type(rtype);
+    if (rtype != c->dtype) {
+        void *wide = scratch(s, total * rsz);
+        if (!wide) return break_state(s, DDP_ERR_NO_MEMORY);
+        widen(c->dtype, send, wide, total);
+        in = MPI_IN_PLACE;
+        out = wide;
+    } else if (overlap) {
+        out = scratch(s, n * esz);
+        if (!out) return break_state(s, DDP_ERR_NO_MEMORY);
+    }
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Ireduce_scatter_block(in, out, (int)n, faulty(s, type), mpi_op(c->op), s->comm,
+                                       &req);
+    leave_mpi();
+    if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Ireduce_scatter_block");
+    ddp_status_t status = wait_request(s, &req, c, "MPI_Ireduce_scatter_block");
+    if (status != DDP_OK) return status;
+    if (c->op == DDP_AVG) divide(rtype, out, n, s->world);
+    if (rtype != c->dtype) narrow(c->dtype, out, recv, n);
+    else if (out != recv) memcpy(recv, out, n * esz);
+    return DDP_OK;
+}
+
+static ddp_status_t run_allgather(mpi_state_t *s, const ddp__collective_t *c)
+{
+    size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    char *mine = (char *)c->recv + (size_t)s->rank * bytes;
+    /* MPI_IN_PLACE takes this rank's block from its place in recv, which is exactly libddp's
+     * in-place form; any other send buffer is copied there first (memmove: it may overlap). */
+    if (c->send != mine) memmove(mine, c->send, bytes);
+    MPI_Datatype type = faulty(s, move_type(c->dtype));
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->recv, (int)c->count, type,
+                            s->comm, &req);
+    leave_mpi();
+    if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Iallgather");
+    return wait_request(s, &req, c, "MPI_Iallgather");
+}
+
+static ddp_status_t validate(const mpi_state_t *s, const ddp__collective_t *c)
+{
+    if ((unsigned)c->kind > DDP__BARRIER)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: collective kind %d",
+                          (int)c->kind);
+    if (c->kind == DDP__BARRIER) return DDP_OK;
+    if ((unsigned)c->dtype >= DDP_DTYPE_COUNT)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: dtype %d", (int)c->dtype);
+    if ((c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER) &&
+        (unsigned)c->op >= DDP_OP_COUNT)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: reduce op %d", (int)c->op);
+    if (c->kind == DDP__BROADCAST && (c->root < 0 || c->root >= s->world))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: root %d outside 0..%d",
+                          c->root, s->world - 1);
+    if (c->count > 0 && (!c->recv || (!c->send && c->kind != DDP__BROADCAST)))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: %s buffer is NULL",
+                          c->recv ? "send" : "recv");
+    if ((c->kind == DDP__REDUCE_SCATTER || c->kind == DDP__ALLGATHER) && c->count > INT_MAX)
+        return ddp__error(DDP_ERR_UNSUPPORTED,
+                          "MPI transport: count %zu per rank exceeds MPI's int count (%d)",
+                          c->count, INT_MAX);
+    return DDP_OK;
+}
+
+static ddp_status_t mpi_run(void *state, const ddp__collective_t *c)
+{
+    mpi_state_t *s = state;
+    if (!s) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: state is NULL");
+    if (!c) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: collective is NULL");
+    if (s->broken)
+        return ddp__error(DDP_ERR_ABORTED, "MPI transport, group '%s' is broken: %s", s->name,
+                          s->broken_reason);
+    if (atomic_load(&s->aborted))
+        return ddp__error(DDP_ERR_ABORTED, "MPI transport, group '%s': aborted: %s", s->name,
+                          s->abort_reason);
+    ddp_status_t status = validate(s, c);
+    if (status != DDP_OK) return status;
+    if (s->world > 1) {
+        status = check_fingerprint(s, c);
+        if (status != DDP_OK) return status;
+    }
+    /* The fingerprint exchange synchronised every rank: a barrier or an empty collective is done. */
+    if (c->kind == DDP__BARRIER || c->count == 0) return DDP_OK;
+    switch (c->kind) {
+    case DDP__ALLREDUCE: return run_allreduce(s, c);
+    case DDP__BROADCAST: return run_broadcast(s, c);
+    case DDP__REDUCE_SCATTER: return run_reduce_scatter(s, c);
+    case DDP__ALLGATHER: return run_allgather(s, c);
+    default: return DDP_OK;
+    }
+}
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+/* Polls a communicator-creating request until timeout_ms passes. */
+static ddp_status_t wait_setup(MPI_Request *req, int timeout_ms, const char *what)
+{
+    int64_t deadline = ddp__now_ns() + (int64_t)timeout_ms * 1000000;
+    for (unsigned long spins = 1;; spins++) {
+        int done = 0;
+        enter_mpi();
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        leave_mpi();
+        if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, what);
+        if (done) return DDP_OK;
+        if (ddp__now_ns() > deadline) {
+            pthread_mutex_lock(&init_lock);
+            leaked_requests++;
+            pthread_mutex_unlock(&init_lock);
+            return ddp__error(DDP_ERR_TIMEOUT,
+                              "%s: not every process of MPI_COMM_WORLD joined within %d ms", what,
+                              timeout_ms);
+        }
+        if (spins > YIELD_AFTER) sched_yield();
+    }
+}
+
+static uint32_t name_hash(const char *name)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 16777619u;
+    return h;
+}
+
+/* Learns, through the store, which MPI_COMM_WORLD rank holds each group rank: map[r]. */
+static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_name, int rank,
+                                         int world, int world_rank, int world_size, int *map)
+{
+    char key[DDP_STORE_MAX_KEY];
+    char value[64];
+    snprintf(key, sizeof key, "%s/mpi/world_rank/%d", group_name, rank);
+    int len = snprintf(value, sizeof value, "%d %d", world_rank, world_size);
+    ddp_status_t status = ddp_store_set(store, key, value, (size_t)len);
+    if (status != DDP_OK)
+        return ddp__error_context(status, "MPI transport: publishing rank %d's MPI rank", rank);
+    for (int r = 0; r < world; r++) {
+        snprintf(key, sizeof key, "%s/mpi/world_rank/%d", group_name, r);
+        void *got = NULL;
+        size_t got_len = 0;
+        status = ddp_store_get(store, key, &got, &got_len);
+        if (status != DDP_OK)
+            return ddp__error_context(status, "MPI transport: waiting for rank %d's MPI rank", r);
+        int their_rank = -1, their_size = -1;
+        int parsed = sscanf((const char *)got, "%d %d", &their_rank, &their_size);
+        ddp_free(got);
+        if (parsed != 2 || their_rank < 0 || their_rank >= their_size)
+            return ddp__error(DDP_ERR_PROTOCOL, "MPI transport: malformed value under key '%s'",
+                              key);
+        if (their_size != world_size)
+            return ddp__error(DDP_ERR_MISMATCH,
+                              "MPI transport: rank %d sees an MPI_COMM_WORLD of %d processes but "
+                              "rank %d sees %d: the ranks were not started by one mpirun",
+                              rank, world_size, r, their_size);
+        map[r] = their_rank;
+        for (int q = 0; q < r; q++) {
+            if (map[q] == their_rank)
+                return ddp__error(DDP_ERR_MISMATCH,
+                                  "MPI transport: ranks %d and %d are both MPI_COMM_WORLD rank "
+                                  "%d (of %d): the ranks were not started by one mpirun",
+                                  q, r, their_rank, world_size);
+        }
+    }
+    return DDP_OK;
+}
+
+static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int rank, int world,
+                               int timeout_ms, void **state)
+{
+    if (!state) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: state is NULL");
+    if (world < 1)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: world size %d", world);
+    if (rank < 0 || rank >= world)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: rank %d outside 0..%d", rank,
+                          world - 1);
+    if (timeout_ms <= 0) timeout_ms = ddp_default_timeout_ms();
+    if (!group_name) group_name = "default";
+
+    ddp_status_t status = ensure_mpi();
+    if (status != DDP_OK) return status;
+    int world_rank = 0, world_size = 0;
+    enter_mpi();
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    leave_mpi();
+
+    mpi_state_t *s = ddp__calloc(1, sizeof *s, "MPI transport state");
+    if (!s) return DDP_ERR_NO_MEMORY;
+    s->comm = MPI_COMM_NULL;
+    s->rank = rank;
+    s->world = world;
+    snprintf(s->name, sizeof s->name, "%s", group_name);
+    int *map = NULL;
+
+    if (!store) {
+        /* Without a store the only group we can build is MPI_COMM_WORLD itself. */
+        if (rank != world_rank || world != world_size) {
+            status = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                "MPI transport: rank %d of world size %d was given, but "
+                                "MPI_COMM_WORLD says rank %d of %d (without a store a group must "
+                                "span MPI_COMM_WORLD in its rank order)",
+                                rank, world, world_rank, world_size);
+            goto fail_state;
+        }
+    } else {
+        if (world > world_size) {
+            status = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                "MPI transport: world size %d was given, but MPI_COMM_WORLD has "
+                                "only %d processes (rank %d is MPI rank %d): were the ranks "
+                                "started by one mpirun?",
+                                world, world_size, rank, world_rank);
+            goto fail_state;
+        }
+        map = ddp__malloc((size_t)world * sizeof *map, "MPI transport rank map");
+        if (!map) {
+            status = DDP_ERR_NO_MEMORY;
+            goto fail_state;
+        }
+        status = exchange_world_ranks(store, group_name, rank, world, world_rank, world_size, map);
+        if (status != DDP_OK) goto fail_map;
+    }
+
+    int identity = world == world_size;
+    for (int r = 0; map && identity && r < world; r++) identity = map[r] == r;
+    if (identity) {
+        /* Every process of MPI_COMM_WORLD is in the group, in order: a non-blocking duplicate,
+         * polled so that a process that never comes cannot hang us. */
+        MPI_Request req;
+        enter_mpi();
+        int rc = MPI_Comm_idup(MPI_COMM_WORLD, &s->comm, &req);
+        leave_mpi();
+        if (rc != MPI_SUCCESS) {
+            status = ddp__mpi_error(rc, "MPI transport: MPI_Comm_idup(MPI_COMM_WORLD)");
+            goto fail_map;
+        }
+        status = wait_setup(&req, timeout_ms, "MPI transport: MPI_Comm_idup(MPI_COMM_WORLD)");
+        if (status != DDP_OK) goto fail_map; /* the communicator is leaked with the request */
+    } else {
+        /* A subset or a reordering: MPI_Comm_create_group is collective over the members only.
+         * It blocks, but every member has just shown through the store that it is here. */
+        MPI_Group world_group, group;
+        enter_mpi();
+        MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+        int rc = MPI_Group_incl(world_group, world, map, &group);
+        if (rc == MPI_SUCCESS) {
+            rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, (int)(name_hash(group_name) & 0x7fff),
+                                       &s->comm);
+            MPI_Group_free(&group);
+        }
+        MPI_Group_free(&world_group);
+        leave_mpi();
+        if (rc != MPI_SUCCESS) {
+            status = ddp__mpi_error(rc, "MPI transport: MPI_Comm_create_group");
+            goto fail_map;
+        }
+    }
+    free(map);
+    map = NULL;
+
+    enter_mpi();
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    char comm_name[MPI_MAX_OBJECT_NAME];
+    snprintf(comm_name, sizeof comm_name, "libddp:%s", group_name);
+    MPI_Comm_set_name(s->comm, comm_name);
+    int comm_rank = -1, comm_size = -1;
+    MPI_Comm_rank(s->comm, &comm_rank);
+    MPI_Comm_size(s->comm, &comm_size);
+    leave_mpi();
+    if (comm_rank != rank || comm_size != world) {
+        status = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                            "MPI transport: rank %d of world size %d was given, but the group's "
+                            "communicator says rank %d of %d",
+                            rank, world, comm_rank, comm_size);
+        goto fail_comm;
+    }
+    pthread_mutex_lock(&init_lock);
+    live_states++;
+    pthread_mutex_unlock(&init_lock);
+    DDP_LOG(DDP_LOG_INFO, "MPI transport: group '%s' rank %d/%d is MPI_COMM_WORLD rank %d (%s)",
+            group_name, rank, world, world_rank, thread_level_name(thread_level));
+    *state = s;
+    return DDP_OK;
+
+fail_comm:
+    enter_mpi();
+    MPI_Comm_free(&s->comm);
+    leave_mpi();
+fail_map:
+    free(map);
+fail_state:
+    free(s);
+    return status;
+}
+
+/* ---- abort and destroy --------------------------------------------------------------------- */
+
+static void mpi_abort(void *state, const char *reason)
+{
+    mpi_state_t *s = state;
+    if (!s) return;
+    if (atomic_load(&s->aborted)) return;
+    snprintf(s->abort_reason, sizeof s->abort_reason, "%s", reason ? reason : "(no reason)");
+    atomic_store(&s->aborted, 1);
+    /* Tell every peer, without waiting: they probe for the notice while they poll. Under
+     * MPI_THREAD_SERIALIZED the call lock keeps this off the progress thread's MPI calls. */
+    int len = (int)strlen(s->abort_reason) + 1;
+    enter_mpi();
+    for (int r = 0; r < s->world && s->nabort_sends < 64; r++) {
+        if (r == s->rank) continue;
+        MPI_Request req;
+        if (MPI_Isend(s->abort_reason, len, MPI_CHAR, r, ABORT_TAG, s->comm, &req) == MPI_SUCCESS)
+            s->abort_sends[s->nabort_sends++] = req;
+    }
+    leave_mpi();
+}
+
+static void mpi_destroy(void *state)
+{
+    mpi_state_t *s = state;
+    if (!s) return;
+    enter_mpi();
+    /* Requests given up at a timeout may have completed since (a late rank came). */
+    int pending = 0;
+    for (int i = 0; i < s->nabandoned; i++) {
+        int done = 0;
+        if (MPI_Test(&s->abandoned[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+            pending++;
+    }
+    /* Abort notices nobody received: cancel them so the communicator can go. */
+    for (int i = 0; i < s->nabort_sends; i++) {
+        int done = 0;
+        MPI_Test(&s->abort_sends[i], &done, MPI_STATUS_IGNORE);
+        if (!done) {
+            MPI_Cancel(&s->abort_sends[i]);
+            MPI_Request_free(&s->abort_sends[i]);
+        }
+    }
+    if (!pending && s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);
+    leave_mpi();
+    pthread_mutex_lock(&init_lock);
+    live_states--;
+    leaked_requests += pending;
+    pthread_mutex_unlock(&init_lock);
+    if (pending) {
+        /* MPI may still write into the state's fingerprint buffers: leave them allocated. */
+        return;
+    }
+    free(s->scratch);
+    free(s);
+}
+
+void ddp__mpi_inject_fault(void *state)
+{
+    mpi_state_t *s = state;
+    if (s) s->inject_fault = 1;
+}
+
+const ddp__transport_ops_t ddp__transport_mpi = {
+    .name = "mpi",
+    .create = mpi_create,
+    .run = mpi_run,
+    .alloc_buffer = NULL,
+    .free_buffer = NULL,
+    .abort = mpi_abort,
+    .destroy = mpi_destroy,
+};
