@@ -11,3 +11,7 @@ foreach(mode mismatch timeout kill intruder)
     ddp_add_test(NAME test_tcp_failures SOURCES test_tcp_failures.c ARGS ${world} ${mode} TIMEOUT 120)
   endforeach()
 endforeach()
+# Hierarchical: pretend hosts (rank r on host LAYOUT[r]); shared memory inside, TCP among leaders.
+foreach(layout AB AAB ABAB AABBC)
+  ddp_add_test(NAME test_tcp_hier SOURCES test_tcp_hier.c ARGS ${layout} TIMEOUT 200 LIBS m)
+endforeach()
