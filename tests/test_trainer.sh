@@ -1,6 +1,6 @@
 #!/bin/sh
 # End-to-end checks of build/fashion-mnist, run by ctest: test_trainer.sh CASE TRAINER [DDPRUN]
-#   worlds      1, 2 and 3 ranks with the same global batch: same loss per step (1e-5), and every
+#   worlds      1, 2, 3 and 4 ranks with the same global batch: same loss per step (1e-5), and every
 #               rank ends with bitwise identical parameters
 #   resume      an interrupted run resumed from its checkpoint ends bitwise identical to an
 #               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary)
@@ -77,7 +77,7 @@ worlds)
         [ "$RC" = 0 ] || fail "1 rank $opt"
         losses >"$WORK/l1"
         [ "$(wc -l <"$WORK/l1")" = 20 ] || fail "1 rank $opt: expected 20 losses"
-        for n in 2 3; do
+        for n in 2 3 4; do
             run $n $args
             [ "$RC" = 0 ] || fail "$n ranks $opt"
             losses >"$WORK/l$n"
