@@ -31,11 +31,12 @@ elseif(NOT ZLIB_FOUND)
 elseif(NOT FM_CBLAS_INCLUDE_DIR OR NOT FM_OPENBLAS_LIBRARY)
   message(STATUS "fashion-mnist: SKIPPED, OpenBLAS/CBLAS not found (apt-get install libopenblas-dev)")
 else()
-  include(CheckSymbolExists)
+  include(CheckFunctionExists)
   include(CMakePushCheckState)
   cmake_push_check_state(RESET)
   set(CMAKE_REQUIRED_LIBRARIES ${FM_OPENBLAS_LIBRARY})
-  check_symbol_exists(openblas_set_num_threads "" FM_HAVE_OPENBLAS_THREADS)
+  set(CMAKE_REQUIRED_QUIET ON)
+  check_function_exists(openblas_set_num_threads FM_OPENBLAS_SET_THREADS)
   cmake_pop_check_state()
 
   add_executable(fashion-mnist
@@ -48,7 +49,7 @@ else()
   # The shared library, as a user's program would: it holds every store and transport, whereas a
   # static link drops the ones libddp references only weakly (TCP store, TCP/MPI transports).
   target_link_libraries(fashion-mnist PRIVATE ddp ZLIB::ZLIB ${FM_OPENBLAS_LIBRARY} m)
-  if(FM_HAVE_OPENBLAS_THREADS)
+  if(FM_OPENBLAS_SET_THREADS)
     target_compile_definitions(fashion-mnist PRIVATE FM_HAVE_OPENBLAS_THREADS=1)
   endif()
   message(STATUS "fashion-mnist: building with ${FM_OPENBLAS_LIBRARY}")
