@@ -12,7 +12,7 @@ if(DDP_HAVE_MPI)
     OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_plm=isolated)
 
   # ddp_add_mpi_test(NAME name SOURCES a.c ... NP n ... [TIMEOUT s] [ENV k=v ...] [ARGS ...])
-  # registers name.np<n> for every n, each started as `mpirun -np n program ARGS`.
+  # registers name[.args].np<n> for every n, each started as `mpirun -np n program ARGS`.
   function(ddp_add_mpi_test)
     cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;NP;ENV;ARGS" ${ARGN})
     if(NOT TARGET ${T_NAME})
@@ -23,10 +23,17 @@ if(DDP_HAVE_MPI)
     if(NOT T_TIMEOUT)
       set(T_TIMEOUT 120)
     endif()
+    set(suffix "")
+    if(T_ARGS)
+      string(REPLACE ";" "_" suffix "${T_ARGS}")
+      string(REGEX REPLACE "[^A-Za-z0-9_=.]" "" suffix "${suffix}")
+      set(suffix ".${suffix}")
+    endif()
     foreach(np ${T_NP})
-      add_test(NAME ${T_NAME}.np${np}
+      set(test_name ${T_NAME}${suffix}.np${np})
+      add_test(NAME ${test_name}
                COMMAND ${DDP_MPIRUN} --oversubscribe -np ${np} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
-      set_tests_properties(${T_NAME}.np${np} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS mpi
+      set_tests_properties(${test_name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS mpi
                            ENVIRONMENT "${DDP_MPI_TEST_ENV};${T_ENV}")
     endforeach()
   endfunction()
@@ -36,4 +43,7 @@ if(DDP_HAVE_MPI)
   ddp_add_mpi_test(NAME test_mpi_transport SOURCES test_mpi_transport.c NP 1 2 3 TIMEOUT 300)
   ddp_add_mpi_test(NAME test_mpi_transport SOURCES test_mpi_transport.c NP 4 TIMEOUT 300
                    ARGS --no-large)
+  # The group API over MPI in an application that initialised MPI itself.
+  ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 1 2 3 4 TIMEOUT 120)
+  ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 2 TIMEOUT 60 ARGS --funneled)
 endif()
