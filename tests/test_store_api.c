@@ -1,5 +1,7 @@
 /* Store API from one process: the semantics every implementation shares (hash, file, TCP and
  * prefix run the same checks), prefix isolation, and argument validation naming the argument. */
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_store_common.h"
@@ -176,6 +178,97 @@ static void prefix_isolation(ddp_store_t *base)
     ddp_store_destroy(b);
 }
 
+/* Adds to a shared counter, and sets and reads back a key of its own: replies meant for another
+ * process would show up as a foreign value. */
+static void store_hammer(ddp_store_t *s, const char *counter, int who, int rounds)
+{
+    int64_t r = 0;
+    for (int i = 0; i < rounds; i++) {
+        CHECK_OK(ddp_store_add(s, counter, 1, &r));
+        char key[96], value[32];
+        snprintf(key, sizeof key, "%s/own/%d", counter, who);
+        int n = snprintf(value, sizeof value, "%d:%d", who, i);
+        CHECK_OK(ddp_store_set(s, key, value, (size_t)n));
+        expect_value(s, key, value, (size_t)n);
+    }
+}
+
+/* A handle created before fork() keeps working in parent and children at once: each process
+ * must get its own file lock / connections, or adds would be lost or replies interleaved. */
+static void inherited_handle(ddp_store_t *s, const char *name)
+{
+    enum { CHILDREN = 3, ADDS = 200 };
+    char key[64];
+    snprintf(key, sizeof key, "forked/%s", name);
+    int64_t r = 0;
+    CHECK_OK(ddp_store_add(s, key, 0, &r)); /* the parent has used the handle before forking */
+    fflush(stdout);
+    pid_t pids[CHILDREN];
+    for (int c = 0; c < CHILDREN; c++) {
+        pids[c] = fork();
+        CHECK(pids[c] >= 0);
+        if (pids[c] == 0) {
+            store_hammer(s, key, c + 1, ADDS);
+            _exit(0);
+        }
+    }
+    store_hammer(s, key, 0, ADDS);
+    for (int c = 0; c < CHILDREN; c++) {
+        int status = 0;
+        CHECK(waitpid(pids[c], &status, 0) == pids[c]);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    CHECK_MSG(value_as_int(s, key) == (CHILDREN + 1) * ADDS, "%s: %" PRId64 " after fork, want %d",
+              name, value_as_int(s, key), (CHILDREN + 1) * ADDS);
+}
+
+/* The file store's log survives a writer that died mid-append (the torn record is cut by the
+ * next writer, ignored by readers) and reports a file that is not a store log. */
+static void file_recovery(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/torn", dir);
+    ddp_store_t *s = NULL;
+    CHECK_OK(ddp_store_file_create(path, &s));
+    CHECK_OK(ddp_store_set(s, "before", "1", 1));
+    /* A record header promising 100 value bytes, followed by only 3 of them. */
+    int fd = open(path, O_WRONLY | O_APPEND);
+    CHECK(fd >= 0);
+    const unsigned char torn[] = {0x44, 0x44, 0x50, 0x53, 1, 0, 0, 0, 1, 0, 0, 0, 100, 0, 0, 0,
+                                  'x', 'a', 'b', 'c'};
+    CHECK(write(fd, torn, sizeof torn) == (ssize_t)sizeof torn);
+    close(fd);
+    ddp_store_t *reader = NULL;
+    CHECK_OK(ddp_store_file_create(path, &reader));
+    expect_value(reader, "before", "1", 1);
+    CHECK(!key_exists(reader, "x"));
+    CHECK_OK(ddp_store_set(s, "after", "2", 1)); /* cuts the torn record, then appends */
+    expect_value(reader, "after", "2", 1);
+    expect_value(reader, "before", "1", 1);
+    ddp_store_t *fresh = NULL;
+    CHECK_OK(ddp_store_file_create(path, &fresh));
+    expect_value(fresh, "after", "2", 1);
+    int64_t count = 0;
+    CHECK_OK(ddp_store_num_keys(fresh, &count));
+    CHECK(count == 2);
+    ddp_store_destroy(fresh);
+    ddp_store_destroy(reader);
+    ddp_store_destroy(s);
+    unlink(path);
+
+    snprintf(path, sizeof path, "%s/not-a-store", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs("this is not a store log, just some text file\n", f);
+    fclose(f);
+    CHECK_OK(ddp_store_file_create(path, &s));
+    CHECK_STATUS(ddp_store_set(s, "k", "v", 1), DDP_ERR_PROTOCOL);
+    CHECK_ERROR_MENTIONS("corrupt");
+    CHECK_ERROR_MENTIONS(path);
+    ddp_store_destroy(s);
+    unlink(path);
+}
+
 static void run_suite(ddp_store_t *s, const char *name)
 {
     validation(s);
@@ -186,6 +279,7 @@ static void run_suite(ddp_store_t *s, const char *name)
     validation(p);
     ddp_store_destroy(p);
     prefix_isolation(s);
+    if (strcmp(name, "hash") != 0) inherited_handle(s, name);
     printf("%s store: ok\n", name);
 }
 
@@ -211,6 +305,7 @@ int main(void)
     expect_value(s, "pfx/prefixed/cas", "second", 6);
     ddp_store_destroy(s);
     unlink(path);
+    file_recovery(dir);
     rmdir(dir);
 
     ddp_store_server_t *server = NULL;

@@ -22,6 +22,7 @@ enum { OP_SET = 1, OP_DELETE = 2 };
 struct file_store {
     pthread_mutex_t mutex; /* threads sharing this handle share its fd and so its lock */
     int fd;
+    pid_t pid;             /* the process that opened fd (see reopen_after_fork) */
     char *path;
     ddp__kv_table_t table; /* everything up to `parsed` */
     uint64_t parsed;       /* offset of the first record not yet applied */
@@ -199,12 +200,31 @@ static ddp_status_t append(struct file_store *fs, int op, const char *key, const
 
 static int64_t deadline_after(int timeout_ms) { return ddp__now_ns() + (int64_t)timeout_ms * 1000000; }
 
+/* A forked child shares its parent's open file description, and with it the parent's
+ * open-file-description lock: the two would not exclude each other. So a handle used in a new
+ * process first opens the file again for itself. The cached table stays valid. */
+static ddp_status_t reopen_after_fork(struct file_store *fs)
+{
+    pid_t pid = getpid();
+    if (fs->pid == pid) return DDP_OK;
+    int fd = open(fs->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return ddp__error_errno(DDP_ERR_SYSTEM, errno, "file store %s: reopen after fork",
+                                fs->path);
+    close(fs->fd); /* only this process's reference: the parent keeps its own */
+    fs->fd = fd;
+    fs->pid = pid;
+    return DDP_OK;
+}
+
 /* Locks (mutex, then file), refreshes. On failure nothing stays locked. */
 static ddp_status_t begin(ddp_store_t *store, int writer)
 {
     struct file_store *fs = impl_of(store);
     pthread_mutex_lock(&fs->mutex);
-    ddp_status_t s = lock_file(fs, writer ? F_WRLCK : F_RDLCK,
+    ddp_status_t s = reopen_after_fork(fs);
+    if (s != DDP_OK) goto unlock_mutex;
+    s = lock_file(fs, writer ? F_WRLCK : F_RDLCK,
                                deadline_after(atomic_load(&store->timeout_ms)));
     if (s != DDP_OK) goto unlock_mutex;
     s = refresh(fs, writer);
@@ -412,6 +432,7 @@ ddp_status_t ddp_store_file_create(const char *path, ddp_store_t **out)
                              "ddp_store_file_create: open %s", path);
         goto free_table;
     }
+    fs->pid = getpid();
     pthread_mutex_init(&fs->mutex, NULL);
     ddp_store_t *store = ddp__store_new(&file_ops, fs);
     if (!store) {

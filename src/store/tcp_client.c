@@ -29,6 +29,7 @@ struct pooled {
 struct tcp_client {
     pthread_mutex_t mutex;
     struct pooled *idle;
+    pid_t pid; /* the process the pooled connections belong to */
     char *host;
     int port;
     char *token;
@@ -247,6 +248,17 @@ static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     struct tcp_client *tc = impl_of(store);
     pthread_mutex_lock(&tc->mutex);
+    if (tc->pid != getpid()) {
+        /* A forked child must not talk on its parent's connections (the two would interleave
+         * frames on one stream): drop its copies and open its own. */
+        while (tc->idle) {
+            struct pooled *dropped = tc->idle;
+            tc->idle = dropped->next;
+            close(dropped->fd);
+            free(dropped);
+        }
+        tc->pid = getpid();
+    }
     struct pooled *p = tc->idle;
     if (p) tc->idle = p->next;
     pthread_mutex_unlock(&tc->mutex);
@@ -475,6 +487,7 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
     if (!tc) return s;
     pthread_mutex_init(&tc->mutex, NULL);
     tc->port = port;
+    tc->pid = getpid();
     tc->host = ddp__strdup(host, "store host");
     if (!tc->host) goto free_client;
     if (token && *token) {
