@@ -46,4 +46,11 @@ if(DDP_HAVE_MPI)
   # The group API over MPI in an application that initialised MPI itself.
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 1 2 3 4 TIMEOUT 120)
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 2 TIMEOUT 60 ARGS --funneled)
+
+  # A measurement, not a test (bench/compare_mpi.sh runs it): the transport's cost over a bare
+  # MPI_Iallreduce, and the fingerprint exchange's share of it.
+  add_executable(test_mpi_fingerprint_cost test_mpi_fingerprint_cost.c)
+  target_link_libraries(test_mpi_fingerprint_cost PRIVATE ddp_test_harness MPI::MPI_C)
+  set_target_properties(test_mpi_fingerprint_cost PROPERTIES
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 endif()
