@@ -9,7 +9,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "store/tcp_frame.h"
@@ -385,6 +387,52 @@ static void server_stops_under_a_waiter(void)
     ddp_store_destroy(p.store);
 }
 
+/* A server out of file descriptors keeps serving its connections, and accepts again once some
+ * close. It runs in a child with a low descriptor limit; its CPU time while connections wait in
+ * the accept queue is printed (a spinning accept loop would burn a whole core). */
+static void out_of_descriptors(void)
+{
+    int to_child[2], to_parent[2];
+    CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {24, 24};
+        CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+        ddp_store_server_t *server = NULL;
+        CHECK_OK(ddp_store_server_start(NULL, 0, TOKEN, &server));
+        int p = ddp_store_server_port(server);
+        CHECK(write(to_parent[1], &p, sizeof p) == (ssize_t)sizeof p);
+        char done;
+        CHECK(read(to_child[0], &done, 1) == 1); /* the parent says when */
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        printf("out_of_descriptors: server process used %.3f s of CPU\n",
+               (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+                   ru.ru_stime.tv_usec / 1e6);
+        fflush(stdout);
+        ddp_store_server_stop(server);
+        _exit(0);
+    }
+    CHECK(read(to_parent[0], &port, sizeof port) == (ssize_t)sizeof port);
+    enum { FLOOD = 40 };
+    int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++) fds[i] = raw_connect(); /* more than the server can accept */
+    store_sleep_ms(500);
+    for (int i = 0; i < FLOOD; i++) close(fds[i]);
+    store_sleep_ms(300);
+    fresh_client_works(); /* accepted once descriptors are free again */
+    CHECK(write(to_child[1], "x", 1) == 1);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(to_child[0]);
+    close(to_child[1]);
+    close(to_parent[0]);
+    close(to_parent[1]);
+}
+
 int main(void)
 {
     ddp_store_server_t *server = NULL;
@@ -416,6 +464,7 @@ int main(void)
 
     connect_retries_until_up();
     server_stops_under_a_waiter();
+    out_of_descriptors();
     printf("test_store_tcp_abuse: ok (%ld good rounds alongside)\n", atomic_load(&good_ops));
     return 0;
 }

@@ -52,6 +52,7 @@ struct ddp_store_server {
     ddp__kv_table_t table; /* touched only by the server thread */
     struct conn **conns;
     size_t nconns, conns_cap;
+    int64_t accept_paused_until_ns; /* out of file descriptors: stop polling the listener */
 };
 
 /* ---- connections ------------------------------------------------------------------------- */
@@ -376,8 +377,15 @@ static void accept_all(struct ddp_store_server *srv)
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* The pending connection stays queued and the listener stays readable: polling
+                 * it now would spin. Serve the existing connections and try again shortly. */
+                DDP_LOG(DDP_LOG_WARN, "TCP store server: accept: %s (pausing new connections)",
+                        strerror(errno));
+                srv->accept_paused_until_ns = ddp__now_ns() + 100 * 1000000LL;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 DDP_LOG(DDP_LOG_WARN, "TCP store server: accept: %s", strerror(errno));
+            }
             return;
         }
         if (srv->nconns >= MAX_CONNECTIONS) {
@@ -443,9 +451,11 @@ static void *serve(void *arg)
             fds_cap = want;
         }
         fds[0] = (struct pollfd){.fd = srv->wake[0], .events = POLLIN};
-        fds[1] = (struct pollfd){.fd = srv->listen_fd, .events = POLLIN};
         int64_t now = ddp__now_ns();
         int64_t next = now + 1000 * 1000000LL; /* wake at least once a second */
+        int accepting = now >= srv->accept_paused_until_ns;
+        fds[1] = (struct pollfd){.fd = srv->listen_fd, .events = accepting ? POLLIN : 0};
+        if (!accepting && srv->accept_paused_until_ns < next) next = srv->accept_paused_until_ns;
         for (size_t i = 0; i < srv->nconns; i++) {
             struct conn *c = srv->conns[i];
             short ev = POLLIN;
