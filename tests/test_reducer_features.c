@@ -162,9 +162,14 @@ static int case_unused(ddp_group_t *group, void *arg)
         expect_grad(r, &m, 4, want_mean, &sc, 1e-6, "used");
         expect_grad(r, &m, 1, want_unused_b, &uc, 1e-6, "unused on rank 0");
         expect_grad(r, &m, 2, want_sentinel, NULL, 0, "unused everywhere");
-        /* Step 1: everything used again. */
+        /* Step 1: everything used again (no rebuild with find_unused_parameters, as c10d:
+         * the layout stays the initial one, reverse registration order). */
         CHECK_OK(ddp_reducer_zero_grad(r));
         CHECK_OK(ddp_reducer_prepare(r));
+        const size_t *ps;
+        size_t np;
+        CHECK_OK(ddp_reducer_bucket_params(r, 0, &ps, &np));
+        CHECK(np >= 1 && ps[0] == 4);
         for (size_t i = 5; i-- > 0;) produce(r, &m, i, rank, 1);
         CHECK_OK(ddp_reducer_finalize(r));
         sc.step = 1;
@@ -586,6 +591,55 @@ static int case_dup_buffers(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* ---- large sizes, and no sync at create ----------------------------------------------------- */
+static int case_large(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    int rank = ddp_group_rank(group), world = ddp_group_size(group);
+    size_t numel[3] = {(size_t)3 << 20, 1000003, 2};
+    model_t m;
+    model_make(&m, 3, numel, DDP_F32, 0);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.bucket_cap_bytes = (size_t)4 << 20;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, 3, NULL, 0, &c, &r));
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(ddp_reducer_zero_grad(r));
+        CHECK_OK(ddp_reducer_prepare(r));
+        for (size_t i = 3; i-- > 0;) produce(r, &m, i, rank, s);
+        CHECK_OK(ddp_reducer_finalize(r));
+        step_ctx_t sc = {world, s};
+        for (size_t i = 0; i < 3; i++) expect_grad(r, &m, i, want_mean, &sc, 1e-6, "large");
+    }
+    ddp_reducer_destroy(r);
+    model_free(&m);
+    return 0;
+}
+
+static int case_noinit(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    int rank = ddp_group_rank(group), world = ddp_group_size(group);
+    size_t numel[2] = {5, 3};
+    model_t m;
+    model_make(&m, 2, numel, DDP_F64, 0);
+    for (size_t e = 0; e < 5; e++) put(DDP_F64, m.p[0].data, e, rank + 0.5);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.sync_at_create = 0;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, 2, NULL, 0, &c, &r));
+    for (size_t e = 0; e < 5; e++) CHECK(get(DDP_F64, m.p[0].data, e) == rank + 0.5);
+    CHECK_OK(ddp_reducer_prepare(r));
+    produce(r, &m, 1, rank, 0);
+    produce(r, &m, 0, rank, 0);
+    CHECK_OK(ddp_reducer_finalize(r));
+    step_ctx_t sc = {world, 0};
+    for (size_t i = 0; i < 2; i++) expect_grad(r, &m, i, want_mean, &sc, 1e-12, "noinit");
+    ddp_reducer_destroy(r);
+    model_free(&m);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "unused";
@@ -596,7 +650,8 @@ int main(int argc, char **argv)
     } cases[] = {{"unused", case_unused},     {"nosync", case_nosync}, {"rebuild", case_rebuild},
                  {"sparse", case_sparse},     {"usergrads", case_usergrads},
                  {"hook", case_hook},         {"half", case_half},
-                 {"dup_buffers", case_dup_buffers}};
+                 {"dup_buffers", case_dup_buffers}, {"large", case_large},
+                 {"noinit", case_noinit}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(cases[i].name, which) != 0) continue;
         int rc = ddp_test_run_group(world, 60, NULL, cases[i].fn, NULL);
