@@ -15,3 +15,21 @@ endforeach()
 foreach(layout AB AAB ABAB AABBC)
   ddp_add_test(NAME test_tcp_hier SOURCES test_tcp_hier.c ARGS ${layout} TIMEOUT 200 LIBS m)
 endforeach()
+
+# Multi-host over network namespaces (root only; SKIP otherwise): 2 and 3 hosts of 2 ranks each
+# launched by ddprun, plus a host killed in the middle of a job.
+if(TARGET ddprun)
+  add_executable(test_tcp_multihost_worker test_tcp_multihost_worker.c)
+  target_link_libraries(test_tcp_multihost_worker PRIVATE ddp_test_harness m)
+  set_target_properties(test_tcp_multihost_worker PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  foreach(run "2;check" "3;check" "2;kill")
+    list(GET run 0 hosts)
+    list(GET run 1 mode)
+    add_test(NAME test_tcp_multihost.${hosts}hosts_${mode}
+             COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/netns/multihost.sh $<TARGET_FILE:ddprun>
+                     $<TARGET_FILE:test_tcp_multihost_worker> ${hosts} ${mode})
+    set_tests_properties(test_tcp_multihost.${hosts}hosts_${mode} PROPERTIES
+      SKIP_RETURN_CODE 77 TIMEOUT 300 RUN_SERIAL TRUE)
+  endforeach()
+endif()

@@ -10,8 +10,8 @@
 #include "harness.h"
 
 /* Input element i of `rank` as a double, already representable in dtype (so the reference
- * starts from exactly what the rank sends). Integers stay small enough that sums and products of
- * four ranks never wrap. */
+ * starts from exactly what the rank sends). Integers are small; products over many ranks wrap,
+ * and the reference wraps the same way. */
 static double tcp_test_value(ddp_dtype_t dt, int rank, size_t i, unsigned salt)
 {
     unsigned long long st = (unsigned long long)rank * 1000003ULL + i * 7919ULL + salt * 104729ULL;
@@ -58,10 +58,30 @@ static double tcp_test_load(ddp_dtype_t dt, const void *buf, size_t i)
 
 static int tcp_test_is_int(ddp_dtype_t dt) { return dt == DDP_I32 || dt == DDP_I64 || dt == DDP_U8; }
 
-/* Reference reduction in float64 over the ranks' values of element i. */
+/* Reference reduction over the ranks' values of element i: float64 for floating types; for
+ * integers exact arithmetic that wraps like the library's (two's complement in the element's
+ * width), with AVG exact (sum of i32/u8 accumulated wide, divided with truncation). */
 static double tcp_test_reference(ddp_dtype_t dt, ddp_reduce_op_t op, int world, size_t i,
                                  unsigned salt)
 {
+    if (tcp_test_is_int(dt)) {
+        int64_t acc = (int64_t)tcp_test_value(dt, 0, i, salt);
+        for (int r = 1; r < world; r++) {
+            int64_t v = (int64_t)tcp_test_value(dt, r, i, salt);
+            switch (op) {
+            case DDP_SUM:
+            case DDP_AVG: acc += v; break;
+            case DDP_PROD: acc *= v; break;
+            case DDP_MIN: acc = v < acc ? v : acc; break;
+            case DDP_MAX: acc = v > acc ? v : acc; break;
+            default: break;
+            }
+            if (op != DDP_AVG && dt == DDP_U8) acc = (int64_t)(uint8_t)acc;
+            if (op != DDP_AVG && dt == DDP_I32) acc = (int64_t)(int32_t)(uint32_t)acc;
+        }
+        if (op == DDP_AVG) acc /= world;
+        return (double)acc;
+    }
     double acc = tcp_test_value(dt, 0, i, salt);
     for (int r = 1; r < world; r++) {
         double v = tcp_test_value(dt, r, i, salt);
@@ -74,7 +94,7 @@ static double tcp_test_reference(ddp_dtype_t dt, ddp_reduce_op_t op, int world, 
         default: break;
         }
     }
-    if (op == DDP_AVG) acc = tcp_test_is_int(dt) ? trunc(acc / world) : acc / world;
+    if (op == DDP_AVG) acc = acc / world;
     return acc;
 }
 

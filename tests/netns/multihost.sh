@@ -1,0 +1,126 @@
+#!/bin/sh
+# Multi-host test on one machine: NHOSTS network namespaces ("hosts"), each with its own hostname
+# (a UTS namespace) and one veth leg on a bridge that lives in a further namespace, addresses in
+# 10.99.0.0/24 that exist only inside those namespaces. One `ddprun --nnodes NHOSTS` per host
+# starts 2 workers there.
+#   check: every collective is correct and bitwise identical on every rank (HASH lines agree),
+#          and the group runs on the hierarchical transport (the worker asserts it).
+#   kill:  once the job runs, every process of the last host is killed with SIGKILL; the ranks
+#          of host 0 must report the failure (DETECTED lines), not hang.
+# Skips (exit 77) when not root or when network namespaces are not permitted. The namespaces
+# are removed on every exit path.
+# Usage: multihost.sh DDPRUN WORKER NHOSTS check|kill
+set -u
+DDPRUN=$1
+WORKER=$2
+NHOSTS=$3
+MODE=$4
+
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: network namespaces need root"
+    exit 77
+fi
+if ! command -v ip >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1; then
+    echo "SKIP: needs ip (iproute2) and unshare (util-linux)"
+    exit 77
+fi
+
+P="ddp$$"             # namespace and interface prefix, unique per run
+LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ddp-netns-XXXXXX")
+NAMESPACES=""
+RUNNERS=""
+
+cleanup() {
+    for ns in $NAMESPACES; do
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+    done
+    for ns in $NAMESPACES; do ip netns del "$ns" 2>/dev/null; done
+    rm -rf "$LOGDIR"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+fail() {
+    echo "FAIL: $*"
+    for f in "$LOGDIR"/host*.log; do
+        echo "---- $f"
+        tail -n 40 "$f"
+    done
+    exit 1
+}
+
+if ! ip netns add "${P}sw" 2>/dev/null; then
+    echo "SKIP: 'ip netns add' is not permitted here"
+    exit 77
+fi
+NAMESPACES="${P}sw"
+ip -n "${P}sw" link set lo up || fail "switch namespace"
+ip -n "${P}sw" link add br0 type bridge || fail "bridge"
+ip -n "${P}sw" link set br0 up || fail "bridge up"
+
+k=0
+while [ $k -lt "$NHOSTS" ]; do
+    ns="${P}h$k"
+    ip netns add "$ns" || fail "netns $ns"
+    NAMESPACES="$NAMESPACES $ns"
+    # Both ends are created inside the namespaces: nothing appears in the caller's network.
+    ip -n "$ns" link add eth0 type veth peer name "${P}p$k" netns "${P}sw" || fail "veth $k"
+    ip -n "${P}sw" link set "${P}p$k" master br0 up || fail "bridge port $k"
+    ip -n "$ns" addr add "10.99.0.$((k + 1))/24" dev eth0 || fail "address $k"
+    ip -n "$ns" link set eth0 up || fail "eth0 up $k"
+    ip -n "$ns" link set lo up || fail "lo up $k"
+    k=$((k + 1))
+done
+
+# The bridge runs without STP, so its ports forward at once; ddprun's store connection retries
+# with backoff anyway while node 0 comes up.
+TOKEN="netns-$$-$(date +%s)"
+k=0
+while [ $k -lt "$NHOSTS" ]; do
+    ip netns exec "${P}h$k" unshare --uts sh -c "hostname ddp-host-$k && exec env \
+        DDP_STORE_TOKEN=$TOKEN DDP_TIMEOUT=60 '$DDPRUN' --nnodes $NHOSTS --node-rank $k \
+        --master-addr 10.99.0.1 --master-port 29500 -n 2 --timeout 240 '$WORKER' $MODE" \
+        >"$LOGDIR/host$k.log" 2>&1 &
+    RUNNERS="$RUNNERS $!"
+    k=$((k + 1))
+done
+
+if [ "$MODE" = kill ]; then
+    last=$((NHOSTS - 1))
+    tries=0
+    until grep -q LOOPING "$LOGDIR/host$last.log" 2>/dev/null; do
+        tries=$((tries + 1))
+        [ $tries -gt 600 ] && fail "the job never started looping"
+        sleep 0.1
+    done
+    pids=$(ip netns pids "${P}h$last")
+    echo "killing host $last (pids $pids)"
+    kill -9 $pids
+    set -- $RUNNERS
+    wait "$1" # host 0's ddprun
+    n=$(grep -c "DETECTED rank" "$LOGDIR/host0.log")
+    grep "DETECTED rank" "$LOGDIR/host0.log"
+    [ "$n" -eq 2 ] || fail "host 0 should have 2 DETECTED lines, has $n"
+    grep -q UNDETECTED "$LOGDIR/host0.log" && fail "a rank missed the failure"
+    grep "DETECTED rank" "$LOGDIR/host0.log" | grep -q "DDP_ERR_REMOTE\|DDP_ERR_ABORTED" ||
+        fail "the failure is not reported as a remote failure"
+    echo "PASS: killing host $last was detected by host 0's ranks"
+    exit 0
+fi
+
+status=0
+for pid in $RUNNERS; do
+    wait "$pid" || status=1
+done
+[ $status -eq 0 ] || fail "a ddprun exited with an error"
+cat "$LOGDIR"/host*.log | grep -E "TRANSPORT|NOTE" | sort | uniq -c
+world=$((NHOSTS * 2))
+for what in direct group; do
+    n=$(cat "$LOGDIR"/host*.log | grep "HASH $what " | wc -l)
+    [ "$n" -eq "$world" ] || fail "$n of $world ranks printed their $what hash"
+    distinct=$(cat "$LOGDIR"/host*.log | grep "HASH $what " | awk '{print $NF}' | sort -u | wc -l)
+    [ "$distinct" -eq 1 ] || fail "$what outputs differ between ranks"
+done
+echo "PASS: $world ranks on $NHOSTS hosts, every output bitwise identical"
+exit 0
