@@ -5,6 +5,7 @@
  *
  * usage: test_reducer_errors CASE WORLD */
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -334,6 +335,35 @@ static int case_args(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* A rank that dies in the middle of backward: the others' finalize fails (the group notices the
+ * dead peer or times out) instead of hanging. */
+static int case_peer_exit(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    CHECK_OK(ddp_reducer_prepare(r));
+    if (last(group)) {
+        CHECK_OK(ddp_reducer_grad_ready(r, 4));
+        fflush(stdout);
+        _exit(0); /* dies without finalize or destroy */
+    }
+    for (int i = NP; i-- > 0;) {
+        ddp_status_t s = ddp_reducer_grad_ready(r, (size_t)i);
+        CHECK(s == DDP_OK || s == DDP_ERR_ABORTED || s == DDP_ERR_REMOTE || s == DDP_ERR_TIMEOUT);
+    }
+    ddp_status_t s = ddp_reducer_finalize(r);
+    CHECK_MSG(s == DDP_ERR_REMOTE || s == DDP_ERR_TIMEOUT || s == DDP_ERR_ABORTED,
+              "finalize returned %s: %s", ddp_status_string(s), ddp_last_error());
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "args";
@@ -347,7 +377,8 @@ int main(int argc, char **argv)
                  {"unmarked", case_unmarked},
                  {"prepare_twice", case_prepare_twice},
                  {"hook_mismatch", case_hook_mismatch},
-                 {"args", case_args}};
+                 {"args", case_args},
+                 {"peer_exit", case_peer_exit}};
     ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
     options.timeout_ms = 20000;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
