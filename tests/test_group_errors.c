@@ -104,11 +104,18 @@ static int mismatch_rank(int rank, int world, ddp_store_t *store, void *arg)
         int32_t v[4] = {0};
         ddp_work_t *w[4];
         CHECK_OK(ddp_group_allreduce_async(g, v, v, odd ? 2 : 1, DDP_I32, DDP_SUM, &w[0]));
-        for (int k = 1; k < 4; k++) CHECK_OK(ddp_group_allreduce_async(g, v + k, v + k, 1, DDP_I32, DDP_SUM, &w[k]));
+        /* Issued while the first may already have failed: then the issue itself is refused. */
+        for (int k = 1; k < 4; k++) {
+            w[k] = NULL;
+            ddp_status_t s = ddp_group_allreduce_async(g, v + k, v + k, 1, DDP_I32, DDP_SUM, &w[k]);
+            CHECK_MSG(s == DDP_OK || s == DDP_ERR_ABORTED, "issue returned %s", ddp_status_string(s));
+            if (s == DDP_ERR_ABORTED) CHECK_ERROR_MENTIONS("count 2");
+        }
         CHECK_STATUS(ddp_work_wait(w[0]), DDP_ERR_MISMATCH);
         for (int k = 1; k < 4; k++) {
+            if (!w[k]) continue;
             CHECK_STATUS(ddp_work_wait(w[k]), DDP_ERR_ABORTED);
-            CHECK_ERROR_MENTIONS("count 1");
+            CHECK_ERROR_MENTIONS("count 2");
         }
         for (int k = 0; k < 4; k++) ddp_work_free(w[k]);
     }
@@ -125,7 +132,7 @@ static int timeout_rank(int rank, int world, ddp_store_t *store, void *arg)
     CHECK_OK(ddp_group_barrier(g)); /* seq 1 on everyone */
     int lazy = world - 1;
     if (rank == lazy && world > 1) {
-        usleep(2500 * 1000); /* never calls seq 2; leaves after the others gave up */
+        usleep(5000 * 1000); /* never calls seq 2; leaves well after the others gave up */
     } else {
         float x[5] = {1, 2, 3, 4, 5};
         ddp_status_t s = ddp_group_allreduce(g, x, x, 5, DDP_F32, DDP_SUM);
