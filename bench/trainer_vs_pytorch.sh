@@ -36,7 +36,7 @@ if ! $PY -c 'import torch.distributed' 2>/dev/null; then
 fi
 [ "$have_torch" = 1 ] || echo "bench: PyTorch unavailable (apt-get install python3-torch): its columns are skipped" >&2
 
-field() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" | tail -1; }
+field() { sed -n "s/.*\"$1\": *\([0-9.eE+-]*\).*/\1/p" | tail -1; }
 
 # trainer RANKS GLOBAL_BATCH HIDDEN: prints the JSON line of a timed run on synthetic data
 trainer() {
@@ -56,9 +56,9 @@ trap 'rm -rf "$tmp"' EXIT
 
 echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum, $STEPS timed steps after $WARMUP"
 echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC')"
-printf '%-22s | %-28s | %-22s | %s\n' "config" "libddp step / exposed ms" "PyTorch step / exposed" \
+printf '%-26s | %-28s | %-22s | %s\n' "config" "libddp step / exposed ms" "PyTorch step / exposed" \
     "exposed ratio (PyTorch / libddp)"
-printf '%-22s | %-28s | %-22s | %s\n' "" "(reducer's own exposed)" "ms" ""
+printf '%-26s | %-28s | %-22s | %s\n' "" "(reducer's own exposed)" "ms" ""
 for h in $HIDDEN; do
     for b in $BATCH; do
         local1=$(trainer 1 "$b" "$h" | field step_ms)
@@ -79,7 +79,7 @@ for h in $HIDDEN; do
                     m = e > r ? e : r; if (m < 0.01) m = 0.01; printf "%.0fx", p / m }')
             fi
         fi
-        printf '%-22s | %-28s | %-22s | %s\n' "hidden $h, batch $b/rank" \
+        printf '%-26s | %-28s | %-22s | %s\n' "hidden $h, batch $b/rank" \
             "$(printf '%.2f / %.2f (%.2f)' "$step2" "$exp" "$red")" "$pt" "$ratio"
     done
 done
