@@ -109,8 +109,9 @@ static int process_alive(pid_t pid)
     return alive;
 }
 
-/* Waits (a few seconds at most) for every pid listed in dir/pids.* to be gone. */
-static void check_no_process_left(int nfiles)
+/* Waits (a few seconds at most) for every pid listed in dir/pids.* to be gone. Unless
+ * `may_be_none`, at least one worker must have written its pids. */
+static void check_processes_gone(int nfiles, int may_be_none)
 {
     int found = 0;
     for (int r = 0; r < nfiles; r++) {
@@ -130,8 +131,10 @@ static void check_no_process_left(int nfiles)
         }
         free(text);
     }
-    CHECK_MSG(found > 0, "no worker wrote its pids");
+    CHECK_MSG(found > 0 || may_be_none, "no worker wrote its pids");
 }
+
+static void check_no_process_left(int nfiles) { check_processes_gone(nfiles, 0); }
 
 /* Waits until dir/pids.0 .. pids.(n-1) all exist. */
 static void wait_for_pid_files(int n)
@@ -496,6 +499,26 @@ static void scenario_multinode(void)
         free(err);
     }
     CHECK(refused == 1);
+
+    /* Nodes started with different -n: both stop, naming the mismatch. */
+    make_dir();
+    snprintf(port_text, sizeof port_text, "%d", free_port());
+    for (int k = 0; k < 2; k++) {
+        const char *args[] = {"-n", k ? "1" : "2", "--nnodes", "2", "--node-rank", k ? "1" : "0",
+                              "--master-port", port_text, self_path, "worker-sleep", dir, "0",
+                              NULL};
+        runs[k] = start_ddprun(k ? "mismatch1" : "mismatch0", "secret", args);
+    }
+    for (int k = 0; k < 2; k++) {
+        int code = exit_code(wait_ddprun(&runs[k], 25, NULL));
+        char *err = read_text(runs[k].err_path);
+        CHECK_MSG(code == 1 && strstr(err, "node 1 was started with nnodes=2 nproc=1 but node 0 "
+                                           "with nnodes=2 nproc=2"),
+                  "node %d: exit %d: %s", k, code, err);
+        free(err);
+    }
+    /* Node 0's workers may be stopped before they wrote anything. */
+    check_processes_gone(2, 1);
 
     /* Refused: several nodes without a shared token or port. */
     make_dir();

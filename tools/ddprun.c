@@ -631,6 +631,18 @@ static ddp_status_t fetch_failure(job_t *job)
     return s;
 }
 
+/* Counts this node out (job/exited) so node 0 stops waiting for it; returns the new count. */
+static int64_t mark_exited(job_t *job)
+{
+    char key[64];
+    int64_t count = 0;
+    snprintf(key, sizeof key, "job/exited/%d", job->opt.node_rank);
+    if (ddp_store_set(job->store, key, "1", 1) == DDP_OK) {
+        ddp_store_add(job->store, "job/exited", 1, &count);
+    }
+    return count;
+}
+
 static void notify_main(job_t *job)
 {
     unsigned char b = 1;
@@ -790,8 +802,14 @@ static int setup_store(job_t *job)
         size_t len = 0;
         s = ddp_store_get(job->store, "ddprun/config", &v, &len);
         if (s == DDP_OK && (len != strlen(config) || memcmp(v, config, len) != 0)) {
-            fprintf(stderr, "ddprun: node %d has %s but node 0 has %.*s\n", o->node_rank, config,
-                    (int)len, (const char *)v);
+            /* The ranks could never meet: stop the nodes that did start. */
+            char text[FAILURE_TEXT_MAX];
+            snprintf(text, sizeof text, "node %d was started with %s but node 0 with %.*s",
+                     o->node_rank, config, (int)len, (const char *)v);
+            fprintf(stderr, "ddprun: %s\n", text);
+            ddp_store_set_timeout(job->store, STORE_CALL_TIMEOUT_MS);
+            publish_failure(job, text);
+            mark_exited(job);
             ddp_free(v);
             return -1;
         }
@@ -1005,11 +1023,7 @@ static void run_event_loop(job_t *job)
         if (!job->store) break;
         if (!store_usable(job)) break;
         if (!sent_exited) {
-            char key[64];
-            int64_t count = 0;
-            snprintf(key, sizeof key, "job/exited/%d", o->node_rank);
-            ddp_store_set(job->store, key, "1", 1);
-            ddp_store_add(job->store, "job/exited", 1, &count);
+            int64_t count = mark_exited(job);
             sent_exited = 1;
             /* The count may already include a node that failed after our workers finished. */
             fetch_failure(job);
