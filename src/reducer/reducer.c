@@ -154,6 +154,7 @@ static void prescale(void *data, size_t n, ddp_dtype_t dtype, int world)
 static unsigned char *slot_of(ddp_reducer_t *r, const rparam_t *p)
 {
     bucket_t *b = &r->buckets[p->bucket];
+    if (!b->data) return NULL; /* an empty bucket (only empty parameters) has no memory */
     return (unsigned char *)b->data + p->offset * ddp_dtype_size(p->dtype);
 }
 
