@@ -85,7 +85,10 @@ static void test_torchrun_errors(void)
     expect_error(DDP_ERR_INVALID_ARGUMENT, "WORLD_SIZE", "not set");
 
     set_torchrun(NULL, "4", NULL, NULL);
-    expect_error(DDP_ERR_INVALID_ARGUMENT, "RANK", "WORLD_SIZE=4");
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "RANK is not set", "WORLD_SIZE=4");
+
+    set_torchrun(NULL, NULL, "1", NULL);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "WORLD_SIZE is not set", "torchrun");
 
     set_torchrun("4", "4", NULL, NULL);
     expect_error(DDP_ERR_INVALID_ARGUMENT, "RANK=4", "WORLD_SIZE=4");

@@ -63,13 +63,15 @@ static ddp_status_t read_launcher(const launcher_vars_t *l, ddp_env_t *env)
     int got;
     if ((got = read_count(l->world_size, &world)) < 0) return (ddp_status_t)got;
     if (got == 0) {
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s is not set (%s sets %s but not %s)",
-                          l->world_size, l->source, l->rank, l->world_size);
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s is not set, but other %s variables (%s, %s, %s) are",
+                          l->world_size, l->source, l->rank, l->local_rank,
+                          l->local_world_size);
     }
     if ((got = read_count(l->rank, &rank)) < 0) return (ddp_status_t)got;
     if (got == 0) {
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s is not set (%s sets %s=%d but not %s)",
-                          l->rank, l->source, l->world_size, world, l->rank);
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s is not set, but %s=%d is", l->rank,
+                          l->world_size, world);
     }
     if (world < 1) {
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s=%d: the job needs at least one rank",
