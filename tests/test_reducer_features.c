@@ -471,8 +471,11 @@ static int case_hook(ddp_group_t *group, void *arg)
         h.next_index = 0;
         CHECK_OK(ddp_reducer_zero_grad(r));
         CHECK_OK(ddp_reducer_prepare(r));
-        for (size_t i = 6; i-- > 0;) {
-            produce(r, &m, i, rank, s);
+        /* Step 0 in backward order; step 1 in registration order, so the last bucket is ready
+         * first and must wait: the hook checks that launches still come in bucket order. */
+        for (size_t k = 0; k < 6; k++) {
+            produce(r, &m, s == 0 ? 5 - k : k, rank, s);
+            if (s == 1 && k < 5) CHECK(h.calls == nb * (size_t)s); /* bucket 0 not ready yet */
             usleep(200);
         }
         CHECK_OK(ddp_reducer_finalize(r));
