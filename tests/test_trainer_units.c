@@ -158,7 +158,8 @@ static void test_optimisers(void)
 
     pv[5][0] = 1;
     pv[5][1] = -2;
-    fm_optim_t adam = {.kind = FM_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    fm_optim_t adam = {
+        .kind = FM_OPTIM_ADAM, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
     CHECK(fm_optim_create(&adam, numel) == 0);
     fm_optim_step(&adam, p, g);
     /* the first Adam step moves every coordinate by lr * sign(g) (bias-corrected m/sqrt(v)) */
@@ -207,8 +208,16 @@ static void put_be32(unsigned char *p, uint32_t v)
 }
 
 /* Writes <dir>/<split>-images/labels files of n samples, with an optional defect. */
-enum { OK_FILES, BAD_IMAGE_MAGIC, BAD_LABEL_MAGIC, WRONG_ROWS, TRUNCATED, COUNT_MISMATCH,
-       BAD_LABEL, NOT_GZIP };
+enum {
+    OK_FILES,
+    BAD_IMAGE_MAGIC,
+    BAD_LABEL_MAGIC,
+    WRONG_ROWS,
+    TRUNCATED,
+    COUNT_MISMATCH,
+    BAD_LABEL,
+    NOT_GZIP
+};
 static void write_idx(const char *dir, const char *split, uint32_t n, int defect)
 {
     char path[512];
@@ -218,8 +227,9 @@ static void write_idx(const char *dir, const char *split, uint32_t n, int defect
         FILE *f = fopen(path, "wb");
         CHECK(f);
         /* a gzip magic with garbage after it: zlib reports a data error */
-        const unsigned char junk[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 0xff, 0xff, 0xff, 0xff,
-                                      0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4};
+        const unsigned char junk[] = {0x1f, 0x8b, 8,    0,    0,    0,    0,    0,    0,
+                                      3,    0xff, 0xff, 0xff, 0xff, 0x12, 0x34, 0x56, 0x78,
+                                      0x9a, 0xbc, 0xde, 0xf0, 1,    2,    3,    4};
         fwrite(junk, 1, sizeof junk, f);
         fclose(f);
     } else {
@@ -302,7 +312,8 @@ static void test_idx_reader(void)
     /* synthetic data is deterministic and labelled 0..9 */
     fm_dataset_t a, b;
     CHECK(fm_dataset_synthetic(31, 9, &a) == 0 && fm_dataset_synthetic(31, 9, &b) == 0);
-    CHECK(memcmp(a.images, b.images, 31 * FM_PIXELS * 4) == 0 && memcmp(a.labels, b.labels, 31) == 0);
+    CHECK(memcmp(a.images, b.images, 31 * FM_PIXELS * 4) == 0 &&
+          memcmp(a.labels, b.labels, 31) == 0);
     for (size_t i = 0; i < 31; i++) CHECK(a.labels[i] < 10);
     fm_dataset_free(&a);
     fm_dataset_free(&b);
@@ -314,8 +325,16 @@ static void test_checkpoint(void)
 {
     char path[300], err[8192];
     snprintf(path, sizeof path, "%s/ck.bin", tmpdir);
-    fm_hyper_t h = {.hidden = 5, .batch = 8, .accumulate = 1, .subset = 0, .seed = 3,
-                    .optim = FM_OPTIM_ADAM, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    fm_hyper_t h = {.hidden = 5,
+                    .batch = 8,
+                    .accumulate = 1,
+                    .subset = 0,
+                    .seed = 3,
+                    .optim = FM_OPTIM_ADAM,
+                    .lr = 1e-3,
+                    .beta1 = 0.9,
+                    .beta2 = 0.999,
+                    .eps = 1e-8};
     fm_mlp_t m, m2;
     CHECK(fm_mlp_create(5, 1, 3, &m) == 0 && fm_mlp_create(5, 1, 99, &m2) == 0);
     fm_optim_t o = {.kind = FM_OPTIM_ADAM}, o2 = {.kind = FM_OPTIM_ADAM};
@@ -326,8 +345,12 @@ static void test_checkpoint(void)
             o.state2[k][i] = (float)k;
         }
     o.steps = 77;
-    fm_progress_t p = {.epoch = 2, .step_in_epoch = 9, .global_step = 40, .loss_sum = 3.25,
-                       .loss_count = 9, .last_epoch_loss = 0.5};
+    fm_progress_t p = {.epoch = 2,
+                       .step_in_epoch = 9,
+                       .global_step = 40,
+                       .loss_sum = 3.25,
+                       .loss_count = 9,
+                       .last_epoch_loss = 0.5};
     CHECK_MSG(fm_checkpoint_save(path, &h, &p, &m, &o, err, sizeof err) == 0, "%s", err);
     fm_progress_t q;
     CHECK_MSG(fm_checkpoint_load(path, &h, &q, &m2, &o2, err, sizeof err) == 0, "%s", err);

@@ -68,47 +68,48 @@ static const char *prog = "fashion-mnist";
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: %s [options]\n"
-            "Trains an MLP 784-h-h-10 on Fashion-MNIST, data-parallel over the ranks started by\n"
-            "ddprun (build/ddprun -n 2 %s ...) or as one process without a launcher.\n"
-            "\n"
-            "data and model:\n"
-            "  --data DIR          directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz\n"
-            "                      (default " DEFAULT_DATA_DIR ")\n"
-            "  --subset N          use only the first N training samples (quick tests)\n"
-            "  --synthetic N       N random samples instead of the files (benchmarks; no eval)\n"
-            "  --hidden N          hidden width (default 1024)\n"
-            "  --seed N            initialisation and shuffling seed (default 1)\n"
-            "training:\n"
-            "  --epochs N          epochs (default 3)\n"
-            "  --max-steps N       stop after N optimizer steps in total (0: no limit)\n"
-            "  --batch N           GLOBAL batch per micro-step, split evenly over ranks (default 128)\n"
-            "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
-            "                      communication (no_sync), so the effective batch is K*batch\n"
-            "  --optim sgd|adam    optimiser (default adam)\n"
-            "  --lr F              learning rate (default 1e-3 for adam, 0.05 for sgd)\n"
-            "  --momentum F        SGD momentum (default 0.9)\n"
-            "  --wd F              weight decay, added to the gradient (default 0)\n"
-            "  --beta1 F --beta2 F --eps F   Adam (defaults 0.9, 0.999, 1e-8)\n"
-            "  --sync reducer|legacy   bucketed Reducer overlapping backward (default) or one\n"
-            "                      flat-buffer allreduce after backward\n"
-            "  --bucket-mb F       Reducer bucket cap in MiB (default 25)\n"
-            "checkpoints:\n"
-            "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
-            "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
-            "output:\n"
-            "  --json              print one final JSON line with the results\n"
-            "  --log-every N       log line every N steps when stdout is not a terminal\n"
-            "  --print-losses      print every step's global loss (\"loss step=S value=L\")\n"
-            "  --print-checksum    each rank prints a checksum of its parameters at the end\n"
-            "  --trace FILE        Chrome trace of the first --trace-steps steps (default 5);\n"
-            "                      with several ranks FILE gets .rankR inserted before .json\n"
-            "  --warmup N          steps left out of the timing (default 3)\n"
-            "  --no-eval           skip the test-set evaluation\n"
-            "  --help              this text\n"
-            "exit status: 0 success, 1 runtime error, 2 bad option\n",
-            prog, prog);
+    fprintf(
+        out,
+        "usage: %s [options]\n"
+        "Trains an MLP 784-h-h-10 on Fashion-MNIST, data-parallel over the ranks started by\n"
+        "ddprun (build/ddprun -n 2 %s ...) or as one process without a launcher.\n"
+        "\n"
+        "data and model:\n"
+        "  --data DIR          directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz\n"
+        "                      (default " DEFAULT_DATA_DIR ")\n"
+        "  --subset N          use only the first N training samples (quick tests)\n"
+        "  --synthetic N       N random samples instead of the files (benchmarks; no eval)\n"
+        "  --hidden N          hidden width (default 1024)\n"
+        "  --seed N            initialisation and shuffling seed (default 1)\n"
+        "training:\n"
+        "  --epochs N          epochs (default 3)\n"
+        "  --max-steps N       stop after N optimizer steps in total (0: no limit)\n"
+        "  --batch N           GLOBAL batch per micro-step, split evenly over ranks (default 128)\n"
+        "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
+        "                      communication (no_sync), so the effective batch is K*batch\n"
+        "  --optim sgd|adam    optimiser (default adam)\n"
+        "  --lr F              learning rate (default 1e-3 for adam, 0.05 for sgd)\n"
+        "  --momentum F        SGD momentum (default 0.9)\n"
+        "  --wd F              weight decay, added to the gradient (default 0)\n"
+        "  --beta1 F --beta2 F --eps F   Adam (defaults 0.9, 0.999, 1e-8)\n"
+        "  --sync reducer|legacy   bucketed Reducer overlapping backward (default) or one\n"
+        "                      flat-buffer allreduce after backward\n"
+        "  --bucket-mb F       Reducer bucket cap in MiB (default 25)\n"
+        "checkpoints:\n"
+        "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
+        "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
+        "output:\n"
+        "  --json              print one final JSON line with the results\n"
+        "  --log-every N       log line every N steps when stdout is not a terminal\n"
+        "  --print-losses      print every step's global loss (\"loss step=S value=L\")\n"
+        "  --print-checksum    each rank prints a checksum of its parameters at the end\n"
+        "  --trace FILE        Chrome trace of the first --trace-steps steps (default 5);\n"
+        "                      with several ranks FILE gets .rankR inserted before .json\n"
+        "  --warmup N          steps left out of the timing (default 3)\n"
+        "  --no-eval           skip the test-set evaluation\n"
+        "  --help              this text\n"
+        "exit status: 0 success, 1 runtime error, 2 bad option\n",
+        prog, prog);
 }
 
 static void die_usage(const char *fmt, ...)
@@ -185,47 +186,80 @@ static void parse_options(int argc, char **argv, options_t *o)
             continue;
         }
         static const char *const valued[] = {
-            "--data",  "--hidden", "--batch",    "--epochs",     "--max-steps",  "--subset",
-            "--synthetic", "--accumulate", "--seed", "--optim", "--lr", "--momentum", "--wd",
-            "--beta1", "--beta2",  "--eps",      "--sync",       "--bucket-mb",  "--checkpoint",
-            "--resume", "--trace", "--trace-steps", "--log-every", "--warmup"};
+            "--data",   "--hidden",      "--batch",      "--epochs",     "--max-steps",
+            "--subset", "--synthetic",   "--accumulate", "--seed",       "--optim",
+            "--lr",     "--momentum",    "--wd",         "--beta1",      "--beta2",
+            "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
+            "--trace",  "--trace-steps", "--log-every",  "--warmup"};
         int known = 0;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(name, valued[k]);
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(name, valued[k]);
         if (!known) die_usage("unknown option '%s'", name);
-        if (eq) val = eq + 1;
-        else if (i + 1 < argc) val = argv[++i];
-        else die_usage("%s needs a value", name);
+        if (eq)
+            val = eq + 1;
+        else if (i + 1 < argc)
+            val = argv[++i];
+        else
+            die_usage("%s needs a value", name);
 
-        if (!strcmp(name, "--data")) o->data_dir = val;
-        else if (!strcmp(name, "--hidden")) o->hidden = parse_size(name, val, 1);
-        else if (!strcmp(name, "--batch")) o->batch = parse_size(name, val, 1);
-        else if (!strcmp(name, "--epochs")) o->epochs = parse_size(name, val, 1);
-        else if (!strcmp(name, "--max-steps")) o->max_steps = parse_size(name, val, 0);
-        else if (!strcmp(name, "--subset")) o->subset = parse_size(name, val, 1);
-        else if (!strcmp(name, "--synthetic")) o->synthetic = parse_size(name, val, 1);
-        else if (!strcmp(name, "--accumulate")) o->accumulate = parse_size(name, val, 1);
-        else if (!strcmp(name, "--seed")) o->seed = parse_size(name, val, 0);
-        else if (!strcmp(name, "--log-every")) o->log_every = parse_size(name, val, 1);
-        else if (!strcmp(name, "--trace-steps")) o->trace_steps = parse_size(name, val, 1);
-        else if (!strcmp(name, "--warmup")) o->warmup = parse_size(name, val, 0);
-        else if (!strcmp(name, "--lr")) o->lr = parse_double(name, val, 0, 1e3);
-        else if (!strcmp(name, "--momentum")) o->momentum = parse_double(name, val, 0, 1);
-        else if (!strcmp(name, "--wd")) o->weight_decay = parse_double(name, val, 0, 1e3);
-        else if (!strcmp(name, "--beta1")) o->beta1 = parse_double(name, val, 0, 0.999999);
-        else if (!strcmp(name, "--beta2")) o->beta2 = parse_double(name, val, 0, 0.999999999);
-        else if (!strcmp(name, "--eps")) o->eps = parse_double(name, val, 0, 1);
-        else if (!strcmp(name, "--bucket-mb")) o->bucket_mb = parse_double(name, val, 0.001, 4096);
-        else if (!strcmp(name, "--checkpoint")) o->checkpoint = val;
-        else if (!strcmp(name, "--resume")) o->resume = val;
-        else if (!strcmp(name, "--trace")) o->trace = val;
+        if (!strcmp(name, "--data"))
+            o->data_dir = val;
+        else if (!strcmp(name, "--hidden"))
+            o->hidden = parse_size(name, val, 1);
+        else if (!strcmp(name, "--batch"))
+            o->batch = parse_size(name, val, 1);
+        else if (!strcmp(name, "--epochs"))
+            o->epochs = parse_size(name, val, 1);
+        else if (!strcmp(name, "--max-steps"))
+            o->max_steps = parse_size(name, val, 0);
+        else if (!strcmp(name, "--subset"))
+            o->subset = parse_size(name, val, 1);
+        else if (!strcmp(name, "--synthetic"))
+            o->synthetic = parse_size(name, val, 1);
+        else if (!strcmp(name, "--accumulate"))
+            o->accumulate = parse_size(name, val, 1);
+        else if (!strcmp(name, "--seed"))
+            o->seed = parse_size(name, val, 0);
+        else if (!strcmp(name, "--log-every"))
+            o->log_every = parse_size(name, val, 1);
+        else if (!strcmp(name, "--trace-steps"))
+            o->trace_steps = parse_size(name, val, 1);
+        else if (!strcmp(name, "--warmup"))
+            o->warmup = parse_size(name, val, 0);
+        else if (!strcmp(name, "--lr"))
+            o->lr = parse_double(name, val, 0, 1e3);
+        else if (!strcmp(name, "--momentum"))
+            o->momentum = parse_double(name, val, 0, 1);
+        else if (!strcmp(name, "--wd"))
+            o->weight_decay = parse_double(name, val, 0, 1e3);
+        else if (!strcmp(name, "--beta1"))
+            o->beta1 = parse_double(name, val, 0, 0.999999);
+        else if (!strcmp(name, "--beta2"))
+            o->beta2 = parse_double(name, val, 0, 0.999999999);
+        else if (!strcmp(name, "--eps"))
+            o->eps = parse_double(name, val, 0, 1);
+        else if (!strcmp(name, "--bucket-mb"))
+            o->bucket_mb = parse_double(name, val, 0.001, 4096);
+        else if (!strcmp(name, "--checkpoint"))
+            o->checkpoint = val;
+        else if (!strcmp(name, "--resume"))
+            o->resume = val;
+        else if (!strcmp(name, "--trace"))
+            o->trace = val;
         else if (!strcmp(name, "--optim")) {
-            if (!strcmp(val, "sgd")) o->optim = FM_OPTIM_SGD;
-            else if (!strcmp(val, "adam")) o->optim = FM_OPTIM_ADAM;
-            else die_usage("--optim: '%s' is neither sgd nor adam", val);
+            if (!strcmp(val, "sgd"))
+                o->optim = FM_OPTIM_SGD;
+            else if (!strcmp(val, "adam"))
+                o->optim = FM_OPTIM_ADAM;
+            else
+                die_usage("--optim: '%s' is neither sgd nor adam", val);
         } else if (!strcmp(name, "--sync")) {
-            if (!strcmp(val, "reducer")) o->legacy = 0;
-            else if (!strcmp(val, "legacy")) o->legacy = 1;
-            else die_usage("--sync: '%s' is neither reducer nor legacy", val);
+            if (!strcmp(val, "reducer"))
+                o->legacy = 0;
+            else if (!strcmp(val, "legacy"))
+                o->legacy = 1;
+            else
+                die_usage("--sync: '%s' is neither reducer nor legacy", val);
         }
         if (val && !*val) die_usage("%s: empty value", name);
     }
@@ -280,7 +314,8 @@ static int on_layer_done(void *ctx, int layer)
 {
     trainer_t *t = ctx;
     if (t->tracing) {
-        static const char *const names[3] = {"backward fc1", "backward fc2", "backward fc3"};
+        static const char *const names[3] = {"backward: fc1 grads", "backward: fc2 grads",
+                                             "backward: fc3 grads"};
         double now = ddp_time_us();
         ddp_trace_span(t->trace, names[layer], "compute", 0, t->mark_us, now);
         t->mark_us = now;
@@ -320,7 +355,8 @@ static double evaluate(trainer_t *t)
 {
     if (t->o.no_eval || t->o.synthetic) return -1.0;
     size_t n = t->test.count;
-    size_t lo = n * (size_t)t->rank / (size_t)t->world, hi = n * (size_t)(t->rank + 1) / (size_t)t->world;
+    size_t lo = n * (size_t)t->rank / (size_t)t->world,
+           hi = n * (size_t)(t->rank + 1) / (size_t)t->world;
     int64_t counts[2] = {(int64_t)fm_mlp_count_correct(&t->model, t->test.images + lo * FM_PIXELS,
                                                        t->test.labels + lo, hi - lo),
                          (int64_t)(hi - lo)};
@@ -339,8 +375,10 @@ static void format_eta(double seconds, char *out, size_t len)
         return;
     }
     long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(out, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else snprintf(out, len, "%ld:%02ld", s / 60, s % 60);
+    if (s >= 3600)
+        snprintf(out, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(out, len, "%ld:%02ld", s / 60, s % 60);
 }
 
 static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size_t steps,
@@ -352,9 +390,9 @@ static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size
     size_t left = steps - step;
     if (t->o.max_steps && t->o.max_steps - t->progress.global_step < left)
         left = t->o.max_steps - t->progress.global_step;
-    format_eta(samples_per_sec > 0 ? (double)left * (double)(t->o.batch * t->o.accumulate) /
-                                         samples_per_sec
-                                   : -1,
+    format_eta(samples_per_sec > 0
+                   ? (double)left * (double)(t->o.batch * t->o.accumulate) / samples_per_sec
+                   : -1,
                eta, sizeof eta);
     if (tty && final) { /* the epoch's summary line takes the bar's place */
         printf("\r%*s\r", 110, "");
@@ -382,10 +420,18 @@ static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size
 
 static fm_hyper_t hyper_of(const options_t *o)
 {
-    fm_hyper_t h = {o->hidden, o->batch, o->accumulate, o->synthetic ? o->synthetic : o->subset,
-                    o->seed, (uint64_t)o->optim, o->lr, o->optim == FM_OPTIM_SGD ? o->momentum : 0,
-                    o->weight_decay, o->optim == FM_OPTIM_ADAM ? o->beta1 : 0,
-                    o->optim == FM_OPTIM_ADAM ? o->beta2 : 0, o->optim == FM_OPTIM_ADAM ? o->eps : 0};
+    fm_hyper_t h = {o->hidden,
+                    o->batch,
+                    o->accumulate,
+                    o->synthetic ? o->synthetic : o->subset,
+                    o->seed,
+                    (uint64_t)o->optim,
+                    o->lr,
+                    o->optim == FM_OPTIM_SGD ? o->momentum : 0,
+                    o->weight_decay,
+                    o->optim == FM_OPTIM_ADAM ? o->beta1 : 0,
+                    o->optim == FM_OPTIM_ADAM ? o->beta2 : 0,
+                    o->optim == FM_OPTIM_ADAM ? o->eps : 0};
     return h;
 }
 
@@ -454,7 +500,8 @@ int main(int argc, char **argv)
 
     /* model and optimizer, then the checkpoint (every rank reads it) */
     size_t max_batch = t->local_batch > EVAL_CHUNK ? t->local_batch : EVAL_CHUNK;
-    if (fm_mlp_create(o->hidden, max_batch, o->seed, &t->model)) fail("out of memory for the model");
+    if (fm_mlp_create(o->hidden, max_batch, o->seed, &t->model))
+        fail("out of memory for the model");
     t->opt.kind = o->optim;
     t->opt.lr = o->lr;
     t->opt.momentum = o->momentum;
@@ -481,8 +528,13 @@ int main(int argc, char **argv)
     /* data parallelism: the Reducer (verifies the model, broadcasts rank 0's values) or legacy */
     ddp_param_t params[FM_NPARAMS];
     for (int k = 0; k < FM_NPARAMS; k++) {
-        params[k] = (ddp_param_t){fm_param_names[k], t->model.params[k], t->model.numel[k], DDP_F32,
-                                  t->model.rows[k], 0, NULL};
+        params[k] = (ddp_param_t){fm_param_names[k],
+                                  t->model.params[k],
+                                  t->model.numel[k],
+                                  DDP_F32,
+                                  t->model.rows[k],
+                                  0,
+                                  NULL};
     }
     if (o->legacy) {
         for (int k = 0; k < FM_NPARAMS; k++) {
@@ -491,7 +543,8 @@ int main(int argc, char **argv)
             params[k].grad = t->own_grads[k];
             t->grads[k] = t->own_grads[k];
             if (t->world > 1)
-                check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32, 0),
+                check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32,
+                                          0),
                       "broadcasting the initial parameters");
         }
         check(ddp_legacy_create(t->group, params, FM_NPARAMS, 0, &t->legacy),
@@ -511,14 +564,14 @@ int main(int argc, char **argv)
     if (!xbuf || !ybuf || !perm || !t->pending) fail("out of memory");
 
     const int tty = t->rank == 0 && isatty(STDOUT_FILENO);
-    size_t log_every = o->log_every ? o->log_every : (steps_per_epoch >= 10 ? steps_per_epoch / 10 : 1);
+    size_t log_every =
+        o->log_every ? o->log_every : (steps_per_epoch >= 10 ? steps_per_epoch / 10 : 1);
     if (t->rank == 0) {
         printf("fashion-mnist: %d rank%s (%s), %zu train samples, hidden %zu, global batch %zu "
                "(%zu per rank)%s, %s lr %g, sync %s\n",
                t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
-               o->hidden, o->batch, t->local_batch,
-               o->accumulate > 1 ? " x accumulate" : "", o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
-               o->lr, o->legacy ? "legacy" : "reducer");
+               o->hidden, o->batch, t->local_batch, o->accumulate > 1 ? " x accumulate" : "",
+               o->optim == FM_OPTIM_ADAM ? "adam" : "sgd", o->lr, o->legacy ? "legacy" : "reducer");
         fflush(stdout);
     }
 
@@ -582,12 +635,14 @@ int main(int argc, char **argv)
                     step_exposed = ddp_time_us() - t2;
                 }
                 if (t->tracing)
-                    ddp_trace_span(t->trace, sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
+                    ddp_trace_span(t->trace,
+                                   sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
                                    "compute", 0, t2, ddp_time_us());
             }
             double t3 = ddp_time_us();
             fm_optim_step(&t->opt, t->model.params, t->grads);
-            if (t->reducer) check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+            if (t->reducer)
+                check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
             else
                 for (int p = 0; p < FM_NPARAMS; p++)
                     memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
@@ -617,8 +672,8 @@ int main(int argc, char **argv)
         flush_losses(t);
         if (stopped) break;
         /* the epoch is complete */
-        double epoch_loss = t->progress.loss_count ? t->progress.loss_sum / (double)t->progress.loss_count
-                                                   : NAN;
+        double epoch_loss =
+            t->progress.loss_count ? t->progress.loss_sum / (double)t->progress.loss_count : NAN;
         accuracy = evaluate(t);
         if (t->rank == 0) {
             printf("epoch %zu/%zu: train loss %.4f", epoch + 1, o->epochs, epoch_loss);
@@ -639,7 +694,8 @@ int main(int argc, char **argv)
     double final_loss = t->progress.last_epoch_loss;
     if (stopped && t->progress.step_in_epoch > 0 && t->progress.step_in_epoch < steps_per_epoch) {
         /* stopped inside an epoch: report that partial epoch and save where we are */
-        if (t->progress.loss_count) final_loss = t->progress.loss_sum / (double)t->progress.loss_count;
+        if (t->progress.loss_count)
+            final_loss = t->progress.loss_sum / (double)t->progress.loss_count;
         accuracy = evaluate(t);
         save_checkpoint(t);
         if (t->rank == 0) {
@@ -662,15 +718,19 @@ int main(int argc, char **argv)
         double sps = timed_us > 0 ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
         if (o->json) {
             printf("{\"test_accuracy\":");
-            if (accuracy >= 0) printf("%.4f", accuracy);
-            else printf("null");
+            if (accuracy >= 0)
+                printf("%.4f", accuracy);
+            else
+                printf("null");
             printf(",\"samples_per_sec\":%.1f,\"step_ms\":%.4f,\"exposed_comm_ms\":%.4f,"
                    "\"world_size\":%d,\"epochs\":%zu,\"steps\":%llu,\"timed_steps\":%zu,"
                    "\"final_loss\":",
                    sps, step_ms, timed_steps ? exposed_us / (double)timed_steps / 1000.0 : 0.0,
                    t->world, o->epochs, (unsigned long long)t->progress.global_step, timed_steps);
-            if (isfinite(final_loss)) printf("%.6f", final_loss);
-            else printf("null");
+            if (isfinite(final_loss))
+                printf("%.6f", final_loss);
+            else
+                printf("null");
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\"}\n",
                    o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",

@@ -138,12 +138,14 @@ int fm_mlp_backward(fm_mlp_t *model, const float *x, const uint8_t *labels, size
     }
     *loss = m ? total / (double)m : 0.0;
     int rc;
+    /* Each layer's parameter gradients first, then the callback (their reduction can start),
+     * then the gradient of the layer's input, which overlaps with that reduction. */
     linear_grads(model->dlogits, model->h2, m, h, FM_CLASSES, grads[4], grads[5]);
-    input_grads(model->dlogits, p[4], m, h, FM_CLASSES, model->h2, model->dh2);
     if (done && (rc = done(ctx, 2)) != 0) return rc;
+    input_grads(model->dlogits, p[4], m, h, FM_CLASSES, model->h2, model->dh2);
     linear_grads(model->dh2, model->h1, m, h, h, grads[2], grads[3]);
-    input_grads(model->dh2, p[2], m, h, h, model->h1, model->dh1);
     if (done && (rc = done(ctx, 1)) != 0) return rc;
+    input_grads(model->dh2, p[2], m, h, h, model->h1, model->dh1);
     linear_grads(model->dh1, x, m, FM_PIXELS, h, grads[0], grads[1]);
     if (done && (rc = done(ctx, 0)) != 0) return rc;
     return 0;
