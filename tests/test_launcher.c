@@ -819,6 +819,31 @@ static void scenario_output(void)
     CHECK(count_of(out, "tail 0") == 1 && count_of(out, "tail 1") == 1);
     free(out);
     free(err);
+
+    /* `ddprun ... | head -1`: once our reader is gone, the workers (writing forever) get SIGPIPE
+     * and the job ends instead of running on unseen. */
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        signal(SIGPIPE, SIG_DFL);
+        execl(DDPRUN_PATH, DDPRUN_PATH, "-n", "2", "yes", (char *)NULL);
+        _exit(126);
+    }
+    close(fds[1]);
+    char first[64];
+    CHECK(read(fds[0], first, sizeof first) > 0);
+    CHECK(first[0] == '[');
+    close(fds[0]);
+    run_t yes_run = {.pid = pid, .started = now_s()};
+    snprintf(yes_run.err_path, sizeof yes_run.err_path, "/dev/null");
+    int status = wait_ddprun(&yes_run, 20, NULL);
+    CHECK_MSG(exit_code(status) == 128 + SIGPIPE, "ddprun | (closed) exited with %d",
+              exit_code(status));
 }
 
 static void scenario_options(void)

@@ -230,6 +230,9 @@ static void sleep_ms(int ms)
     }
 }
 
+/* Our stdout/stderr whose reader went away (`ddprun ... | head`), by descriptor. */
+static int output_closed[3];
+
 /* Writes everything, retrying on EINTR and on a non-blocking descriptor that is full. */
 static void write_all(int fd, const char *data, size_t len)
 {
@@ -244,7 +247,8 @@ static void write_all(int fd, const char *data, size_t len)
             struct pollfd p = {fd, POLLOUT, 0};
             poll(&p, 1, 100);
         } else {
-            return; /* EPIPE and the like: the reader went away; drop the output */
+            if (n < 0 && errno == EPIPE && fd >= 0 && fd < 3) output_closed[fd] = 1;
+            return; /* the reader went away: drop the output */
         }
     }
 }
@@ -385,6 +389,14 @@ static void stream_append(const worker_t *w, stream_t *s, const char *data, size
 /* Reads what the worker wrote; emits every complete line with its rank in front. */
 static void stream_read(const worker_t *w, stream_t *s)
 {
+    if (output_closed[s->target]) {
+        /* Nobody reads our side any more: close theirs too, so the worker gets SIGPIPE as it
+         * would writing straight into the closed pipe. */
+        close(s->fd);
+        s->fd = -1;
+        s->len = 0;
+        return;
+    }
     char chunk[16384];
     ssize_t n = read(s->fd, chunk, sizeof chunk);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
