@@ -1319,6 +1319,24 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     first_text[0] = '\0';
     if (first != DDP_OK) snprintf(first_text, sizeof first_text, "%s", ddp_last_error());
 
+    /* Every rank learns of every rank's usage error and of which parameters were used. The
+     * vector is known now, so it is queued right behind the last bucket instead of after the
+     * waits (one round trip less on the exposed path). */
+    size_t nu = find_unused ? r->nparams : 0;
+    int64_t *v = r->status_vector;
+    for (size_t k = 0; k < nu; k++) v[k] = r->used_since_sync[k];
+    for (int q = 0; q < r->world; q++) v[nu + (size_t)q] = q == r->rank ? r->local_error : 0;
+    ddp_work_t *status_work = NULL;
+    if (first == DDP_OK) {
+        s = ddp_group_allreduce_async(r->group, v, v, nu + (size_t)r->world, DDP_I64, DDP_MAX,
+                                      &status_work);
+        if (s != DDP_OK) {
+            first = ddp__error_context(s, "exchanging the status of iteration %llu",
+                                       (unsigned long long)r->iteration);
+            snprintf(first_text, sizeof first_text, "%s", ddp_last_error());
+        }
+    }
+
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
         if (!k->work) continue;
@@ -1331,24 +1349,20 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
         ddp_work_free(k->work);
         k->work = NULL;
     }
+    if (status_work) {
+        s = ddp_work_wait(status_work);
+        ddp_work_free(status_work);
+        if (s != DDP_OK && first == DDP_OK) {
+            first = ddp__error_context(s, "exchanging the status of iteration %llu",
+                                       (unsigned long long)r->iteration);
+            snprintf(first_text, sizeof first_text, "%s", ddp_last_error());
+        }
+    }
+    wait_callbacks(r);
     if (first != DDP_OK) {
-        wait_callbacks(r);
         r->active = 0;
         ddp__set_error_text(first_text);
         return first;
-    }
-
-    /* Every rank learns of every rank's usage error and of which parameters were used. */
-    size_t nu = find_unused ? r->nparams : 0;
-    int64_t *v = r->status_vector;
-    for (size_t k = 0; k < nu; k++) v[k] = r->used_since_sync[k];
-    for (int q = 0; q < r->world; q++) v[nu + (size_t)q] = q == r->rank ? r->local_error : 0;
-    s = ddp_group_allreduce(r->group, v, v, nu + (size_t)r->world, DDP_I64, DDP_MAX);
-    wait_callbacks(r);
-    if (s != DDP_OK) {
-        r->active = 0;
-        return ddp__error_context(s, "exchanging the status of iteration %llu",
-                                  (unsigned long long)r->iteration);
     }
     if (v[nu + (size_t)r->rank]) {
         r->active = 0;
