@@ -514,12 +514,21 @@ static void free_environment(char **envp)
 
 static void child_error(const char *what, const char *program)
 {
-    /* Only async-signal-safe calls between fork and exec. */
+    /* Between fork and exec: write(2) only. strerror is not on the async-signal-safe list,
+     * but glibc's reads a static table for known errno values. */
     const char *reason = strerror(errno);
     const char *parts[] = {"ddprun: cannot ", what, " '", program, "': ", reason, "\n"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         ssize_t ignored = write(2, parts[i], strlen(parts[i]));
         (void)ignored;
+    }
+}
+
+static void close_pair(int fds[2])
+{
+    for (int i = 0; i < 2; i++) {
+        if (fds[i] >= 0) close(fds[i]);
+        fds[i] = -1;
     }
 }
 
@@ -529,6 +538,7 @@ static int start_worker(job_t *job, worker_t *w)
     if (job->opt.prefix) {
         if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
             perror("ddprun: pipe");
+            close_pair(out);
             return -1;
         }
     }
@@ -540,6 +550,8 @@ static int start_worker(job_t *job, worker_t *w)
     if (pid < 0) {
         perror("ddprun: fork");
         free_environment(envp);
+        close_pair(out);
+        close_pair(err);
         return -1;
     }
     if (pid == 0) {
