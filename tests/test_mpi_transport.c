@@ -17,7 +17,9 @@
 static int g_rank, g_world;
 static int g_no_large; /* --no-large: leave out the 1 MiB+3 size */
 
-static const size_t sizes[] = {0, 1, 7, 4099, (1u << 20) + 3};
+/* 64/65 and 128/129 straddle the transport's inline payload (512 bytes in the reduction type:
+ * 64 f64/i64, 128 f32/i32/f16/bf16 or u8-min/max, 64 u8-sum widened to i64). */
+static const size_t sizes[] = {0, 1, 7, 64, 65, 128, 129, 4099, (1u << 20) + 3};
 enum { NSIZES = sizeof sizes / sizeof sizes[0] };
 
 static uint64_t mix(uint64_t z)
@@ -454,6 +456,12 @@ static void test_mismatches(void)
     snprintf(other, sizeof other, "rank %d called", last);
     const char *count_needles[] = {"mismatch", "count 10", "count 11", "rank 0 called", other};
     expect_failure(&c, DDP_ERR_MISMATCH, count_needles, 5, 0);
+    /* A count small enough to travel inline on some ranks but not on the last one: the ranks
+     * must still meet in the same exchange and agree that they disagree. */
+    static float big[600];
+    c = make(DDP__ALLREDUCE, 1, big, big, g_rank == last ? 600 : 100, DDP_F32, DDP_SUM, 0, 30000);
+    const char *inline_needles[] = {"mismatch", "count 100", "count 600", other};
+    expect_failure(&c, DDP_ERR_MISMATCH, inline_needles, 4, 0);
     /* A different dtype. */
     c = make(DDP__ALLREDUCE, 1, buf, buf, 4, g_rank == last ? DDP_I32 : DDP_F32, DDP_SUM, 0, 30000);
     const char *dtype_needles[] = {"mismatch", "f32", "i32", other};

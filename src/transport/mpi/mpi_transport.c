@@ -35,6 +35,13 @@ enum {
     YIELD_AFTER = 256,   /* MPI_Test calls after which the poller yields the core each time */
 };
 
+/* The record every collective starts with: fingerprint, its complement, a small payload. */
+enum { INLINE_BYTES = 512 };
+typedef struct fused_record {
+    int64_t fp[2 * FP_FIELDS];
+    unsigned char payload[INLINE_BYTES];
+} fused_record_t;
+
 /* Largest element count handed to one MPI call (MPI counts are int). */
 #define MPI_CHUNK ((size_t)1 << 30)
 
@@ -44,9 +51,9 @@ typedef struct mpi_state {
     int world;
     char name[128];
 
-    /* Fingerprint buffers live here, not on the stack: after a timeout MPI still owns them. */
-    int64_t fp_send[2 * FP_FIELDS];
-    int64_t fp_recv[2 * FP_FIELDS];
+    /* The exchanged records live here, not on the stack: after a timeout MPI still owns them. */
+    fused_record_t fused_send;
+    fused_record_t fused_recv;
 
     void *scratch; /* f32/i64 widening buffer, grown on demand */
     size_t scratch_bytes;
@@ -70,6 +77,8 @@ typedef struct mpi_state {
 } mpi_state_t;
 
 /* ---- process-wide MPI initialisation ---------------------------------------------------- */
+
+static ddp_status_t ensure_fused(void);
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int thread_level = -1;
@@ -154,6 +163,7 @@ static ddp_status_t ensure_mpi(void)
     }
     thread_level = level;
     serialize_calls = level < MPI_THREAD_MULTIPLE;
+    status = ensure_fused();
 out:
     pthread_mutex_unlock(&init_lock);
     return status;
@@ -243,6 +253,23 @@ static void describe(const ddp__collective_t *c, char *buf, size_t size)
     ddp__fingerprint_describe(c, buf, size);
 }
 
+static ddp_status_t post_failed(mpi_state_t *s, int rc, const ddp__collective_t *c,
+                                const char *call)
+{
+    char fp[256], what[512];
+    describe(c, fp, sizeof fp);
+    snprintf(what, sizeof what, "MPI transport, group '%s', rank %d: %s for %s", s->name,
+             s->rank, call, fp);
+    return break_state(s, ddp__mpi_error(rc, what));
+}
+
+static MPI_Datatype faulty(mpi_state_t *s, MPI_Datatype type)
+{
+    if (!s->inject_fault) return type;
+    s->inject_fault = 0;
+    return MPI_DATATYPE_NULL;
+}
+
 /* ---- waiting ----------------------------------------------------------------------------- */
 
 /* Receives a pending abort notice from a peer, if any: DDP_ERR_REMOTE naming it, else DDP_OK. */
@@ -311,95 +338,6 @@ static ddp_status_t wait_request(mpi_state_t *s, MPI_Request *req, const ddp__co
         }
         if (spins > YIELD_AFTER) sched_yield();
     }
-}
-
-/* ---- fingerprints ------------------------------------------------------------------------ */
-
-static void fingerprint_fields(const ddp__collective_t *c, int64_t out[FP_FIELDS])
-{
-    out[0] = (int64_t)c->seq;
-    out[1] = (int64_t)c->kind;
-    out[2] = (int64_t)c->dtype;
-    out[3] = (int64_t)c->op;
-    out[4] = (int64_t)c->count;
-    out[5] = (int64_t)c->root;
-}
-
-static ddp__collective_t collective_from_fields(const int64_t f[FP_FIELDS])
-{
-    ddp__collective_t c;
-    memset(&c, 0, sizeof c);
-    c.seq = (uint64_t)f[0];
-    c.kind = (ddp__collective_kind_t)f[1];
-    c.dtype = (ddp_dtype_t)f[2];
-    c.op = (ddp_reduce_op_t)f[3];
-    c.count = (size_t)f[4];
-    c.root = (int)f[5];
-    return c;
-}
-
-/* The ranks disagree: gathers every fingerprint and names rank 0 and the first rank that differs
- * from it. Every rank builds the same text. */
-static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
-{
-    int64_t mine[FP_FIELDS];
-    fingerprint_fields(c, mine);
-    int64_t *all = ddp__malloc((size_t)s->world * sizeof mine, "MPI transport fingerprints");
-    if (!all) return break_state(s, DDP_ERR_NO_MEMORY);
-    MPI_Request req;
-    enter_mpi();
-    int rc = MPI_Iallgather(mine, FP_FIELDS, MPI_INT64_T, all, FP_FIELDS, MPI_INT64_T, s->comm,
-                            &req);
-    leave_mpi();
-    ddp_status_t status;
-    if (rc != MPI_SUCCESS) {
-        status = break_state(s, ddp__mpi_error(rc, "MPI transport: gathering fingerprints"));
-    } else {
-        status = wait_request(s, &req, c, "fingerprint gather");
-    }
-    if (status != DDP_OK) {
-        /* `all` may still be written by MPI after a timeout: leak it rather than free it. */
-        return status;
-    }
-    int other = 1;
-    while (other < s->world && memcmp(all, all + (size_t)other * FP_FIELDS, sizeof mine) == 0)
-        other++;
-    if (other == s->world) other = 1; /* cannot happen: min and max differed */
-    ddp__collective_t first = collective_from_fields(all);
-    ddp__collective_t second = collective_from_fields(all + (size_t)other * FP_FIELDS);
-    char a[256], b[256];
-    describe(&first, a, sizeof a);
-    describe(&second, b, sizeof b);
-    free(all);
-    status = ddp__error(DDP_ERR_MISMATCH,
-                        "MPI transport, group '%s': collective mismatch: rank 0 called %s but "
-                        "rank %d called %s",
-                        s->name, a, other, b);
-    return break_state(s, status);
-}
-
-/* Exchanges the fingerprint; DDP_ERR_MISMATCH on every rank when any field differs. */
-static ddp_status_t check_fingerprint(mpi_state_t *s, const ddp__collective_t *c)
-{
-    int64_t f[FP_FIELDS];
-    fingerprint_fields(c, f);
-    for (int i = 0; i < FP_FIELDS; i++) {
-        s->fp_send[i] = f[i];
-        s->fp_send[FP_FIELDS + i] = ~f[i]; /* min of ~x is ~max of x */
-    }
-    MPI_Request req;
-    enter_mpi();
-    int rc = MPI_Iallreduce(s->fp_send, s->fp_recv, 2 * FP_FIELDS, MPI_INT64_T, MPI_MIN, s->comm,
-                            &req);
-    leave_mpi();
-    if (rc != MPI_SUCCESS)
-        return break_state(s, ddp__mpi_error(rc, "MPI transport: exchanging the fingerprint"));
-    ddp_status_t status = wait_request(s, &req, c, "fingerprint exchange");
-    if (status != DDP_OK) return status;
-    for (int i = 0; i < FP_FIELDS; i++) {
-        if (s->fp_recv[i] != ~s->fp_recv[FP_FIELDS + i]) return report_mismatch(s, c);
-    }
-    return DDP_OK;
 }
 
 /* ---- types ------------------------------------------------------------------------------- */
@@ -516,24 +454,196 @@ static void *scratch(mpi_state_t *s, size_t bytes)
     return p;
 }
 
+/* ---- fingerprints ------------------------------------------------------------------------ */
+
+static void fingerprint_fields(const ddp__collective_t *c, int64_t out[FP_FIELDS])
+{
+    out[0] = (int64_t)c->seq;
+    out[1] = (int64_t)c->kind;
+    out[2] = (int64_t)c->dtype;
+    out[3] = (int64_t)c->op;
+    out[4] = (int64_t)c->count;
+    out[5] = (int64_t)c->root;
+}
+
+static ddp__collective_t collective_from_fields(const int64_t f[FP_FIELDS])
+{
+    ddp__collective_t c;
+    memset(&c, 0, sizeof c);
+    c.seq = (uint64_t)f[0];
+    c.kind = (ddp__collective_kind_t)f[1];
+    c.dtype = (ddp_dtype_t)f[2];
+    c.op = (ddp_reduce_op_t)f[3];
+    c.count = (size_t)f[4];
+    c.root = (int)f[5];
+    return c;
+}
+
+/* The ranks disagree: gathers every fingerprint and names rank 0 and the first rank that differs
+ * from it. Every rank builds the same text. */
+static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
+{
+    int64_t mine[FP_FIELDS];
+    fingerprint_fields(c, mine);
+    int64_t *all = ddp__malloc((size_t)s->world * sizeof mine, "MPI transport fingerprints");
+    if (!all) return break_state(s, DDP_ERR_NO_MEMORY);
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Iallgather(mine, FP_FIELDS, MPI_INT64_T, all, FP_FIELDS, MPI_INT64_T, s->comm,
+                            &req);
+    leave_mpi();
+    ddp_status_t status;
+    if (rc != MPI_SUCCESS) {
+        status = break_state(s, ddp__mpi_error(rc, "MPI transport: gathering fingerprints"));
+    } else {
+        status = wait_request(s, &req, c, "fingerprint gather");
+    }
+    if (status != DDP_OK) {
+        /* `all` may still be written by MPI after a timeout: leak it rather than free it. */
+        return status;
+    }
+    int other = 1;
+    while (other < s->world && memcmp(all, all + (size_t)other * FP_FIELDS, sizeof mine) == 0)
+        other++;
+    if (other == s->world) other = 1; /* cannot happen: min and max differed */
+    ddp__collective_t first = collective_from_fields(all);
+    ddp__collective_t second = collective_from_fields(all + (size_t)other * FP_FIELDS);
+    char a[256], b[256];
+    describe(&first, a, sizeof a);
+    describe(&second, b, sizeof b);
+    free(all);
+    status = ddp__error(DDP_ERR_MISMATCH,
+                        "MPI transport, group '%s': collective mismatch: rank 0 called %s but "
+                        "rank %d called %s",
+                        s->name, a, other, b);
+    return break_state(s, status);
+}
+
+/* ---- the fused exchange ----------------------------------------------------------------
+ * The fingerprint travels in a fixed-size record with room for a small payload: an allreduce whose
+ * data fits (in its reduction type) rides along and completes in this one MPI call. The record is
+ * one element of a contiguous datatype, so MPI never splits it, and is reduced by fused_reduce:
+ * MIN over the fingerprint words and, when both inputs carry the same fingerprint of an inline
+ * allreduce, the collective's own op over the payload. Inputs whose fingerprints differ leave the
+ * payload unreduced: the MIN/MAX disagreement is then reported and the payload never used. The
+ * record has the same size whatever each rank called, so ranks that disagree still match. */
+
+static MPI_Datatype fused_type = MPI_DATATYPE_NULL;
+static MPI_Op fused_op = MPI_OP_NULL;
+
+/* Whether an allreduce described by fingerprint fields f travels inside the record. */
+static int inline_allreduce(const int64_t *f)
+{
+    if (f[1] != DDP__ALLREDUCE || f[2] < 0 || f[2] >= DDP_DTYPE_COUNT || f[3] < 0 ||
+        f[3] >= DDP_OP_COUNT || f[4] <= 0)
+        return 0;
+    ddp_dtype_t rtype = reduce_dtype((ddp_dtype_t)f[2], (ddp_reduce_op_t)f[3]);
+    return (uint64_t)f[4] <= INLINE_BYTES / ddp_dtype_size(rtype);
+}
+
+#define COMBINE(T, a, b, n, op)                                                                   \
+    do {                                                                                          \
+        const T *x_ = (const T *)(a);                                                             \
+        T *y_ = (T *)(b);                                                                         \
+        for (size_t i_ = 0; i_ < (n); i_++) {                                                     \
+            switch (op) {                                                                         \
+            case DDP_MIN: y_[i_] = x_[i_] < y_[i_] ? x_[i_] : y_[i_]; break;                      \
+            case DDP_MAX: y_[i_] = x_[i_] > y_[i_] ? x_[i_] : y_[i_]; break;                      \
+            case DDP_PROD: y_[i_] = x_[i_] * y_[i_]; break;                                       \
+            default: y_[i_] = x_[i_] + y_[i_]; break;                                             \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+
+/* Integers wrap (two's complement) instead of overflowing, like the other transports. */
+#define COMBINE_INT(T, U, a, b, n, op)                                                            \
+    do {                                                                                          \
+        const T *x_ = (const T *)(a);                                                             \
+        T *y_ = (T *)(b);                                                                         \
+        for (size_t i_ = 0; i_ < (n); i_++) {                                                     \
+            switch (op) {                                                                         \
+            case DDP_MIN: y_[i_] = x_[i_] < y_[i_] ? x_[i_] : y_[i_]; break;                      \
+            case DDP_MAX: y_[i_] = x_[i_] > y_[i_] ? x_[i_] : y_[i_]; break;                      \
+            case DDP_PROD: y_[i_] = (T)((U)x_[i_] * (U)y_[i_]); break;                            \
+            default: y_[i_] = (T)((U)x_[i_] + (U)y_[i_]); break;                                  \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+
+static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    fused_record_t *in = invec, *inout = inoutvec;
+    for (int k = 0; k < *len; k++) {
+        fused_record_t *a = &in[k], *b = &inout[k];
+        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 && inline_allreduce(a->fp)) {
+            ddp_reduce_op_t op = (ddp_reduce_op_t)a->fp[3];
+            size_t n = (size_t)a->fp[4];
+            switch (reduce_dtype((ddp_dtype_t)a->fp[2], op)) {
+            case DDP_F32: COMBINE(float, a->payload, b->payload, n, op); break;
+            case DDP_F64: COMBINE(double, a->payload, b->payload, n, op); break;
+            case DDP_I32: COMBINE_INT(int32_t, uint32_t, a->payload, b->payload, n, op); break;
+            case DDP_I64: COMBINE_INT(int64_t, uint64_t, a->payload, b->payload, n, op); break;
+            case DDP_U8: COMBINE_INT(uint8_t, uint32_t, a->payload, b->payload, n, op); break;
+            default: break; /* f16 and bf16 never reach here: they reduce in f32 */
+            }
+        }
+        for (int i = 0; i < 2 * FP_FIELDS; i++)
+            if (a->fp[i] < b->fp[i]) b->fp[i] = a->fp[i];
+    }
+}
+
+/* Creates the record's datatype and op once per process (freed by MPI_Finalize). */
+static ddp_status_t ensure_fused(void)
+{
+    if (fused_op != MPI_OP_NULL) return DDP_OK;
+    int rc = MPI_Type_contiguous((int)sizeof(fused_record_t), MPI_BYTE, &fused_type);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&fused_type);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(fused_reduce, 1, &fused_op);
+    if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, "MPI transport: creating the fingerprint record");
+    return DDP_OK;
+}
+
+/* Exchanges the fingerprint (and, for a small allreduce, its data): DDP_ERR_MISMATCH on every
+ * rank when any field differs. *done = 1 when the payload carried the whole collective and its
+ * result is already in c->recv. */
+static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t *c, int *done)
+{
+    int64_t f[FP_FIELDS];
+    fingerprint_fields(c, f);
+    for (int i = 0; i < FP_FIELDS; i++) {
+        s->fused_send.fp[i] = f[i];
+        s->fused_send.fp[FP_FIELDS + i] = ~f[i]; /* min of ~x is ~max of x */
+    }
+    int inline_data = inline_allreduce(f);
+    ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
+    if (inline_data) {
+        if (rtype != c->dtype) widen(c->dtype, c->send, s->fused_send.payload, c->count);
+        else memcpy(s->fused_send.payload, c->send, c->count * ddp_dtype_size(c->dtype));
+    }
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Iallreduce(&s->fused_send, &s->fused_recv, 1, faulty(s, fused_type), fused_op,
+                            s->comm, &req);
+    leave_mpi();
+    if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Iallreduce (fingerprint exchange)");
+    ddp_status_t status = wait_request(s, &req, c, "fingerprint exchange");
+    if (status != DDP_OK) return status;
+    for (int i = 0; i < FP_FIELDS; i++) {
+        if (s->fused_recv.fp[i] != ~s->fused_recv.fp[FP_FIELDS + i]) return report_mismatch(s, c);
+    }
+    *done = 0;
+    if (inline_data) {
+        void *result = s->fused_recv.payload;
+        if (c->op == DDP_AVG) divide(rtype, result, c->count, s->world);
+        if (rtype != c->dtype) narrow(c->dtype, result, c->recv, c->count);
+        else memcpy(c->recv, result, c->count * ddp_dtype_size(c->dtype));
+        *done = 1;
+    }
+    return DDP_OK;
+}
+
 /* ---- collectives --------------------------------------------------------------------------- */
-
-static ddp_status_t post_failed(mpi_state_t *s, int rc, const ddp__collective_t *c,
-                                const char *call)
-{
-    char fp[256], what[512];
-    describe(c, fp, sizeof fp);
-    snprintf(what, sizeof what, "MPI transport, group '%s', rank %d: %s for %s", s->name,
-             s->rank, call, fp);
-    return break_state(s, ddp__mpi_error(rc, what));
-}
-
-static MPI_Datatype faulty(mpi_state_t *s, MPI_Datatype type)
-{
-    if (!s->inject_fault) return type;
-    s->inject_fault = 0;
-    return MPI_DATATYPE_NULL;
-}
 
 /* Allreduce of n elements of `dtype` (already the reduction type), in chunks MPI can count. */
 static ddp_status_t allreduce_chunks(mpi_state_t *s, const ddp__collective_t *c, const void *send,
@@ -692,8 +802,9 @@ static ddp_status_t mpi_run(void *state, const ddp__collective_t *c)
     ddp_status_t status = validate(s, c);
     if (status != DDP_OK) return status;
     if (s->world > 1) {
-        status = check_fingerprint(s, c);
-        if (status != DDP_OK) return status;
+        int done = 0;
+        status = exchange_fingerprint(s, c, &done);
+        if (status != DDP_OK || done) return status;
     }
     /* The fingerprint exchange synchronised every rank: a barrier or an empty collective is done. */
     if (c->kind == DDP__BARRIER || c->count == 0) return DDP_OK;
