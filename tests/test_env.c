@@ -147,6 +147,11 @@ static void test_torchrun_errors(void)
     setenv("MASTER_PORT", "1234", 1);
     expect_error(DDP_ERR_INVALID_ARGUMENT, "MASTER_ADDR is not set", "MASTER_PORT=1234");
 
+    set_torchrun("0", "2", NULL, NULL);
+    setenv("MASTER_ADDR", "", 1);
+    setenv("MASTER_PORT", "1234", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "MASTER_ADDR is empty", NULL);
+
     char long_text[400];
     memset(long_text, 'a', sizeof long_text - 1);
     long_text[sizeof long_text - 1] = '\0';

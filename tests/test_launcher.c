@@ -406,8 +406,11 @@ static void check_env_files(int world, int nproc, int port_expected, const char 
 
 static void scenario_env(void)
 {
+    /* World sizes 1 to 4, and 8 (more ranks than cores). */
+    const int worlds[] = {1, 2, 3, 4, 8};
     char *tokens_seen[5] = {0};
-    for (int n = 1; n <= 4; n++) {
+    for (int w = 0; w < 5; w++) {
+        int n = worlds[w];
         make_dir();
         char nproc[16];
         snprintf(nproc, sizeof nproc, "%d", n);
@@ -422,11 +425,11 @@ static void scenario_env(void)
         snprintf(path, sizeof path, "%s/env.0", dir);
         char *text = read_text(path);
         CHECK(text && strstr(text, "ignored-on-one-node") == NULL);
-        tokens_seen[n] = strdup(strrchr(text, ' ') + 1);
-        for (int k = 1; k < n; k++) CHECK(strcmp(tokens_seen[k], tokens_seen[n]) != 0);
+        tokens_seen[w] = strdup(strrchr(text, ' ') + 1);
+        for (int k = 0; k < w; k++) CHECK(strcmp(tokens_seen[k], tokens_seen[w]) != 0);
         free(text);
     }
-    for (int n = 1; n <= 4; n++) free(tokens_seen[n]);
+    for (int w = 0; w < 5; w++) free(tokens_seen[w]);
 
     /* --token and --master-port are honoured on one node. */
     make_dir();
