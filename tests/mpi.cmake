@@ -46,6 +46,8 @@ if(DDP_HAVE_MPI)
   # The group API over MPI in an application that initialised MPI itself.
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 1 2 3 4 TIMEOUT 120)
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 2 TIMEOUT 60 ARGS --funneled)
+  # The Reducer's equivalence with one process, over the MPI transport (BATCH 24: 1-4 ranks).
+  ddp_add_mpi_test(NAME test_mpi_reducer SOURCES test_mpi_reducer.c NP 1 2 3 4 TIMEOUT 120)
 
   # A measurement, not a test (bench/compare_mpi.sh runs it): the transport's cost over a bare
   # MPI_Iallreduce, and the fingerprint exchange's share of it.
