@@ -67,10 +67,11 @@ struct ddp_group {
     ddp_work_t *head;
     ddp_work_t *tail;
     int stop;
+    int busy; /* a collective or task is executing (on the progress thread or inline) */
     int thread_started;
     pthread_t thread;
 
-    uint64_t seq;                   /* progress thread only */
+    uint64_t seq;                   /* only whoever holds `busy` touches it */
     _Atomic int64_t last_progress_ns; /* last time the progress thread started or ended something */
     _Atomic int broken;
     ddp_status_t broken_status;     /* guarded by mu */
@@ -236,13 +237,18 @@ static void *progress_main(void *arg)
     progress_group = g;
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!g->head && !g->stop) pthread_cond_wait(&g->queue_cv, &g->mu);
+        while ((!g->head || g->busy) && !(g->stop && !g->head && !g->busy))
+            pthread_cond_wait(&g->queue_cv, &g->mu);
         ddp_work_t *w = g->head;
         if (!w) break; /* stop requested and the queue is drained */
         g->head = w->next;
         if (!g->head) g->tail = NULL;
+        g->busy = 1;
         pthread_mutex_unlock(&g->mu);
         execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->busy = 0;
+        pthread_mutex_unlock(&g->mu);
         work_unref(w); /* the queue's reference */
         pthread_mutex_lock(&g->mu);
     }
@@ -329,6 +335,21 @@ static ddp_status_t wait_work(ddp_work_t *w)
 static ddp_status_t run_blocking(ddp_group_t *g, ddp__collective_t *c)
 {
     if (progress_group == g) return run_collective(g, c);
+    /* Fast path: nothing queued and nothing running, so this collective is next in issue order
+     * anyway; run it on the calling thread and save two thread hand-offs (the latency of a small
+     * collective is then the transport's alone). The busy flag keeps the progress thread out. */
+    pthread_mutex_lock(&g->mu);
+    int inline_ok = !g->head && !g->busy && !g->stop;
+    if (inline_ok) g->busy = 1;
+    pthread_mutex_unlock(&g->mu);
+    if (inline_ok) {
+        ddp_status_t s = run_collective(g, c);
+        pthread_mutex_lock(&g->mu);
+        g->busy = 0;
+        pthread_cond_signal(&g->queue_cv);
+        pthread_mutex_unlock(&g->mu);
+        return s;
+    }
     ddp_work_t *w = NULL;
     ddp_status_t s = enqueue(g, c, NULL, NULL, &w);
     if (s != DDP_OK) return s;

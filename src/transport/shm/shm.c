@@ -34,8 +34,11 @@
 #define PAGE 4096
 /* Per rank and parity: the staging area each round of a large collective goes through. */
 #define STAGE_BYTES ((size_t)1 << 20)
+/* Default bytes per rank per round of a staged collective: small enough that a round's staging
+ * stays in L2 while the next is copied in. */
+#define ROUND_BYTES_DEFAULT ((size_t)256 << 10)
 /* Allreduces up to this size go the one-shot way (every rank reduces everything itself). */
-#define ONESHOT_MAX_BYTES ((size_t)32 << 10)
+#define ONESHOT_BYTES_DEFAULT ((size_t)32 << 10)
 #define REASON_MAX 512
 #define DDP__SHM_MAX_WORLD 64
 
@@ -58,7 +61,9 @@ typedef struct shm_header {
     uint32_t reserved;
     uint64_t stage_bytes;
     uint64_t segment_bytes;
-    char pad0[LINE - 32];
+    uint64_t round_bytes;   /* chosen by rank 0 so that every rank chunks the same way */
+    uint64_t oneshot_bytes;
+    char pad0[LINE - 48];
     _Atomic uint32_t wake;     /* futex word: bumped when a rank publishes while others sleep */
     _Atomic uint32_t sleepers; /* ranks inside (or about to enter) FUTEX_WAIT */
     char pad1[LINE - 8];
@@ -102,8 +107,10 @@ typedef struct shm_state {
     char *stage;
     uint64_t step; /* this rank's step (progress thread) */
     uint64_t use;  /* stage uses so far (progress thread); parity = use & 1 */
-    int spin_iters;
-    int yield_iters;
+    size_t round_bytes;
+    size_t oneshot_bytes;
+    int64_t spin_ns;  /* how long a waiter spins before yielding */
+    int64_t yield_ns; /* then how long it yields before sleeping on the futex */
     ddp_status_t last_status;
     pthread_mutex_t buffers_mu;
     shm_buffer_t *buffers;
@@ -236,13 +243,19 @@ static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, const ddp__co
 static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
                              int64_t deadline_ns)
 {
-    for (int i = 0; i < S->spin_iters; i++) {
+    /* Spin (cheapest hand-off when the peer runs on another core), then yield (the peer may be
+     * waiting for this core), then sleep on the futex. The clock is read only every 64 polls. */
+    if (all_arrived(S, target)) return DDP_OK;
+    int64_t start = ddp__now_ns();
+    for (unsigned i = 1;; i++) {
         if (all_arrived(S, target)) return DDP_OK;
         cpu_relax();
+        if ((i & 63) == 0 && ddp__now_ns() - start > S->spin_ns) break;
     }
-    for (int i = 0; i < S->yield_iters; i++) {
+    for (unsigned i = 1;; i++) {
         if (all_arrived(S, target)) return DDP_OK;
         sched_yield();
+        if ((i & 7) == 0 && ddp__now_ns() - start > S->spin_ns + S->yield_ns) break;
     }
     int64_t next_check = 0;
     for (;;) {
@@ -373,6 +386,18 @@ static void slice_of(size_t n, int world, int r, size_t esize, size_t *lo, size_
 
 /* ---- collectives -------------------------------------------------------------------------- */
 
+/* Stages the slices of n elements that the other ranks reduce (this rank's own slice is read
+ * from the caller's buffer directly). */
+static void copy_in_others(shm_state_t *S, char *stage, const char *src, size_t n, size_t esize)
+{
+    for (int j = 0; j < S->world; j++) {
+        if (j == S->rank) continue;
+        size_t lo, hi;
+        slice_of(n, S->world, j, esize, &lo, &hi);
+        if (hi > lo) memcpy(stage + lo * esize, src + lo * esize, (hi - lo) * esize);
+    }
+}
+
 static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
 {
     const int p = S->world, me = S->rank;
@@ -382,7 +407,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     fingerprint_of(c, &fp);
     ddp_status_t s;
 
-    if (bytes <= ONESHOT_MAX_BYTES) {
+    if (bytes <= S->oneshot_bytes) {
         /* One-shot: stage, one synchronisation, every rank reduces all slots in rank order. */
         unsigned q = (unsigned)(S->use++ & 1);
         if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
@@ -402,13 +427,14 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         fp.send_offset = send_off;
         fp.recv_offset = recv_off;
     }
-    const size_t chunk = (STAGE_BYTES / esize) / (size_t)p / (LINE / esize) * (LINE / esize) *
-                         (size_t)p;
+    size_t chunk = (S->round_bytes / esize) / (size_t)p / (LINE / esize) * (LINE / esize) *
+                   (size_t)p;
+    if (chunk == 0) chunk = (size_t)p * (LINE / esize);
     int precopied = 0;
     unsigned parity0 = (unsigned)(S->use & 1);
     if (fp.buffer_id < 0) {
         size_t n0 = c->count < chunk ? c->count : chunk;
-        memcpy(stage_of(S, me, parity0), c->send, n0 * esize);
+        copy_in_others(S, stage_of(S, me, parity0), c->send, n0, esize);
         precopied = 1;
     }
     s = first_sync(S, c, &fp);
@@ -454,7 +480,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         unsigned q = (unsigned)(S->use++ & 1);
         char *mine = stage_of(S, me, q);
         if (o > 0 || any_zero_copy) {
-            if (!(o == 0 && precopied)) memcpy(mine, send + o * esize, n * esize);
+            if (!(o == 0 && precopied)) copy_in_others(S, mine, send + o * esize, n, esize);
             s = sync_all(S, c, c->deadline_ns);
             if (s != DDP_OK) return s;
         } else if (q != parity0) {
@@ -463,9 +489,11 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         size_t lo, hi;
         slice_of(n, p, me, esize, &lo, &hi);
         if (hi > lo) {
+            /* My own slice comes straight from send: it was never copied in. */
             const void *srcs[DDP__SHM_MAX_WORLD];
             for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q) + lo * esize;
-            void *dsts[2] = {mine + lo * esize, recv + (o + lo) * esize};
+            srcs[me] = send + (o + lo) * esize;
+            void *dsts[2] = {recv + (o + lo) * esize, mine + lo * esize};
             ddp__reduce_multi(dsts, 2, srcs, p, hi - lo, c->dtype, c->op);
         }
         s = sync_all(S, c, c->deadline_ns);
@@ -486,7 +514,7 @@ static ddp_status_t run_broadcast(shm_state_t *S, const ddp__collective_t *c)
 {
     const int me = S->rank, root = c->root;
     const size_t esize = ddp_dtype_size(c->dtype);
-    const size_t chunk = STAGE_BYTES / esize;
+    const size_t chunk = S->round_bytes / esize;
     shm_fingerprint_t fp;
     fingerprint_of(c, &fp);
     char *buf = c->recv;
@@ -509,7 +537,8 @@ static ddp_status_t run_reduce_scatter(shm_state_t *S, const ddp__collective_t *
 {
     const int p = S->world, me = S->rank;
     const size_t esize = ddp_dtype_size(c->dtype);
-    size_t per_block = STAGE_BYTES / esize / (size_t)p; /* elements of each block per round */
+    size_t per_block = S->round_bytes / esize / (size_t)p; /* elements of each block per round */
+    if (per_block == 0) per_block = 1;
     shm_fingerprint_t fp;
     fingerprint_of(c, &fp);
     const char *send = c->send;
@@ -540,7 +569,7 @@ static ddp_status_t run_allgather(shm_state_t *S, const ddp__collective_t *c)
 {
     const int p = S->world, me = S->rank;
     const size_t esize = ddp_dtype_size(c->dtype);
-    const size_t chunk = STAGE_BYTES / esize;
+    const size_t chunk = S->round_bytes / esize;
     shm_fingerprint_t fp;
     fingerprint_of(c, &fp);
     const char *send = c->send;
@@ -662,6 +691,16 @@ static ddp_status_t create_memfd(size_t bytes, const char *name, int *fd, char *
 
 static void shm_destroy(void *state);
 
+/* A size knob from the environment (rank 0 only: it publishes the value in the header), clamped
+ * to [lo, hi]. */
+static size_t tuned_bytes(const char *name, size_t fallback, size_t lo, size_t hi)
+{
+    long long v = ddp__env_int(name, (long long)fallback);
+    if (v < (long long)lo) v = (long long)lo;
+    if (v > (long long)hi) v = (long long)hi;
+    return (size_t)v;
+}
+
 static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int rank, int world,
                                int timeout_ms, void **state)
 {
@@ -680,11 +719,11 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     /* More ranks than cores: a spinning waiter steals the core of the rank it waits for. */
     if (ncpu > 0 && world <= ncpu) {
-        S->spin_iters = 20000;
-        S->yield_iters = 200;
+        S->spin_ns = 20000;
+        S->yield_ns = 200000;
     } else {
-        S->spin_iters = 50;
-        S->yield_iters = 2000;
+        S->spin_ns = 1000;
+        S->yield_ns = 200000;
     }
 
     size_t header = sizeof(shm_header_t) + (size_t)world * sizeof(shm_rank_t);
@@ -702,6 +741,8 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         hdr->world = (uint32_t)world;
         hdr->stage_bytes = STAGE_BYTES;
         hdr->segment_bytes = S->size;
+        hdr->round_bytes = tuned_bytes("DDP_SHM_ROUND_BYTES", ROUND_BYTES_DEFAULT, 4096, STAGE_BYTES);
+        hdr->oneshot_bytes = tuned_bytes("DDP_SHM_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT, 0, STAGE_BYTES);
         char value[128];
         snprintf(value, sizeof value, "%d %d %zu", (int)getpid(), S->fd, S->size);
         s = ddp_store_set(store, key, value, strlen(value));
@@ -731,6 +772,8 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         }
     }
     S->hdr = (shm_header_t *)S->base;
+    S->round_bytes = (size_t)S->hdr->round_bytes;
+    S->oneshot_bytes = (size_t)S->hdr->oneshot_bytes;
     S->ranks = (shm_rank_t *)(S->base + sizeof(shm_header_t));
     S->stage = S->base + stage_off;
     atomic_store(&S->ranks[rank].pid, (int32_t)getpid());
