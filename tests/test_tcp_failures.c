@@ -9,6 +9,8 @@
  *               with a wrong token, without a token, with another group name and with bad ranks,
  *               and one connection stays silent: each is closed, and the job goes on to a correct
  *               allreduce.
+ *   ifname    - DDP_SOCKET_IFNAME names an interface that does not exist: create fails with
+ *               DDP_ERR_NOT_FOUND naming it; with DDP_SOCKET_IFNAME=lo the job runs.
  * Usage: test_tcp_failures WORLD MODE */
 #include <errno.h>
 #include <netdb.h>
@@ -227,6 +229,13 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
         CHECK_OK(ddp_store_wait(store, keys, 1, 60000));
     }
     void *state = NULL;
+    if (strcmp(mode, "ifname") == 0) {
+        setenv("DDP_SOCKET_IFNAME", "nosuchif0", 1);
+        CHECK_STATUS(ddp__transport_tcp.create(store, "tcp-fail-bad", rank, ranks, 5000, &state),
+                     DDP_ERR_NOT_FOUND);
+        CHECK_ERROR_MENTIONS("DDP_SOCKET_IFNAME=nosuchif0");
+        setenv("DDP_SOCKET_IFNAME", "lo", 1);
+    }
     CHECK_OK(ddp__transport_tcp.create(store, "tcp-fail", rank, ranks, 60000, &state));
     int rc = 0;
     if (strcmp(mode, "mismatch") == 0) rc = mismatch(rank, ranks, state);
@@ -248,7 +257,7 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_tcp_failures WORLD mismatch|timeout|kill|intruder\n");
+        fprintf(stderr, "usage: test_tcp_failures WORLD mismatch|timeout|kill|intruder|ifname\n");
         return 2;
     }
     int world = atoi(argv[1]);

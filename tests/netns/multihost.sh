@@ -76,10 +76,14 @@ done
 # The bridge runs without STP, so its ports forward at once; ddprun's store connection retries
 # with backoff anyway while node 0 comes up.
 TOKEN="netns-$$-$(date +%s)"
+# With 3 hosts the transport binds to the interface named by DDP_SOCKET_IFNAME; with 2 it finds
+# the address that routes to MASTER_ADDR by itself.
+IFNAME_ENV=""
+[ "$NHOSTS" -ge 3 ] && IFNAME_ENV="DDP_SOCKET_IFNAME=eth0"
 k=0
 while [ $k -lt "$NHOSTS" ]; do
     ip netns exec "${P}h$k" unshare --uts sh -c "hostname ddp-host-$k && exec env \
-        DDP_STORE_TOKEN=$TOKEN DDP_TIMEOUT=60 '$DDPRUN' --nnodes $NHOSTS --node-rank $k \
+        DDP_STORE_TOKEN=$TOKEN DDP_TIMEOUT=60 $IFNAME_ENV '$DDPRUN' --nnodes $NHOSTS --node-rank $k \
         --master-addr 10.99.0.1 --master-port 29500 -n 2 --timeout 240 '$WORKER' $MODE" \
         >"$LOGDIR/host$k.log" 2>&1 &
     RUNNERS="$RUNNERS $!"
