@@ -5,6 +5,7 @@
 #include "ddp/config.h"
 #include "ddp/env.h"
 #include "ddp/group.h"
+#include "ddp/hooks.h"
 #include "ddp/reducer.h"
 #include "ddp/status.h"
 #include "ddp/store.h"
