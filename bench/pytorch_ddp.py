@@ -4,7 +4,8 @@ SGD with momentum) as build/fashion-mnist, one thread per rank, 2 ranks over glo
 
 For each (hidden, batch per rank) it measures
   local_step_ms  forward + backward + optimizer step in one process, no communication
-  ddp_step_ms    the same step under DistributedDataParallel on 2 ranks (rank 0's mean)
+  ddp_step_ms    the same step under DistributedDataParallel on 2 ranks (mean over ranks)
+(each the median over the timed steps)
   exposed_ms     ddp_step_ms - local_step_ms: communication the backward pass did not hide
 and prints one JSON line per configuration.
 
@@ -35,7 +36,7 @@ def timed_steps(model, batch, steps, warmup):
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(batch, 784, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
-    total = 0.0
+    times = []
     for i in range(warmup + steps):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
@@ -44,8 +45,12 @@ def timed_steps(model, batch, steps, warmup):
         opt.step()
         end = time.perf_counter()
         if i >= warmup:
-            total += end - start
-    return total / steps * 1000.0
+            times.append(end - start)
+    # the median: a busy machine's stalls do not drag it (the trainer reports the same)
+    times.sort()
+    mid = len(times) // 2
+    median = times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+    return median * 1000.0
 
 
 def ddp_worker(rank, world, port, hidden, batch, steps, warmup, queue):

@@ -1,12 +1,13 @@
 #!/bin/sh
 # libddp's trainer against PyTorch DDP (gloo) on the same MLP 784-h-h-10, 2 ranks on this machine,
 # side by side in one invocation. For each hidden size and batch per rank:
-#   step ms    one data-parallel optimizer step on 2 ranks (forward, backward, allreduce, SGD)
+#   step ms    one data-parallel optimizer step on 2 ranks (forward, backward, allreduce, SGD),
+#              the median over the timed steps (robust to a busy machine's stalls)
 #   exposed ms 2-rank step - 1-rank step at the same batch per rank (communication not hidden
 #              by backward); for libddp the Reducer's own measure (finalize wait) is shown too
 # then the scaling of libddp's trainer: 2 ranks vs 1 rank at the same global batch.
 #   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=30 WARMUP=5 HIDDEN="1024 4096"
-#                                                    BATCH="1 64" SCALE_BATCH=128 to change)
+#                                                    BATCH="1 64" SCALE_BATCH="128 512")
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -14,7 +15,7 @@ STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HIDDEN=${HIDDEN:-1024 4096}
 BATCH=${BATCH:-1 64}
-SCALE_BATCH=${SCALE_BATCH:-128}
+SCALE_BATCH=${SCALE_BATCH:-128 512}
 FM=$BUILD/fashion-mnist
 DDPRUN=$BUILD/ddprun
 PY=/usr/bin/python3
@@ -61,10 +62,10 @@ printf '%-26s | %-28s | %-22s | %s\n' "config" "libddp step / exposed ms" "PyTor
 printf '%-26s | %-28s | %-22s | %s\n' "" "(reducer's own exposed)" "ms" ""
 for h in $HIDDEN; do
     for b in $BATCH; do
-        local1=$(trainer 1 "$b" "$h" | field step_ms)
+        local1=$(trainer 1 "$b" "$h" | field step_ms_median)
         line=$(trainer 2 $((2 * b)) "$h")
-        step2=$(echo "$line" | field step_ms)
-        red=$(echo "$line" | field exposed_comm_ms)
+        step2=$(echo "$line" | field step_ms_median)
+        red=$(echo "$line" | field exposed_comm_ms_median)
         exp=$(awk -v a="$step2" -v l="$local1" 'BEGIN { d = a - l; if (d < 0) d = 0; printf "%.2f", d }')
         pt="-"
         ratio="-"
@@ -85,7 +86,9 @@ for h in $HIDDEN; do
 done
 
 echo
-echo "# scaling: same global batch $SCALE_BATCH, hidden 1024, samples/s"
-s1=$(trainer 1 "$SCALE_BATCH" 1024 | field samples_per_sec)
-s2=$(trainer 2 "$SCALE_BATCH" 1024 | field samples_per_sec)
-awk -v a="$s1" -v b="$s2" 'BEGIN { printf "1 rank %.0f samples/s, 2 ranks %.0f samples/s: %.2fx\n", a, b, b / a }'
+echo "# scaling: 2 ranks vs 1 rank at the same global batch, hidden 1024 (samples/s from the median step)"
+for sb in $SCALE_BATCH; do
+    s1=$(trainer 1 "$sb" 1024 | field step_ms_median)
+    s2=$(trainer 2 "$sb" 1024 | field step_ms_median)
+    awk -v a="$s1" -v b="$s2" -v n="$sb" 'BEGIN { printf "global batch %d: 1 rank %.0f samples/s, 2 ranks %.0f samples/s: %.2fx\n", n, n * 1000 / a, n * 1000 / b, a / b }'
+done

@@ -416,6 +416,20 @@ static void show_progress(trainer_t *t, int tty, size_t epoch, size_t step, size
     }
 }
 
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of n values (sorts them); 0 for none. */
+static double median(double *v, size_t n)
+{
+    if (n == 0) return 0;
+    qsort(v, n, sizeof *v, compare_doubles);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* ---- checkpoint --------------------------------------------------------------------------- */
 
 static fm_hyper_t hyper_of(const options_t *o)
@@ -578,6 +592,9 @@ int main(int argc, char **argv)
     /* timing over steps after the warm-up */
     double timed_us = 0, exposed_us = 0;
     size_t timed_steps = 0, run_steps = 0;
+    /* per-step samples for medians, which a busy machine's stalls do not drag */
+    size_t sample_cap = 0;
+    double *step_samples = NULL, *exposed_samples = NULL;
     double accuracy = -1.0;
     int stopped = 0;
     const float scale = 1.0f / (float)(t->local_batch * o->accumulate);
@@ -657,6 +674,14 @@ int main(int argc, char **argv)
             local_loss_sum += step_loss;
             epoch_exposed += step_exposed;
             if (run_steps > o->warmup) {
+                if (timed_steps == sample_cap) {
+                    sample_cap = sample_cap ? 2 * sample_cap : 1024;
+                    step_samples = realloc(step_samples, sample_cap * sizeof(double));
+                    exposed_samples = realloc(exposed_samples, sample_cap * sizeof(double));
+                    if (!step_samples || !exposed_samples) fail("out of memory");
+                }
+                step_samples[timed_steps] = step_end - step_start;
+                exposed_samples[timed_steps] = step_exposed;
                 timed_us += step_end - step_start;
                 exposed_us += step_exposed;
                 timed_steps++;
@@ -731,6 +756,9 @@ int main(int argc, char **argv)
                 printf("%.6f", final_loss);
             else
                 printf("null");
+            printf(",\"step_ms_median\":%.4f,\"exposed_comm_ms_median\":%.4f",
+                   median(step_samples, timed_steps) / 1000.0,
+                   median(exposed_samples, timed_steps) / 1000.0);
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\"}\n",
                    o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
@@ -751,6 +779,8 @@ int main(int argc, char **argv)
     free(ybuf);
     free(perm);
     free(t->pending);
+    free(step_samples);
+    free(exposed_samples);
     fm_optim_destroy(&t->opt);
     fm_mlp_destroy(&t->model);
     fm_dataset_free(&t->train);
