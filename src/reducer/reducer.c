@@ -1283,9 +1283,11 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
         if (!find_unused) {
             if (nunmarked == 0 && !r->local_error)
                 r->local_error = (ERROR_UNMARKED << 32) | (int64_t)(k + 1);
-            if (nunmarked < 8)
-                nl += (size_t)snprintf(names + nl, nl < sizeof names ? sizeof names - nl : 0,
-                                       "%s'%s'", nunmarked ? ", " : "", p->name);
+            if (nunmarked < 8 && nl + 1 < sizeof names) {
+                int w = snprintf(names + nl, sizeof names - nl, "%s'%s'", nunmarked ? ", " : "",
+                                 p->name);
+                nl = w < 0 ? nl : nl + (size_t)w < sizeof names ? nl + (size_t)w : sizeof names;
+            }
             nunmarked++;
         }
         if (p->sparse) {
