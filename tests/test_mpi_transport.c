@@ -219,6 +219,14 @@ static void *xmalloc(size_t n)
 
 /* ---- every op x dtype x size ---------------------------------------------------------------- */
 
+/* At 1 MiB+3 elements only SUM, plus AVG where it takes its own path (widened to f32 or i64):
+ * the other ops run the same MPI call as SUM and are covered at the smaller sizes. */
+static int large_case(ddp_dtype_t d, ddp_reduce_op_t op)
+{
+    if (op == DDP_SUM) return 1;
+    return op == DDP_AVG && (d == DDP_F16 || d == DDP_BF16 || d == DDP_I32 || d == DDP_U8);
+}
+
 static void test_all_collectives(void)
 {
     void *t = NULL;
@@ -233,13 +241,14 @@ static void test_all_collectives(void)
             ddp_dtype_t d = (ddp_dtype_t)di;
             size_t esz = ddp_dtype_size(d);
             unsigned salt = (unsigned)(si * 16 + di);
-            /* allreduce: every op, out of place and in place (for the large count only SUM
-             * both ways and AVG out of place, to keep the test quick). */
+            /* allreduce: every op, out of place and in place (for the large count see
+             * large_case; in place only f32 and f16 SUM), to keep the test quick. */
             for (int oi = 0; oi < DDP_OP_COUNT; oi++) {
                 ddp_reduce_op_t op = (ddp_reduce_op_t)oi;
-                if (large && op != DDP_SUM && op != DDP_AVG) continue;
+                if (large && !large_case(d, op)) continue;
                 for (int in_place = 0; in_place < 2; in_place++) {
-                    if (large && in_place && op != DDP_SUM) continue;
+                    if (large && in_place && (op != DDP_SUM || (d != DDP_F32 && d != DDP_F16)))
+                        continue;
                     void *send = xmalloc(n * esz);
                     void *recv = in_place ? send : xmalloc(n * esz);
                     for (size_t i = 0; i < n; i++) fill(d, op, send, i, g_rank, i, salt + oi);
@@ -281,11 +290,11 @@ static void test_all_collectives(void)
                 }
                 free(buf);
             }
-            /* reduce_scatter: n elements per rank, every op (SUM and AVG for the large count);
+            /* reduce_scatter: n elements per rank, every op (large_case for the large count);
              * in place for SUM. */
             for (int oi = 0; oi < DDP_OP_COUNT; oi++) {
                 ddp_reduce_op_t op = (ddp_reduce_op_t)oi;
-                if (large && op != DDP_SUM && op != DDP_AVG) continue;
+                if (large && !large_case(d, op)) continue;
                 for (int in_place = 0; in_place < 2; in_place++) {
                     if (in_place && op != DDP_SUM) continue;
                     size_t total = n * (size_t)g_world;
@@ -341,6 +350,40 @@ static void test_all_collectives(void)
     }
     ddp__collective_t b = make(DDP__BARRIER, ++seq, NULL, NULL, 0, 0, 0, 0, 30000);
     CHECK_OK(ddp__transport_mpi.run(t, &b));
+    ddp__transport_mpi.destroy(t);
+}
+
+/* ---- rounding of f16 and bf16 ------------------------------------------------------------- */
+
+/* Inputs on a coarse grid (multiples of 2^-10 for f16, 2^-7 for bf16, in [-1, 1)) make the f32
+ * sum of up to 4 ranks exact whatever MPI's order, so the result must be exactly that sum
+ * rounded once by ddp_f32_to_f16/bf16 (round to nearest even), bit for bit: this catches
+ * summing in half precision, rounding twice, or a conversion path (F16C, vectorised bf16) that
+ * rounds differently from the scalar reference. 4099 elements use the vector loops and tails. */
+static void test_half_rounding(void)
+{
+    void *t = NULL;
+    CHECK_OK(ddp__transport_mpi.create(NULL, "half", g_rank, g_world, 30000, &t));
+    enum { N = 4099 };
+    static uint16_t buf[N];
+    uint64_t seq = 0;
+    for (int half = 0; half < 2; half++) {
+        ddp_dtype_t d = half ? DDP_BF16 : DDP_F16;
+        double grid = half ? 0x1.0p-7 : 0x1.0p-10;
+        for (size_t i = 0; i < N; i++) {
+            double x = floor(unit(g_rank, i, 77) / grid) * grid;
+            buf[i] = half ? ddp_f32_to_bf16((float)x) : ddp_f32_to_f16((float)x);
+        }
+        ddp__collective_t c = make(DDP__ALLREDUCE, ++seq, buf, buf, N, d, DDP_SUM, 0, 30000);
+        CHECK_OK(ddp__transport_mpi.run(t, &c));
+        for (size_t i = 0; i < N; i++) {
+            double sum = 0;
+            for (int r = 0; r < g_world; r++) sum += floor(unit(r, i, 77) / grid) * grid;
+            uint16_t want = half ? ddp_f32_to_bf16((float)sum) : ddp_f32_to_f16((float)sum);
+            CHECK_MSG(buf[i] == want, "%s sum element %zu: got 0x%04x, want 0x%04x (%.10g)",
+                      ddp_dtype_name(d), i, buf[i], want, sum);
+        }
+    }
     ddp__transport_mpi.destroy(t);
 }
 
@@ -582,6 +625,7 @@ int main(int argc, char **argv)
     if (!only || strstr(only, "abort")) test_abort();
     if (!only || strstr(only, "timeout")) test_timeout();
     if (!only || strstr(only, "sub")) test_subgroups();
+    if (!only || strstr(only, "half")) test_half_rounding();
     if (!only || strstr(only, "all")) test_all_collectives();
     if (g_rank == 0) printf("test_mpi_transport: %d ranks passed\n", g_world);
     /* The transport finalises MPI at exit, since it initialised it. */
