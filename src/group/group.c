@@ -816,9 +816,10 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
         asked = env ? env : "auto";
     }
     if (strcmp(asked, "auto") && strcmp(asked, "shm") && strcmp(asked, "tcp") &&
-        strcmp(asked, "mpi")) {
+        strcmp(asked, "mpi") && strcmp(asked, "hierarchical")) {
         s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                       "group_create: transport '%s' is unknown (expected auto, shm, tcp or mpi)",
+                       "group_create: transport '%s' is unknown (expected auto, shm, tcp, "
+                       "hierarchical or mpi)",
                        asked);
         goto fail;
     }
@@ -886,7 +887,10 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
         free(values);
 
         if (strcmp(asked, "auto") == 0) {
-            chosen = same_host ? "shm" : "tcp";
+            /* Several hosts: shared memory inside each, TCP between them, unless
+             * DDP_HIERARCHICAL=0 asks for flat TCP. */
+            chosen = same_host ? "shm"
+                               : (ddp__env_int("DDP_HIERARCHICAL", 1) != 0 ? "hierarchical" : "tcp");
         } else if (strcmp(asked, "shm") == 0 && !same_host) {
             s = ddp__error(DDP_ERR_UNSUPPORTED,
                            "group_create: transport shm needs every rank on one host, but rank "
