@@ -49,6 +49,9 @@ if(DDP_HAVE_MPI)
   # The Reducer's equivalence with one process, over the MPI transport (BATCH 24: 1-4 ranks).
   ddp_add_mpi_test(NAME test_mpi_reducer SOURCES test_mpi_reducer.c NP 1 2 3 4 TIMEOUT 120)
 
+  # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
+  ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c LIBS MPI::MPI_C TIMEOUT 60)
+
   # A measurement, not a test (bench/compare_mpi.sh runs it): the transport's cost over a bare
   # MPI_Iallreduce, and the fingerprint exchange's share of it.
   add_executable(test_mpi_fingerprint_cost test_mpi_fingerprint_cost.c)

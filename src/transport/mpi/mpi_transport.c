@@ -72,6 +72,7 @@ typedef struct mpi_state {
     char broken_reason[DDP_ERROR_TEXT_MAX];
 
     /* abort(): may be called from another thread while the progress thread polls. */
+    _Atomic int abort_claimed;
     _Atomic int aborted;
     char abort_reason[ABORT_TEXT_MAX];
     MPI_Request abort_sends[64];
@@ -928,7 +929,8 @@ static uint32_t name_hash(const char *name)
 
 /* Learns, through the store, which MPI_COMM_WORLD rank holds each group rank: map[r]. */
 static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_name, int rank,
-                                         int world, int world_rank, int world_size, int *map)
+                                         int world, int timeout_ms, int world_rank, int world_size,
+                                         int *map)
 {
     char key[DDP_STORE_MAX_KEY];
     char value[64];
@@ -937,6 +939,22 @@ static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_n
     ddp_status_t status = ddp_store_set(store, key, value, (size_t)len);
     if (status != DDP_OK)
         return ddp__error_context(status, "MPI transport: publishing rank %d's MPI rank", rank);
+    /* Wait for everyone within timeout_ms (the store's text names the missing keys, i.e. ranks),
+     * then read. */
+    char **keys = ddp__calloc((size_t)world, sizeof *keys, "MPI transport keys");
+    if (!keys) return DDP_ERR_NO_MEMORY;
+    for (int r = 0; r < world && status == DDP_OK; r++) {
+        snprintf(key, sizeof key, "%s/mpi/world_rank/%d", group_name, r);
+        keys[r] = ddp__strdup(key, "MPI transport key");
+        if (!keys[r]) status = DDP_ERR_NO_MEMORY;
+    }
+    if (status == DDP_OK) status = ddp_store_wait(store, (const char *const *)keys, (size_t)world,
+                                                  timeout_ms);
+    for (int r = 0; r < world; r++) free(keys[r]);
+    free(keys);
+    if (status != DDP_OK)
+        return ddp__error_context(status, "MPI transport: rank %d waiting for the others' MPI ranks",
+                                  rank);
     for (int r = 0; r < world; r++) {
         snprintf(key, sizeof key, "%s/mpi/world_rank/%d", group_name, r);
         void *got = NULL;
@@ -1019,7 +1037,8 @@ static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int r
             status = DDP_ERR_NO_MEMORY;
             goto fail_state;
         }
-        status = exchange_world_ranks(store, group_name, rank, world, world_rank, world_size, map);
+        status = exchange_world_ranks(store, group_name, rank, world, timeout_ms, world_rank,
+                                      world_size, map);
         if (status != DDP_OK) goto fail_map;
     }
 
@@ -1101,7 +1120,8 @@ static void mpi_abort(void *state, const char *reason)
 {
     mpi_state_t *s = state;
     if (!s) return;
-    if (atomic_load(&s->aborted)) return;
+    /* The first caller wins; the reason is complete before `aborted` lets anyone read it. */
+    if (atomic_exchange(&s->abort_claimed, 1)) return;
     snprintf(s->abort_reason, sizeof s->abort_reason, "%s", reason ? reason : "(no reason)");
     atomic_store(&s->aborted, 1);
     /* Tell every peer, without waiting: they probe for the notice while they poll. Under
