@@ -92,6 +92,16 @@ worlds)
     losses >"$WORK/o3"
     same_losses "$WORK/o1" "$WORK/o3" 1e-5 "batch 3: 1 rank vs 3 ranks of one sample"
     one_checksum 3 "3 ranks batch 3"
+    # --trace: one Chrome trace per rank with the trainer's spans and the Reducer's buckets
+    run 2 $COMMON --batch 48 --max-steps 4 --trace "$WORK/t.json" --trace-steps 2
+    for r in 0 1; do
+        f="$WORK/t.rank$r.json"
+        [ -s "$f" ] || { fail "no trace $f"; continue; }
+        for span in '"forward"' '"backward: fc3 grads"' '"backward: fc1 grads"' '"optimizer step"' 'bucket'; do
+            grep -q "$span" "$f" || fail "trace $f lacks $span"
+        done
+        tail -c 200 "$f" | grep -q ']' || fail "trace $f is not closed"
+    done
     ;;
 resume)
     # 1200 samples / 48 = 25 steps per epoch: stop at 13 (mid-epoch) and at 25 (epoch end)
