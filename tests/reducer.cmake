@@ -28,3 +28,21 @@ endforeach()
 foreach(world 1 2 3 4)
   ddp_add_test(NAME test_legacy SOURCES test_legacy.c ARGS ${world} TIMEOUT 90)
 endforeach()
+
+# `ddp-bench -o reducer` runs end to end (small iteration counts; no timing is asserted), alone and
+# under the launcher, and rejects a bad option with exit code 2.
+if(TARGET ddp-bench)
+  add_test(NAME bench_reducer_smoke
+           COMMAND ddp-bench -o reducer --preset resnet50 -n 2 -w 0 --compute-us 10 --json)
+  set_tests_properties(bench_reducer_smoke PROPERTIES TIMEOUT 120
+                       PASS_REGULAR_EXPRESSION "\"exposed_over_comm\":")
+  add_test(NAME bench_reducer_bad_option COMMAND ddp-bench -o reducer --preset nope)
+  set_tests_properties(bench_reducer_bad_option PROPERTIES TIMEOUT 60 WILL_FAIL TRUE)
+  if(TARGET ddprun)
+    add_test(NAME bench_reducer_smoke_ddprun
+             COMMAND ddprun -n 2 $<TARGET_FILE:ddp-bench> -o reducer --preset mlp -n 2 -w 0
+                     --compute-ratio 1)
+    set_tests_properties(bench_reducer_smoke_ddprun PROPERTIES TIMEOUT 120
+                         PASS_REGULAR_EXPRESSION "# median: backward")
+  endif()
+endif()
