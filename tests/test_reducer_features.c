@@ -643,6 +643,32 @@ static int case_noinit(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* A bucket holding only empty parameters still takes part (a count-0 collective). */
+static int case_empty(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    int rank = ddp_group_rank(group), world = ddp_group_size(group);
+    size_t numel[3] = {0, 0, 4};
+    model_t m;
+    model_make(&m, 3, numel, DDP_F32, 0);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 1;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, 3, NULL, 0, &c, &r));
+    CHECK(ddp_reducer_bucket_count(r) == 2);
+    for (int s = 0; s < 3; s++) {
+        CHECK_OK(ddp_reducer_zero_grad(r));
+        CHECK_OK(ddp_reducer_prepare(r));
+        for (size_t i = 3; i-- > 0;) produce(r, &m, i, rank, s);
+        CHECK_OK(ddp_reducer_finalize(r));
+        step_ctx_t sc = {world, s};
+        expect_grad(r, &m, 2, want_mean, &sc, 1e-6, "empty");
+    }
+    ddp_reducer_destroy(r);
+    model_free(&m);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "unused";
@@ -654,7 +680,7 @@ int main(int argc, char **argv)
                  {"sparse", case_sparse},     {"usergrads", case_usergrads},
                  {"hook", case_hook},         {"half", case_half},
                  {"dup_buffers", case_dup_buffers}, {"large", case_large},
-                 {"noinit", case_noinit}};
+                 {"noinit", case_noinit}, {"empty", case_empty}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(cases[i].name, which) != 0) continue;
         int rc = ddp_test_run_group(world, 60, NULL, cases[i].fn, NULL);
