@@ -451,6 +451,47 @@ static void test_subgroups(void)
     ddp_store_destroy(store);
 }
 
+/* Subgroups without a store: ddp__mpi_split over a parent made from MPI_COMM_WORLD. */
+static void test_split_without_store(void)
+{
+    void *parent = NULL;
+    CHECK_OK(ddp__transport_mpi.create(NULL, "split-parent", g_rank, g_world, 30000, &parent));
+    int members[64], n = 0;
+    for (int r = g_world - 1; r >= 0; r -= 2) members[n++] = r; /* every other rank, descending */
+    void *sub = (void *)1;
+    CHECK_OK(ddp__mpi_split(parent, members, n, "split-child", &sub));
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (members[i] == g_rank) me = i;
+    if (me < 0) {
+        CHECK(sub == NULL);
+    } else {
+        CHECK(sub != NULL);
+        int32_t mine = g_rank, all[64];
+        ddp__collective_t c = make(DDP__ALLGATHER, 1, &mine, all, 1, DDP_I32, 0, 0, 30000);
+        CHECK_OK(ddp__transport_mpi.run(sub, &c));
+        for (int i = 0; i < n; i++) CHECK(all[i] == members[i]);
+        int64_t v = g_rank, want = 0;
+        for (int i = 0; i < n; i++) want += members[i];
+        c = make(DDP__ALLREDUCE, 2, &v, &v, 1, DDP_I64, DDP_SUM, 0, 30000);
+        CHECK_OK(ddp__transport_mpi.run(sub, &c));
+        CHECK(v == want);
+        ddp__transport_mpi.destroy(sub);
+    }
+    /* The parent goes on working. */
+    ddp__collective_t b = make(DDP__BARRIER, 1, NULL, NULL, 0, 0, 0, 0, 30000);
+    CHECK_OK(ddp__transport_mpi.run(parent, &b));
+    int dup[2] = {0, 0}, out_of_range[1] = {g_world};
+    CHECK_STATUS(ddp__mpi_split(parent, out_of_range, 1, "bad", &sub), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("ranks[0]");
+    if (g_world > 1) {
+        CHECK_STATUS(ddp__mpi_split(parent, dup, 2, "bad", &sub), DDP_ERR_INVALID_ARGUMENT);
+        CHECK_ERROR_MENTIONS("listed twice");
+    }
+    CHECK_STATUS(ddp__mpi_split(NULL, members, n, "bad", &sub), DDP_ERR_INVALID_ARGUMENT);
+    ddp__transport_mpi.destroy(parent);
+}
+
 /* ---- failures ------------------------------------------------------------------------------- */
 
 static void test_rank_checks(void)
@@ -625,6 +666,7 @@ int main(int argc, char **argv)
     if (!only || strstr(only, "abort")) test_abort();
     if (!only || strstr(only, "timeout")) test_timeout();
     if (!only || strstr(only, "sub")) test_subgroups();
+    if (!only || strstr(only, "split")) test_split_without_store();
     if (!only || strstr(only, "half")) test_half_rounding();
     if (!only || strstr(only, "all")) test_all_collectives();
     if (g_rank == 0) printf("test_mpi_transport: %d ranks passed\n", g_world);

@@ -13,6 +13,16 @@ extern const ddp__transport_ops_t ddp__transport_mpi;
  * errors); the text is "<what>: <MPI error class name>: <MPI_Error_string>". */
 ddp_status_t ddp__mpi_error(int mpi_code, const char *what);
 
+/* A subgroup of the group `parent` without a store: ranks[i] (ranks of the parent, distinct)
+ * becomes rank i of the new group, whose state is returned in *state; on ranks not listed
+ * *state = NULL and nothing is called. Uses MPI_Comm_create_group over the parent's
+ * communicator, which involves only the members and blocks until all of them call (so call it
+ * when every member is known to be calling, e.g. after comparing the member lists, and while the
+ * parent has no collective in flight). `name` names the new group (its tag is derived from it).
+ * Candidate for an optional `split` member of ddp__transport_ops_t. */
+ddp_status_t ddp__mpi_split(void *parent, const int *ranks, int nranks, const char *name,
+                            void **state);
+
 /* Test hook: the next collective run on `state` (a state made by ddp__transport_mpi.create)
  * hands MPI_DATATYPE_NULL to MPI after the fingerprint check, so that MPI itself reports an
  * error through the communicator's MPI_ERRORS_RETURN handler. */

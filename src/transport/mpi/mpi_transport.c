@@ -985,6 +985,34 @@ static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_n
     return DDP_OK;
 }
 
+/* Finishes a state whose communicator was just made: errors return, a name for MPI tools, and
+ * the communicator's rank and size must be the group's. Frees the communicator on failure. */
+static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank, int world)
+{
+    enter_mpi();
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    char comm_name[MPI_MAX_OBJECT_NAME];
+    snprintf(comm_name, sizeof comm_name, "libddp:%s", group_name);
+    MPI_Comm_set_name(s->comm, comm_name);
+    int comm_rank = -1, comm_size = -1;
+    MPI_Comm_rank(s->comm, &comm_rank);
+    MPI_Comm_size(s->comm, &comm_size);
+    leave_mpi();
+    if (comm_rank != rank || comm_size != world) {
+        enter_mpi();
+        MPI_Comm_free(&s->comm);
+        leave_mpi();
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "MPI transport: rank %d of world size %d was given, but the group's "
+                          "communicator says rank %d of %d",
+                          rank, world, comm_rank, comm_size);
+    }
+    pthread_mutex_lock(&init_lock);
+    live_states++;
+    pthread_mutex_unlock(&init_lock);
+    return DDP_OK;
+}
+
 static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int rank, int world,
                                int timeout_ms, void **state)
 {
@@ -1078,40 +1106,78 @@ static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int r
     }
     free(map);
     map = NULL;
-
-    enter_mpi();
-    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
-    char comm_name[MPI_MAX_OBJECT_NAME];
-    snprintf(comm_name, sizeof comm_name, "libddp:%s", group_name);
-    MPI_Comm_set_name(s->comm, comm_name);
-    int comm_rank = -1, comm_size = -1;
-    MPI_Comm_rank(s->comm, &comm_rank);
-    MPI_Comm_size(s->comm, &comm_size);
-    leave_mpi();
-    if (comm_rank != rank || comm_size != world) {
-        status = ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                            "MPI transport: rank %d of world size %d was given, but the group's "
-                            "communicator says rank %d of %d",
-                            rank, world, comm_rank, comm_size);
-        goto fail_comm;
-    }
-    pthread_mutex_lock(&init_lock);
-    live_states++;
-    pthread_mutex_unlock(&init_lock);
+    status = adopt_comm(s, group_name, rank, world);
+    if (status != DDP_OK) goto fail_state;
     DDP_LOG(DDP_LOG_INFO, "MPI transport: group '%s' rank %d/%d is MPI_COMM_WORLD rank %d (%s)",
             group_name, rank, world, world_rank, thread_level_name(thread_level));
     *state = s;
     return DDP_OK;
 
-fail_comm:
-    enter_mpi();
-    MPI_Comm_free(&s->comm);
-    leave_mpi();
 fail_map:
     free(map);
 fail_state:
     free(s);
     return status;
+}
+
+ddp_status_t ddp__mpi_split(void *parent, const int *ranks, int nranks, const char *name,
+                            void **state)
+{
+    mpi_state_t *p = parent;
+    if (!p) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI split: parent is NULL");
+    if (!state) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI split: state is NULL");
+    if (!name || !*name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI split: name is empty");
+    if (!ranks) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI split: ranks is NULL");
+    if (nranks < 1 || nranks > p->world)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI split: nranks %d outside 1..%d", nranks,
+                          p->world);
+    int me = -1;
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= p->world)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "MPI split: ranks[%d] = %d outside 0..%d", i, ranks[i], p->world - 1);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                  "MPI split: rank %d listed twice (ranks[%d] and ranks[%d])",
+                                  ranks[i], j, i);
+        if (ranks[i] == p->rank) me = i;
+    }
+    if (p->broken)
+        return ddp__error(DDP_ERR_ABORTED, "MPI split: parent group '%s' is broken: %s", p->name,
+                          p->broken_reason);
+    if (me < 0) {
+        *state = NULL; /* not a member: MPI_Comm_create_group involves the members only */
+        return DDP_OK;
+    }
+    mpi_state_t *s = ddp__calloc(1, sizeof *s, "MPI transport state");
+    if (!s) return DDP_ERR_NO_MEMORY;
+    s->comm = MPI_COMM_NULL;
+    s->rank = me;
+    s->world = nranks;
+    snprintf(s->name, sizeof s->name, "%s", name);
+    MPI_Group parent_group, group;
+    enter_mpi();
+    MPI_Comm_group(p->comm, &parent_group);
+    int rc = MPI_Group_incl(parent_group, nranks, ranks, &group);
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Comm_create_group(p->comm, group, (int)(name_hash(name) & 0x7fff), &s->comm);
+        MPI_Group_free(&group);
+    }
+    MPI_Group_free(&parent_group);
+    leave_mpi();
+    ddp_status_t status;
+    if (rc != MPI_SUCCESS) {
+        status = ddp__mpi_error(rc, "MPI split: MPI_Comm_create_group");
+    } else {
+        status = adopt_comm(s, name, me, nranks);
+    }
+    if (status != DDP_OK) {
+        free(s);
+        return status;
+    }
+    *state = s;
+    return DDP_OK;
 }
 
 /* ---- abort and destroy --------------------------------------------------------------------- */
