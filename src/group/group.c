@@ -25,8 +25,6 @@
 
 #define GROUP_MAX_WORLD 4096
 
-/* The TCP store is another helper's part and may not be linked into every build yet. */
-#pragma weak ddp_store_tcp_connect
 
 struct ddp_work {
     _Atomic int refs; /* the user's handle + the queue's reference */
@@ -980,9 +978,6 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
                               "group_create_from_env: MASTER_ADDR and MASTER_PORT must name the "
                               "TCP store (launcher '%s' gave '%s' port %d)",
                               env.source, env.master_addr, env.master_port);
-        if (!ddp_store_tcp_connect)
-            return ddp__error(DDP_ERR_UNSUPPORTED,
-                              "group_create_from_env: this libddp has no TCP store");
         s = ddp_store_tcp_connect(env.master_addr, env.master_port, env.token, timeout_ms, &store);
         if (s != DDP_OK)
             return ddp__error_context(s, "group_create_from_env: connecting to the store at %s:%d",
