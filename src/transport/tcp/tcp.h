@@ -46,6 +46,8 @@ typedef struct ddp__tcp_frame {
 typedef struct ddp__tcp_conn {
     int fd;           /* -1 for self or after close */
     int send_partial; /* 1 while a frame is half written: an abort frame cannot be inserted */
+    int recv_partial;  /* 1 while a frame from this peer is half read */
+    uint64_t last_seq; /* sequence number of the last frame received from this peer */
 } ddp__tcp_conn_t;
 
 /* Chooses the local address to listen on (DDP_SOCKET_IFNAME, else the address that routes to

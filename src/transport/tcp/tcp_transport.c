@@ -129,13 +129,14 @@ static void describe_c(const tcp_state_t *t, const ddp__collective_t *c, char *b
 }
 
 /* Reads the reason of an abort frame (best effort, short wait) and reports it. */
-static ddp_status_t remote_abort(tcp_state_t *t, const ddp__collective_t *c, flow_t *f)
+static ddp_status_t remote_abort(tcp_state_t *t, const ddp__collective_t *c, int peer,
+                                 uint64_t bytes)
 {
     char reason[512] = "";
-    size_t want = f->hdr.bytes < sizeof reason - 1 ? (size_t)f->hdr.bytes : sizeof reason - 1;
+    size_t want = bytes < sizeof reason - 1 ? (size_t)bytes : sizeof reason - 1;
     size_t have = 0;
     int64_t until = ddp__now_ns() + 200000000LL;
-    int fd = t->conns[f->peer].fd;
+    int fd = t->conns[peer].fd;
     while (have < want && ddp__now_ns() < until) {
         ssize_t n = recv(fd, reason + have, want - have, 0);
         if (n > 0) have += (size_t)n;
@@ -148,8 +149,35 @@ static ddp_status_t remote_abort(tcp_state_t *t, const ddp__collective_t *c, flo
     reason[have] = '\0';
     char d[400];
     describe_c(t, c, d, sizeof d);
-    return ddp__error(DDP_ERR_REMOTE, "%s: rank %d failed: %s", d, f->peer,
+    return ddp__error(DDP_ERR_REMOTE, "%s: rank %d failed: %s", d, peer,
                       have ? reason : "(no reason given)");
+}
+
+/* A peer that failed usually sent an abort frame with its reason before closing; when this
+ * rank was not reading from that peer (the ring reads only from its left neighbour) the frame is
+ * still waiting in the socket. Returns 1 and fills `reason` if one is there. */
+static int pending_abort_reason(tcp_state_t *t, int peer, char *reason, size_t size)
+{
+    ddp__tcp_conn_t *conn = &t->conns[peer];
+    if (conn->fd < 0 || conn->recv_partial) return 0;
+    ddp__tcp_frame_t h;
+    ssize_t k = recv(conn->fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (k != (ssize_t)sizeof h || h.magic != DDP_TCP_FRAME_MAGIC || h.type != DDP_TCP_FRAME_ABORT)
+        return 0;
+    if (recv(conn->fd, &h, sizeof h, MSG_DONTWAIT) != (ssize_t)sizeof h) return 0;
+    size_t want = h.bytes < size - 1 ? (size_t)h.bytes : size - 1, have = 0;
+    int64_t until = ddp__now_ns() + 200000000LL;
+    while (have < want && ddp__now_ns() < until) {
+        ssize_t n = recv(conn->fd, reason + have, want - have, MSG_DONTWAIT);
+        if (n > 0) have += (size_t)n;
+        else if (n == 0) break;
+        else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            struct pollfd p = {conn->fd, POLLIN, 0};
+            poll(&p, 1, 20);
+        } else break;
+    }
+    reason[have] = '\0';
+    return have > 0;
 }
 
 static ddp_status_t closed_error(tcp_state_t *t, const ddp__collective_t *c, int peer, int err)
@@ -158,6 +186,9 @@ static ddp_status_t closed_error(tcp_state_t *t, const ddp__collective_t *c, int
     describe_c(t, c, d, sizeof d);
     if (atomic_load(&t->aborted))
         return ddp__error(DDP_ERR_ABORTED, "%s: aborted locally: %s", d, t->abort_reason);
+    char reason[512];
+    if (pending_abort_reason(t, peer, reason, sizeof reason))
+        return ddp__error(DDP_ERR_REMOTE, "%s: rank %d failed: %s", d, peer, reason);
     if (err)
         return ddp__error(DDP_ERR_REMOTE, "%s: connection to rank %d failed (%s): rank %d died "
                           "or aborted", d, peer, strerror(err), peer);
@@ -252,8 +283,10 @@ static int pump_recv(tcp_state_t *t, const ddp__collective_t *c, flow_t *f, on_r
         }
         progressed = 1;
         f->done += (size_t)n;
+        t->conns[f->peer].recv_partial = 1;
         if (f->done == hsz) {
             char d[400];
+            if (f->hdr.magic == DDP_TCP_FRAME_MAGIC) t->conns[f->peer].last_seq = f->hdr.seq;
             if (f->hdr.magic != DDP_TCP_FRAME_MAGIC) {
                 describe_c(t, c, d, sizeof d);
                 *status = ddp__error(DDP_ERR_PROTOCOL, "%s: rank %d sent a malformed frame", d,
@@ -261,7 +294,7 @@ static int pump_recv(tcp_state_t *t, const ddp__collective_t *c, flow_t *f, on_r
                 return -1;
             }
             if (f->hdr.type == DDP_TCP_FRAME_ABORT) {
-                *status = remote_abort(t, c, f);
+                *status = remote_abort(t, c, f->peer, f->hdr.bytes);
                 return -1;
             }
             if (f->hdr.type != f->type || f->hdr.bytes != p->bytes ||
@@ -276,6 +309,7 @@ static int pump_recv(tcp_state_t *t, const ddp__collective_t *c, flow_t *f, on_r
             }
         }
         if (f->done == hsz + p->bytes) {
+            t->conns[f->peer].recv_partial = 0;
             if (fn) fn(ctx, f->cur);
             f->cur++;
             f->done = 0;
@@ -342,11 +376,14 @@ static ddp_status_t exchange(tcp_state_t *t, const ddp__collective_t *c, flow_t 
             char d[400];
             describe_c(t, c, d, sizeof d);
             if (in_pending)
-                return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out waiting for rank %d (it did "
-                                  "not send its part: %zu of %zu messages received)", d,
-                                  in->peer, in->cur, in->n);
-            return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out waiting for rank %d to take "
-                              "its data (%zu of %zu messages sent)", d, out->peer, out->cur,
+                return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out waiting for rank %d (at seq "
+                                  "%llu): it did not send its part (%zu of %zu messages "
+                                  "received)", d, in->peer,
+                                  (unsigned long long)t->conns[in->peer].last_seq, in->cur,
+                                  in->n);
+            return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out waiting for rank %d (at seq %llu) "
+                              "to take its data (%zu of %zu messages sent)", d, out->peer,
+                              (unsigned long long)t->conns[out->peer].last_seq, out->cur,
                               out->n);
         }
         int r = poll(pfds, (nfds_t)npfd, ms);
@@ -369,31 +406,140 @@ static ddp_status_t ensure(char **buf, size_t *have, size_t bytes, const char *w
     return DDP_OK;
 }
 
-/* ---- fingerprint exchange (also the barrier) --------------------------------------------- */
+/* ---- fingerprint exchange (also the barrier) ---------------------------------------------
+ * Every rank sends its fingerprint to every other rank and reads theirs, all at once, in one
+ * poll loop: one network latency, every rank holds every fingerprint (so all reach the same
+ * verdict), and on a timeout the ranks whose fingerprint did not come are exactly the ranks that
+ * did not arrive at this collective; each is named with the last sequence number heard from it. */
+typedef struct fp_peer {
+    size_t sent, got; /* bytes of the 64-byte frame written / read */
+    union {
+        struct {
+            ddp__tcp_frame_t hdr;
+            fp_wire_t fp;
+        } f;
+        char bytes[sizeof(ddp__tcp_frame_t) + sizeof(fp_wire_t)];
+    } in;
+} fp_peer_t;
+
 static ddp_status_t check_fingerprints(tcp_state_t *t, const ddp__collective_t *c)
 {
     int n = t->world, r = t->rank;
-    size_t bytes = (size_t)n * sizeof(fp_wire_t);
-    fp_wire_t *known = calloc((size_t)n * 2, sizeof(fp_wire_t));
-    if (!known) return ddp__error(DDP_ERR_NO_MEMORY, "tcp transport: fingerprints");
-    fp_wire_t *incoming = known + n;
-    known[r] = fp_of(c);
+    const size_t hsz = sizeof(ddp__tcp_frame_t), fsz = hsz + sizeof(fp_wire_t);
+    fp_wire_t *all = calloc((size_t)n, sizeof *all);
+    fp_peer_t *peers = calloc((size_t)n, sizeof *peers);
+    struct pollfd *pfds = calloc((size_t)n, sizeof *pfds);
     ddp_status_t s = DDP_OK;
-    for (int d = 1; d < n; d *= 2) {
-        piece_t sp = {(char *)known, bytes, -1};
-        piece_t rp = {(char *)incoming, bytes, -1};
-        flow_t out = {(r + d) % n, DDP_TCP_FRAME_FINGERPRINT, &sp, 1, 0, 0, {0}};
-        flow_t in = {(r - d + n) % n, DDP_TCP_FRAME_FINGERPRINT, &rp, 1, 0, 0, {0}};
-        s = exchange(t, c, &out, &in, NULL, NULL);
-        if (s != DDP_OK) goto done;
-        for (int j = 0; j < n; j++)
-            if (incoming[j].valid && !known[j].valid) known[j] = incoming[j];
+    if (!all || !peers || !pfds) {
+        s = ddp__error(DDP_ERR_NO_MEMORY, "tcp transport: fingerprints");
+        goto done;
+    }
+    all[r] = fp_of(c);
+    struct {
+        ddp__tcp_frame_t hdr;
+        fp_wire_t fp;
+    } out = {{DDP_TCP_FRAME_MAGIC, DDP_TCP_FRAME_FINGERPRINT, c->seq, sizeof(fp_wire_t)}, all[r]};
+    char d[400];
+    for (;;) {
+        if (atomic_load(&t->aborted)) {
+            s = closed_error(t, c, r == 0 ? 1 : 0, 0);
+            goto done;
+        }
+        int pending = 0, npfd = 0;
+        for (int p = 0; p < n; p++) {
+            if (p == r) continue;
+            ddp__tcp_conn_t *conn = &t->conns[p];
+            fp_peer_t *q = &peers[p];
+            while (q->sent < fsz) {
+                ssize_t k = send(conn->fd, (char *)&out + q->sent, fsz - q->sent, MSG_NOSIGNAL);
+                if (k > 0) {
+                    q->sent += (size_t)k;
+                    conn->send_partial = q->sent < fsz;
+                    continue;
+                }
+                if (k < 0 && errno == EINTR) continue;
+                if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+                s = closed_error(t, c, p, errno);
+                goto done;
+            }
+            while (q->got < fsz) {
+                size_t want = q->got < hsz ? hsz - q->got : fsz - q->got;
+                ssize_t k = recv(conn->fd, q->in.bytes + q->got, want, 0);
+                if (k > 0) {
+                    q->got += (size_t)k;
+                    conn->recv_partial = q->got < fsz;
+                    if (q->got == hsz) {
+                        const ddp__tcp_frame_t *h = &q->in.f.hdr;
+                        if (h->magic != DDP_TCP_FRAME_MAGIC) {
+                            describe_c(t, c, d, sizeof d);
+                            s = ddp__error(DDP_ERR_PROTOCOL, "%s: rank %d sent a malformed "
+                                           "frame", d, p);
+                            goto done;
+                        }
+                        conn->last_seq = h->seq;
+                        if (h->type == DDP_TCP_FRAME_ABORT) {
+                            s = remote_abort(t, c, p, h->bytes);
+                            goto done;
+                        }
+                        if (h->type != DDP_TCP_FRAME_FINGERPRINT || h->bytes != sizeof(fp_wire_t)) {
+                            describe_c(t, c, d, sizeof d);
+                            s = ddp__error(DDP_ERR_PROTOCOL, "%s: rank %d sent frame type %u "
+                                           "(seq %llu) where its fingerprint was expected", d,
+                                           p, h->type, (unsigned long long)h->seq);
+                            goto done;
+                        }
+                    }
+                    if (q->got == fsz) all[p] = q->in.f.fp;
+                    continue;
+                }
+                if (k < 0 && errno == EINTR) continue;
+                if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+                s = closed_error(t, c, p, k == 0 ? 0 : errno);
+                goto done;
+            }
+            short events = (short)((q->sent < fsz ? POLLOUT : 0) | (q->got < fsz ? POLLIN : 0));
+            if (events) {
+                pending = 1;
+                pfds[npfd].fd = conn->fd;
+                pfds[npfd].events = events;
+                pfds[npfd].revents = 0;
+                npfd++;
+            }
+        }
+        if (!pending) break;
+        int ms = remaining_ms(c->deadline_ns);
+        if (ms == 0) {
+            char missing[1024] = "";
+            size_t used = 0;
+            int slow_reader = -1;
+            for (int p = 0; p < n && used + 48 < sizeof missing; p++) {
+                if (p == r) continue;
+                if (peers[p].got < fsz)
+                    used += (size_t)snprintf(missing + used, sizeof missing - used,
+                                             "%srank %d (at seq %llu)", used ? ", " : "", p,
+                                             (unsigned long long)t->conns[p].last_seq);
+                else if (peers[p].sent < fsz && slow_reader < 0)
+                    slow_reader = p;
+            }
+            describe_c(t, c, d, sizeof d);
+            if (used)
+                s = ddp__error(DDP_ERR_TIMEOUT, "%s: timed out: %s did not arrive", d, missing);
+            else
+                s = ddp__error(DDP_ERR_TIMEOUT, "%s: timed out: rank %d (at seq %llu) does not "
+                               "read its connection", d, slow_reader,
+                               (unsigned long long)t->conns[slow_reader].last_seq);
+            goto done;
+        }
+        if (poll(pfds, (nfds_t)npfd, ms) < 0 && errno != EINTR) {
+            s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "tcp transport: poll");
+            goto done;
+        }
     }
     for (int j = 1; j < n; j++) {
-        if (memcmp(&known[j], &known[0], sizeof known[0]) != 0) {
+        if (memcmp(&all[j], &all[0], sizeof all[0]) != 0) {
             char a[200], b[200];
-            describe_fp(&known[0], a, sizeof a);
-            describe_fp(&known[j], b, sizeof b);
+            describe_fp(&all[0], a, sizeof a);
+            describe_fp(&all[j], b, sizeof b);
             s = ddp__error(DDP_ERR_MISMATCH, "tcp transport, group '%s': ranks disagree on the "
                            "collective: rank 0 called %s but rank %d called %s", t->group, a, j,
                            b);
@@ -401,7 +547,9 @@ static ddp_status_t check_fingerprints(tcp_state_t *t, const ddp__collective_t *
         }
     }
 done:
-    free(known);
+    free(all);
+    free(peers);
+    free(pfds);
     return s;
 }
 
