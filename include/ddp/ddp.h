@@ -7,6 +7,7 @@
 #include "ddp/group.h"
 #include "ddp/hooks.h"
 #include "ddp/reducer.h"
+#include "ddp/shard.h"
 #include "ddp/status.h"
 #include "ddp/store.h"
 #include "ddp/trace.h"

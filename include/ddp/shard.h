@@ -1,0 +1,192 @@
+/* Sharding: the reduce-scatter bucketer, a plain optimizer (SGD, Adam) and the ZeRO optimizer
+ * (ZeroRedundancyOptimizer) that keeps each rank's optimizer state for its partition only.
+ *
+ * ReduceScatterBucketer (fairscale's): many small reduce-scatters become one.
+ *
+ *     ddp_rs_bucketer_t *b;
+ *     ddp_rs_bucketer_create((size_t)25 << 20, &b);
+ *     for each tensor:  // world_size blocks of `count` elements each
+ *         ddp_rs_bucketer_reduce_scatter_async(b, group, blocks, count, DDP_F32, DDP_SUM,
+ *                                              on_shard, arg);
+ *     ddp_rs_bucketer_flush(b);   // every callback has run, with this rank's reduced block
+ *
+ * ZeRO (stage 1: averaged gradients in, e.g. from the Reducer; stage 2: local gradients in,
+ * reduce-scattered through the bucketer so each rank only ever holds its shard of the average):
+ *
+ *     ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;  zc.optim.kind = DDP_OPTIM_ADAM; ...
+ *     ddp_zero_create(group, params, n, &zc, &zero);
+ *     each step:  ... gradients ...;  ddp_zero_step(zero, grads);   // replicas identical again
+ *
+ * Overlap (stage 1, PyTorch's overlap_with_ddp): put ddp_zero_hook with the ZeRO object as the
+ * Reducer's comm hook; each bucket's owner steps that bucket's parameters on the progress thread
+ * as soon as its allreduce completes; after ddp_reducer_finalize, ddp_zero_step(zero, NULL) only
+ * broadcasts the updated parameters. See docs/sharding.md for the partitioning rules.
+ *
+ * Thread-safety: one thread drives a bucketer, an optimizer or a ZeRO object. */
+#ifndef DDP_SHARD_H
+#define DDP_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/group.h"
+#include "ddp/reducer.h"
+#include "ddp/status.h"
+#include "ddp/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- ReduceScatterBucketer ---------------------------------------------------------------- */
+
+typedef struct ddp_rs_bucketer ddp_rs_bucketer_t;
+
+/* Receives this rank's reduced block: `count` elements of the input's dtype. `shard` is valid
+ * only during the call (copy what you keep). Runs on the thread that called flush, teardown,
+ * destroy or a later reduce_scatter_async of the same bucketer, never on the progress thread. */
+typedef void (*ddp_rs_callback_fn)(void *arg, const void *shard, size_t count);
+
+/* bucket_cap_bytes: bytes of one bucket over all ranks; each rank's block in a bucket holds
+ * bucket_cap_bytes / dtype size / world_size elements. 0 disables bucketing (every input is
+ * reduce-scattered on its own, at once). Buckets are created per (group, dtype, op) on first use. */
+DDP_API ddp_status_t ddp_rs_bucketer_create(size_t bucket_cap_bytes, ddp_rs_bucketer_t **out);
+
+/* Flushes (waits for every reduction and runs every callback), then frees. The groups used must
+ * still exist. NULL is allowed. Errors of that last flush are dropped: flush first to see them. */
+DDP_API void ddp_rs_bucketer_destroy(ddp_rs_bucketer_t *bucketer);
+
+/* Reduce-scatters `input`: world_size equal blocks of `count` elements, contiguous
+ * (world_size * count elements). callback(arg, shard, count) later receives op over ranks of
+ * block[rank]. An input of more than a bucket's block is issued at once on its own (the reduction
+ * then reads `input` while it runs: keep it valid and unchanged until its callback has run);
+ * smaller inputs are copied into the (group, dtype, op) bucket before the call returns (`input`
+ * may be reused at once), and that bucket is first flushed (one reduce-scatter issued) when the
+ * input does not fit in what is left of it. Every rank must make the same sequence of calls with
+ * equal counts (the group checks). callback may be NULL. count 0 is accepted and does nothing
+ * but run the callback (with count 0) in order with the others. */
+DDP_API ddp_status_t ddp_rs_bucketer_reduce_scatter_async(ddp_rs_bucketer_t *bucketer,
+                                                          ddp_group_t *group, const void *input,
+                                                          size_t count, ddp_dtype_t dtype,
+                                                          ddp_reduce_op_t op,
+                                                          ddp_rs_callback_fn callback, void *arg);
+
+/* Same with the world_size blocks given as pointers (blocks[r]: count elements). Always copied
+ * before the call returns (into the bucket, or into a temporary for a direct input), so the
+ * blocks may be reused at once. */
+DDP_API ddp_status_t ddp_rs_bucketer_reduce_scatter_blocks_async(
+    ddp_rs_bucketer_t *bucketer, ddp_group_t *group, const void *const *blocks, size_t count,
+    ddp_dtype_t dtype, ddp_reduce_op_t op, ddp_rs_callback_fn callback, void *arg);
+
+/* Issues every partly filled bucket, waits for every reduction and runs every pending callback
+ * (in issue order of the reductions). Returns the first failure; works of a failed reduction
+ * have their callbacks dropped. */
+DDP_API ddp_status_t ddp_rs_bucketer_flush(ddp_rs_bucketer_t *bucketer);
+
+/* Frees the memory of every bucket (and of finished reductions). DDP_ERR_INVALID_USAGE, naming
+ * the bucket, when one holds unflushed inputs or reductions are in flight: flush first. A later
+ * input re-creates its bucket's memory on demand; ddp_rs_bucketer_setup does it at once. */
+DDP_API ddp_status_t ddp_rs_bucketer_teardown(ddp_rs_bucketer_t *bucketer);
+/* Allocates the memory of every bucket known to the bucketer (those freed by teardown). */
+DDP_API ddp_status_t ddp_rs_bucketer_setup(ddp_rs_bucketer_t *bucketer);
+
+/* Bytes of bucket memory the bucketer currently holds (buckets, their output shards and the
+ * buffers of reductions in flight or kept for reuse). */
+DDP_API size_t ddp_rs_bucketer_memory_bytes(const ddp_rs_bucketer_t *bucketer);
+
+/* Reductions issued since create: bucket flushes and direct inputs. */
+DDP_API ddp_status_t ddp_rs_bucketer_counts(const ddp_rs_bucketer_t *bucketer,
+                                            uint64_t *bucket_flushes, uint64_t *direct);
+
+/* ---- optimizers: update rules ------------------------------------------------------------- */
+
+typedef enum ddp_optim_kind {
+    DDP_OPTIM_SGD = 0, /* torch.optim.SGD: weight decay added to the gradient, no dampening */
+    DDP_OPTIM_ADAM = 1 /* torch.optim.Adam: L2 weight decay, bias-corrected moments */
+} ddp_optim_kind_t;
+
+/* SGD:  d = g + wd*p; with momentum: buf = (first step) d, else momentum*buf + d;
+ *       d = nesterov ? d + momentum*buf : buf;  p -= lr*d.
+ * Adam: d = g + wd*p; m = b1*m + (1-b1)*d; v = b2*v + (1-b2)*d*d (t = steps of this parameter);
+ *       p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+ * Computed in double per element and stored in the parameter's dtype (f32 or f64), so the same
+ * gradients give bitwise the same parameters in the plain optimizer and in ZeRO. */
+typedef struct ddp_optim_config {
+    ddp_optim_kind_t kind;
+    double lr;
+    double momentum; /* SGD; 0: no momentum buffer is kept */
+    int nesterov;    /* SGD; needs momentum > 0 */
+    double beta1, beta2, eps; /* Adam */
+    double weight_decay;
+} ddp_optim_config_t;
+
+#define DDP_OPTIM_CONFIG_INIT {DDP_OPTIM_SGD, 0.01, 0.0, 0, 0.9, 0.999, 1e-8, 0.0}
+
+/* The plain optimizer: every parameter's state on this rank (for single-process training and as
+ * the reference ZeRO is compared with). Parameters: data, numel, dtype (f32 or f64) of each
+ * ddp_param_t are used; the array is copied, data must outlive the optimizer. */
+typedef struct ddp_optim ddp_optim_t;
+DDP_API ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
+                                      const ddp_optim_config_t *config, ddp_optim_t **out);
+DDP_API void ddp_optim_destroy(ddp_optim_t *optim);
+/* grads[i]: parameter i's gradient (numel elements of its dtype). Updates every parameter. */
+DDP_API ddp_status_t ddp_optim_step(ddp_optim_t *optim, void *const *grads);
+/* Bytes of optimizer state tensors held: SGD's momentum buffers (none without momentum), Adam's
+ * two moments. Per-parameter step counters (scalars) are not counted. */
+DDP_API size_t ddp_optim_state_bytes(const ddp_optim_t *optim);
+
+/* ---- ZeRO --------------------------------------------------------------------------------- */
+
+typedef struct ddp_zero_config {
+    int stage;                /* 1: gradients are averaged already; 2: reduce-scattered here */
+    ddp_optim_config_t optim;
+    size_t bucket_cap_bytes;  /* stage 2: the reduce-scatter bucketer's cap (0: no bucketing) */
+    int overlap;              /* stage 1 only: driven by ddp_zero_hook (see below) */
+} ddp_zero_config_t;
+
+#define DDP_ZERO_CONFIG_INIT {1, DDP_OPTIM_CONFIG_INIT, (size_t)25 << 20, 0}
+
+typedef struct ddp_zero ddp_zero_t;
+
+/* Not collective (no communication), but every rank must pass the same parameters (count,
+ * numel, dtype) and config: the partition is computed from them alone, identically everywhere.
+ * Stage 1: parameters are assigned whole, largest first, each to the least-loaded rank (ties:
+ * lower rank). Stage 2: every parameter is split into world_size contiguous chunks of
+ * ceil(numel / world_size) elements; rank r owns chunk r of each. Overlap: whole Reducer buckets
+ * are assigned the same greedy way, learned as the hook sees them. The group must outlive it. */
+DDP_API ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params,
+                                     size_t nparams, const ddp_zero_config_t *config,
+                                     ddp_zero_t **out);
+DDP_API void ddp_zero_destroy(ddp_zero_t *zero);
+
+/* One optimizer step, collective. Stage 1: grads[i] holds parameter i's AVERAGED gradient (as
+ * after ddp_reducer_finalize); this rank updates the parameters it owns, then the owners' values
+ * are allgathered so every replica is bitwise identical. Stage 2: grads[i] holds this rank's
+ * LOCAL gradient (no Reducer); they are averaged by reduce-scatter (DDP_AVG) through the
+ * bucketer, each rank updates its chunks, and parameters are allgathered. The gradients are only
+ * read. Overlap: grads must be NULL (the hook already stepped each bucket); call after
+ * ddp_reducer_finalize; only the allgather of parameters happens. */
+DDP_API ddp_status_t ddp_zero_step(ddp_zero_t *zero, void *const *grads);
+
+/* Bytes of optimizer state this rank holds (its partition only; same accounting as
+ * ddp_optim_state_bytes, so the sum over ranks equals the plain optimizer's). */
+DDP_API size_t ddp_zero_state_bytes(const ddp_zero_t *zero);
+/* Elements of parameters this rank updates (its partition). */
+DDP_API size_t ddp_zero_owned_numel(const ddp_zero_t *zero);
+/* Stage 1: the rank that owns parameter `index` (-1 in overlap mode before the hook saw its
+ * bucket). Stage 2: every rank owns a chunk, *rank = -1. */
+DDP_API ddp_status_t ddp_zero_param_owner(const ddp_zero_t *zero, size_t index, int *rank);
+
+/* The overlap comm hook (ddp_comm_hook_fn): state is a ddp_zero_t created with overlap = 1 and
+ * the same parameters, in the same order, as the Reducer's. One task on the progress thread
+ * allreduces the bucket, and on the bucket's owner applies the update to its parameters from the
+ * averaged gradients. The Reducer must keep a fixed bucket layout (rebuild_buckets = 0), and the
+ * caller's backward must be done reading a parameter's values once it marks its gradient ready
+ * (autograd's order), because the update may happen right then. */
+DDP_API ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group,
+                                   const ddp_comm_bucket_t *bucket, ddp_work_t **work);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,7 @@
+# Sharding tests: the reduce-scatter bucketer (against direct reduce-scatters) and the ZeRO
+# optimizer (stages 1 and 2, SGD and Adam, overlap) against plain data-parallel training, world
+# sizes 1-4.
+ddp_add_test(NAME test_shard_bucketer SOURCES test_shard_bucketer.c ARGS args TIMEOUT 60)
+foreach(world 1 2 3 4)
+  ddp_add_test(NAME test_shard_bucketer SOURCES test_shard_bucketer.c ARGS ${world} TIMEOUT 120)
+endforeach()
