@@ -61,7 +61,7 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
                                   int world, int listen_fd, int timeout_ms,
                                   ddp__tcp_conn_t *conns);
 
-/* ---- reduction kernels (private until src/core/reduce.h is used) --------------------------
+/* ---- reductions (on src/core/reduce.h's kernels) ----------------------------------------------
  * dst[i] = x[i] op y[i] for `count` elements of an accumulation dtype (f32, f64, i32, i64, u8);
  * dst may alias x or y. AVG reduces as SUM (the division happens once, at the end). */
 void ddp__tcp_combine(void *dst, const void *x, const void *y, size_t count, ddp_dtype_t dtype,
