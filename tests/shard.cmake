@@ -5,3 +5,17 @@ ddp_add_test(NAME test_shard_bucketer SOURCES test_shard_bucketer.c ARGS args TI
 foreach(world 1 2 3 4)
   ddp_add_test(NAME test_shard_bucketer SOURCES test_shard_bucketer.c ARGS ${world} TIMEOUT 120)
 endforeach()
+
+ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS args TIMEOUT 60)
+foreach(world 1 2 3 4)
+  foreach(mode stage1 stage2 overlap)
+    foreach(optim sgd adam)
+      ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} ${optim} ${world} f32
+                   TIMEOUT 120)
+    endforeach()
+  endforeach()
+endforeach()
+foreach(mode stage1 stage2 overlap)
+  ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} nesterov 3 f64 TIMEOUT 120)
+  ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} adam 4 f64 TIMEOUT 120)
+endforeach()
