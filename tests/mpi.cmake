@@ -50,7 +50,42 @@ if(DDP_HAVE_MPI)
   ddp_add_mpi_test(NAME test_mpi_reducer SOURCES test_mpi_reducer.c NP 1 2 3 4 TIMEOUT 120)
 
   # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
-  ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c LIBS MPI::MPI_C TIMEOUT 60)
+  ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c LIBS MPI::MPI_C TIMEOUT 60
+               LABELS mpi)
+
+  # The trainer under mpirun over the MPI transport must end bit for bit where the same run
+  # under ddprun over shared memory ends (2 ranks: a sum of two is the same bytes in any order;
+  # small buckets so that several allreduces, inline and not, run per step). The store comes
+  # from ddprun -n 1, which runs mpirun with its own RANK/WORLD_SIZE removed.
+  if(TARGET fashion-mnist AND TARGET ddprun)
+    set(script ${CMAKE_CURRENT_BINARY_DIR}/test_mpi_trainer.sh)
+    file(WRITE ${script} [=[
+#!/bin/sh
+# usage: test_mpi_trainer.sh DDPRUN MPIRUN FASHION_MNIST
+set -u
+ddprun=$1 mpirun=$2 fm=$3
+args="--max-steps 12 --hidden 256 --subset 4096 --bucket-mb 0.25 --print-checksum --no-eval"
+shm_out=$("$ddprun" -n 2 --no-prefix env OPENBLAS_NUM_THREADS=1 DDP_TRANSPORT=shm "$fm" $args 2>&1)
+mpi_out=$("$ddprun" -n 1 --no-prefix sh -c 'unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK; exec "$@"' sh \
+      env OPENBLAS_NUM_THREADS=1 DDP_TRANSPORT=mpi "$mpirun" --oversubscribe -np 2 "$fm" $args 2>&1)
+echo "$shm_out" | grep -q '2 ranks (shm)' || { echo "$shm_out"; echo "the first run is not 2 ranks over shm"; exit 1; }
+echo "$mpi_out" | grep -q '2 ranks (mpi)' || { echo "$mpi_out"; echo "the second run is not 2 ranks over mpi"; exit 1; }
+# The progress bar ends its lines with \r, so a checksum line may follow one on the same line.
+shm=$(echo "$shm_out" | grep -o 'checksum rank=0 .*')
+mpi=$(echo "$mpi_out" | grep -o 'checksum rank=[0-9]* .*')
+[ "$(echo "$mpi" | wc -l)" = 2 ] || { echo "$mpi_out"; echo "the mpi run did not print 2 checksums"; exit 1; }
+echo "shm: $shm"
+echo "mpi: $mpi"
+[ -n "$shm" ] || { echo "the shm run gave no checksum"; exit 1; }
+[ "$(echo "$mpi" | sort -u | sed 's/rank=[0-9]*/rank=R/' | sort -u | wc -l)" = 1 ] || { echo "mpi ranks differ"; exit 1; }
+[ "$(echo "$mpi" | grep 'rank=0')" = "$shm" ] || { echo "mpi and shm runs differ"; exit 1; }
+echo "identical"
+]=])
+    add_test(NAME test_mpi_trainer.np2
+             COMMAND sh ${script} $<TARGET_FILE:ddprun> ${DDP_MPIRUN} $<TARGET_FILE:fashion-mnist>)
+    set_tests_properties(test_mpi_trainer.np2 PROPERTIES TIMEOUT 180 LABELS mpi
+                         ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endif()
 
   # A measurement, not a test (bench/compare_mpi.sh runs it): the transport's cost over a bare
   # MPI_Iallreduce, and the fingerprint exchange's share of it.
