@@ -199,6 +199,44 @@ static int run_args(ddp_group_t *group, void *arg)
     CHECK(st.buckets == 3 && st.numel == 8);
     CHECK(st.bytes_before == 5 * 4 + 0 + 3 * 2);
     CHECK(st.bytes_after == 5 * 2 + 0 + 3 * 2);
+
+    /* The bulk conversions (vectorised) round exactly as the scalar library functions: ties,
+     * subnormals, overflow, infinities, signed zeros; an odd count leaves a scalar tail. */
+    enum { NCONV = 1003 };
+    float *in = malloc(NCONV * sizeof(float)), *out = malloc(NCONV * sizeof(float));
+    CHECK(in && out);
+    unsigned long long seed = 11;
+    for (size_t i = 0; i < NCONV; i++) {
+        double r = ddp_test_random(&seed);
+        switch (i % 8) {
+        case 0: in[i] = (float)(r * 1e-6); break;           /* f16 subnormal range */
+        case 1: in[i] = (float)(r * 70000.0); break;        /* overflows f16 sometimes */
+        case 2: in[i] = 1.0f + (float)(i % 64) * 0x1.0p-11f; break; /* f16 ties */
+        case 3: in[i] = (float)(r * 1e30); break;           /* bf16 range only */
+        case 4: in[i] = (i & 1) ? -0.0f : 0.0f; break;
+        case 5: in[i] = (i & 16) ? INFINITY : -INFINITY; break;
+        case 6: in[i] = 1.0f + (float)(i % 256) * 0x1.0p-8f + 0x1.0p-9f; break; /* bf16 ties */
+        default: in[i] = (float)r; break;
+        }
+    }
+    for (int w = 0; w < 2; w++) {
+        ddp_half_hook_state_t *hs = w == 0 ? fp16 : bf16;
+        memcpy(out, in, NCONV * sizeof(float));
+        ddp_comm_bucket_t bc = {9, out, NCONV, DDP_F32, 0, NULL, NULL, NULL, NULL, 0};
+        CHECK_OK(w == 0 ? ddp_hook_fp16(hs, group, &bc, &work) : ddp_hook_bf16(hs, group, &bc,
+                                                                                &work));
+        CHECK_OK(ddp_work_wait(work));
+        ddp_work_free(work);
+        for (size_t i = 0; i < NCONV; i++) {
+            float want = w == 0 ? ddp_f16_to_f32(ddp_f32_to_f16(in[i]))
+                                : ddp_bf16_to_f32(ddp_f32_to_bf16(in[i]));
+            CHECK_MSG(memcmp(&want, &out[i], sizeof want) == 0,
+                      "%s element %zu: %.9g became %.9g, the scalar conversion gives %.9g",
+                      w == 0 ? "fp16" : "bf16", i, in[i], out[i], want);
+        }
+    }
+    free(in);
+    free(out);
     ddp_half_hook_state_destroy(fp16);
     ddp_half_hook_state_destroy(bf16);
     ddp_half_hook_state_destroy(NULL);
