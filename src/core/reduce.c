@@ -304,6 +304,14 @@ static int choose(void)
 
 const char *ddp__reduce_variant(void) { return choose() ? "avx2+f16c" : "baseline"; }
 
+void ddp__reduce_force_variant(int variant)
+{
+    atomic_store_explicit(&kernels_chosen, -1, memory_order_relaxed);
+    if (variant < 0) return;
+    int best = choose();
+    atomic_store_explicit(&kernels_chosen, variant && best ? 1 : 0, memory_order_relaxed);
+}
+
 static kernel_fn kernel_for(ddp_dtype_t dtype)
 {
     int fast = choose();

@@ -28,4 +28,8 @@ void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, dd
 /* Name of the kernel variant chosen at run time ("avx2+f16c" or "baseline"), for benchmarks. */
 const char *ddp__reduce_variant(void);
 
+/* Tests only: force the baseline (0) or the AVX2+F16C (1, if the CPU has it) kernels; -1 goes
+ * back to choosing by CPU. Not thread-safe with concurrent reductions. */
+void ddp__reduce_force_variant(int variant);
+
 #endif

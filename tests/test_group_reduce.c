@@ -1,0 +1,185 @@
+/* The reduction kernels alone (src/core/reduce.c): every dtype x op x number of sources against
+ * a float64 reference, f16/bf16 accumulated in f32 and rounded once, AVG dividing once, integer
+ * wrap-around, in-place and several destinations, and the baseline and AVX2+F16C variants giving
+ * identical bytes (NaN, infinities and subnormals included). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/reduce.h"
+#include "harness.h"
+
+static unsigned long long rng = 12345;
+
+static double rnd(void) { return ddp_test_random(&rng); }
+
+static void fill_random(void *buf, ddp_dtype_t dt, size_t n, int specials, double scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = rnd() * scale;
+        if (specials && i % 97 == 3) v = INFINITY;
+        if (specials && i % 89 == 5) v = NAN;
+        if (specials && i % 83 == 7) v = 1e-6; /* subnormal in f16 */
+        if (specials && i % 79 == 9) v = -0.0;
+        switch (dt) {
+        case DDP_F32: ((float *)buf)[i] = (float)v; break;
+        case DDP_F64: ((double *)buf)[i] = v; break;
+        case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
+        case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
+        case DDP_I32: ((int32_t *)buf)[i] = (int32_t)(rnd() * 2e9); break;
+        case DDP_I64: ((int64_t *)buf)[i] = (int64_t)(rnd() * 9e18); break;
+        case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)(rnd() * 128 + 128); break;
+        default: break;
+        }
+    }
+}
+
+/* Half precision: sequential f16 sums would lose the small terms; f32 accumulation keeps them. */
+static void test_rounded_once(void)
+{
+    uint16_t a = ddp_f32_to_f16(2048.0f), b = ddp_f32_to_f16(1.0f), out;
+    const void *srcs[3] = {&a, &b, &b};
+    ddp__reduce(&out, srcs, 3, 1, DDP_F16, DDP_SUM);
+    CHECK_MSG(ddp_f16_to_f32(out) == 2050.0f, "f16 2048+1+1 = %g, want 2050", ddp_f16_to_f32(out));
+    uint16_t c = ddp_f32_to_bf16(256.0f), d = ddp_f32_to_bf16(1.0f), o2;
+    const void *s2[3] = {&c, &d, &d};
+    ddp__reduce(&o2, s2, 3, 1, DDP_BF16, DDP_SUM);
+    CHECK_MSG(ddp_bf16_to_f32(o2) == 258.0f, "bf16 256+1+1 = %g", ddp_bf16_to_f32(o2));
+    /* AVG divides once at the end: (1 + 2 + 2) / 3 in f32, rounded to f16 once. */
+    uint16_t one = ddp_f32_to_f16(1.0f), two = ddp_f32_to_f16(2.0f), avg;
+    const void *s3[3] = {&one, &two, &two};
+    ddp__reduce(&avg, s3, 3, 1, DDP_F16, DDP_AVG);
+    CHECK(avg == ddp_f32_to_f16(5.0f / 3.0f));
+    /* Integer AVG truncates toward zero and does not overflow for i32/u8. */
+    int32_t i1 = -1, i2 = -2, iavg;
+    const void *s4[2] = {&i1, &i2};
+    ddp__reduce(&iavg, s4, 2, 1, DDP_I32, DDP_AVG);
+    CHECK(iavg == -1);
+    int32_t big = INT32_MAX, bavg;
+    const void *s5[2] = {&big, &big};
+    ddp__reduce(&bavg, s5, 2, 1, DDP_I32, DDP_AVG);
+    CHECK(bavg == INT32_MAX);
+    uint8_t u1 = 200, u2 = 100, uavg, usum, uprod;
+    const void *s6[2] = {&u1, &u2};
+    ddp__reduce(&uavg, s6, 2, 1, DDP_U8, DDP_AVG);
+    ddp__reduce(&usum, s6, 2, 1, DDP_U8, DDP_SUM);
+    ddp__reduce(&uprod, s6, 2, 1, DDP_U8, DDP_PROD);
+    CHECK(uavg == 150 && usum == (uint8_t)300 && uprod == (uint8_t)(20000 & 0xff));
+    int32_t w1 = INT32_MAX, w2 = 1, wsum;
+    const void *s7[2] = {&w1, &w2};
+    ddp__reduce(&wsum, s7, 2, 1, DDP_I32, DDP_SUM);
+    CHECK(wsum == INT32_MIN); /* wraps, no undefined behaviour */
+}
+
+static double as_double(const void *buf, ddp_dtype_t dt, size_t i)
+{
+    switch (dt) {
+    case DDP_F32: return ((const float *)buf)[i];
+    case DDP_F64: return ((const double *)buf)[i];
+    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_I32: return ((const int32_t *)buf)[i];
+    case DDP_I64: return (double)((const int64_t *)buf)[i];
+    case DDP_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+/* Float types, finite values: compare with a float64 reference within the rounding of the type. */
+static void test_against_reference(void)
+{
+    const size_t sizes[] = {1, 7, 1023, 1024, 1025, 4099};
+    const ddp_dtype_t floats[] = {DDP_F32, DDP_F64, DDP_F16, DDP_BF16};
+    for (int k = 1; k <= 5; k++) {
+        for (int fi = 0; fi < 4; fi++) {
+            ddp_dtype_t dt = floats[fi];
+            size_t es = ddp_dtype_size(dt);
+            for (int op = 0; op < DDP_OP_COUNT; op++) {
+                for (size_t si = 0; si < 6; si++) {
+                    size_t n = sizes[si];
+                    void *src[5];
+                    for (int s = 0; s < k; s++) {
+                        src[s] = malloc(n * es);
+                        fill_random(src[s], dt, n, 0, op == DDP_PROD ? 2.0 : 100.0);
+                    }
+                    void *out = malloc(n * es);
+                    ddp__reduce(out, (const void *const *)src, k, n, dt, (ddp_reduce_op_t)op);
+                    double rel = dt == DDP_F16 ? 2e-3 : dt == DDP_BF16 ? 1.6e-2 : dt == DDP_F32 ? 1e-6 : 1e-14;
+                    for (size_t i = 0; i < n; i++) {
+                        double acc = as_double(src[0], dt, i);
+                        double mag = fabs(acc);
+                        for (int s = 1; s < k; s++) {
+                            double x = as_double(src[s], dt, i);
+                            mag += fabs(x);
+                            if (op == DDP_SUM || op == DDP_AVG) acc += x;
+                            else if (op == DDP_MIN) acc = x < acc ? x : acc;
+                            else if (op == DDP_MAX) acc = x > acc ? x : acc;
+                            else acc *= x;
+                        }
+                        if (op == DDP_AVG) acc /= k, mag /= k;
+                        if (op == DDP_PROD) mag = fabs(acc);
+                        double got = as_double(out, dt, i);
+                        double tol = rel * (mag > 1e-3 ? mag : 1e-3) * (op == DDP_PROD ? k : 1);
+                        CHECK_MSG(fabs(got - acc) <= tol, "%s %s k=%d n=%zu [%zu]: %.9g vs %.9g",
+                                  ddp_dtype_name(dt), ddp_reduce_op_name((ddp_reduce_op_t)op), k, n, i, got, acc);
+                    }
+                    for (int s = 0; s < k; s++) free(src[s]);
+                    free(out);
+                }
+            }
+        }
+    }
+}
+
+/* In place (destination = a source, any position) and several destinations give the same bytes
+ * as out of place; the two kernel variants give the same bytes. */
+static void test_variants_and_aliasing(void)
+{
+    size_t n = 5000;
+    for (int dt = 0; dt < DDP_DTYPE_COUNT; dt++) {
+        size_t es = ddp_dtype_size((ddp_dtype_t)dt);
+        for (int op = 0; op < DDP_OP_COUNT; op++) {
+            for (int k = 1; k <= 4; k++) {
+                void *src[4], *copy[4];
+                for (int s = 0; s < k; s++) {
+                    src[s] = malloc(n * es);
+                    copy[s] = malloc(n * es);
+                    fill_random(src[s], (ddp_dtype_t)dt, n, 1, 100.0);
+                }
+                void *ref = malloc(n * es), *alt = malloc(n * es), *d2 = malloc(n * es);
+                ddp__reduce_force_variant(0);
+                ddp__reduce(ref, (const void *const *)src, k, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
+                ddp__reduce_force_variant(1);
+                ddp__reduce(alt, (const void *const *)src, k, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
+                ddp__reduce_force_variant(-1);
+                CHECK_MSG(memcmp(ref, alt, n * es) == 0, "variants differ: %s %s k=%d",
+                          ddp_dtype_name((ddp_dtype_t)dt), ddp_reduce_op_name((ddp_reduce_op_t)op), k);
+                for (int pos = 0; pos < k; pos++) {
+                    for (int s = 0; s < k; s++) memcpy(copy[s], src[s], n * es);
+                    void *dsts[2] = {copy[pos], d2};
+                    ddp__reduce_multi(dsts, 2, (const void *const *)copy, k, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
+                    CHECK_MSG(memcmp(copy[pos], ref, n * es) == 0 && memcmp(d2, ref, n * es) == 0,
+                              "in place at source %d differs: %s %s k=%d", pos,
+                              ddp_dtype_name((ddp_dtype_t)dt), ddp_reduce_op_name((ddp_reduce_op_t)op), k);
+                }
+                for (int s = 0; s < k; s++) {
+                    free(src[s]);
+                    free(copy[s]);
+                }
+                free(ref);
+                free(alt);
+                free(d2);
+            }
+        }
+    }
+}
+
+int main(void)
+{
+    printf("reduce kernels: %s\n", ddp__reduce_variant());
+    test_rounded_once();
+    test_against_reference();
+    test_variants_and_aliasing();
+    printf("test_group_reduce: ok\n");
+    return 0;
+}
