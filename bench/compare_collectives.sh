@@ -145,12 +145,16 @@ for op in $OPS; do
                 fmt = "%10s %8s %8s %8s %8s %8s %8s %8s %8s\n"
                 printf fmt, "bytes", "user", "segment", "MPI", "user/MPI", "seg/MPI", "memcpy",
                        "user/cpy", "seg/cpy"
+                # Ratios of median times (same bytes, so the same as ratios of algbw, but exact
+                # at sizes where algbw rounds to 0).
                 for (i = 1; i <= nsizes; i++) {
                     b = order[i]
                     u = stats(bw, "user", b); s = stats(bw, "seg", b)
                     m = stats(bw, "mpi", b); c = stats(bw, "mem", b)
-                    printf fmt, b, show(u), show(s), show(m), ratio(u, m), ratio(s, m), show(c),
-                           ratio(u, c), ratio(s, c)
+                    ut = stats(us, "user", b); st = stats(us, "seg", b)
+                    mt = stats(us, "mpi", b); ct = stats(us, "mem", b)
+                    printf fmt, b, show(u), show(s), show(m), ratio(mt, ut), ratio(mt, st), show(c),
+                           ratio(ct, ut), ratio(ct, st)
                 }
                 print "spread (min-max GB/s over the runs):"
                 fmt = "%10s %14s %14s %14s %14s\n"

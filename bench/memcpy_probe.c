@@ -135,7 +135,7 @@ int main(int argc, char **argv)
         double t = rounds % 2 ? times[rounds / 2] : 0.5 * (times[rounds / 2 - 1] + times[rounds / 2]);
         double gbps = (double)bytes / t / 1e3;
         if (json)
-            printf("{\"op\":\"memcpy\",\"bytes\":%zu,\"time_us\":%.4f,\"gbps\":%.4f,"
+            printf("{\"op\":\"memcpy\",\"bytes\":%zu,\"time_us\":%.4f,\"gbps\":%.6g,"
                    "\"iters\":%ld,\"rounds\":%ld,\"time_us_min\":%.4f,\"time_us_max\":%.4f}\n",
                    bytes, t, gbps, n, rounds, times[0], times[rounds - 1]);
         else

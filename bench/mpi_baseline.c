@@ -396,7 +396,7 @@ static int measure_and_print(size_t bytes, double *busbw_out)
             if (wrong < 0) snprintf(wtext, sizeof wtext, "null");
             else snprintf(wtext, sizeof wtext, "%lld", wrong);
             printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
-                   "\"time_us\":%.4f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"world_size\":%d,"
+                   "\"time_us\":%.4f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"world_size\":%d,"
                    "\"inplace\":%d,\"segment\":0,\"transport\":\"mpi\",\"iters\":%ld,\"rounds\":%d,"
                    "\"time_us_min\":%.4f,\"time_us_max\":%.4f}\n",
                    op_names[opt.op], type_names[opt.type], reducing ? redop_names[opt.redop] : "none",

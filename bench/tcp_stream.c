@@ -2,8 +2,8 @@
  * transport's bus bandwidth is judged (bench/compare_tcp.sh runs both between the same two
  * network namespaces in one run). One connection, 1 MiB writes, like the transport's frames.
  *
- *   tcp-stream server [--bind ADDR] [--port P] [--bidir]
- *   tcp-stream client --connect ADDR [--port P] [--seconds S] [--bidir]
+ *   tcp-stream server [--bind ADDR] [--port P] [--bidir] [--buffer BYTES]
+ *   tcp-stream client --connect ADDR [--port P] [--seconds S] [--bidir] [--buffer BYTES]
  *
  * Unidirectional: the client sends for S seconds, the server only reads. Bidirectional: both
  * send and read at once (what each rank of a 2-rank ring does). The client prints the
@@ -25,7 +25,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BUF_BYTES (1 << 20)
+#define WRITE_BYTES (1 << 20)
+
+/* Bytes of the memory region sends read from and receives write to, cycling (--buffer): 1 MiB
+ * stays in cache; a region as large as the collective's buffers makes the kernel's copies go to
+ * memory, as they do for the transport. */
+static size_t region_bytes = WRITE_BYTES;
 
 static double now_s(void)
 {
@@ -43,12 +48,22 @@ static void die(const char *what)
 /* Sends (until `until`, then shuts the write side) and/or reads until EOF, with poll.
  * Returns bytes sent; *received gets bytes read. */
 static double send_end;
+static char *out_region, *in_region;
+
+/* Allocated and touched before any timing starts. */
+static void make_regions(void)
+{
+    out_region = malloc(region_bytes);
+    in_region = malloc(region_bytes);
+    if (!out_region || !in_region) die("malloc");
+    memset(out_region, 0x5a, region_bytes);
+    memset(in_region, 0, region_bytes);
+}
 
 static long long pump(int fd, int do_send, double until, long long *received)
 {
-    char *out = malloc(BUF_BYTES), *in = malloc(BUF_BYTES);
-    if (!out || !in) die("malloc");
-    memset(out, 0x5a, BUF_BYTES);
+    char *out = out_region, *in = in_region;
+    size_t out_at = 0, in_at = 0;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
     long long sent = 0, got = 0;
     int sending = do_send, reading = 1;
@@ -62,15 +77,19 @@ static long long pump(int fd, int do_send, double until, long long *received)
         struct pollfd p = {fd, (short)((reading ? POLLIN : 0) | (sending ? POLLOUT : 0)), 0};
         if (poll(&p, 1, 100) < 0 && errno != EINTR) die("poll");
         if (sending && (p.revents & POLLOUT)) {
-            ssize_t n = send(fd, out, BUF_BYTES, MSG_NOSIGNAL);
-            if (n > 0) sent += n;
+            ssize_t n = send(fd, out + out_at, WRITE_BYTES, MSG_NOSIGNAL);
+            if (n > 0) {
+                sent += n;
+                out_at = (out_at + (size_t)n) % (region_bytes - WRITE_BYTES + 1);
+            }
             else if (n < 0 && errno != EAGAIN && errno != EINTR) die("send");
         }
         if (reading && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
             for (;;) {
-                ssize_t n = recv(fd, in, BUF_BYTES, 0);
+                ssize_t n = recv(fd, in + in_at, WRITE_BYTES, 0);
                 if (n > 0) {
                     got += n;
+                    in_at = (in_at + (size_t)n) % (region_bytes - WRITE_BYTES + 1);
                     continue;
                 }
                 if (n == 0) reading = 0;
@@ -79,8 +98,6 @@ static long long pump(int fd, int do_send, double until, long long *received)
             }
         }
     }
-    free(out);
-    free(in);
     *received = got;
     return sent;
 }
@@ -88,8 +105,9 @@ static long long pump(int fd, int do_send, double until, long long *received)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: tcp-stream server [--bind A] [--port P] [--bidir]\n"
-                        "       tcp-stream client --connect A [--port P] [--seconds S] [--bidir]\n");
+        fprintf(stderr, "usage: tcp-stream server [--bind A] [--port P] [--bidir] [--buffer B]\n"
+                        "       tcp-stream client --connect A [--port P] [--seconds S] [--bidir] "
+                        "[--buffer B]\n");
         return 2;
     }
     int server = strcmp(argv[1], "server") == 0;
@@ -102,6 +120,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--port") && i + 1 < argc) port = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--bidir")) bidir = 1;
+        else if (!strcmp(argv[i], "--buffer") && i + 1 < argc) {
+            region_bytes = (size_t)strtoull(argv[++i], NULL, 10);
+            if (region_bytes < WRITE_BYTES) region_bytes = WRITE_BYTES;
+        }
         else {
             fprintf(stderr, "tcp-stream: unknown option %s\n", argv[i]);
             return 2;
@@ -120,6 +142,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int one = 1;
+    make_regions();
     if (server) {
         int ls = socket(AF_INET, SOCK_STREAM, 0);
         if (ls < 0) die("socket");

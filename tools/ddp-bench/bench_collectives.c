@@ -361,7 +361,7 @@ static void print_row(const bench_t *b, const result_t *r)
         if (r->wrong < 0) snprintf(wrong, sizeof wrong, "null");
         else snprintf(wrong, sizeof wrong, "%lld", r->wrong);
         printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
-               "\"time_us\":%.4f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"world_size\":%d,"
+               "\"time_us\":%.4f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"world_size\":%d,"
                "\"inplace\":%d,\"segment\":%d,\"transport\":\"%s\",\"iters\":%ld,\"rounds\":%d,"
                "\"time_us_min\":%.4f,\"time_us_max\":%.4f}\n",
                ddp_bench_collective_name(o->collective), ddp_dtype_name(o->dtype), redop_column(b),
