@@ -6,6 +6,8 @@
 #      link such as veth);
 #   2. ddp-bench allreduce over DDP_TRANSPORT=tcp, one rank per host, 32 MiB and up.
 # Prints busbw / raw for each size. Needs root. Usage: bench/compare_tcp.sh [BUILD_DIR]
+# Environment: MIN_BYTES, MAX_BYTES (ddp-bench sweep, default 32M..256M), RAW_SECONDS (3),
+# RAW_BUFFER (see below).
 #   (default build; needs BUILD_DIR/ddprun, ddp-bench and tcp-stream)
 set -u
 B=$(cd "${1:-build}" && pwd)
@@ -32,11 +34,16 @@ ip -n "${P}b" addr add 10.98.0.2/24 dev eth0
 for ns in "${P}a" "${P}b"; do ip -n "$ns" link set eth0 up; ip -n "$ns" link set lo up; done
 
 SECONDS_RAW=${RAW_SECONDS:-3}
+# RAW_BUFFER: bytes of memory the raw stream cycles through (default 1 MiB, cache-resident like
+# iperf; set it to the collective's size to make the kernel copy from and to memory as well).
+RAW_BUFFER=${RAW_BUFFER:-1048576}
 raw() { # $1: extra flag (--bidir or nothing)
-    ip netns exec "${P}a" "$B/tcp-stream" server --bind 10.98.0.1 --port 29600 $1 &
+    ip netns exec "${P}a" "$B/tcp-stream" server --bind 10.98.0.1 --port 29600 \
+        --buffer "$RAW_BUFFER" $1 &
     srv=$!
+    sleep 1
     ip netns exec "${P}b" "$B/tcp-stream" client --connect 10.98.0.1 --port 29600 \
-        --seconds "$SECONDS_RAW" $1
+        --seconds "$SECONDS_RAW" --buffer "$RAW_BUFFER" $1
     wait $srv
 }
 uni=$(raw "" | tee /dev/stderr | awk '{print $(NF-3)}')
