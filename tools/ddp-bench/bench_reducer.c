@@ -307,7 +307,16 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
                "(%.2f ms per step, %s)\n",
                ddp_reducer_bucket_count(b.reducer), first_mb, bucket_mb, compute_us,
                compute_total / 1000.0, sleep_mode ? "sleep" : "busy loop");
-        printf("# anchor: communication with no compute %.2f ms (all exposed)\n",
+        printf("# bucket sizes in reduction order (MiB):");
+        for (size_t k = 0; k < ddp_reducer_bucket_count(b.reducer); k++) {
+            const size_t *ps;
+            size_t np, bytes = 0;
+            if (ddp_reducer_bucket_params(b.reducer, k, &ps, &np) != DDP_OK) break;
+            for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
+            printf(" %.2f", (double)bytes / 1048576.0);
+        }
+        printf("\n# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
+               "can only start when backward ends\n",
                comm_alone / 1000.0);
         printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms", "exposed_ms",
                "comm_sum_ms", "overlap_%");
