@@ -19,3 +19,8 @@ foreach(mode stage1 stage2 overlap)
   ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} nesterov 3 f64 TIMEOUT 120)
   ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} adam 4 f64 TIMEOUT 120)
 endforeach()
+
+# zero-bench: ZeRO's memory and step time against plain data parallelism (run by hand; results
+# in docs/sharding.md). The test only runs it small, to keep it building and working.
+ddp_add_test(NAME zero_bench SOURCES zero_bench.c
+             ARGS --world 2 --hidden 24 --iters 2 --work 0 TIMEOUT 120)

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 
@@ -54,10 +55,14 @@ static void sample(size_t s, double *x, double *y)
 
 typedef void (*ready_fn)(void *ctx, int param);
 
+/* Overlap mode: pause after marking a layer ready so the hook's update surely runs before the
+ * layer's weights are read again (no timing is asserted; this only widens the window). */
+static int pause_after_ready;
+
 /* Mean loss 0.5 |out - y|^2 over `count` samples starting at global sample `first` of `step`,
- * tanh hidden layers. Writes gradient i into grads[i] (params' dtype) and calls ready(ctx, i) once
- * parameter i is complete AND no longer read (after the layer's input gradient is computed), as
- * autograd would: the overlap hook may update a parameter as soon as it is ready. */
+ * tanh hidden layers. Writes gradient i into grads[i] (params' dtype) and calls ready(ctx, i) as
+ * soon as it is complete, BEFORE the layer's weights are read for its input gradient (the
+ * trainer's order): the overlap hook's update must not change parameters backward still reads. */
 static void backward(void *const *params, ddp_dtype_t dt, int step, size_t first, size_t count,
                      void *const *grads, ready_fn ready, void *ctx)
 {
@@ -90,6 +95,11 @@ static void backward(void *const *params, ddp_dtype_t dt, int step, size_t first
                 put(dt, grads[2 * l], o * dims[l] + i, gw);
             }
         }
+        if (ready) {
+            ready(ctx, 2 * l + 1);
+            ready(ctx, 2 * l);
+            if (pause_after_ready) nanosleep(&(struct timespec){0, 3000000}, NULL);
+        }
         if (l > 0) {
             for (size_t s = 0; s < count; s++)
                 for (size_t i = 0; i < dims[l]; i++) {
@@ -99,10 +109,6 @@ static void backward(void *const *params, ddp_dtype_t dt, int step, size_t first
                     prev[s][i] = d * (1.0 - act[l][s][i] * act[l][s][i]);
                 }
             memcpy(delta, prev, sizeof delta);
-        }
-        if (ready) {
-            ready(ctx, 2 * l + 1);
-            ready(ctx, 2 * l);
         }
     }
 }
@@ -199,6 +205,7 @@ static int rank_main(ddp_group_t *g, void *arg)
     size_t es = ddp_dtype_size(dt);
     int overlap = strcmp(tc->mode, "overlap") == 0;
     int stage = strcmp(tc->mode, "stage2") == 0 ? 2 : 1;
+    pause_after_ready = overlap;
     size_t local = BATCH / (size_t)world;
 
     void *pa[NPARAMS], *pb[NPARAMS], *local_grads[NPARAMS];

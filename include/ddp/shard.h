@@ -18,7 +18,7 @@
  *     each step:  ... gradients ...;  ddp_zero_step(zero, grads);   // replicas identical again
  *
  * Overlap (stage 1, PyTorch's overlap_with_ddp): put ddp_zero_hook with the ZeRO object as the
- * Reducer's comm hook; each bucket's owner steps that bucket's parameters on the progress thread
+ * Reducer's comm hook; each bucket's owner computes that bucket's update on the progress thread
  * as soon as its allreduce completes; after ddp_reducer_finalize, ddp_zero_step(zero, NULL) only
  * broadcasts the updated parameters. See docs/sharding.md for the partitioning rules.
  *
@@ -179,10 +179,12 @@ DDP_API ddp_status_t ddp_zero_param_owner(const ddp_zero_t *zero, size_t index, 
 
 /* The overlap comm hook (ddp_comm_hook_fn): state is a ddp_zero_t created with overlap = 1 and
  * the same parameters, in the same order, as the Reducer's. One task on the progress thread
- * allreduces the bucket, and on the bucket's owner applies the update to its parameters from the
- * averaged gradients. The Reducer must keep a fixed bucket layout (rebuild_buckets = 0), and the
- * caller's backward must be done reading a parameter's values once it marks its gradient ready
- * (autograd's order), because the update may happen right then. */
+ * allreduces the bucket and, on the bucket's owner, computes its parameters' updated values from
+ * the averaged gradients into a copy kept by the ZeRO object (memory: the owned parameters, about
+ * 1/world of the model), so the caller's backward may keep reading every parameter until
+ * finalize; ddp_zero_step(zero, NULL) then broadcasts the new values and installs them. The
+ * Reducer must keep a fixed bucket layout (rebuild_buckets = 0): a bucket whose parameters change
+ * is DDP_ERR_INVALID_USAGE. Parameter indices are the Reducer's (no duplicate registrations). */
 DDP_API ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group,
                                    const ddp_comm_bucket_t *bucket, ddp_work_t **work);
 

@@ -112,8 +112,8 @@ size_t ddp__optim_run_bytes(const ddp__optim_run_t *run, const ddp_optim_config_
 /* The kernels compute every element in double and round once to the storage type, so the result
  * depends only on the inputs, never on how the elements were split into runs. */
 #define DEFINE_UPDATE(suffix, T)                                                                  \
-    static void sgd_##suffix(const ddp_optim_config_t *c, uint64_t t, T *p, const T *g, T *buf,   \
-                             size_t n)                                                            \
+    static void sgd_##suffix(const ddp_optim_config_t *c, uint64_t t, const T *p, T *out,         \
+                             const T *g, T *buf, size_t n)                                        \
     {                                                                                             \
         const double lr = c->lr, wd = c->weight_decay, mu = c->momentum;                          \
         for (size_t i = 0; i < n; i++) {                                                          \
@@ -124,11 +124,11 @@ size_t ddp__optim_run_bytes(const ddp__optim_run_t *run, const ddp_optim_config_
                 b = (double)buf[i];                                                               \
                 d = c->nesterov ? d + mu * b : b;                                                 \
             }                                                                                     \
-            p[i] = (T)((double)p[i] - lr * d);                                                    \
+            out[i] = (T)((double)p[i] - lr * d);                                                  \
         }                                                                                         \
     }                                                                                             \
-    static void adam_##suffix(const ddp_optim_config_t *c, uint64_t t, T *p, const T *g, T *m,    \
-                              T *v, size_t n)                                                     \
+    static void adam_##suffix(const ddp_optim_config_t *c, uint64_t t, const T *p, T *out,        \
+                              const T *g, T *m, T *v, size_t n)                                   \
     {                                                                                             \
         const double b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay, eps = c->eps;            \
         const double step = c->lr / (1.0 - pow(b1, (double)t));                                   \
@@ -138,29 +138,35 @@ size_t ddp__optim_run_bytes(const ddp__optim_run_t *run, const ddp_optim_config_
             m[i] = (T)(b1 * (double)m[i] + (1.0 - b1) * d);                                       \
             v[i] = (T)(b2 * (double)v[i] + (1.0 - b2) * d * d);                                   \
             double denom = sqrt((double)v[i]) * inv_c2 + eps;                                     \
-            p[i] = (T)((double)p[i] - step * (double)m[i] / denom);                               \
+            out[i] = (T)((double)p[i] - step * (double)m[i] / denom);                             \
         }                                                                                         \
     }
 
 DEFINE_UPDATE(f32, float)
 DEFINE_UPDATE(f64, double)
 
-void ddp__optim_run_update(ddp__optim_run_t *run, const ddp_optim_config_t *config,
-                           ddp_dtype_t dtype, void *param, const void *grad)
+void ddp__optim_run_update_to(ddp__optim_run_t *run, const ddp_optim_config_t *config,
+                              ddp_dtype_t dtype, const void *param, void *out, const void *grad)
 {
     uint64_t t = ++run->steps;
     if (run->count == 0) return;
     if (dtype == DDP_F32) {
         if (config->kind == DDP_OPTIM_ADAM)
-            adam_f32(config, t, param, grad, run->m, run->v, run->count);
+            adam_f32(config, t, param, out, grad, run->m, run->v, run->count);
         else
-            sgd_f32(config, t, param, grad, run->m, run->count);
+            sgd_f32(config, t, param, out, grad, run->m, run->count);
     } else {
         if (config->kind == DDP_OPTIM_ADAM)
-            adam_f64(config, t, param, grad, run->m, run->v, run->count);
+            adam_f64(config, t, param, out, grad, run->m, run->v, run->count);
         else
-            sgd_f64(config, t, param, grad, run->m, run->count);
+            sgd_f64(config, t, param, out, grad, run->m, run->count);
     }
+}
+
+void ddp__optim_run_update(ddp__optim_run_t *run, const ddp_optim_config_t *config,
+                           ddp_dtype_t dtype, void *param, const void *grad)
+{
+    ddp__optim_run_update_to(run, config, dtype, param, param, grad);
 }
 
 /* ---- the plain optimizer ------------------------------------------------------------------ */

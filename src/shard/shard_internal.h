@@ -37,5 +37,9 @@ size_t ddp__optim_run_bytes(const ddp__optim_run_t *run, const ddp_optim_config_
  * gradient (same dtype). Increments run->steps. */
 void ddp__optim_run_update(ddp__optim_run_t *run, const ddp_optim_config_t *config,
                            ddp_dtype_t dtype, void *param, const void *grad);
+/* Same, reading the parameter from `param` and writing the updated values to `out` (which may be
+ * param), so a parameter still being read elsewhere can be updated into a copy. */
+void ddp__optim_run_update_to(ddp__optim_run_t *run, const ddp_optim_config_t *config,
+                              ddp_dtype_t dtype, const void *param, void *out, const void *grad);
 
 #endif

@@ -48,6 +48,7 @@ struct ddp_zero {
     int *owner;              /* stage 1: owner of each parameter (-1: not yet known) */
     ddp__optim_run_t *runs;  /* this rank's run of each parameter (count 0: none) */
     ddp_work_t **works;      /* one per parameter, for the parameter exchange */
+    void **shadow;           /* overlap: updated values of the parameters this rank owns */
     uint64_t steps;          /* ddp_zero_step calls that succeeded */
     /* stage 2 */
     ddp_rs_bucketer_t *bucketer;
@@ -80,6 +81,7 @@ void ddp_zero_destroy(ddp_zero_t *z)
         if (z->runs) ddp__optim_run_free(&z->runs[i]);
         if (z->works && z->works[i]) ddp_work_free(z->works[i]);
         if (z->names) free(z->names[i]);
+        if (z->shadow) free(z->shadow[i]);
     }
     for (size_t b = 0; b < z->nbuckets; b++) {
         if (!z->buckets[b]) continue;
@@ -91,6 +93,7 @@ void ddp_zero_destroy(ddp_zero_t *z)
     free(z->load);
     free(z->runs);
     free(z->works);
+    free(z->shadow);
     free(z->owner);
     free(z->names);
     free(z->data);
@@ -181,8 +184,9 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
     z->runs = ddp__calloc(n1, sizeof *z->runs, "zero");
     z->works = ddp__calloc(n1, sizeof *z->works, "zero");
     z->load = ddp__calloc((size_t)world, sizeof *z->load, "zero");
+    z->shadow = ddp__calloc(n1, sizeof *z->shadow, "zero");
     if (!z->data || !z->numel || !z->dtype || !z->names || !z->owner || !z->runs || !z->works ||
-        !z->load) {
+        !z->load || !z->shadow) {
         s = DDP_ERR_NO_MEMORY;
         goto fail;
     }
@@ -269,14 +273,16 @@ static ddp_status_t wait_works(ddp_zero_t *z, ddp_status_t first, const char *wh
     return DDP_OK;
 }
 
-/* Stage 1 and overlap: every parameter from its owner, in place. */
+/* Stage 1 and overlap: every parameter from its owner, in place (overlap: the owner sends its
+ * shadow copy, then takes the same bytes). */
 static ddp_status_t broadcast_from_owners(ddp_zero_t *z)
 {
     ddp_status_t first = DDP_OK;
     for (size_t i = 0; i < z->nparams && first == DDP_OK; i++) {
         if (z->numel[i] == 0) continue;
-        first = ddp_group_broadcast_async(z->group, z->data[i], z->numel[i], z->dtype[i],
-                                          z->owner[i], &z->works[i]);
+        void *buf = z->overlap && z->owner[i] == z->rank ? z->shadow[i] : z->data[i];
+        first = ddp_group_broadcast_async(z->group, buf, z->numel[i], z->dtype[i], z->owner[i],
+                                          &z->works[i]);
         if (first != DDP_OK)
             ddp__error_context(first, "zero step %llu: broadcast of parameter %zu (%s) from "
                                "rank %d", (unsigned long long)z->steps, i, pname(z, i),
@@ -377,6 +383,10 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
                                   "call ddp_reducer_finalize before the step",
                                   (unsigned long long)z->steps, i, pname(z, i));
         s = broadcast_from_owners(z);
+        if (s == DDP_OK)
+            for (size_t i = 0; i < z->nparams; i++)
+                if (z->owner[i] == z->rank && z->numel[i] > 0)
+                    memcpy(z->data[i], z->shadow[i], z->numel[i] * ddp_dtype_size(z->dtype[i]));
     } else {
         if (z->nparams > 0 && !grads)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero step: grads is NULL");
@@ -400,7 +410,10 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
 
 /* ---- overlap ------------------------------------------------------------------------------ */
 
-/* On the progress thread: average the bucket, then (on its owner) update its parameters. */
+/* On the progress thread: average the bucket, then (on its owner) compute its parameters' new
+ * values into their shadow copies: the caller's backward may still be reading the parameters
+ * (a layer's weights are needed for its input gradient after its weight gradient is ready), so
+ * they change only in ddp_zero_step, after finalize. */
 static ddp_status_t overlap_task(ddp_group_t *group, void *arg)
 {
     zero_bucket_t *zb = arg;
@@ -412,8 +425,8 @@ static ddp_status_t overlap_task(ddp_group_t *group, void *arg)
     size_t es = ddp_dtype_size(zb->dtype);
     for (size_t j = 0; j < zb->nparams; j++) {
         size_t p = zb->params[j];
-        ddp__optim_run_update(&z->runs[p], &z->optim, z->dtype[p], z->data[p],
-                              (const unsigned char *)zb->data + zb->offsets[j] * es);
+        ddp__optim_run_update_to(&z->runs[p], &z->optim, z->dtype[p], z->data[p], z->shadow[p],
+                                 (const unsigned char *)zb->data + zb->offsets[j] * es);
     }
     return DDP_OK;
 }
@@ -488,6 +501,8 @@ static ddp_status_t learn_bucket(ddp_zero_t *z, const ddp_comm_bucket_t *b, zero
         if (z->numel[p] == 0) continue;
         ddp_status_t s = ddp__optim_run_alloc(&z->runs[p], &z->optim, z->dtype[p]);
         if (s != DDP_OK) return s;
+        z->shadow[p] = ddp__malloc(z->numel[p] * ddp_dtype_size(z->dtype[p]), "zero shadow");
+        if (!z->shadow[p]) return DDP_ERR_NO_MEMORY;
     }
     *out = zb;
     return DDP_OK;
