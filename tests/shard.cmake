@@ -8,7 +8,7 @@ endforeach()
 
 ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS args TIMEOUT 60)
 foreach(world 1 2 3 4)
-  foreach(mode stage1 stage2 overlap)
+  foreach(mode stage1 stage2 stage2ready overlap)
     foreach(optim sgd adam)
       ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} ${optim} ${world} f32
                    TIMEOUT 120)

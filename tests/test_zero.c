@@ -7,7 +7,10 @@
  * each rank's optimizer state is exactly that of its partition and the states add up to the plain
  * optimizer's.
  *
- * usage: test_zero args | stage1|stage2|overlap sgd|nesterov|adam WORLD f32|f64 */
+ * stage2ready hands each gradient to ddp_zero_grad_ready during backward (reduce-scatters
+ * overlap backward) instead of passing them all to the step.
+ *
+ * usage: test_zero args | stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD f32|f64 */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -118,6 +121,17 @@ static void mark_ready(void *ctx, int param)
     CHECK_OK(ddp_reducer_grad_ready((ddp_reducer_t *)ctx, (size_t)param));
 }
 
+typedef struct zero_ready {
+    ddp_zero_t *zero;
+    void **grads;
+} zero_ready_t;
+
+static void mark_zero_ready(void *ctx, int param)
+{
+    zero_ready_t *z = ctx;
+    CHECK_OK(ddp_zero_grad_ready(z->zero, (size_t)param, z->grads[param]));
+}
+
 /* Gradient pointers of a reducer after prepare. */
 static void reducer_grads(ddp_reducer_t *r, void **g)
 {
@@ -204,7 +218,8 @@ static int rank_main(ddp_group_t *g, void *arg)
     ddp_dtype_t dt = tc->dtype;
     size_t es = ddp_dtype_size(dt);
     int overlap = strcmp(tc->mode, "overlap") == 0;
-    int stage = strcmp(tc->mode, "stage2") == 0 ? 2 : 1;
+    int ready_mode = strcmp(tc->mode, "stage2ready") == 0;
+    int stage = strcmp(tc->mode, "stage2") == 0 || ready_mode ? 2 : 1;
     pause_after_ready = overlap;
     size_t local = BATCH / (size_t)world;
 
@@ -261,7 +276,14 @@ static int rank_main(ddp_group_t *g, void *arg)
         CHECK_OK(ddp_optim_step(plain, gb));
         CHECK_OK(ddp_reducer_zero_grad(rb));
 
-        if (stage == 2) {
+        if (ready_mode) {
+            /* Reduce-scatters start during backward; the step gets no gradients. */
+            zero_ready_t zr = {zero, local_grads};
+            backward(pa, dt, step, first, local, local_grads, mark_zero_ready, &zr);
+            CHECK_STATUS(ddp_zero_grad_ready(zero, 0, local_grads[0]), DDP_ERR_INVALID_USAGE);
+            CHECK_ERROR_MENTIONS("already");
+            CHECK_OK(ddp_zero_step(zero, NULL));
+        } else if (stage == 2) {
             backward(pa, dt, step, first, local, local_grads, NULL, NULL);
             CHECK_OK(ddp_zero_step(zero, local_grads));
         } else {
@@ -382,7 +404,23 @@ static int args_main(ddp_group_t *g, void *arg)
     CHECK_STATUS(ddp_zero_hook(z, g, &bucket, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("overlap");
     CHECK_STATUS(ddp_zero_hook(NULL, g, &bucket, &work), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_zero_grad_ready(z, 0, gr), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("stage 2");
     ddp_zero_destroy(z);
+
+    /* Stage 2: a step without gradients for unmarked parameters names the parameter. */
+    zc.stage = 2;
+    CHECK_OK(ddp_zero_create(g, p, 1, &zc, &z));
+    CHECK_STATUS(ddp_zero_grad_ready(z, 1, gr), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("index");
+    CHECK_STATUS(ddp_zero_grad_ready(z, 0, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp_zero_step(z, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("(w)");
+    CHECK_OK(ddp_zero_grad_ready(z, 0, gr));
+    CHECK_OK(ddp_zero_step(z, NULL)); /* w = 0 3 ... minus 0.5 * 2 */
+    CHECK(w[0] == -1.0f && w[3] == 2.0f);
+    ddp_zero_destroy(z);
+    zc.stage = 1;
 
     /* Overlap: a step before the hook saw the parameter is a usage error naming it. */
     zc.overlap = 1;
@@ -402,7 +440,7 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "args") == 0)
         return ddp_test_run_group(1, 60, NULL, args_main, NULL);
     if (argc != 5) {
-        fprintf(stderr, "usage: %s args | stage1|stage2|overlap sgd|nesterov|adam WORLD "
+        fprintf(stderr, "usage: %s args | stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD "
                 "f32|f64\n", argv[0]);
         return 2;
     }

@@ -6,7 +6,8 @@
  * Ranks are processes over a file store and the default transport (shared memory).
  *
  * usage: zero-bench [--world N] [--hidden H] [--iters I] [--optim sgd|adam] [--work K]
- *                   [--modes plain,zero1,zero2,overlap]
+ *                   [--modes plain,zero1,zero2,zero2r,overlap]
+ * (zero2r: stage 2 with each gradient handed over by ddp_zero_grad_ready during backward)
  * Prints one row per mode: state bytes on each rank, median and mean step time (ms, slowest
  * rank), and the step time ratio against plain measured in the same run. */
 #include <stdint.h>
@@ -70,7 +71,8 @@ static int run_mode(ddp_group_t *g, const opts_t *o, const char *mode, double *p
     oc.momentum = 0.9;
 
     int is_plain = strcmp(mode, "plain") == 0, overlap = strcmp(mode, "overlap") == 0;
-    int stage2 = strcmp(mode, "zero2") == 0;
+    int ready2 = strcmp(mode, "zero2r") == 0; /* stage 2 with ddp_zero_grad_ready */
+    int stage2 = strcmp(mode, "zero2") == 0 || ready2;
     ddp_optim_t *plain = NULL;
     ddp_zero_t *zero = NULL;
     ddp_reducer_t *reducer = NULL;
@@ -117,8 +119,9 @@ static int run_mode(ddp_group_t *g, const opts_t *o, const char *mode, double *p
             for (int i = NP - 1; i >= 0; i--) {
                 fake_grad(local[i], numel[i], it, rank, i, o->work);
                 grads[i] = local[i];
+                if (ready2) CHECK_OK(ddp_zero_grad_ready(zero, (size_t)i, local[i]));
             }
-            CHECK_OK(ddp_zero_step(zero, grads));
+            CHECK_OK(ddp_zero_step(zero, ready2 ? NULL : grads));
         }
         double dt = (ddp__now_us() - t0) / 1000.0;
         CHECK_OK(ddp_group_allreduce(g, &dt, &dt, 1, DDP_F64, DDP_MAX));
@@ -167,7 +170,7 @@ static int rank_main(ddp_group_t *g, void *arg)
 
 int main(int argc, char **argv)
 {
-    opts_t o = {2, 4096, 10, 4, DDP_OPTIM_ADAM, "plain,zero1,zero2,overlap"};
+    opts_t o = {2, 4096, 10, 4, DDP_OPTIM_ADAM, "plain,zero1,zero2,zero2r,overlap"};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--world") == 0) o.world = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--hidden") == 0) o.hidden = atoi(argv[i + 1]);

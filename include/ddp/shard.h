@@ -160,13 +160,23 @@ DDP_API ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *para
 DDP_API void ddp_zero_destroy(ddp_zero_t *zero);
 
 /* One optimizer step, collective. Stage 1: grads[i] holds parameter i's AVERAGED gradient (as
- * after ddp_reducer_finalize); this rank updates the parameters it owns, then the owners' values
- * are allgathered so every replica is bitwise identical. Stage 2: grads[i] holds this rank's
+ * after ddp_reducer_finalize); this rank updates the parameters it owns, then each parameter is
+ * broadcast from its owner so every replica is bitwise identical. Stage 2: grads[i] holds this rank's
  * LOCAL gradient (no Reducer); they are averaged by reduce-scatter (DDP_AVG) through the
  * bucketer, each rank updates its chunks, and parameters are allgathered. The gradients are only
- * read. Overlap: grads must be NULL (the hook already stepped each bucket); call after
- * ddp_reducer_finalize; only the allgather of parameters happens. */
+ * read. Stage 2 with ddp_zero_grad_ready: grads may be NULL, or give only the parameters not
+ * marked. Overlap: grads must be NULL (the hook already computed each bucket's update); call
+ * after ddp_reducer_finalize; the updated parameters are broadcast from their owners. */
 DDP_API ddp_status_t ddp_zero_step(ddp_zero_t *zero, void *const *grads);
+
+/* Stage 2: parameter `index`'s local gradient (numel elements of its dtype) is complete: its
+ * reduce-scatter starts now (or it joins the bucketer's bucket), overlapping the rest of
+ * backward like the Reducer's buckets. `grad` is read until the next ddp_zero_step returns (keep
+ * it valid and unchanged). Every rank must mark the same parameters in the same order.
+ * ddp_zero_step then takes gradients of parameters not marked from its grads argument (which may
+ * be NULL when all were marked). Parameters are only written by ddp_zero_step, so backward may
+ * go on reading them. DDP_ERR_INVALID_USAGE for stage 1 or a parameter marked twice in a step. */
+DDP_API ddp_status_t ddp_zero_grad_ready(ddp_zero_t *zero, size_t index, const void *grad);
 
 /* Bytes of optimizer state this rank holds (its partition only; same accounting as
  * ddp_optim_state_bytes, so the sum over ranks equals the plain optimizer's). */

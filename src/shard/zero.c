@@ -52,6 +52,10 @@ struct ddp_zero {
     uint64_t steps;          /* ddp_zero_step calls that succeeded */
     /* stage 2 */
     ddp_rs_bucketer_t *bucketer;
+    unsigned char *submitted; /* this step's gradient was handed to the bucketer */
+    unsigned char *arrived;   /* ... and its reduced shard has arrived */
+    void **gshard;            /* this rank's shard of each averaged gradient (into gshard_mem) */
+    unsigned char *gshard_mem;
     zero_chunk_t *chunks;
     const void **blocks;     /* world pointers */
     unsigned char *tail;     /* one zero-padded chunk (the one straddling the end) */
@@ -100,6 +104,10 @@ void ddp_zero_destroy(ddp_zero_t *z)
     free(z->numel);
     free(z->dtype);
     free(z->chunks);
+    free(z->submitted);
+    free(z->arrived);
+    free(z->gshard);
+    free(z->gshard_mem);
     free(z->blocks);
     free(z->tail);
     free(z->zeros);
@@ -234,6 +242,21 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
             if (s != DDP_OK) goto fail;
         }
         z->chunks = ddp__calloc(n1, sizeof *z->chunks, "zero");
+        z->submitted = ddp__calloc(n1, 1, "zero");
+        z->arrived = ddp__calloc(n1, 1, "zero");
+        z->gshard = ddp__calloc(n1, sizeof *z->gshard, "zero");
+        size_t owned_bytes = 0;
+        for (size_t i = 0; i < nparams; i++)
+            owned_bytes += z->runs[i].count * ddp_dtype_size(z->dtype[i]);
+        z->gshard_mem = ddp__malloc(owned_bytes ? owned_bytes : 1, "zero gradient shard");
+        if (!z->submitted || !z->arrived || !z->gshard || !z->gshard_mem) {
+            s = DDP_ERR_NO_MEMORY;
+            goto fail;
+        }
+        for (size_t i = 0, off = 0; i < nparams; i++) {
+            z->gshard[i] = z->gshard_mem + off;
+            off += z->runs[i].count * ddp_dtype_size(z->dtype[i]);
+        }
         z->blocks = ddp__calloc((size_t)world, sizeof *z->blocks, "zero");
         z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
         z->zeros = ddp__calloc(max_chunk, 1, "zero padded chunk");
@@ -291,56 +314,102 @@ static ddp_status_t broadcast_from_owners(ddp_zero_t *z)
     return wait_works(z, first, "broadcast");
 }
 
+/* A shard of parameter i's averaged gradient arrived (on the caller's thread, inside a bucketer
+ * call): keep it until the step. Backward may still be reading the parameter, so the update
+ * itself waits for ddp_zero_step. */
 static void chunk_reduced(void *arg, const void *shard, size_t count)
 {
     zero_chunk_t *c = arg;
     ddp_zero_t *z = c->zero;
     size_t i = c->param;
     (void)count;
-    ddp__optim_run_t *run = &z->runs[i];
-    unsigned char *p = (unsigned char *)z->data[i] + run->first * ddp_dtype_size(z->dtype[i]);
-    ddp__optim_run_update(run, &z->optim, z->dtype[i], p, shard);
+    if (z->runs[i].count)
+        memcpy(z->gshard[i], shard, z->runs[i].count * ddp_dtype_size(z->dtype[i]));
+    z->arrived[i] = 1;
+}
+
+/* Stage 2: hands parameter i's local gradient to the bucketer (AVG reduce-scatter of its
+ * world_size chunks, the last zero-padded). */
+static ddp_status_t stage2_submit(ddp_zero_t *z, size_t i, const void *grad)
+{
+    size_t world = (size_t)z->world;
+    size_t n = z->numel[i], c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
+    ddp_status_t s;
+    z->submitted[i] = 1;
+    if (n == 0) {
+        z->arrived[i] = 1;
+        return DDP_OK;
+    }
+    if (n % world == 0) {
+        s = ddp_rs_bucketer_reduce_scatter_async(z->bucketer, z->group, grad, c, z->dtype[i],
+                                                 DDP_AVG, chunk_reduced, &z->chunks[i]);
+    } else {
+        const unsigned char *g = grad;
+        for (size_t r = 0; r < world; r++) {
+            size_t lo = r * c;
+            if (lo + c <= n) {
+                z->blocks[r] = g + lo * es;
+            } else if (lo < n) {
+                memcpy(z->tail, g + lo * es, (n - lo) * es);
+                memset(z->tail + (n - lo) * es, 0, (lo + c - n) * es);
+                z->blocks[r] = z->tail;
+            } else {
+                z->blocks[r] = z->zeros;
+            }
+        }
+        s = ddp_rs_bucketer_reduce_scatter_blocks_async(z->bucketer, z->group, z->blocks, c,
+                                                        z->dtype[i], DDP_AVG, chunk_reduced,
+                                                        &z->chunks[i]);
+    }
+    if (s != DDP_OK)
+        ddp__error_context(s, "zero step %llu: reduce-scatter of parameter %zu (%s)",
+                           (unsigned long long)z->steps, i, pname(z, i));
+    return s;
+}
+
+ddp_status_t ddp_zero_grad_ready(ddp_zero_t *z, size_t index, const void *grad)
+{
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero grad ready: zero is NULL");
+    if (z->stage != 2)
+        return ddp__error(DDP_ERR_INVALID_USAGE, "zero grad ready: only stage 2 reduces "
+                          "gradients itself (this optimizer is stage %d)", z->stage);
+    if (index >= z->nparams)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero grad ready: index %zu out of range "
+                          "(%zu parameters)", index, z->nparams);
+    if (!grad && z->numel[index] > 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero grad ready: grad of parameter %zu (%s) "
+                          "is NULL", index, pname(z, index));
+    if (z->submitted[index])
+        return ddp__error(DDP_ERR_INVALID_USAGE, "zero grad ready: parameter %zu (%s) was "
+                          "already marked ready in step %llu", index, pname(z, index),
+                          (unsigned long long)z->steps);
+    return stage2_submit(z, index, grad);
 }
 
 static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
 {
     size_t world = (size_t)z->world;
     ddp_status_t s = DDP_OK;
-    /* Reduce-scatter every gradient; chunk_reduced updates this rank's chunk as it arrives. */
-    for (size_t i = 0; i < z->nparams && s == DDP_OK; i++) {
-        size_t n = z->numel[i], c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
-        if (n == 0) continue;
-        if (n % world == 0) {
-            s = ddp_rs_bucketer_reduce_scatter_async(z->bucketer, z->group, grads[i], c,
-                                                     z->dtype[i], DDP_AVG, chunk_reduced,
-                                                     &z->chunks[i]);
-        } else {
-            const unsigned char *g = grads[i];
-            for (size_t r = 0; r < world; r++) {
-                size_t lo = r * c;
-                if (lo + c <= n) {
-                    z->blocks[r] = g + lo * es;
-                } else if (lo < n) {
-                    memcpy(z->tail, g + lo * es, (n - lo) * es);
-                    memset(z->tail + (n - lo) * es, 0, (lo + c - n) * es);
-                    z->blocks[r] = z->tail;
-                } else {
-                    z->blocks[r] = z->zeros;
-                }
-            }
-            s = ddp_rs_bucketer_reduce_scatter_blocks_async(z->bucketer, z->group, z->blocks, c,
-                                                            z->dtype[i], DDP_AVG, chunk_reduced,
-                                                            &z->chunks[i]);
-        }
-        if (s != DDP_OK)
-            ddp__error_context(s, "zero step %llu: reduce-scatter of parameter %zu (%s)",
-                               (unsigned long long)z->steps, i, pname(z, i));
-    }
+    /* Whatever was not marked ready yet goes now, in index order. */
+    for (size_t i = 0; i < z->nparams && s == DDP_OK; i++)
+        if (!z->submitted[i]) s = stage2_submit(z, i, grads ? grads[i] : NULL);
     ddp_status_t f = ddp_rs_bucketer_flush(z->bucketer);
+    for (size_t i = 0; i < z->nparams; i++) z->submitted[i] = 0;
     if (s != DDP_OK) return s;
     if (f != DDP_OK)
         return ddp__error_context(f, "zero step %llu: gradient reduce-scatter",
                                   (unsigned long long)z->steps);
+    /* Each rank updates its chunk of every parameter from its shard of the average. */
+    for (size_t i = 0; i < z->nparams; i++) {
+        if (!z->arrived[i])
+            return ddp__error(DDP_ERR_INVALID_USAGE, "zero step %llu: no reduced gradient "
+                              "arrived for parameter %zu (%s)", (unsigned long long)z->steps, i,
+                              pname(z, i));
+        z->arrived[i] = 0;
+        ddp__optim_run_t *run = &z->runs[i];
+        unsigned char *p = (unsigned char *)z->data[i] + run->first * ddp_dtype_size(z->dtype[i]);
+        ddp__optim_run_update(run, &z->optim, z->dtype[i], p, z->gshard[i]);
+    }
 
     /* Reassemble: in place when the chunks tile the parameter exactly, else through staging. */
     ddp_status_t first = DDP_OK;
@@ -387,6 +456,14 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
             for (size_t i = 0; i < z->nparams; i++)
                 if (z->owner[i] == z->rank && z->numel[i] > 0)
                     memcpy(z->data[i], z->shadow[i], z->numel[i] * ddp_dtype_size(z->dtype[i]));
+    } else if (z->stage == 2) {
+        /* Gradients not handed over by ddp_zero_grad_ready come from grads. */
+        for (size_t i = 0; i < z->nparams; i++)
+            if (!z->submitted[i] && z->numel[i] > 0 && (!grads || !grads[i]))
+                return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                  "zero step: parameter %zu (%s) was not marked ready and %s is "
+                                  "NULL", i, pname(z, i), grads ? "its grads[] entry" : "grads");
+        s = stage2_step(z, grads);
     } else {
         if (z->nparams > 0 && !grads)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero step: grads is NULL");
@@ -394,15 +471,10 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
             if (z->numel[i] > 0 && !grads[i])
                 return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                                   "zero step: grads[%zu] (parameter %s) is NULL", i, pname(z, i));
-        if (z->stage == 1) {
-            for (size_t i = 0; i < z->nparams; i++)
-                if (z->owner[i] == z->rank)
-                    ddp__optim_run_update(&z->runs[i], &z->optim, z->dtype[i], z->data[i],
-                                          grads[i]);
-            s = broadcast_from_owners(z);
-        } else {
-            s = stage2_step(z, grads);
-        }
+        for (size_t i = 0; i < z->nparams; i++)
+            if (z->owner[i] == z->rank)
+                ddp__optim_run_update(&z->runs[i], &z->optim, z->dtype[i], z->data[i], grads[i]);
+        s = broadcast_from_owners(z);
     }
     if (s == DDP_OK) z->steps++;
     return s;
