@@ -43,6 +43,10 @@ if(DDP_HAVE_MPI)
   ddp_add_mpi_test(NAME test_mpi_transport SOURCES test_mpi_transport.c NP 1 2 3 TIMEOUT 300)
   ddp_add_mpi_test(NAME test_mpi_transport SOURCES test_mpi_transport.c NP 4 TIMEOUT 300
                    ARGS --no-large)
+  # Groups above 8 ranks exchange fingerprints with one MPI_Iallreduce instead of point to
+  # point: the same checks with that exchange forced.
+  ddp_add_mpi_test(NAME test_mpi_transport SOURCES test_mpi_transport.c NP 2 3 TIMEOUT 300
+                   ARGS --no-large --allreduce-exchange)
   # The group API over MPI in an application that initialised MPI itself.
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 1 2 3 4 TIMEOUT 120)
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 2 TIMEOUT 60 ARGS --funneled)

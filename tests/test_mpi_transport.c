@@ -576,7 +576,7 @@ static void test_mpi_error(void)
      * communicator's MPI_ERRORS_RETURN hands the error back instead of aborting the job. */
     float buf[4] = {1, 2, 3, 4};
     ddp__collective_t c = make(DDP__ALLREDUCE, 1, buf, buf, 4, DDP_F32, DDP_SUM, 0, 30000);
-    const char *needles[] = {"MPI_Iallreduce", "MPI_ERR_", "seq 1", "invalid"};
+    const char *needles[] = {"MPI_ERR_", "seq 1 allreduce f32 sum count 4", "invalid", "rank"};
     expect_failure(&c, DDP_ERR_INVALID_ARGUMENT, needles, 4, 1);
     /* The mapping of error classes. */
     CHECK_STATUS(ddp__mpi_error(MPI_ERR_TRUNCATE, "probe"), DDP_ERR_MISMATCH);
@@ -597,6 +597,14 @@ static void test_timeout(void)
         CHECK_STATUS(ddp__transport_mpi.run(t, &c), DDP_ERR_TIMEOUT);
         CHECK_ERROR_MENTIONS("seq 1");
         CHECK_ERROR_MENTIONS("timed out");
+        /* Up to 8 ranks the records go point to point, so the late rank is named. */
+        const char *named = g_world <= ddp__mpi_p2p_max_world ? "rank 0 (no collective seen yet)"
+                                                              : "MPI cannot say which";
+        CHECK_ERROR_MENTIONS(named);
+        /* A later call on the broken state says why. */
+        c = make(DDP__BARRIER, 2, NULL, NULL, 0, 0, 0, 0, 300);
+        CHECK_STATUS(ddp__transport_mpi.run(t, &c), DDP_ERR_ABORTED);
+        CHECK_ERROR_MENTIONS(named);
     }
     CHECK(MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS);
     if (g_rank == 0) {
@@ -604,6 +612,26 @@ static void test_timeout(void)
          * completes it; its own time budget still holds. */
         ddp__collective_t c = make(DDP__BARRIER, 1, NULL, NULL, 0, 0, 0, 0, 10000);
         CHECK_OK(ddp__transport_mpi.run(t, &c));
+    }
+    CHECK(MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS);
+    ddp__transport_mpi.destroy(t);
+
+    /* The last rank drops out after seq 2: the others name it with the last seq they saw. */
+    CHECK_OK(ddp__transport_mpi.create(NULL, "timeout2", g_rank, g_world, 30000, &t));
+    int last = g_world - 1;
+    for (uint64_t seq = 1; seq <= 2; seq++) {
+        float x = 1;
+        ddp__collective_t c = make(DDP__ALLREDUCE, seq, &x, &x, 1, DDP_F32, DDP_SUM, 0, 30000);
+        CHECK_OK(ddp__transport_mpi.run(t, &c));
+        CHECK(x == (float)g_world);
+    }
+    if (g_rank != last) {
+        ddp__collective_t c = make(DDP__BARRIER, 3, NULL, NULL, 0, 0, 0, 0, 300);
+        CHECK_STATUS(ddp__transport_mpi.run(t, &c), DDP_ERR_TIMEOUT);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d (last seen at seq 2)", last);
+        CHECK_ERROR_MENTIONS(g_world <= ddp__mpi_p2p_max_world ? want : "MPI cannot say which");
+        CHECK_ERROR_MENTIONS("seq 3");
     }
     CHECK(MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS);
     ddp__transport_mpi.destroy(t);
@@ -636,6 +664,8 @@ int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--no-large") == 0) g_no_large = 1;
+        /* Exercise the exchange larger groups use (one MPI_Iallreduce of the records). */
+        if (strcmp(argv[i], "--allreduce-exchange") == 0) ddp__mpi_p2p_max_world = 0;
     }
     /* The transport initialises MPI itself: the first create does. */
     void *t = NULL;

@@ -28,6 +28,11 @@ ddp_status_t ddp__mpi_split(void *parent, const int *ranks, int nranks, const ch
  * error through the communicator's MPI_ERRORS_RETURN handler. */
 void ddp__mpi_inject_fault(void *state);
 
+/* Groups of up to this many ranks (default 8) exchange fingerprint records point to point,
+ * which names the missing ranks at a timeout; larger ones use one MPI_Iallreduce. Read when a
+ * group is created; tests set it to 0 to exercise the allreduce exchange with few ranks. */
+extern int ddp__mpi_p2p_max_world;
+
 /* The MPI thread level the transport runs with (MPI_THREAD_*); -1 before the first create. */
 int ddp__mpi_thread_level(void);
 

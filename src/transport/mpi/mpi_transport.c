@@ -36,6 +36,7 @@ enum {
     FP_FIELDS = 6,       /* seq, kind, dtype, op, count, root */
     ABORT_TAG = 0xdd0,   /* point-to-point tag of abort notices on the group's communicator */
     ABORT_TEXT_MAX = 512,
+    EXCHANGE_TAG = 0xdd1, /* point-to-point tag of fingerprint records */
     PROBE_EVERY = 64,    /* MPI_Test calls between deadline and abort-notice checks */
     YIELD_AFTER = 256,   /* MPI_Test calls after which the poller yields the core each time */
 };
@@ -63,6 +64,13 @@ typedef struct mpi_state {
     void *scratch; /* f32/i64 widening buffer, grown on demand */
     size_t scratch_bytes;
 
+    /* The point-to-point exchange (world <= ddp__mpi_p2p_max_world): every rank's record, the requests
+     * (receives first, then sends; MPI_REQUEST_NULL when done) and the last sequence number
+     * received from each rank, which names how far a missing rank got. */
+    fused_record_t *records;
+    MPI_Request *xreqs;
+    uint64_t *last_seq;
+
     /* Requests given up at a timeout; tested again at destroy. */
     MPI_Request abandoned[4];
     int nabandoned;
@@ -85,6 +93,9 @@ typedef struct mpi_state {
 /* ---- process-wide MPI initialisation ---------------------------------------------------- */
 
 static ddp_status_t ensure_fused(void);
+
+/* Up to this world size the fingerprint records go point to point (see exchange_p2p). */
+int ddp__mpi_p2p_max_world = 8;
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int thread_level = -1;
@@ -300,16 +311,18 @@ static ddp_status_t check_abort_notice(mpi_state_t *s)
                       s->name, st.MPI_SOURCE, s->abort_notice);
 }
 
-/* Polls `req` until it completes, the deadline passes, this group is aborted or a peer's abort
- * notice arrives. `step` names what the request is for in error texts. */
-static ddp_status_t wait_request(mpi_state_t *s, MPI_Request *req, const ddp__collective_t *c,
-                                 const char *step)
+/* Polls the n requests until all complete, the deadline passes, this group is aborted or a
+ * peer's abort notice arrives. `step` names what they are for in error texts. On failure the
+ * requests still pending stay in reqs (MPI cannot cancel a collective) and the state is broken. */
+static ddp_status_t wait_requests(mpi_state_t *s, int n, MPI_Request *reqs,
+                                  const ddp__collective_t *c, const char *step)
 {
     char fp[256];
     for (unsigned long spins = 1;; spins++) {
         int done = 0;
         enter_mpi();
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        int rc = n == 1 ? MPI_Test(reqs, &done, MPI_STATUS_IGNORE)
+                        : MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
         leave_mpi();
         if (rc != MPI_SUCCESS) {
             describe(c, fp, sizeof fp);
@@ -334,16 +347,21 @@ static ddp_status_t wait_request(mpi_state_t *s, MPI_Request *req, const ddp__co
             } else {
                 status = check_abort_notice(s);
             }
-            if (status != DDP_OK) {
-                /* MPI cannot cancel a collective: keep the request so that destroy can see
-                 * whether it ever completed. */
-                if (s->nabandoned < (int)(sizeof s->abandoned / sizeof s->abandoned[0]))
-                    s->abandoned[s->nabandoned++] = *req;
-                return break_state(s, status);
-            }
+            if (status != DDP_OK) return break_state(s, status);
         }
         if (spins > YIELD_AFTER) sched_yield();
     }
+}
+
+/* One request; on failure it is kept so that destroy can see whether it ever completed. */
+static ddp_status_t wait_request(mpi_state_t *s, MPI_Request *req, const ddp__collective_t *c,
+                                 const char *step)
+{
+    ddp_status_t status = wait_requests(s, 1, req, c, step);
+    if (status != DDP_OK && *req != MPI_REQUEST_NULL &&
+        s->nabandoned < (int)(sizeof s->abandoned / sizeof s->abandoned[0]))
+        s->abandoned[s->nabandoned++] = *req;
+    return status;
 }
 
 /* ---- types ------------------------------------------------------------------------------- */
@@ -682,6 +700,113 @@ static ddp_status_t ensure_fused(void)
     return DDP_OK;
 }
 
+/* Up to ddp__mpi_p2p_max_world ranks (8) the records go point to point: each rank sends its record to every
+ * other and receives theirs (world - 1 messages each way, the same round trip as an allreduce
+ * on a few ranks). Every rank then holds every record, so a mismatch names both sides at once,
+ * an inline allreduce is reduced locally in rank order 0..p-1 (bitwise identical everywhere,
+ * whatever MPI's algorithms), and at a timeout the receives still pending are exactly the ranks
+ * that have not arrived: they are named with the last sequence number seen from them, and the
+ * receives are cancelled (point-to-point receives can be, unlike collectives). Records of one
+ * pair arrive in order on one tag, so sequence numbers never cross. */
+static ddp_status_t exchange_p2p(mpi_state_t *s, const ddp__collective_t *c)
+{
+    int n = 0;
+    size_t bytes = sizeof(fused_record_t);
+    enter_mpi();
+    int rc = MPI_SUCCESS;
+    for (int q = 0; q < s->world && rc == MPI_SUCCESS; q++) {
+        if (q == s->rank) continue;
+        rc = MPI_Irecv(&s->records[q], (int)bytes, MPI_BYTE, q, EXCHANGE_TAG, s->comm,
+                       &s->xreqs[n]);
+        if (rc == MPI_SUCCESS) n++;
+    }
+    MPI_Datatype type = faulty(s, MPI_BYTE);
+    for (int q = 0; q < s->world && rc == MPI_SUCCESS; q++) {
+        if (q == s->rank) continue;
+        rc = MPI_Isend(&s->fused_send, (int)bytes, type, q, EXCHANGE_TAG, s->comm, &s->xreqs[n]);
+        if (rc == MPI_SUCCESS) n++;
+    }
+    leave_mpi();
+    ddp_status_t status = DDP_OK;
+    if (rc != MPI_SUCCESS) status = post_failed(s, rc, c, "MPI_Isend/MPI_Irecv (fingerprint exchange)");
+    else status = wait_requests(s, n, s->xreqs, c, "fingerprint exchange");
+    if (status == DDP_OK) {
+        memcpy(&s->records[s->rank], &s->fused_send, bytes);
+        for (int q = 0; q < s->world; q++) s->last_seq[q] = (uint64_t)s->records[q].fp[0];
+        return DDP_OK;
+    }
+    /* Which receives never completed: those ranks have not arrived. Cancel them so MPI lets go
+     * of the records; sends to them are small and normally complete on their own. */
+    char missing[1024] = "";
+    size_t off = 0;
+    int nmissing = 0;
+    enter_mpi();
+    for (int i = 0, q = 0; q < s->world; q++) {
+        if (q == s->rank) continue;
+        MPI_Request *r = &s->xreqs[i++];
+        if (i > n || *r == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MPI_Test(r, &done, MPI_STATUS_IGNORE);
+        if (done) continue;
+        MPI_Cancel(r);
+        MPI_Wait(r, MPI_STATUS_IGNORE);
+        nmissing++;
+        if (off < sizeof missing - 64) {
+            if (s->last_seq[q])
+                off += (size_t)snprintf(missing + off, sizeof missing - off,
+                                        "%srank %d (last seen at seq %llu)", nmissing > 1 ? ", " : "",
+                                        q, (unsigned long long)s->last_seq[q]);
+            else
+                off += (size_t)snprintf(missing + off, sizeof missing - off,
+                                        "%srank %d (no collective seen yet)", nmissing > 1 ? ", " : "", q);
+        }
+    }
+    leave_mpi();
+    if (status == DDP_ERR_TIMEOUT && nmissing > 0) {
+        char fp[256];
+        describe(c, fp, sizeof fp);
+        ddp__error(DDP_ERR_TIMEOUT,
+                   "MPI transport, group '%s': rank %d timed out in the fingerprint exchange of %s: "
+                   "%s not reached seq %llu: %s",
+                   s->name, s->rank, fp, nmissing > 1 ? "ranks have" : "a rank has",
+                   (unsigned long long)c->seq, missing);
+        snprintf(s->broken_reason, sizeof s->broken_reason, "%s", ddp_last_error());
+    }
+    return status;
+}
+
+/* Every record is here: DDP_ERR_MISMATCH naming rank 0 and the first rank that differs from it;
+ * for an inline allreduce, the payloads reduced in rank order into fused_recv. */
+static ddp_status_t combine_records(mpi_state_t *s, int inline_data)
+{
+    const fused_record_t *r = s->records;
+    for (int q = 1; q < s->world; q++) {
+        if (memcmp(r[0].fp, r[q].fp, FP_FIELDS * sizeof(int64_t)) != 0) {
+            ddp__collective_t first = collective_from_fields(r[0].fp);
+            ddp__collective_t other = collective_from_fields(r[q].fp);
+            char a[256], b[256];
+            describe(&first, a, sizeof a);
+            describe(&other, b, sizeof b);
+            return break_state(s, ddp__error(DDP_ERR_MISMATCH,
+                                             "MPI transport, group '%s': collective mismatch: "
+                                             "rank 0 called %s but rank %d called %s",
+                                             s->name, a, q, b));
+        }
+    }
+    if (!inline_data) return DDP_OK;
+    /* fused_reduce computes b = a op b; folding ranks 1.. into rank 0's copy keeps rank order
+     * for every rank alike. */
+    memcpy(&s->fused_recv, &r[0], sizeof s->fused_recv);
+    for (int q = 1; q < s->world; q++) {
+        fused_record_t a = r[q];
+        memcpy(a.fp, s->fused_recv.fp, sizeof a.fp);
+        int one = 1;
+        MPI_Datatype t = fused_type;
+        fused_reduce(&a, &s->fused_recv, &one, &t);
+    }
+    return DDP_OK;
+}
+
 /* Exchanges the fingerprint (and, for a small allreduce, its data): DDP_ERR_MISMATCH on every
  * rank when any field differs. *done = 1 when the payload carried the whole collective and its
  * result is already in c->recv. */
@@ -699,16 +824,25 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
         if (rtype != c->dtype) widen(c->dtype, c->send, s->fused_send.payload, c->count);
         else memcpy(s->fused_send.payload, c->send, c->count * ddp_dtype_size(c->dtype));
     }
-    MPI_Request req;
-    enter_mpi();
-    int rc = MPI_Iallreduce(&s->fused_send, &s->fused_recv, 1, faulty(s, fused_type), fused_op,
-                            s->comm, &req);
-    leave_mpi();
-    if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Iallreduce (fingerprint exchange)");
-    ddp_status_t status = wait_request(s, &req, c, "fingerprint exchange");
-    if (status != DDP_OK) return status;
-    for (int i = 0; i < FP_FIELDS; i++) {
-        if (s->fused_recv.fp[i] != ~s->fused_recv.fp[FP_FIELDS + i]) return report_mismatch(s, c);
+    ddp_status_t status;
+    if (s->records) {
+        status = exchange_p2p(s, c);
+        if (status == DDP_OK) status = combine_records(s, inline_data);
+        if (status != DDP_OK) return status;
+    } else {
+        MPI_Request req;
+        enter_mpi();
+        int rc = MPI_Iallreduce(&s->fused_send, &s->fused_recv, 1, faulty(s, fused_type),
+                                fused_op, s->comm, &req);
+        leave_mpi();
+        if (rc != MPI_SUCCESS)
+            return post_failed(s, rc, c, "MPI_Iallreduce (fingerprint exchange)");
+        status = wait_request(s, &req, c, "fingerprint exchange");
+        if (status != DDP_OK) return status;
+        for (int i = 0; i < FP_FIELDS; i++) {
+            if (s->fused_recv.fp[i] != ~s->fused_recv.fp[FP_FIELDS + i])
+                return report_mismatch(s, c);
+        }
     }
     *done = 0;
     if (inline_data) {
@@ -1007,6 +1141,21 @@ static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank,
                           "communicator says rank %d of %d",
                           rank, world, comm_rank, comm_size);
     }
+    if (world > 1 && world <= ddp__mpi_p2p_max_world) {
+        s->records = ddp__calloc((size_t)world, sizeof *s->records, "MPI transport records");
+        s->xreqs = ddp__calloc(2 * (size_t)world, sizeof *s->xreqs, "MPI transport requests");
+        s->last_seq = ddp__calloc((size_t)world, sizeof *s->last_seq, "MPI transport sequence");
+        if (!s->records || !s->xreqs || !s->last_seq) {
+            free(s->records);
+            free(s->xreqs);
+            free(s->last_seq);
+            enter_mpi();
+            MPI_Comm_free(&s->comm);
+            leave_mpi();
+            return DDP_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < 2 * world; i++) s->xreqs[i] = MPI_REQUEST_NULL;
+    }
     pthread_mutex_lock(&init_lock);
     live_states++;
     pthread_mutex_unlock(&init_lock);
@@ -1215,6 +1364,11 @@ static void mpi_destroy(void *state)
         if (MPI_Test(&s->abandoned[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
             pending++;
     }
+    for (int i = 0; s->xreqs && i < 2 * s->world; i++) {
+        int done = 0;
+        if (s->xreqs[i] == MPI_REQUEST_NULL) continue;
+        if (MPI_Test(&s->xreqs[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) pending++;
+    }
     /* Abort notices nobody received: cancel them so the communicator can go. */
     for (int i = 0; i < s->nabort_sends; i++) {
         int done = 0;
@@ -1235,6 +1389,9 @@ static void mpi_destroy(void *state)
         return;
     }
     free(s->scratch);
+    free(s->records);
+    free(s->xreqs);
+    free(s->last_seq);
     free(s);
 }
 
