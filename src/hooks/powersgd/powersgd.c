@@ -46,7 +46,7 @@ typedef struct psgd_slot {
     psgd_span_t *plain_spans;
     size_t p_numel, q_numel, plain_numel;
     size_t tensor_numel; /* sum of the tensors' elements (PyTorch's numel before compression) */
-    void *p, *q, *plain, *error, *input;
+    void *p, *q, *plain, *error; /* error: the residual, and the input while a task runs */
     int have_q, have_error;
 
     /* Per call. */
@@ -150,7 +150,6 @@ static void slot_release(psgd_slot_t *s)
     free(s->q);
     free(s->plain);
     free(s->error);
-    free(s->input);
     memset(s, 0, sizeof *s);
 }
 
@@ -248,8 +247,7 @@ static ddp_status_t slot_plan(psgd_slot_t *s, const ddp_powersgd_config_t *cfg,
     s->q = calloc(s->q_numel ? s->q_numel : 1, esize);
     s->plain = calloc(s->plain_numel ? s->plain_numel : 1, esize);
     s->error = calloc(s->numel ? s->numel : 1, esize);
-    s->input = calloc(s->numel ? s->numel : 1, esize);
-    if (!s->p || !s->q || !s->plain || !s->error || !s->input) goto no_memory;
+    if (!s->p || !s->q || !s->plain || !s->error) goto no_memory;
     return DDP_OK;
 no_memory:
     return ddp_hook_error(DDP_ERR_NO_MEMORY,
@@ -314,7 +312,14 @@ static ddp_status_t slot_for(ddp_powersgd_state_t *st, const ddp_comm_bucket_t *
 static ddp_status_t powersgd_task(ddp_group_t *group, void *arg)
 {
     psgd_slot_t *s = arg;
-    return s->dtype == DDP_F32 ? run_f32(group, s) : run_f64(group, s);
+    ddp_status_t r = s->dtype == DDP_F32 ? run_f32(group, s) : run_f64(group, s);
+    if (r != DDP_OK) {
+        /* Half-done: the residual buffer holds the input. Start clean if the bucket comes back
+         * (after a failure the group is broken anyway). */
+        s->have_error = 0;
+        s->have_q = 0;
+    }
+    return r;
 }
 
 ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group, const ddp_comm_bucket_t *bucket,
