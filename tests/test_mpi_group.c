@@ -13,12 +13,6 @@
 
 static int g_rank, g_world;
 
-/* The group finds the mpi transport through a weak reference, which does not pull an object
- * out of a static library by itself: this strong reference makes sure libddp.a's MPI transport
- * is linked into the test (programs using libddp.so, or ddp-bench with --whole-archive, get it
- * anyway). */
-const ddp__transport_ops_t *const test_keep_mpi = &ddp__transport_mpi;
-
 static ddp_store_t *shared_store(void)
 {
     char path[600] = "";

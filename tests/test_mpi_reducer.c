@@ -11,10 +11,6 @@
 #include <string.h>
 
 #include "harness.h"
-#include "transport/mpi/mpi_internal.h"
-
-/* The group reaches the transport through a weak reference: keep it linked (see test_mpi_group). */
-const ddp__transport_ops_t *const test_keep_mpi = &ddp__transport_mpi;
 
 enum { IN = 9, HID = 16, OUT = 3, BATCH = 24, STEPS = 5, NP = 4 };
 static const size_t numel[NP] = {HID * IN, HID, OUT * HID, OUT};
