@@ -334,13 +334,19 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
     }
 }
 
-/* Publishes this rank's next step and waits for every rank to reach it. */
-static ddp_status_t sync_all(shm_state_t *S, const ddp__collective_t *c, int64_t deadline_ns)
+/* Publishes this rank's next step (its part of a phase is done); returns the step to wait for. */
+static uint64_t arrive(shm_state_t *S)
 {
     uint64_t target = ++S->step;
     atomic_store(&S->ranks[S->rank].step, target);
     wake_peers(S);
-    return wait_all(S, target, c, deadline_ns);
+    return target;
+}
+
+/* Publishes this rank's next step and waits for every rank to reach it. */
+static ddp_status_t sync_all(shm_state_t *S, const ddp__collective_t *c, int64_t deadline_ns)
+{
+    return wait_all(S, arrive(S), c, deadline_ns);
 }
 
 /* ---- fingerprints ------------------------------------------------------------------------- */
@@ -519,22 +525,29 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         return sync_all(S, c, c->deadline_ns);
     }
 
-    /* Staged rounds: copy a chunk in, reduce my slice of it (in place in my stage, and into my
-     * recv), synchronise, copy the other slices out. */
+    /* Staged rounds: copy a chunk in, reduce my slice of it (into my stage, and into my recv),
+     * synchronise, copy the other slices out. The copy-in of round t+1 is done between
+     * publishing "reduced t" and waiting for everyone's "reduced t", so it overlaps with the
+     * peers' reductions instead of idling (safe: that stage parity was last read in round t-1,
+     * which every rank finished before arriving at round t). */
     const char *send = c->send;
     char *recv = c->recv;
     const int stream = bytes >= STREAM_MIN_BYTES;
-    for (size_t o = 0; o < c->count; o += chunk) {
-        size_t n = c->count - o < chunk ? c->count - o : chunk;
-        unsigned q = (unsigned)(S->use++ & 1);
-        char *mine = stage_of(S, me, q);
-        if (o > 0 || any_zero_copy) {
-            if (!(o == 0 && precopied)) copy_in_others(S, mine, send + o * esize, n, esize);
-            s = sync_all(S, c, c->deadline_ns);
-            if (s != DDP_OK) return s;
-        } else if (q != parity0) {
-            return ddp__error(DDP_ERR_SYSTEM, "shm: internal error: stage parity drifted");
+    if (any_zero_copy) {
+        /* Some rank did not stage round 0 (it hoped for zero copy): stage it now, everywhere. */
+        if (!precopied) {
+            size_t n0 = c->count < chunk ? c->count : chunk;
+            copy_in_others(S, stage_of(S, me, parity0), send, n0, esize);
         }
+        s = sync_all(S, c, c->deadline_ns);
+        if (s != DDP_OK) return s;
+    }
+    unsigned q = (unsigned)(S->use++ & 1);
+    if (q != parity0) return ddp__error(DDP_ERR_SYSTEM, "shm: internal error: stage parity drifted");
+    size_t o = 0;
+    for (;;) {
+        size_t n = c->count - o < chunk ? c->count - o : chunk;
+        char *mine = stage_of(S, me, q);
         size_t lo, hi;
         slice_of(n, p, me, esize, &lo, &hi);
         if (hi > lo) {
@@ -546,7 +559,15 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
             void *dsts[2] = {mine + lo * esize, recv + (o + lo) * esize};
             ddp__reduce_multi(dsts, stream ? 1 : 2, srcs, p, hi - lo, c->dtype, c->op);
         }
-        s = sync_all(S, c, c->deadline_ns);
+        uint64_t reduced = arrive(S);
+        size_t next = o + n;
+        unsigned next_q = 0;
+        if (next < c->count) {
+            size_t n2 = c->count - next < chunk ? c->count - next : chunk;
+            next_q = (unsigned)(S->use++ & 1);
+            copy_in_others(S, stage_of(S, me, next_q), send + next * esize, n2, esize);
+        }
+        s = wait_all(S, reduced, c, c->deadline_ns);
         if (s != DDP_OK) return s;
         for (int j = 0; j < p; j++) {
             if (j == me && !stream) continue;
@@ -556,6 +577,11 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
                 copy_out(recv + (o + jlo) * esize, stage_of(S, j, q) + jlo * esize,
                          (jhi - jlo) * esize, stream);
         }
+        if (next >= c->count) break;
+        s = sync_all(S, c, c->deadline_ns); /* round t+1 staged everywhere */
+        if (s != DDP_OK) return s;
+        o = next;
+        q = next_q;
     }
     return DDP_OK;
 }
