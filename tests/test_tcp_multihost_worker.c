@@ -5,9 +5,10 @@
  *          the group's registry knows it); every collective x dtype x size against the float64
  *          reference; prints "HASH <rank> <hex>" of every output so the script can compare
  *          ranks, and "TRANSPORT <name>".
+ *   check-flat: the same with DDP_HIERARCHICAL=0 set by the script: the group must be "tcp".
  *   kill:  allreduces in a loop through the group; prints "LOOPING" once, and "DETECTED ..."
  *          when a collective fails (the script kills another host meanwhile).
- * Usage: test_tcp_multihost_worker check|kill */
+ * Usage: test_tcp_multihost_worker check|check-flat|kill */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +130,7 @@ static uint64_t exercise(runner_fn run, void *ctx, int rank, int world)
     return h;
 }
 
-static int check_mode(const ddp_env_t *env)
+static int check_mode(const ddp_env_t *env, const char *expect)
 {
     /* 1. The hierarchical transport itself, over the job's store. */
     ddp_store_t *store = NULL;
@@ -147,12 +148,12 @@ static int check_mode(const ddp_env_t *env)
     const char *name = ddp_group_transport(g);
     printf("TRANSPORT %d %s\n", env->rank, name);
     ddp_status_t known;
-    if (ddp__transport_find("hierarchical", &known))
-        CHECK_MSG(strcmp(name, "hierarchical") == 0, "ranks on several hosts, but the group "
-                  "chose '%s' instead of 'hierarchical'", name);
+    if (ddp__transport_find(expect, &known))
+        CHECK_MSG(strcmp(name, expect) == 0, "ranks on several hosts, but the group chose '%s' "
+                  "instead of '%s'", name, expect);
     else
-        printf("NOTE the group's registry does not know 'hierarchical' yet; the group ran on "
-               "'%s'\n", name);
+        printf("NOTE the group's registry does not know '%s'; the group ran on '%s'\n", expect,
+               name);
     uint64_t hg = exercise(run_group, g, env->rank, env->world_size);
     printf("HASH group %d %016llx\n", env->rank, (unsigned long long)hg);
     ddp_group_destroy(g);
@@ -196,5 +197,6 @@ int main(int argc, char **argv)
     ddp_env_t env;
     CHECK_OK(ddp_env_read(&env));
     if (strcmp(mode, "kill") == 0) return kill_mode(&env);
-    return check_mode(&env);
+    /* check-flat: the script set DDP_HIERARCHICAL=0, so the group must use flat tcp. */
+    return check_mode(&env, strcmp(mode, "check-flat") == 0 ? "tcp" : "hierarchical");
 }

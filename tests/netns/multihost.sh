@@ -5,11 +5,12 @@
 # starts 2 workers there.
 #   check: every collective is correct and bitwise identical on every rank (HASH lines agree),
 #          and the group runs on the hierarchical transport (the worker asserts it).
+#   flat:  the same with DDP_HIERARCHICAL=0: the group must run on flat tcp.
 #   kill:  once the job runs, every process of the last host is killed with SIGKILL; the ranks
 #          of host 0 must report the failure (DETECTED lines), not hang.
 # Skips (exit 77) when not root or when network namespaces are not permitted. The namespaces
 # are removed on every exit path.
-# Usage: multihost.sh DDPRUN WORKER NHOSTS check|kill
+# Usage: multihost.sh DDPRUN WORKER NHOSTS check|flat|kill
 set -u
 DDPRUN=$1
 WORKER=$2
@@ -80,11 +81,16 @@ TOKEN="netns-$$-$(date +%s)"
 # the address that routes to MASTER_ADDR by itself.
 IFNAME_ENV=""
 [ "$NHOSTS" -ge 3 ] && IFNAME_ENV="DDP_SOCKET_IFNAME=eth0"
+WORKER_MODE=$MODE
+if [ "$MODE" = flat ]; then
+    IFNAME_ENV="$IFNAME_ENV DDP_HIERARCHICAL=0"
+    WORKER_MODE=check-flat
+fi
 k=0
 while [ $k -lt "$NHOSTS" ]; do
     ip netns exec "${P}h$k" unshare --uts sh -c "hostname ddp-host-$k && exec env \
         DDP_STORE_TOKEN=$TOKEN DDP_TIMEOUT=60 $IFNAME_ENV '$DDPRUN' --nnodes $NHOSTS --node-rank $k \
-        --master-addr 10.99.0.1 --master-port 29500 -n 2 --timeout 240 '$WORKER' $MODE" \
+        --master-addr 10.99.0.1 --master-port 29500 -n 2 --timeout 240 '$WORKER' $WORKER_MODE" \
         >"$LOGDIR/host$k.log" 2>&1 &
     RUNNERS="$RUNNERS $!"
     k=$((k + 1))
