@@ -281,6 +281,8 @@ static ddp_status_t enqueue(ddp_group_t *g, const ddp__collective_t *c, ddp_task
         w->task_arg = arg;
     }
     pthread_mutex_lock(&g->mu);
+    /* An idle group's last progress may be long ago: the wait bound counts from now. */
+    if (!g->head && !g->busy) atomic_store(&g->last_progress_ns, ddp__now_ns());
     if (g->tail) g->tail->next = w;
     else g->head = w;
     g->tail = w;
