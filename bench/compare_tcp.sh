@@ -7,7 +7,8 @@
 #   2. ddp-bench allreduce over DDP_TRANSPORT=tcp, one rank per host, 32 MiB and up.
 # Prints busbw / raw for each size. Needs root. Usage: bench/compare_tcp.sh [BUILD_DIR]
 # Environment: MIN_BYTES, MAX_BYTES (ddp-bench sweep, default 32M..256M), RAW_SECONDS (3),
-# RAW_BUFFER (see below).
+# RAW_BUFFER (see below), NPROC (ranks per host, default 1), TRANSPORT (default tcp; "auto" lets
+# the group pick: hierarchical across the two hosts, or flat tcp with DDP_HIERARCHICAL=0).
 #   (default build; needs BUILD_DIR/ddprun, ddp-bench and tcp-stream)
 set -u
 B=$(cd "${1:-build}" && pwd)
@@ -52,8 +53,8 @@ bidir=$(raw --bidir | tee /dev/stderr | awk '{print $(NF-3)}')
 TOKEN="bench-$$"
 run_node() { # $1 node rank, $2 namespace
     ip netns exec "$2" unshare --uts sh -c "hostname bench-host-$1 && exec env \
-        DDP_TRANSPORT=tcp DDP_STORE_TOKEN=$TOKEN '$B/ddprun' --nnodes 2 --node-rank $1 \
-        --master-addr 10.98.0.1 --master-port 29500 -n 1 --timeout 600 \
+        DDP_TRANSPORT=${TRANSPORT:-tcp} DDP_STORE_TOKEN=$TOKEN '$B/ddprun' --nnodes 2 \
+        --node-rank $1 --master-addr 10.98.0.1 --master-port 29500 -n ${NPROC:-1} --timeout 600 \
         '$B/ddp-bench' -o allreduce -b ${MIN_BYTES:-32M} -e ${MAX_BYTES:-256M} -f 2 \
         --min-ms 200 --rounds 3"
 }
