@@ -21,10 +21,5 @@ if(DDP_BENCH_MISSING)
 else()
   file(GLOB DDP_BENCH_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tools/ddp-bench/*.c)
   add_executable(ddp-bench ${DDP_BENCH_SOURCES})
-  # The whole archive: the group finds its TCP store and its tcp/mpi transports through weak
-  # references, which do not pull objects out of a static library on their own; the benchmark
-  # must be able to run every transport (DDP_TRANSPORT=tcp, mpirun + DDP_TRANSPORT=mpi).
-  target_link_libraries(ddp-bench PRIVATE
-    -Wl,--whole-archive $<TARGET_FILE:ddp_static> -Wl,--no-whole-archive
-    ddp_static ddp_internal m)
+  target_link_libraries(ddp-bench PRIVATE ddp_static ddp_internal m)
 endif()
