@@ -6,9 +6,10 @@ foreach(world 1 2 3 4)
                  TIMEOUT 240 LIBS m)
   endforeach()
 endforeach()
-foreach(mode mismatch timeout kill intruder ifname)
+foreach(mode mismatch timeout kill intruder ifname abort)
   foreach(world 2 3 4)
-    ddp_add_test(NAME test_tcp_failures SOURCES test_tcp_failures.c ARGS ${world} ${mode} TIMEOUT 120)
+    ddp_add_test(NAME test_tcp_failures SOURCES test_tcp_failures.c ARGS ${world} ${mode} TIMEOUT 120
+                 LIBS Threads::Threads)
   endforeach()
 endforeach()
 # Hierarchical: pretend hosts (rank r on host LAYOUT[r]); shared memory inside, TCP among leaders.

@@ -9,10 +9,13 @@
  *               with a wrong token, without a token, with another group name and with bad ranks,
  *               and one connection stays silent: each is closed, and the job goes on to a correct
  *               allreduce.
+ *   abort     - another thread aborts rank 0 while it waits in a collective: rank 0 gets
+ *               DDP_ERR_ABORTED with the reason, the others DDP_ERR_REMOTE carrying it.
  *   ifname    - DDP_SOCKET_IFNAME names an interface that does not exist: create fails with
  *               DDP_ERR_NOT_FOUND naming it; with DDP_SOCKET_IFNAME=lo the job runs.
  * Usage: test_tcp_failures WORLD MODE */
 #include <errno.h>
+#include <pthread.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdint.h>
@@ -123,6 +126,38 @@ static int killed(int rank, int world, void *state)
     printf("rank %d noticed the death in %.3f s: %s\n", rank, took, ddp_last_error());
     CHECK_STATUS(run_allreduce(state, 5, buf, count, 20000), DDP_ERR_ABORTED);
     free(buf);
+    return 0;
+}
+
+static void *abort_later(void *state)
+{
+    usleep(300 * 1000);
+    ddp__transport_tcp.abort(state, "test abort from another thread");
+    return NULL;
+}
+
+static int aborted(int rank, int world, void *state, ddp_store_t *store)
+{
+    float buf[1000];
+    fill(buf, 1000, rank);
+    const char *keys[1] = {"rank0/aborted"};
+    if (rank == 0) {
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, abort_later, state) == 0);
+        /* The others are not there yet: this waits until the abort wakes it. */
+        CHECK_STATUS(run_allreduce(state, 1, buf, 1000, 20000), DDP_ERR_ABORTED);
+        CHECK_ERROR_MENTIONS("test abort from another thread");
+        pthread_join(th, NULL);
+        CHECK_OK(ddp_store_set(store, keys[0], "1", 1));
+        CHECK_STATUS(run_allreduce(state, 2, buf, 1000, 20000), DDP_ERR_ABORTED);
+        return 0;
+    }
+    CHECK_OK(ddp_store_wait(store, keys, 1, 20000));
+    ddp_status_t s = run_allreduce(state, 1, buf, 1000, 20000);
+    CHECK_MSG(s == DDP_ERR_REMOTE, "rank %d got %s: %s", rank, ddp_status_string(s),
+              ddp_last_error());
+    CHECK_ERROR_MENTIONS("test abort from another thread");
+    (void)world;
     return 0;
 }
 
@@ -237,6 +272,7 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
     if (strcmp(mode, "mismatch") == 0) rc = mismatch(rank, ranks, state);
     else if (strcmp(mode, "timeout") == 0) rc = timeout(rank, ranks, state);
     else if (strcmp(mode, "kill") == 0) rc = killed(rank, ranks, state);
+    else if (strcmp(mode, "abort") == 0) rc = aborted(rank, ranks, state, store);
     else {
         float buf[1001];
         fill(buf, 1001, rank);
@@ -253,7 +289,7 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_tcp_failures WORLD mismatch|timeout|kill|intruder|ifname\n");
+        fprintf(stderr, "usage: test_tcp_failures WORLD mismatch|timeout|kill|intruder|ifname|abort\n");
         return 2;
     }
     int world = atoi(argv[1]);

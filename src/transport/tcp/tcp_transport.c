@@ -1109,11 +1109,17 @@ static ddp_status_t tcp_run(void *state, const ddp__collective_t *c)
         snprintf(t->broken_text, sizeof t->broken_text, "%s", ddp_last_error());
         if (t->world > 1) {
             char reason[600];
-            snprintf(reason, sizeof reason, "rank %d: %s", t->rank, ddp_last_error());
-            if (s != DDP_ERR_ABORTED) send_abort_frames(t, c->seq, reason);
+            if (atomic_load(&t->aborted))
+                snprintf(reason, sizeof reason, "rank %d aborted: %s", t->rank, t->abort_reason);
+            else
+                snprintf(reason, sizeof reason, "rank %d: %s", t->rank, ddp_last_error());
+            send_abort_frames(t, c->seq, reason);
             shut_all(t);
         }
     } else if (atomic_load(&t->aborted)) {
+        char reason[400];
+        snprintf(reason, sizeof reason, "rank %d aborted: %s", t->rank, t->abort_reason);
+        send_abort_frames(t, c->seq, reason);
         shut_all(t);
     }
     pthread_mutex_unlock(&t->lock);
@@ -1128,14 +1134,21 @@ static void tcp_abort(void *state, const char *reason)
     if (!atomic_load(&t->aborted)) {
         snprintf(t->abort_reason, sizeof t->abort_reason, "%s", reason ? reason : "aborted");
         atomic_store(&t->aborted, 1);
-        if (!t->running && !t->broken) {
-            char text[400];
-            snprintf(text, sizeof text, "rank %d aborted: %s", t->rank, t->abort_reason);
-            send_abort_frames(t, 0, text);
+        if (!t->running) {
+            if (!t->broken) {
+                char text[400];
+                snprintf(text, sizeof text, "rank %d aborted: %s", t->rank, t->abort_reason);
+                send_abort_frames(t, 0, text);
+            }
+            shut_all(t);
+        } else {
+            /* A collective is running on the progress thread: shutting the read side (not
+             * closing: the thread polls these descriptors) wakes it; it sees the flag, fails
+             * with DDP_ERR_ABORTED, and itself tells the peers (it knows where its frames
+             * stand) before shutting everything. Writers notice within the 1 s poll cap. */
+            for (int p = 0; p < t->world; p++)
+                if (t->conns[p].fd >= 0) shutdown(t->conns[p].fd, SHUT_RD);
         }
-        /* shutdown (not close) is safe while the progress thread polls these sockets: it wakes
-         * up, sees the abort flag and reports DDP_ERR_ABORTED. */
-        shut_all(t);
     }
     pthread_mutex_unlock(&t->lock);
 }
