@@ -215,6 +215,15 @@ static int rank_main(ddp_group_t *g, void *arg)
         uint64_t flushes = 9, direct = 0;
         CHECK_OK(ddp_rs_bucketer_counts(b, &flushes, &direct));
         CHECK(flushes == 0 && direct == 3);
+        /* Direct buffers are reused: the same inputs again take no more memory. */
+        size_t before = ddp_rs_bucketer_memory_bytes(b);
+        CHECK(before > 0);
+        run_inputs(g, b, in, 4, ctx);
+        run_inputs(g, b, in, 4, ctx);
+        CHECK_MSG(ddp_rs_bucketer_memory_bytes(b) == before, "memory grew from %zu to %zu",
+                  before, ddp_rs_bucketer_memory_bytes(b));
+        CHECK_OK(ddp_rs_bucketer_teardown(b));
+        CHECK(ddp_rs_bucketer_memory_bytes(b) == 0);
         ddp_rs_bucketer_destroy(b);
     }
     free(ctx);

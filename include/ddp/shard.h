@@ -83,7 +83,9 @@ DDP_API ddp_status_t ddp_rs_bucketer_reduce_scatter_blocks_async(
  * have their callbacks dropped. */
 DDP_API ddp_status_t ddp_rs_bucketer_flush(ddp_rs_bucketer_t *bucketer);
 
-/* Frees the memory of every bucket (and of finished reductions). DDP_ERR_INVALID_USAGE, naming
+/* Frees the memory of every bucket and the buffers of finished direct inputs (the last few are
+ * kept for reuse: same-sized inputs every step would otherwise fault in fresh pages each time).
+ * DDP_ERR_INVALID_USAGE, naming
  * the bucket, when one holds unflushed inputs or reductions are in flight: flush first. A later
  * input re-creates its bucket's memory on demand; ddp_rs_bucketer_setup does it at once. */
 DDP_API ddp_status_t ddp_rs_bucketer_teardown(ddp_rs_bucketer_t *bucketer);

@@ -31,7 +31,9 @@ typedef struct rs_flight {
     rs_bucket_t *bucket; /* NULL: a direct input */
     unsigned char *send; /* bucket: world * capacity elements; direct: input or a copy */
     unsigned char *recv; /* capacity elements */
-    int owns_send;       /* direct copies: send is freed with the flight */
+    unsigned char *copy; /* direct: owned buffer for copied blocks (copy_cap bytes), or NULL */
+    size_t copy_cap;
+    size_t recv_cap;     /* direct: bytes of recv */
     size_t capacity;     /* elements per rank */
     size_t used;         /* elements per rank filled */
     size_t bytes;        /* memory accounted to this flight */
@@ -57,6 +59,8 @@ struct ddp_rs_bucketer {
     size_t cap_bytes;
     rs_bucket_t *buckets;
     rs_flight_t *head, *tail; /* issued reductions, oldest first */
+    rs_flight_t *direct_spares; /* finished direct flights, their buffers kept for reuse */
+    int torn_down;
     size_t memory;
     uint64_t flushes, direct;
     ddp_status_t failure; /* first failure of a reduction not yet reported by flush */
@@ -70,7 +74,7 @@ static void flight_free(ddp_rs_bucketer_t *b, rs_flight_t *f)
     if (f->bucket) {
         free(f->send); /* send and recv are one allocation */
     } else {
-        if (f->owns_send) free(f->send);
+        free(f->copy);
         free(f->recv);
     }
     b->memory -= f->bytes;
@@ -145,11 +149,23 @@ static void retire(ddp_rs_bucketer_t *b, rs_flight_t *f, ddp_status_t status)
         f->work = NULL;
     }
     rs_bucket_t *k = f->bucket;
+    f->used = 0;
+    f->nentries = 0;
     if (k && !k->torn_down) {
-        f->used = 0;
-        f->nentries = 0;
         f->next = k->spares;
         k->spares = f;
+    } else if (!k && !b->torn_down) {
+        /* Direct buffers are large and the same sizes come back every step: reusing them saves
+         * the page faults of fresh memory (the first touch of a new 64 MiB buffer costs more than
+         * its reduce-scatter). At most a few are kept. */
+        size_t kept = 0;
+        for (rs_flight_t *d = b->direct_spares; d; d = d->next) kept++;
+        if (kept >= 4) {
+            flight_free(b, f);
+        } else {
+            f->next = b->direct_spares;
+            b->direct_spares = f;
+        }
     } else {
         flight_free(b, f);
     }
@@ -237,37 +253,61 @@ static ddp_status_t check_common(ddp_rs_bucketer_t *b, ddp_group_t *group, size_
     return DDP_OK;
 }
 
+/* Grows an owned buffer to at least `bytes`, keeping the memory count right. */
+static int grow(ddp_rs_bucketer_t *b, rs_flight_t *f, unsigned char **buf, size_t *cap,
+                size_t bytes, const char *what)
+{
+    if (*cap >= bytes && *buf) return 1;
+    unsigned char *fresh = ddp__malloc(bytes ? bytes : 1, what);
+    if (!fresh) return 0;
+    free(*buf);
+    b->memory -= *cap;
+    f->bytes -= *cap;
+    *buf = fresh;
+    *cap = bytes;
+    b->memory += bytes;
+    f->bytes += bytes;
+    return 1;
+}
+
 static ddp_status_t issue_direct(ddp_rs_bucketer_t *b, ddp_group_t *group, const void *input,
                                  const void *const *blocks, size_t count, ddp_dtype_t dtype,
                                  ddp_reduce_op_t op, ddp_rs_callback_fn fn, void *arg)
 {
     size_t world = (size_t)ddp_group_size(group);
     size_t es = ddp_dtype_size(dtype);
-    rs_flight_t *f = ddp__calloc(1, sizeof *f, "reduce-scatter bucketer");
-    if (!f) return DDP_ERR_NO_MEMORY;
+    /* A spare whose buffers are large enough, else the first spare (grown), else a new one. */
+    rs_flight_t *f = NULL, **link = &b->direct_spares;
+    for (rs_flight_t **l = &b->direct_spares; *l; l = &(*l)->next)
+        if ((*l)->recv_cap >= count * es && (!blocks || (*l)->copy_cap >= world * count * es)) {
+            link = l;
+            break;
+        }
+    if (*link) {
+        f = *link;
+        *link = f->next;
+        f->next = NULL;
+    } else {
+        f = ddp__calloc(1, sizeof *f, "reduce-scatter bucketer");
+        if (!f) return DDP_ERR_NO_MEMORY;
+    }
     f->capacity = f->used = count;
     f->esize = es;
-    f->recv = ddp__malloc(count * es, "reduce-scatter output");
-    if (!f->recv) {
-        free(f);
-        return DDP_ERR_NO_MEMORY;
-    }
-    f->bytes = count * es;
-    if (blocks) {
-        f->send = ddp__malloc(world * count * es, "reduce-scatter input copy");
-        if (!f->send) {
-            free(f->recv);
-            free(f);
-            return DDP_ERR_NO_MEMORY;
+    ddp_status_t s = DDP_OK;
+    if (!grow(b, f, &f->recv, &f->recv_cap, count * es, "reduce-scatter output") ||
+        (blocks && !grow(b, f, &f->copy, &f->copy_cap, world * count * es,
+                         "reduce-scatter input copy")))
+        s = DDP_ERR_NO_MEMORY;
+    if (s == DDP_OK) {
+        if (blocks) {
+            for (size_t r = 0; r < world; r++)
+                memcpy(f->copy + r * count * es, blocks[r], count * es);
+            f->send = f->copy;
+        } else {
+            f->send = (unsigned char *)(uintptr_t)input;
         }
-        f->owns_send = 1;
-        f->bytes += world * count * es;
-        for (size_t r = 0; r < world; r++) memcpy(f->send + r * count * es, blocks[r], count * es);
-    } else {
-        f->send = (unsigned char *)(uintptr_t)input;
+        s = add_entry(f, fn, arg, 0, count);
     }
-    b->memory += f->bytes;
-    ddp_status_t s = add_entry(f, fn, arg, 0, count);
     if (s == DDP_OK)
         s = ddp_group_reduce_scatter_async(group, f->send, f->recv, count, dtype, op, &f->work);
     if (s != DDP_OK) {
@@ -303,6 +343,7 @@ static ddp_status_t submit(ddp_rs_bucketer_t *b, ddp_group_t *group, const void 
     size_t capacity = b->cap_bytes / es / (size_t)world;
 
     progress(b, 0); /* run what has finished, recycle its memory */
+    b->torn_down = 0;
 
     if (count > capacity) return issue_direct(b, group, input, blocks, count, dtype, op, fn, arg);
 
@@ -429,6 +470,12 @@ ddp_status_t ddp_rs_bucketer_teardown(ddp_rs_bucketer_t *b)
         }
         k->torn_down = 1;
     }
+    while (b->direct_spares) {
+        rs_flight_t *f = b->direct_spares;
+        b->direct_spares = f->next;
+        flight_free(b, f);
+    }
+    b->torn_down = 1;
     return DDP_OK;
 }
 
@@ -436,6 +483,7 @@ ddp_status_t ddp_rs_bucketer_setup(ddp_rs_bucketer_t *b)
 {
     if (!b) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer setup: "
                               "bucketer is NULL");
+    b->torn_down = 0;
     for (rs_bucket_t *k = b->buckets; k; k = k->next) {
         k->torn_down = 0;
         if (!k->filling) {
@@ -483,6 +531,11 @@ void ddp_rs_bucketer_destroy(ddp_rs_bucketer_t *b)
             flight_free(b, f);
         }
         free(k);
+    }
+    while (b->direct_spares) {
+        rs_flight_t *f = b->direct_spares;
+        b->direct_spares = f->next;
+        flight_free(b, f);
     }
     free(b);
 }
