@@ -276,14 +276,18 @@ static ddp_status_t issue_direct(ddp_rs_bucketer_t *b, ddp_group_t *group, const
 {
     size_t world = (size_t)ddp_group_size(group);
     size_t es = ddp_dtype_size(dtype);
-    /* A spare whose buffers are large enough, else the first spare (grown), else a new one. */
-    rs_flight_t *f = NULL, **link = &b->direct_spares;
-    for (rs_flight_t **l = &b->direct_spares; *l; l = &(*l)->next)
-        if ((*l)->recv_cap >= count * es && (!blocks || (*l)->copy_cap >= world * count * es)) {
+    /* The smallest spare whose buffers are large enough (so steady same-sized inputs always
+     * find their own), else the largest spare (grown), else a new one. */
+    rs_flight_t *f = NULL, **link = NULL, **largest = NULL;
+    for (rs_flight_t **l = &b->direct_spares; *l; l = &(*l)->next) {
+        size_t have = (*l)->recv_cap + (*l)->copy_cap;
+        if ((*l)->recv_cap >= count * es && (!blocks || (*l)->copy_cap >= world * count * es) &&
+            (!link || have < (*link)->recv_cap + (*link)->copy_cap))
             link = l;
-            break;
-        }
-    if (*link) {
+        if (!largest || have > (*largest)->recv_cap + (*largest)->copy_cap) largest = l;
+    }
+    if (!link) link = largest;
+    if (link) {
         f = *link;
         *link = f->next;
         f->next = NULL;
