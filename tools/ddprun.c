@@ -546,7 +546,17 @@ static int start_worker(job_t *job, worker_t *w)
     pid_t parent = getpid();
     fflush(stdout);
     fflush(stderr);
+    /* Block the forwarded signals across fork: until the child has reset their handlers, a
+     * signal aimed at it would run ddprun's handler in the child and write into the shared
+     * signal pipe, so ddprun would believe it had been signalled itself. */
+    sigset_t forwarded, saved;
+    sigemptyset(&forwarded);
+    for (size_t i = 0; i < sizeof forwarded_signals / sizeof forwarded_signals[0]; i++) {
+        sigaddset(&forwarded, forwarded_signals[i]);
+    }
+    sigprocmask(SIG_BLOCK, &forwarded, &saved);
     pid_t pid = fork();
+    if (pid > 0 || pid < 0) sigprocmask(SIG_SETMASK, &saved, NULL);
     if (pid < 0) {
         perror("ddprun: fork");
         free_environment(envp);

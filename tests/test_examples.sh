@@ -1,0 +1,69 @@
+#!/bin/sh
+# Examples and packaging, the way a user meets them.
+#   hello DDPRUN HELLO: the README's example trains to the same weights on 1, 2, 3 and 4 ranks.
+#   install SOURCE BUILD: `cmake --install` into a temporary prefix, then a program outside the
+#   tree builds against it with find_package(ddp) and with pkg-config, and runs.
+set -u
+case "$1" in
+hello)
+  ddprun=$2 hello=$3
+  ref=""
+  for n in 1 2 3 4; do
+    out=$("$ddprun" -n "$n" "$hello") || { echo "hello_ddp failed on $n ranks: $out"; exit 1; }
+    line=$(printf '%s\n' "$out" | grep "hello_ddp: $n ranks") || { echo "no result line on $n ranks: $out"; exit 1; }
+    weights=${line#*ranks, }
+    echo "$n ranks: $weights"
+    # The fitted weights must be close to the true line 1..8 and b = 0.5.
+    printf '%s\n' "$weights" | awk '{ for (f = 1; f <= 8; f++) if ($(f+2) < f - 0.2 || $(f+2) > f + 0.2) exit 1 }' \
+      || { echo "weights far from the true line: $weights"; exit 1; }
+    if [ -z "$ref" ]; then ref=$weights; elif [ "$weights" != "$ref" ]; then
+      echo "different result on $n ranks: '$weights' vs '$ref'"; exit 1
+    fi
+  done
+  ;;
+install)
+  src=$2 build=$3
+  tmp=$(mktemp -d) || exit 1
+  trap 'rm -rf "$tmp"' EXIT
+  cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
+  for f in include/ddp/ddp.h lib/pkgconfig/ddp.pc lib/cmake/ddp/ddpConfig.cmake; do
+    [ -f "$tmp/prefix/$f" ] || { echo "missing $f after install"; ls -R "$tmp/prefix"; exit 1; }
+  done
+  mkdir -p "$tmp/app"
+  cat > "$tmp/app/main.c" <<'C'
+#include <stdio.h>
+#include <string.h>
+#include <ddp/ddp.h>
+int main(void)
+{
+    ddp_store_t *store;
+    if (ddp_store_hash_create(&store) != DDP_OK) return 1;
+    ddp_group_t *group;
+    if (ddp_group_create(store, 0, 1, NULL, &group) != DDP_OK) return 2;
+    float x[3] = {1, 2, 3};
+    if (ddp_group_allreduce(group, x, x, 3, DDP_F32, DDP_SUM) != DDP_OK) return 3;
+    ddp_group_destroy(group);
+    ddp_store_destroy(store);
+    printf("consumer ok %g\n", x[2]);
+    return strcmp(ddp_status_string(DDP_OK), "DDP_OK") != 0;
+}
+C
+  cat > "$tmp/app/CMakeLists.txt" <<'C'
+cmake_minimum_required(VERSION 3.20)
+project(consumer C)
+find_package(ddp REQUIRED)
+add_executable(consumer main.c)
+target_link_libraries(consumer PRIVATE ddp::ddp)
+C
+  cmake -S "$tmp/app" -B "$tmp/app/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/app.log" 2>&1 \
+    && cmake --build "$tmp/app/build" >> "$tmp/app.log" 2>&1 || { cat "$tmp/app.log"; exit 1; }
+  LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/build/consumer" || { echo "find_package consumer failed"; exit 1; }
+  if command -v pkg-config > /dev/null; then
+    flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp) || exit 1
+    cc "$tmp/app/main.c" -o "$tmp/app/pc" $flags || { echo "pkg-config build failed ($flags)"; exit 1; }
+    LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/pc" || { echo "pkg-config consumer failed"; exit 1; }
+  fi
+  ;;
+*)
+  echo "usage: $0 hello DDPRUN HELLO | install SOURCE BUILD"; exit 2 ;;
+esac
