@@ -50,6 +50,7 @@ if(DDP_HAVE_MPI)
   # The group API over MPI in an application that initialised MPI itself.
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 1 2 3 4 TIMEOUT 120)
   ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 2 TIMEOUT 60 ARGS --funneled)
+  ddp_add_mpi_test(NAME test_mpi_group SOURCES test_mpi_group.c NP 3 TIMEOUT 120 ARGS --serialized)
   # The Reducer's equivalence with one process, over the MPI transport (BATCH 24: 1-4 ranks).
   ddp_add_mpi_test(NAME test_mpi_reducer SOURCES test_mpi_reducer.c NP 1 2 3 4 TIMEOUT 120)
 
