@@ -5,8 +5,8 @@
  *
  *     ddp_rs_bucketer_t *b;
  *     ddp_rs_bucketer_create((size_t)25 << 20, &b);
- *     for each tensor:  // world_size blocks of `count` elements each
- *         ddp_rs_bucketer_reduce_scatter_async(b, group, blocks, count, DDP_F32, DDP_SUM,
+ *     for each tensor:  // input: world_size blocks of `count` elements each, contiguous
+ *         ddp_rs_bucketer_reduce_scatter_async(b, group, input, count, DDP_F32, DDP_SUM,
  *                                              on_shard, arg);
  *     ddp_rs_bucketer_flush(b);   // every callback has run, with this rank's reduced block
  *
