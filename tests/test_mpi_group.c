@@ -65,7 +65,8 @@ static void test_collectives(ddp_group_t *g)
     for (int i = 0; i < 5; i++) b[i] = ddp_f32_to_bf16(1.0f + (float)r * 0x1.0p-7f);
     CHECK_OK(ddp_group_allreduce(g, b, b, 5, DDP_BF16, DDP_SUM));
     float exact = 0;
-    for (int q = 0; q < w; q++) exact += ddp_bf16_to_f32(ddp_f32_to_bf16(1.0f + (float)q * 0x1.0p-7f));
+    for (int q = 0; q < w; q++)
+        exact += ddp_bf16_to_f32(ddp_f32_to_bf16(1.0f + (float)q * 0x1.0p-7f));
     for (int i = 0; i < 5; i++) CHECK(b[i] == ddp_f32_to_bf16(exact));
 
     /* Broadcast, reduce_scatter, allgather, barrier. */

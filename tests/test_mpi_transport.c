@@ -37,7 +37,10 @@ static double unit(int rank, size_t i, unsigned salt)
     return (double)(h >> 11) * 0x1.0p-52 - 1.0;
 }
 
-static int is_float(ddp_dtype_t d) { return d == DDP_F32 || d == DDP_F64 || d == DDP_F16 || d == DDP_BF16; }
+static int is_float(ddp_dtype_t d)
+{
+    return d == DDP_F32 || d == DDP_F64 || d == DDP_F16 || d == DDP_BF16;
+}
 
 /* The input of `rank` at index i, exactly representable in the dtype. */
 static double fvalue(ddp_dtype_t d, ddp_reduce_op_t op, int rank, size_t i, unsigned salt)
@@ -142,8 +145,9 @@ static void check_reduced(ddp_dtype_t d, ddp_reduce_op_t op, const void *got, si
         if (op == DDP_PROD) tol = fabs(acc) * ((world + 2) * eps_acc + eps_out);
         if (d == DDP_F16) tol += 0x1.0p-24;
         double g = getf(d, got, i);
-        CHECK_MSG(fabs(g - acc) <= tol, "%s: %s %s element %zu: got %.17g, reference %.17g (tol %g)",
-                  what, ddp_dtype_name(d), ddp_reduce_op_name(op), i, g, acc, tol);
+        CHECK_MSG(fabs(g - acc) <= tol,
+                  "%s: %s %s element %zu: got %.17g, reference %.17g (tol %g)", what,
+                  ddp_dtype_name(d), ddp_reduce_op_name(op), i, g, acc, tol);
     } else {
         int64_t acc = ivalue(d, op, 0, gi, salt);
         for (int r = 1; r < world; r++) {
@@ -253,9 +257,11 @@ static void test_all_collectives(void)
                     void *recv = in_place ? send : xmalloc(n * esz);
                     for (size_t i = 0; i < n; i++) fill(d, op, send, i, g_rank, i, salt + oi);
                     if (!in_place) memset(recv, 0xa5, n * esz);
-                    ddp__collective_t c = make(DDP__ALLREDUCE, ++seq, send, recv, n, d, op, 0, 30000);
+                    ddp__collective_t c =
+                        make(DDP__ALLREDUCE, ++seq, send, recv, n, d, op, 0, 30000);
                     CHECK_OK(ddp__transport_mpi.run(t, &c));
-                    snprintf(what, sizeof what, "allreduce n=%zu%s", n, in_place ? " in place" : "");
+                    snprintf(what, sizeof what, "allreduce n=%zu%s", n,
+                             in_place ? " in place" : "");
                     for (size_t i = 0; i < n; i = next_checked(i, n))
                         check_reduced(d, op, recv, i, i, g_world, salt + oi, what);
                     check_identical(MPI_COMM_WORLD, recv, n * esz, what);
@@ -299,8 +305,10 @@ static void test_all_collectives(void)
                     if (in_place && op != DDP_SUM) continue;
                     size_t total = n * (size_t)g_world;
                     void *send = xmalloc(total * esz);
-                    for (size_t i = 0; i < total; i++) fill(d, op, send, i, g_rank, i, salt + 8 + oi);
-                    void *recv = in_place ? (char *)send + (size_t)g_rank * n * esz : xmalloc(n * esz);
+                    for (size_t i = 0; i < total; i++)
+                        fill(d, op, send, i, g_rank, i, salt + 8 + oi);
+                    void *recv =
+                        in_place ? (char *)send + (size_t)g_rank * n * esz : xmalloc(n * esz);
                     ddp__collective_t c =
                         make(DDP__REDUCE_SCATTER, ++seq, send, recv, n, d, op, 0, 30000);
                     CHECK_OK(ddp__transport_mpi.run(t, &c));
@@ -316,7 +324,8 @@ static void test_all_collectives(void)
                             for (size_t i = 0; i < n && i < 16; i++) {
                                 char one[8];
                                 fill(d, op, one, 0, g_rank, (size_t)b * n + i, salt + 8 + oi);
-                                CHECK(memcmp((char *)send + ((size_t)b * n + i) * esz, one, esz) == 0);
+                                CHECK(memcmp((char *)send + ((size_t)b * n + i) * esz, one, esz) ==
+                                      0);
                             }
                         }
                     } else {
@@ -507,7 +516,8 @@ static void test_rank_checks(void)
     CHECK_STATUS(ddp__transport_mpi.create(NULL, "bad", g_world, g_world, 1000, &t),
                  DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("rank");
-    CHECK_STATUS(ddp__transport_mpi.create(NULL, "bad", 0, 1, 1000, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(ddp__transport_mpi.create(NULL, "bad", 0, 1, 1000, NULL),
+                 DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("state");
 }
 

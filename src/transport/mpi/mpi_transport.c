@@ -2,18 +2,20 @@
  * on a communicator private to the group, polled with MPI_Test on the group's progress thread
  * until it completes or the collective's deadline passes. Built only when MPI is found.
  *
- * Every collective first exchanges its fingerprint (seq, kind, dtype, op, count, root) in one
- * small MPI_Iallreduce with MPI_MIN over the fingerprint and its bitwise complement, which yields
- * both the minimum and the maximum of every field in one round trip: when they differ, the ranks
- * disagree, and an MPI_Iallgather of the fingerprints (only on this error path) names two ranks
- * and what each called. The exchange is the same on every rank whatever each rank called, so a
- * disagreement can never pair mismatched MPI calls. It is also a full synchronisation, so a
- * barrier (or a count of 0) needs nothing more.
+ * Every collective first exchanges a fixed-size record holding its fingerprint (seq, kind, dtype,
+ * op, count, root), the fingerprint's complement and a small payload: point to point up to 8
+ * ranks (every rank then holds every record: a mismatch names both sides, a timeout names the
+ * ranks that did not arrive), else in one MPI_Iallreduce taking the MIN of the fingerprint words
+ * (MIN of ~x is ~MAX of x, so one round trip tells whether all ranks agree). The exchange is the
+ * same on every rank whatever each rank called, so a disagreement can never pair mismatched MPI
+ * calls; it also synchronises every rank, so a barrier (or a count of 0) needs nothing more, and
+ * an allreduce small enough to ride in the payload needs nothing more either.
  *
  * f16 and bf16 are widened to f32 in a scratch buffer, reduced by MPI in f32 and rounded once at
  * the end (MPI reduces pairwise; reducing in half precision would round at every step). AVG is a
  * SUM followed by a division on every rank; i32 and u8 are widened to i64 for AVG so that the sum
- * cannot wrap before the division (u8 SUM and PROD too: see reduce_dtype). */
+ * cannot wrap before the division (u8 SUM and PROD too: see reduce_dtype).
+ * docs/mpi-transport.md explains the design and its limits. */
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
@@ -64,9 +66,9 @@ typedef struct mpi_state {
     void *scratch; /* f32/i64 widening buffer, grown on demand */
     size_t scratch_bytes;
 
-    /* The point-to-point exchange (world <= ddp__mpi_p2p_max_world): every rank's record, the requests
-     * (receives first, then sends; MPI_REQUEST_NULL when done) and the last sequence number
-     * received from each rank, which names how far a missing rank got. */
+    /* The point-to-point exchange (world <= ddp__mpi_p2p_max_world): every rank's record, the
+     * requests (receives first, then sends; MPI_REQUEST_NULL when done) and the last sequence
+     * number received from each rank, which names how far a missing rank got. */
     fused_record_t *records;
     MPI_Request *xreqs;
     uint64_t *last_seq;
@@ -83,7 +85,7 @@ typedef struct mpi_state {
     _Atomic int abort_claimed;
     _Atomic int aborted;
     char abort_reason[ABORT_TEXT_MAX];
-    MPI_Request abort_sends[64];
+    MPI_Request abort_sends[64]; /* notices go to the first 64 peers only */
     int nabort_sends;
     char abort_notice[ABORT_TEXT_MAX];
 
@@ -696,14 +698,15 @@ static ddp_status_t ensure_fused(void)
     int rc = MPI_Type_contiguous((int)sizeof(fused_record_t), MPI_BYTE, &fused_type);
     if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&fused_type);
     if (rc == MPI_SUCCESS) rc = MPI_Op_create(fused_reduce, 1, &fused_op);
-    if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, "MPI transport: creating the fingerprint record");
+    if (rc != MPI_SUCCESS)
+        return ddp__mpi_error(rc, "MPI transport: creating the fingerprint record");
     return DDP_OK;
 }
 
-/* Up to ddp__mpi_p2p_max_world ranks (8) the records go point to point: each rank sends its record to every
- * other and receives theirs (world - 1 messages each way, the same round trip as an allreduce
- * on a few ranks). Every rank then holds every record, so a mismatch names both sides at once,
- * an inline allreduce is reduced locally in rank order 0..p-1 (bitwise identical everywhere,
+/* Up to ddp__mpi_p2p_max_world ranks (8) the records go point to point: each rank sends its record
+ * to every other and receives theirs (world - 1 messages each way, the same round trip as an
+ * allreduce on a few ranks). Every rank then holds every record, so a mismatch names both sides at
+ * once, an inline allreduce is reduced locally in rank order 0..p-1 (bitwise identical everywhere,
  * whatever MPI's algorithms), and at a timeout the receives still pending are exactly the ranks
  * that have not arrived: they are named with the last sequence number seen from them, and the
  * receives are cancelled (point-to-point receives can be, unlike collectives). Records of one
@@ -728,7 +731,8 @@ static ddp_status_t exchange_p2p(mpi_state_t *s, const ddp__collective_t *c)
     }
     leave_mpi();
     ddp_status_t status = DDP_OK;
-    if (rc != MPI_SUCCESS) status = post_failed(s, rc, c, "MPI_Isend/MPI_Irecv (fingerprint exchange)");
+    if (rc != MPI_SUCCESS)
+        status = post_failed(s, rc, c, "MPI_Isend/MPI_Irecv (fingerprint exchange)");
     else status = wait_requests(s, n, s->xreqs, c, "fingerprint exchange");
     if (status == DDP_OK) {
         memcpy(&s->records[s->rank], &s->fused_send, bytes);
@@ -753,23 +757,25 @@ static ddp_status_t exchange_p2p(mpi_state_t *s, const ddp__collective_t *c)
         nmissing++;
         if (off < sizeof missing - 64) {
             if (s->last_seq[q])
-                off += (size_t)snprintf(missing + off, sizeof missing - off,
-                                        "%srank %d (last seen at seq %llu)", nmissing > 1 ? ", " : "",
-                                        q, (unsigned long long)s->last_seq[q]);
+                off += (size_t)snprintf(
+                    missing + off, sizeof missing - off, "%srank %d (last seen at seq %llu)",
+                    nmissing > 1 ? ", " : "", q, (unsigned long long)s->last_seq[q]);
             else
                 off += (size_t)snprintf(missing + off, sizeof missing - off,
-                                        "%srank %d (no collective seen yet)", nmissing > 1 ? ", " : "", q);
+                                        "%srank %d (no collective seen yet)",
+                                        nmissing > 1 ? ", " : "", q);
         }
     }
     leave_mpi();
     if (status == DDP_ERR_TIMEOUT && nmissing > 0) {
         char fp[256];
         describe(c, fp, sizeof fp);
-        ddp__error(DDP_ERR_TIMEOUT,
-                   "MPI transport, group '%s': rank %d timed out in the fingerprint exchange of %s: "
-                   "%s not reached seq %llu: %s",
-                   s->name, s->rank, fp, nmissing > 1 ? "ranks have" : "a rank has",
-                   (unsigned long long)c->seq, missing);
+        ddp__error(
+            DDP_ERR_TIMEOUT,
+            "MPI transport, group '%s': rank %d timed out in the fingerprint exchange of %s: "
+            "%s not reached seq %llu: %s",
+            s->name, s->rank, fp, nmissing > 1 ? "ranks have" : "a rank has",
+            (unsigned long long)c->seq, missing);
         snprintf(s->broken_reason, sizeof s->broken_reason, "%s", ddp_last_error());
     }
     return status;
@@ -1018,7 +1024,7 @@ static ddp_status_t mpi_run(void *state, const ddp__collective_t *c)
         status = exchange_fingerprint(s, c, &done);
         if (status != DDP_OK || done) return status;
     }
-    /* The fingerprint exchange synchronised every rank: a barrier or an empty collective is done. */
+    /* The fingerprint exchange synchronised every rank: a barrier or empty collective is done. */
     if (c->kind == DDP__BARRIER || c->count == 0) return DDP_OK;
     switch (c->kind) {
     case DDP__ALLREDUCE: return run_allreduce(s, c);
@@ -1087,8 +1093,8 @@ static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_n
     for (int r = 0; r < world; r++) free(keys[r]);
     free(keys);
     if (status != DDP_OK)
-        return ddp__error_context(status, "MPI transport: rank %d waiting for the others' MPI ranks",
-                                  rank);
+        return ddp__error_context(status,
+                                  "MPI transport: rank %d waiting for the others' MPI ranks", rank);
     for (int r = 0; r < world; r++) {
         snprintf(key, sizeof key, "%s/mpi/world_rank/%d", group_name, r);
         void *got = NULL;
