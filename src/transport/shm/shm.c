@@ -42,7 +42,7 @@
  * stays in L2 while the next is copied in. */
 #define ROUND_BYTES_DEFAULT ((size_t)256 << 10)
 /* Allreduces up to this size go the one-shot way (every rank reduces everything itself). */
-#define ONESHOT_BYTES_DEFAULT ((size_t)32 << 10)
+#define ONESHOT_BYTES_DEFAULT ((size_t)256 << 10)
 #define REASON_MAX 512
 /* Collectives at least this large write the caller's output with non-temporal stores: the output
  * will not fit in the caches anyway, and streaming stores skip reading each line before writing
