@@ -7,6 +7,9 @@ For each (hidden, batch per rank) it measures
   ddp_step_ms    the same step under DistributedDataParallel on 2 ranks (mean over ranks)
 (each the median over the timed steps)
   exposed_ms     ddp_step_ms - local_step_ms: communication the backward pass did not hide
+  interleaved_*  the same DDP ranks alternating synchronised steps with model.no_sync() steps:
+                 exposed = synced - no_sync median, both measured in one run under the same
+                 machine load (robust on a shared machine)
 and prints one JSON line per configuration.
 
   /usr/bin/python3 bench/pytorch_ddp.py --hidden 1024 4096 --batch 1 64 --steps 30 --warmup 5
@@ -31,26 +34,38 @@ def make_model(hidden):
                          nn.Linear(hidden, 10))
 
 
-def timed_steps(model, batch, steps, warmup):
+def median_ms(times):
+    # the median: a busy machine's stalls do not drag it (the trainer reports the same)
+    times = sorted(times)
+    mid = len(times) // 2
+    return (times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])) * 1000.0
+
+
+def timed_steps(model, batch, steps, warmup, interleave_nosync=False):
+    """Median step time in ms; with interleave_nosync (a DDP model), every other step runs under
+    model.no_sync() and the second value is the median of those steps (no communication)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(batch, 784, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
-    times = []
-    for i in range(warmup + steps):
+    synced, local = [], []
+    n = warmup + steps * (2 if interleave_nosync else 1)
+    for i in range(n):
+        skip = interleave_nosync and i % 2 == 1
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        if skip:
+            with model.no_sync():
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+        else:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
         opt.step()
         end = time.perf_counter()
         if i >= warmup:
-            times.append(end - start)
-    # the median: a busy machine's stalls do not drag it (the trainer reports the same)
-    times.sort()
-    mid = len(times) // 2
-    median = times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
-    return median * 1000.0
+            (local if skip else synced).append(end - start)
+    return median_ms(synced), (median_ms(local) if local else None)
 
 
 def ddp_worker(rank, world, port, hidden, batch, steps, warmup, queue):
@@ -61,11 +76,12 @@ def ddp_worker(rank, world, port, hidden, batch, steps, warmup, queue):
     model = nn.parallel.DistributedDataParallel(make_model(hidden))
     # Line the ranks up so that one rank's start-up is not counted as the other's communication.
     dist.barrier()
-    ms = timed_steps(model, batch, steps, warmup)
-    t = torch.tensor([ms], dtype=torch.float64)
+    ms, _ = timed_steps(model, batch, steps, warmup)
+    both = timed_steps(model, batch, steps, warmup, interleave_nosync=True)
+    t = torch.tensor([ms, both[0], both[1]], dtype=torch.float64)
     dist.all_reduce(t)  # report the mean over ranks
     if rank == 0:
-        queue.put(t.item() / world)
+        queue.put((t / world).tolist())
     dist.destroy_process_group()
 
 
@@ -87,16 +103,20 @@ def main():
     ctx = mp.get_context("spawn")
     for hidden in args.hidden:
         for batch in args.batch:
-            local = timed_steps(make_model(hidden), batch, args.steps, args.warmup)
+            local, _ = timed_steps(make_model(hidden), batch, args.steps, args.warmup)
             queue = ctx.SimpleQueue()
             mp.start_processes(ddp_worker, args=(args.world, free_port(), hidden, batch, args.steps,
                                                  args.warmup, queue),
                                nprocs=args.world, join=True, start_method="spawn")
-            ddp = queue.get()
+            ddp, ddp_interleaved, nosync = queue.get()
             print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "hidden": hidden,
                               "batch_per_rank": batch, "world_size": args.world,
                               "local_step_ms": round(local, 3), "ddp_step_ms": round(ddp, 3),
-                              "exposed_ms": round(ddp - local, 3)}), flush=True)
+                              "exposed_ms": round(ddp - local, 3),
+                              "interleaved_ddp_step_ms": round(ddp_interleaved, 3),
+                              "interleaved_nosync_step_ms": round(nosync, 3),
+                              "interleaved_exposed_ms": round(ddp_interleaved - nosync, 3)}),
+                  flush=True)
     return 0
 
 

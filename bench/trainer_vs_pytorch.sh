@@ -1,10 +1,11 @@
 #!/bin/sh
 # libddp's trainer against PyTorch DDP (gloo) on the same MLP 784-h-h-10, 2 ranks on this machine,
 # side by side in one invocation. For each hidden size and batch per rank:
-#   step ms    one data-parallel optimizer step on 2 ranks (forward, backward, allreduce, SGD),
+#   step       one data-parallel optimizer step on 2 ranks (forward, backward, allreduce, SGD),
 #              the median over the timed steps (robust to a busy machine's stalls)
-#   exposed ms 2-rank step - 1-rank step at the same batch per rank (communication not hidden
-#              by backward); for libddp the Reducer's own measure (finalize wait) is shown too
+#   exposed    communication the backward pass did not hide, three ways: 2-rank step - 1-rank
+#              step (the brief's definition); synchronised - no_sync steps alternating in one
+#              2-rank run (same machine load for both); libddp's finalize wait
 # then the scaling of libddp's trainer: 2 ranks vs 1 rank at the same global batch.
 #   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=30 WARMUP=5 HIDDEN="1024 4096"
 #                                                    BATCH="1 64" SCALE_BATCH="128 512")
@@ -39,12 +40,15 @@ fi
 
 field() { sed -n "s/.*\"$1\": *\([0-9.eE+-]*\).*/\1/p" | tail -1; }
 
-# trainer RANKS GLOBAL_BATCH HIDDEN: prints the JSON line of a timed run on synthetic data
+# trainer RANKS GLOBAL_BATCH HIDDEN [OPTIONS]: the JSON line of a timed run on synthetic data
+# (with --bench-nosync twice the steps: half of them without communication)
 trainer() {
     n=$1 b=$2 h=$3
-    samples=$((b * (STEPS + WARMUP)))
+    shift 3
+    steps=$((WARMUP + STEPS * (1 + (${1:+1}+0))))
+    samples=$((b * steps))
     args="--synthetic $samples --hidden $h --batch $b --optim sgd --lr 0.01 --epochs 1000000"
-    args="$args --max-steps $((STEPS + WARMUP)) --warmup $WARMUP --json"
+    args="$args --max-steps $steps --warmup $WARMUP --json $*"
     if [ "$n" = 1 ]; then
         "$FM" $args | grep '^{'
     else
@@ -56,35 +60,42 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-trainer.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum, $STEPS timed steps after $WARMUP"
-echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC')"
-printf '%-26s | %-28s | %-22s | %s\n' "config" "libddp step / exposed ms" "PyTorch step / exposed" \
-    "exposed ratio (PyTorch / libddp)"
-printf '%-26s | %-28s | %-22s | %s\n' "" "(reducer's own exposed)" "ms" ""
+echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# all times are medians over the timed steps, in ms; exposed = communication not hidden:"
+echo "#   vs 1 rank: 2-rank step - 1-rank step at the same batch per rank"
+echo "#   no_sync:   synchronised step - no_sync step, alternating in the same 2-rank run"
+echo "#   wait:      time ddp_reducer_finalize waited (the Reducer's own measure)"
+echo
+echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync | PyTorch / libddp exposed |"
+echo "|---|---|---|---|---|---|"
 for h in $HIDDEN; do
     for b in $BATCH; do
         local1=$(trainer 1 "$b" "$h" | field step_ms_median)
-        line=$(trainer 2 $((2 * b)) "$h")
+        line=$(trainer 2 $((2 * b)) "$h" --bench-nosync)
         step2=$(echo "$line" | field step_ms_median)
-        red=$(echo "$line" | field exposed_comm_ms_median)
-        exp=$(awk -v a="$step2" -v l="$local1" 'BEGIN { d = a - l; if (d < 0) d = 0; printf "%.2f", d }')
-        pt="-"
-        ratio="-"
+        nosync=$(echo "$line" | field nosync_step_ms_median)
+        wait_ms=$(echo "$line" | field exposed_comm_ms_median)
+        exp1=$(awk -v a="$step2" -v l="$local1" 'BEGIN { printf "%.2f", a - l }')
+        exp2=$(awk -v a="$step2" -v l="$nosync" 'BEGIN { printf "%.2f", a - l }')
+        pstep="-" pexp="-" ratio="-"
         if [ "$have_torch" = 1 ]; then
             $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$STEPS" --warmup "$WARMUP" \
                 >"$tmp/pt" 2>"$tmp/pt.err" || cat "$tmp/pt.err" >&2
-            pstep=$(field ddp_step_ms <"$tmp/pt")
-            pexp=$(field exposed_ms <"$tmp/pt")
-            if [ -n "$pstep" ]; then
-                pt=$(printf '%.2f / %.2f' "$pstep" "$pexp")
-                ratio=$(awk -v p="$pexp" -v e="$exp" -v r="$red" 'BEGIN {
-                    m = e > r ? e : r; if (m < 0.01) m = 0.01; printf "%.0fx", p / m }')
+            p1=$(field ddp_step_ms <"$tmp/pt")
+            pe1=$(field exposed_ms <"$tmp/pt")
+            pe2=$(field interleaved_exposed_ms <"$tmp/pt")
+            if [ -n "$p1" ]; then
+                pstep=$(printf '%.2f' "$p1")
+                pexp=$(printf '%.2f / %.2f' "$pe1" "$pe2")
+                # libddp's larger no_sync/wait measure against PyTorch's no_sync measure
+                ratio=$(awk -v p="$pe2" -v e="$exp2" -v w="$wait_ms" 'BEGIN {
+                    m = e > w ? e : w; if (m < 0.01) m = 0.01; printf "%.1fx", p / m }')
             fi
         fi
-        printf '%-26s | %-28s | %-22s | %s\n' "hidden $h, batch $b/rank" \
-            "$(printf '%.2f / %.2f (%.2f)' "$step2" "$exp" "$red")" "$pt" "$ratio"
+        printf '| hidden %s, batch %s/rank | %.2f | %s / %s / %.2f | %s | %s | %s |\n' "$h" "$b" \
+            "$step2" "$exp1" "$exp2" "$wait_ms" "$pstep" "$pexp" "$ratio"
     done
 done
-
 echo
 echo "# scaling: 2 ranks vs 1 rank at the same global batch, hidden 1024 (samples/s from the median step)"
 for sb in $SCALE_BATCH; do

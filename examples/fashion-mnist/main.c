@@ -37,7 +37,7 @@ typedef struct options {
     int legacy;
     double lr, momentum, weight_decay, beta1, beta2, eps, bucket_mb;
     const char *checkpoint, *resume, *trace;
-    int json, print_checksum, print_losses, no_eval;
+    int json, print_checksum, print_losses, no_eval, bench_nosync;
 } options_t;
 
 typedef struct trainer {
@@ -107,6 +107,9 @@ static void usage(FILE *out)
         "                      with several ranks FILE gets .rankR inserted before .json\n"
         "  --warmup N          steps left out of the timing (default 3)\n"
         "  --no-eval           skip the test-set evaluation\n"
+        "  --bench-nosync      timing only: every other step skips communication (no_sync),\n"
+        "                      so the JSON's nosync_step_ms_median is the local step measured\n"
+        "                      in the same run (parameters then differ across ranks)\n"
         "  --help              this text\n"
         "exit status: 0 success, 1 runtime error, 2 bad option\n",
         prog, prog);
@@ -179,6 +182,7 @@ static void parse_options(int argc, char **argv, options_t *o)
                     : !strcmp(name, "--print-checksum") ? &o->print_checksum
                     : !strcmp(name, "--print-losses")   ? &o->print_losses
                     : !strcmp(name, "--no-eval")        ? &o->no_eval
+                    : !strcmp(name, "--bench-nosync")   ? &o->bench_nosync
                                                         : NULL;
         if (flag) {
             if (eq) die_usage("%s takes no value", name);
@@ -595,6 +599,8 @@ int main(int argc, char **argv)
     /* per-step samples for medians, which a busy machine's stalls do not drag */
     size_t sample_cap = 0;
     double *step_samples = NULL, *exposed_samples = NULL;
+    size_t nosync_cap = 0, nosync_steps = 0; /* --bench-nosync: the steps without communication */
+    double *nosync_samples = NULL;
     double accuracy = -1.0;
     int stopped = 0;
     const float scale = 1.0f / (float)(t->local_batch * o->accumulate);
@@ -611,8 +617,9 @@ int main(int argc, char **argv)
             double step_start = ddp_time_us();
             double step_loss = 0, step_exposed = 0;
             t->tracing = t->trace && run_steps >= 1 && run_steps <= o->trace_steps;
+            const int skip_comm = o->bench_nosync && run_steps % 2 == 1;
             for (size_t k = 0; k < o->accumulate; k++) {
-                int sync = k + 1 == o->accumulate;
+                int sync = !skip_comm && k + 1 == o->accumulate;
                 size_t base = (s * o->accumulate + k) * o->batch + (size_t)t->rank * t->local_batch;
                 for (size_t i = 0; i < t->local_batch; i++) {
                     uint32_t idx = perm[base + i];
@@ -673,7 +680,14 @@ int main(int argc, char **argv)
             epoch_steps++;
             local_loss_sum += step_loss;
             epoch_exposed += step_exposed;
-            if (run_steps > o->warmup) {
+            if (run_steps > o->warmup && skip_comm) {
+                if (nosync_steps == nosync_cap) {
+                    nosync_cap = nosync_cap ? 2 * nosync_cap : 1024;
+                    nosync_samples = realloc(nosync_samples, nosync_cap * sizeof(double));
+                    if (!nosync_samples) fail("out of memory");
+                }
+                nosync_samples[nosync_steps++] = step_end - step_start;
+            } else if (run_steps > o->warmup) {
                 if (timed_steps == sample_cap) {
                     sample_cap = sample_cap ? 2 * sample_cap : 1024;
                     step_samples = realloc(step_samples, sample_cap * sizeof(double));
@@ -759,6 +773,9 @@ int main(int argc, char **argv)
             printf(",\"step_ms_median\":%.4f,\"exposed_comm_ms_median\":%.4f",
                    median(step_samples, timed_steps) / 1000.0,
                    median(exposed_samples, timed_steps) / 1000.0);
+            if (nosync_steps)
+                printf(",\"nosync_step_ms_median\":%.4f",
+                       median(nosync_samples, nosync_steps) / 1000.0);
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\"}\n",
                    o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
@@ -781,6 +798,7 @@ int main(int argc, char **argv)
     free(t->pending);
     free(step_samples);
     free(exposed_samples);
+    free(nosync_samples);
     fm_optim_destroy(&t->opt);
     fm_mlp_destroy(&t->model);
     fm_dataset_free(&t->train);
