@@ -4,7 +4,7 @@
  * publishes hashes of its outputs; rank 0 compares them). Allreduce also runs with the ring
  * forced on small sizes with tiny chunks (many pipelined frames) and with recursive doubling
  * forced on a large size, so both algorithms see odd, prime and non-divisible sizes.
- * Usage: test_tcp_transport WORLD PART (a: f32 f64 f16; b: bf16 i32 i64 u8; c: forced
+ * Usage: test_tcp_transport WORLD PART (a: f32 f64; b: f16 bf16; d: i32 i64 u8; c: forced
  * algorithms), split so that each ctest entry stays short on a busy machine. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -153,8 +153,8 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
     unsigned salt = 1;
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
         ddp_dtype_t dt = dtypes[d];
-        /* part "a": f32 f64 f16; part "b": bf16 i32 i64 u8; part "c": forced algorithms. */
-        if (strcmp(part, d < 3 ? "a" : "b") != 0) continue;
+        /* part "a": f32 f64; "b": f16 bf16; "d": i32 i64 u8; "c": forced algorithms. */
+        if (strcmp(part, d < 2 ? "a" : d < 4 ? "b" : "d") != 0) continue;
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
             size_t count = sizes[s];
             int large = count > 5000;
@@ -226,8 +226,8 @@ int main(int argc, char **argv)
 {
     int world = argc > 1 ? atoi(argv[1]) : 2;
     const char *part = argc > 2 ? argv[2] : "a";
-    if (strcmp(part, "a") && strcmp(part, "b") && strcmp(part, "c")) {
-        fprintf(stderr, "usage: test_tcp_transport WORLD a|b|c\n");
+    if (strcmp(part, "a") && strcmp(part, "b") && strcmp(part, "c") && strcmp(part, "d")) {
+        fprintf(stderr, "usage: test_tcp_transport WORLD a|b|c|d\n");
         return 2;
     }
     setenv("DDP_STORE_TOKEN", "test-token-tcp", 1);
