@@ -435,10 +435,40 @@ static int args_main(ddp_group_t *g, void *arg)
     return 0;
 }
 
+/* Ranks that disagree on the parameters (the last rank's first one is longer by a chunk) get an
+ * error from the step on every rank, within the timeout, instead of wrong data or a hang. */
+static int mismatch_main(ddp_group_t *g, void *arg)
+{
+    int stage = *(const int *)arg;
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    float a[40] = {0}, b[7] = {0}, ga[40] = {0}, gb[7] = {0};
+    ddp_param_t p[2] = {{"a", a, rank == world - 1 ? 34 : 30, DDP_F32, 0, 0, NULL},
+                        {"b", b, 7, DDP_F32, 0, 0, NULL}};
+    ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
+    zc.stage = stage;
+    zc.bucket_cap_bytes = 0; /* stage 2: every gradient its own reduce-scatter */
+    ddp_zero_t *z = NULL;
+    CHECK_OK(ddp_zero_create(g, p, 2, &zc, &z));
+    void *grads[2] = {ga, gb};
+    ddp_status_t s = ddp_zero_step(z, grads);
+    CHECK_MSG(s == DDP_ERR_MISMATCH || s == DDP_ERR_REMOTE || s == DDP_ERR_ABORTED,
+              "rank %d: step returned %s (%s)", rank, ddp_status_string(s), ddp_last_error());
+    CHECK_ERROR_MENTIONS("zero step");
+    if (rank == 0) fprintf(stderr, "rank 0: %s: %s\n", ddp_status_string(s), ddp_last_error());
+    ddp_zero_destroy(z);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "args") == 0)
         return ddp_test_run_group(1, 60, NULL, args_main, NULL);
+    if (argc == 4 && strcmp(argv[1], "mismatch") == 0) {
+        int stage = atoi(argv[2]);
+        ddp_group_options_t go = DDP_GROUP_OPTIONS_INIT;
+        go.timeout_ms = 20000;
+        return ddp_test_run_group(atoi(argv[3]), 60, &go, mismatch_main, &stage);
+    }
     if (argc != 5) {
         fprintf(stderr, "usage: %s args | stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD "
                 "f32|f64\n", argv[0]);
