@@ -293,6 +293,11 @@ static int rank_main(ddp_group_t *g, void *arg)
             CHECK_OK(ddp_reducer_finalize(ra));
             CHECK_OK(ddp_zero_step(zero, overlap ? NULL : ga));
             CHECK_OK(ddp_reducer_zero_grad(ra));
+            if (overlap) {
+                /* A second step without a reduced iteration would install stale updates. */
+                CHECK_STATUS(ddp_zero_step(zero, NULL), DDP_ERR_INVALID_USAGE);
+                CHECK_ERROR_MENTIONS("not reduced");
+            }
         }
 
         /* Against the reference. */

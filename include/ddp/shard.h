@@ -196,7 +196,8 @@ DDP_API ddp_status_t ddp_zero_param_owner(const ddp_zero_t *zero, size_t index, 
  * 1/world of the model), so the caller's backward may keep reading every parameter until
  * finalize; ddp_zero_step(zero, NULL) then broadcasts the new values and installs them. The
  * Reducer must keep a fixed bucket layout (rebuild_buckets = 0): a bucket whose parameters change
- * is DDP_ERR_INVALID_USAGE. Parameter indices are the Reducer's (no duplicate registrations). */
+ * is DDP_ERR_INVALID_USAGE, and so is a ddp_zero_step when some bucket was not reduced since the
+ * previous step (no_sync iterations do not call hooks: step after a synchronised one). Parameter indices are the Reducer's (no duplicate registrations). */
 DDP_API ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group,
                                    const ddp_comm_bucket_t *bucket, ddp_work_t **work);
 

@@ -26,7 +26,8 @@ typedef struct zero_bucket {
     size_t *params;
     size_t *offsets;
     int owner;
-    void *data; /* the bucket being reduced this iteration */
+    int reduced; /* the hook ran for it since the last ddp_zero_step */
+    void *data;  /* the bucket being reduced this iteration */
     size_t numel;
     ddp_dtype_t dtype;
 } zero_bucket_t;
@@ -451,6 +452,17 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
                                   "ddp_zero_hook has seen; install the hook on the Reducer and "
                                   "call ddp_reducer_finalize before the step",
                                   (unsigned long long)z->steps, i, pname(z, i));
+        /* Every bucket must have been updated since the last step, or stale copies would be
+         * installed (e.g. a step after a no_sync iteration, where the hook does not run). */
+        for (size_t b = 0; b < z->nbuckets; b++)
+            if (z->buckets[b] && !z->buckets[b]->reduced)
+                return ddp__error(DDP_ERR_INVALID_USAGE,
+                                  "zero step %llu: bucket %zu was not reduced since the last "
+                                  "step (a no_sync iteration?); in overlap mode step only after "
+                                  "a synchronised iteration's finalize",
+                                  (unsigned long long)z->steps, b);
+        for (size_t b = 0; b < z->nbuckets; b++)
+            if (z->buckets[b]) z->buckets[b]->reduced = 0;
         s = broadcast_from_owners(z);
         if (s == DDP_OK)
             for (size_t i = 0; i < z->nparams; i++)
@@ -613,7 +625,9 @@ ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group, const ddp_comm_bucke
     zb->data = bucket->data;
     zb->numel = bucket->numel;
     zb->dtype = bucket->dtype;
-    return ddp_group_submit(group, overlap_task, zb, work);
+    s = ddp_group_submit(group, overlap_task, zb, work);
+    if (s == DDP_OK) zb->reduced = 1;
+    return s;
 }
 
 /* ---- queries ------------------------------------------------------------------------------ */
