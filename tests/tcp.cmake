@@ -14,7 +14,9 @@ foreach(mode mismatch timeout kill intruder ifname abort)
 endforeach()
 # Hierarchical: pretend hosts (rank r on host LAYOUT[r]); shared memory inside, TCP among leaders.
 foreach(layout AB AAB ABAB AABBC)
-  ddp_add_test(NAME test_tcp_hier SOURCES test_tcp_hier.c ARGS ${layout} TIMEOUT 200 LIBS m)
+  foreach(part a b)
+    ddp_add_test(NAME test_tcp_hier SOURCES test_tcp_hier.c ARGS ${layout} ${part} TIMEOUT 200 LIBS m)
+  endforeach()
 endforeach()
 
 # Multi-host over network namespaces (root only; SKIP otherwise): 2 and 3 hosts of 2 ranks each
