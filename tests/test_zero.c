@@ -475,8 +475,8 @@ int main(int argc, char **argv)
         return ddp_test_run_group(atoi(argv[3]), 60, &go, mismatch_main, &stage);
     }
     if (argc != 5) {
-        fprintf(stderr, "usage: %s args | stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD "
-                "f32|f64\n", argv[0]);
+        fprintf(stderr, "usage: %s args | mismatch 1|2 WORLD | "
+                "stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD f32|f64\n", argv[0]);
         return 2;
     }
     test_case_t tc;

@@ -49,7 +49,8 @@ typedef void (*ddp_rs_callback_fn)(void *arg, const void *shard, size_t count);
 
 /* bucket_cap_bytes: bytes of one bucket over all ranks; each rank's block in a bucket holds
  * bucket_cap_bytes / dtype size / world_size elements. 0 disables bucketing (every input is
- * reduce-scattered on its own, at once). Buckets are created per (group, dtype, op) on first use. */
+ * reduce-scattered on its own, at once). Buckets are created per (group, dtype, op) on first
+ * use. */
 DDP_API ddp_status_t ddp_rs_bucketer_create(size_t bucket_cap_bytes, ddp_rs_bucketer_t **out);
 
 /* Flushes (waits for every reduction and runs every callback), then frees. The groups used must
@@ -161,14 +162,14 @@ DDP_API ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *para
                                      ddp_zero_t **out);
 DDP_API void ddp_zero_destroy(ddp_zero_t *zero);
 
-/* One optimizer step, collective. Stage 1: grads[i] holds parameter i's AVERAGED gradient (as
- * after ddp_reducer_finalize); this rank updates the parameters it owns, then each parameter is
- * broadcast from its owner so every replica is bitwise identical. Stage 2: grads[i] holds this rank's
- * LOCAL gradient (no Reducer); they are averaged by reduce-scatter (DDP_AVG) through the
- * bucketer, each rank updates its chunks, and parameters are allgathered. The gradients are only
- * read. Stage 2 with ddp_zero_grad_ready: grads may be NULL, or give only the parameters not
- * marked. Overlap: grads must be NULL (the hook already computed each bucket's update); call
- * after ddp_reducer_finalize; the updated parameters are broadcast from their owners. */
+/* One optimizer step, collective. Stage 1: grads[i] holds parameter i's AVERAGED gradient (as after
+ * ddp_reducer_finalize); this rank updates the parameters it owns, then each parameter is broadcast
+ * from its owner so every replica is bitwise identical. Stage 2: grads[i] holds this rank's LOCAL
+ * gradient (no Reducer); they are averaged by reduce-scatter (DDP_AVG) through the bucketer, each
+ * rank updates its chunks, and parameters are allgathered. The gradients are only read. Stage 2
+ * with ddp_zero_grad_ready: grads may be NULL, or give only the parameters not marked. Overlap:
+ * grads must be NULL (the hook already computed each bucket's update); call after
+ * ddp_reducer_finalize; the updated parameters are broadcast from their owners. */
 DDP_API ddp_status_t ddp_zero_step(ddp_zero_t *zero, void *const *grads);
 
 /* Stage 2: parameter `index`'s local gradient (numel elements of its dtype) is complete: its
@@ -189,15 +190,16 @@ DDP_API size_t ddp_zero_owned_numel(const ddp_zero_t *zero);
  * bucket). Stage 2: every rank owns a chunk, *rank = -1. */
 DDP_API ddp_status_t ddp_zero_param_owner(const ddp_zero_t *zero, size_t index, int *rank);
 
-/* The overlap comm hook (ddp_comm_hook_fn): state is a ddp_zero_t created with overlap = 1 and
- * the same parameters, in the same order, as the Reducer's. One task on the progress thread
- * allreduces the bucket and, on the bucket's owner, computes its parameters' updated values from
- * the averaged gradients into a copy kept by the ZeRO object (memory: the owned parameters, about
- * 1/world of the model), so the caller's backward may keep reading every parameter until
- * finalize; ddp_zero_step(zero, NULL) then broadcasts the new values and installs them. The
- * Reducer must keep a fixed bucket layout (rebuild_buckets = 0): a bucket whose parameters change
- * is DDP_ERR_INVALID_USAGE, and so is a ddp_zero_step when some bucket was not reduced since the
- * previous step (no_sync iterations do not call hooks: step after a synchronised one). Parameter indices are the Reducer's (no duplicate registrations). */
+/* The overlap comm hook (ddp_comm_hook_fn): state is a ddp_zero_t created with overlap = 1 and the
+ * same parameters, in the same order, as the Reducer's. One task on the progress thread allreduces
+ * the bucket and, on the bucket's owner, computes its parameters' updated values from the averaged
+ * gradients into a copy kept by the ZeRO object (memory: the owned parameters, about 1/world of the
+ * model), so the caller's backward may keep reading every parameter until finalize;
+ * ddp_zero_step(zero, NULL) then broadcasts the new values and installs them. The Reducer must keep
+ * a fixed bucket layout (rebuild_buckets = 0): a bucket whose parameters change is
+ * DDP_ERR_INVALID_USAGE, and so is a ddp_zero_step when some bucket was not reduced since the
+ * previous step (no_sync iterations do not call hooks: step after a synchronised one). Parameter
+ * indices are the Reducer's (no duplicate registrations). */
 DDP_API ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group,
                                    const ddp_comm_bucket_t *bucket, ddp_work_t **work);
 
