@@ -43,7 +43,8 @@ typedef struct hier {
     const ddp__transport_ops_t *lops;
     void *local;   /* NULL when I am alone on my host */
     void *leaders; /* NULL unless I lead my host and there are several hosts */
-    uint64_t lseq, xseq;
+    uint64_t lseq, xseq, parent_seq;
+    char local_map[160], leader_map[160]; /* "local rank i = global rank g" for error texts */
     char *work;
     size_t work_bytes;
     int broken;
@@ -70,10 +71,14 @@ static ddp_status_t sub(hier_t *h, int among_leaders, ddp__collective_kind_t kin
     c.deadline_ns = deadline_ns;
     const ddp__transport_ops_t *ops = among_leaders ? &ddp__transport_tcp : h->lops;
     ddp_status_t s = ops->run(state, &c);
+    /* The sub-transport numbers ranks and sequence numbers its own way: say how to read them. */
     if (s != DDP_OK)
-        ddp__error_context(s, "hierarchical transport, group '%s', rank %d (host %d), %s",
-                           h->group, h->rank, h->host,
-                           among_leaders ? "among host leaders over tcp" : "inside the host");
+        ddp__error_context(s, "hierarchical transport, group '%s', rank %d (host %d), seq %llu, "
+                           "%s (its ranks %s; its seq %llu)", h->group, h->rank, h->host,
+                           (unsigned long long)h->parent_seq,
+                           among_leaders ? "among host leaders over tcp" : "inside the host",
+                           among_leaders ? h->leader_map : h->local_map,
+                           (unsigned long long)c.seq);
     return s;
 }
 
@@ -393,6 +398,14 @@ static ddp_status_t hier_create(ddp_store_t *store, const char *group_name, int 
         h->local_ranks[h->local_n++] = r;
     }
 
+    size_t used = 0;
+    for (int j = 0; j < h->local_n && used + 24 < sizeof h->local_map; j++)
+        used += (size_t)snprintf(h->local_map + used, sizeof h->local_map - used, "%s%d=rank %d",
+                                 j ? ", " : "", j, h->local_ranks[j]);
+    used = 0;
+    for (int k = 0; k < h->nhosts && used + 24 < sizeof h->leader_map; k++)
+        used += (size_t)snprintf(h->leader_map + used, sizeof h->leader_map - used,
+                                 "%s%d=rank %d", k ? ", " : "", k, h->leader_of_host[k]);
     int ms = (int)((deadline - ddp__now_ns()) / 1000000);
     if (h->local_n > 1) {
         snprintf(key, sizeof key, "%s/hier/host%d", group_name, h->host);
@@ -454,6 +467,7 @@ static ddp_status_t hier_run(void *state, const ddp__collective_t *c)
             memmove(c->recv, c->send, bytes);
         return DDP_OK;
     }
+    h->parent_seq = c->seq;
     ddp_status_t s = dispatch(h, c);
     if (s != DDP_OK) {
         h->broken = 1;
