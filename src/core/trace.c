@@ -1,5 +1,6 @@
 /* Chrome trace writer: a JSON array of complete events ("ph":"X"), one per span. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,11 @@ ddp_status_t ddp_trace_span(ddp_trace_t *trace, const char *name, const char *ca
 {
     if (!trace) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "trace is NULL");
     if (!name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "name is NULL");
+    /* "nan" or "inf" would make the whole file invalid JSON. */
+    if (!isfinite(start_us))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "start_us is %g, not a finite time", start_us);
+    if (!isfinite(end_us))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "end_us is %g, not a finite time", end_us);
     if (end_us < start_us) end_us = start_us;
     pthread_mutex_lock(&trace->lock);
     if (!trace->first) fputs(",\n", trace->file);

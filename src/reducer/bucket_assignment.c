@@ -7,6 +7,7 @@
  * each get a bucket of their own. Open buckets are closed at the end, and the buckets are sorted
  * (by their smallest tensor index, or for a rebuild by their earliest visiting position) so that
  * they become ready in consecutive order during backward. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,6 +72,9 @@ ddp_status_t ddp__bucket_assignment(const ddp_param_t *params, size_t nparams,
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "params[%zu] ('%s'): invalid dtype %d", i,
                               params[i].name ? params[i].name : "(unnamed)",
                               (int)params[i].dtype);
+        if (params[i].numel > PTRDIFF_MAX / ddp_dtype_size(params[i].dtype))
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "params[%zu] ('%s'): numel %zu is too large",
+                              i, params[i].name ? params[i].name : "(unnamed)", params[i].numel);
     }
 
     ddp_status_t status = DDP_OK;

@@ -4,6 +4,7 @@
  * not fit, the buffer is divided by the world size and all-reduced, and the results are copied
  * back. A parameter larger than the whole buffer is reduced alone, in place. Parameters without
  * a gradient are zero-filled and take part, so every rank issues the same collectives. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +93,11 @@ ddp_status_t ddp_legacy_create(ddp_group_t *group, const ddp_param_t *params, si
                               "parameter '%s' (params[%zu]) is sparse: legacy mode reduces dense "
                               "gradients only",
                               name, i);
+        /* total and the flat buffer's byte size are size_t: keep them exact. */
+        if (p->numel > PTRDIFF_MAX / 8 - total)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "parameter '%s' (params[%zu]): numel %zu is too large", name, i,
+                              p->numel);
         total += p->numel;
         if (ddp_dtype_size(p->dtype) > widest) widest = ddp_dtype_size(p->dtype);
     }

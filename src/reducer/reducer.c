@@ -502,6 +502,11 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                           "nparams is 0: a reducer needs at least one parameter");
     if (!params) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "params is NULL");
+    /* A count no array can have: reject it before reading params[nparams - 1]. */
+    if (nparams > PTRDIFF_MAX / sizeof(ddp_param_t))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "nparams %zu is too large", nparams);
+    if (nbuffers > PTRDIFF_MAX / sizeof(ddp_buffer_t))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "nbuffers %zu is too large", nbuffers);
     if (nbuffers > 0 && !buffers)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "buffers is NULL but nbuffers is %zu",
                           nbuffers);
@@ -511,6 +516,7 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "config->first_bucket_bytes is 0");
     if (c->broadcast_bucket_bytes == 0)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "config->broadcast_bucket_bytes is 0");
+    size_t total_bytes = 0;
     for (size_t i = 0; i < nparams; i++) {
         const ddp_param_t *p = &params[i];
         if (!p->name || !p->name[0])
@@ -524,6 +530,14 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
         if (p->numel > 0 && !p->data)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "parameter '%s' (params[%zu]): data is NULL",
                               p->name, i);
+        /* Bucket offsets and byte sizes are computed in size_t: keep every product exact. */
+        if (p->numel > PTRDIFF_MAX / ddp_dtype_size(p->dtype) ||
+            p->numel * ddp_dtype_size(p->dtype) > PTRDIFF_MAX - total_bytes)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "parameter '%s' (params[%zu]): numel %zu of %s is too large (the "
+                              "model's bytes overflow)",
+                              p->name, i, p->numel, ddp_dtype_name(p->dtype));
+        total_bytes += p->numel * ddp_dtype_size(p->dtype);
         if (p->rows > 0 && p->numel % p->rows != 0)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                               "parameter '%s' (params[%zu]): numel %zu is not a multiple of rows "
@@ -551,6 +565,10 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
         if (b->numel > 0 && !b->data)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "buffer '%s' (buffers[%zu]): data is NULL",
                               b->name, i);
+        if (b->numel > PTRDIFF_MAX / ddp_dtype_size(b->dtype))
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "buffer '%s' (buffers[%zu]): numel %zu is too large", b->name, i,
+                              b->numel);
     }
     return DDP_OK;
 }
@@ -1185,6 +1203,10 @@ ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *r, size_t index, const int64
                           p->name, index);
     if (nrows > 0 && !indices)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "parameter '%s': indices is NULL", p->name);
+    /* More rows than memory can hold: reject before reading indices[nrows - 1]. */
+    if (nrows > PTRDIFF_MAX / 2 / (row_bytes(p) > sizeof(int64_t) ? row_bytes(p) : sizeof(int64_t)))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "parameter '%s': nrows %zu is too large",
+                          p->name, nrows);
     if (nrows > 0 && !values)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "parameter '%s': values is NULL", p->name);
     for (size_t i = 0; i < nrows; i++)
