@@ -230,7 +230,19 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
     test_two_groups_and_split(g, store);
     test_tasks(g);
     test_segment_buffers(g);
+
+    /* A work handle outlives its group: destroy waits for the queued work, after which the
+     * handle still answers. */
+    int64_t last = rank;
+    ddp_work_t *w = NULL;
+    CHECK_OK(ddp_group_allreduce_async(g, &last, &last, 1, DDP_I64, DDP_SUM, &w));
     ddp_group_destroy(g);
+    int done = 0;
+    CHECK_OK(ddp_work_test(w, &done));
+    CHECK(done == 1);
+    CHECK_OK(ddp_work_wait(w));
+    CHECK(last == (int64_t)world * (world - 1) / 2);
+    ddp_work_free(w);
     return 0;
 }
 

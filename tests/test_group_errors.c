@@ -2,7 +2,8 @@
  * (count, dtype, root, op, kind; small and large), a rank that never calls (timeout naming it),
  * a rank killed with SIGKILL in the middle of a collective (the others fail naming it, and no
  * segment is left in /dev/shm), and the broken group's DDP_ERR_ABORTED afterwards.
- * Usage: test_group_errors <world> <mismatch|timeout|kill> */
+ * A rank that destroys its group while the others wait for it makes them fail at once, naming it.
+ * Usage: test_group_errors <world> <mismatch|timeout|kill|leave> */
 #include <dirent.h>
 #include <signal.h>
 #include <string.h>
@@ -152,6 +153,32 @@ static int timeout_rank(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* ---- a rank that leaves (destroys its group) while the others wait ------------------------ */
+
+static int leave_rank(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(store, rank, world, "leave", 30000);
+    CHECK_OK(ddp_group_barrier(g));
+    if (rank == world - 1 && world > 1) {
+        ddp_group_destroy(g); /* never calls seq 2 */
+        return 0;
+    }
+    int32_t x = 1;
+    ddp_status_t s = ddp_group_allreduce(g, &x, &x, 1, DDP_I32, DDP_SUM);
+    if (world == 1) {
+        CHECK_OK(s);
+    } else {
+        /* Not a 30 s timeout: the leaver's flag ends the wait at once, naming it. */
+        CHECK_STATUS(s, DDP_ERR_REMOTE);
+        char who[64];
+        snprintf(who, sizeof who, "rank %d left the group", world - 1);
+        CHECK_ERROR_MENTIONS(who);
+    }
+    ddp_group_destroy(g);
+    return 0;
+}
+
 /* ---- a rank killed mid-collective --------------------------------------------------------- */
 
 static int count_ddp_shm_files(void)
@@ -245,6 +272,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "mismatch")) rc = ddp_test_run_ranks(world, 100, mismatch_rank, NULL);
     else if (!strcmp(mode, "timeout")) rc = ddp_test_run_ranks(world, 60, timeout_rank, NULL);
     else if (!strcmp(mode, "kill")) rc = run_kill_test(world);
+    else if (!strcmp(mode, "leave")) rc = ddp_test_run_ranks(world, 60, leave_rank, NULL);
     else {
         fprintf(stderr, "unknown mode %s\n", mode);
         return 2;
