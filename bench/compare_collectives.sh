@@ -10,7 +10,9 @@
 # RANKS ("2 4"), OPS ("allreduce"; also broadcast, reduce_scatter, allgather), DTYPE (f32),
 # REDOP (sum), MIN (8), MAX (128M), FACTOR (4), ITERS (5), WARMUP (2), ROUNDS (5),
 # MIN_MS (10), REPEAT (3: every run is repeated, interleaved, and the table shows the median
-# with the spread below it), KEEP (a directory to keep the raw JSON in).
+# with the spread below it), KEEP (a directory to keep the raw JSON in), FROM (a directory KEEP
+# filled earlier: print its tables again without running anything; give the same RANKS, OPS and
+# REPEAT).
 # Ratios > 1 mean libddp is faster.
 set -eu
 
@@ -30,7 +32,7 @@ MIN_MS=${MIN_MS:-10}
 REPEAT=${REPEAT:-3}
 
 need=""
-for p in ddprun ddp-bench memcpy-probe mpi-baseline; do
+[ -n "${FROM:-}" ] || for p in ddprun ddp-bench memcpy-probe mpi-baseline; do
     [ -x "$BUILD/$p" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
@@ -39,16 +41,18 @@ if [ -n "$need" ]; then
     # shellcheck disable=SC2086
     cmake --build "$BUILD" -j2 --target $need >&2
 fi
-for p in ddprun ddp-bench memcpy-probe; do
+[ -n "${FROM:-}" ] || for p in ddprun ddp-bench memcpy-probe; do
     [ -x "$BUILD/$p" ] || { echo "compare_collectives: $BUILD/$p was not built" >&2; exit 1; }
 done
 HAVE_MPI=1
-if [ ! -x "$BUILD/mpi-baseline" ] || ! command -v mpirun >/dev/null 2>&1; then
+if [ -z "${FROM:-}" ] && { [ ! -x "$BUILD/mpi-baseline" ] || ! command -v mpirun >/dev/null 2>&1; }; then
     HAVE_MPI=0
     echo "# MPI not available: the MPI columns are empty" >&2
 fi
 
-if [ -n "${KEEP:-}" ]; then
+if [ -n "${FROM:-}" ]; then
+    OUT=$FROM
+elif [ -n "${KEEP:-}" ]; then
     OUT=$KEEP
     mkdir -p "$OUT"
 else
@@ -64,14 +68,19 @@ COMMON="-d $DTYPE -r $REDOP -b $MIN -e $MAX -f $FACTOR -n $ITERS -w $WARMUP --ro
 # JSON lines only (ddprun may add its own lines on failure; those go to stderr).
 json_only() { grep '^{' || true; }
 
-echo "# compare_collectives: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, $(uname -r)"
-echo "# $DTYPE $REDOP, sizes $MIN..$MAX x$FACTOR, >= $ITERS iterations x $ROUNDS rounds (median), warmup $WARMUP"
-echo "# $REPEAT repetitions of every run, interleaved; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "${FROM:-}" ]; then
+    echo "# compare_collectives: tables from the runs kept in $FROM"
+else
+    echo "# compare_collectives: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, $(uname -r)"
+    echo "# $DTYPE $REDOP, sizes $MIN..$MAX x$FACTOR, >= $ITERS iterations x $ROUNDS rounds (median), warmup $WARMUP"
+    echo "# $REPEAT repetitions of every run, interleaved; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
 # Field `name` of a JSON line ("key":value), numbers and strings alike.
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
 
 # All runs of one repetition back to back, so that every configuration sees the same load.
 rep=1
+[ -z "${FROM:-}" ] || rep=$((REPEAT + 1))
 while [ "$rep" -le "$REPEAT" ]; do
     "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" \
         --min-ms "$MIN_MS" --json | json_only >"$OUT/memcpy.$rep.json"
@@ -93,7 +102,7 @@ while [ "$rep" -le "$REPEAT" ]; do
     done
     rep=$((rep + 1))
 done
-echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -n "${FROM:-}" ] || echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # Lists the files of every repetition of one configuration.
 reps() { r=1; l=""; while [ "$r" -le "$REPEAT" ]; do l="$l $OUT/$1.$r.json"; r=$((r + 1)); done; echo "$l"; }
@@ -102,7 +111,7 @@ for op in $OPS; do
     for n in $RANKS; do
         echo
         echo "## $op $DTYPE $REDOP, $n ranks ($(field transport <"$OUT/ddp-0-$op-$n.1.json" | head -n 1) transport)," \
-            "algbw in GB/s, median of $REPEAT runs"
+            "algbw in GB/s from the median time of $REPEAT runs"
         awk -v user="$(reps "ddp-0-$op-$n")" -v seg="$(reps "ddp-1-$op-$n")" \
             -v mpi="$(reps "mpi-$op-$n")" -v mem="$(reps memcpy)" '
             function get(line, key,   m) {
@@ -137,6 +146,7 @@ for op in $OPS; do
                 return m % 2 ? tmp[(m + 1) / 2] : (tmp[m / 2] + tmp[m / 2 + 1]) / 2
             }
             function ratio(a, b) { return (a != "" && b != "" && b + 0 > 0) ? sprintf("%.2f", a / b) : "-" }
+            function gbps(b, t) { return (t == "" || t + 0 <= 0) ? "" : b / t / 1e3 }
             function show(x) { return x == "" ? "-" : sprintf("%.2f", x) }
             function range(x) { return x == "" ? "-" : sprintf("%.2f-%.2f", lo, hi) }
             BEGIN {
@@ -145,16 +155,15 @@ for op in $OPS; do
                 fmt = "%10s %8s %8s %8s %8s %8s %8s %8s %8s\n"
                 printf fmt, "bytes", "user", "segment", "MPI", "user/MPI", "seg/MPI", "memcpy",
                        "user/cpy", "seg/cpy"
-                # Ratios of median times (same bytes, so the same as ratios of algbw, but exact
-                # at sizes where algbw rounds to 0).
+                # GB/s from the median time, and ratios of median times (same bytes, so the same
+                # as ratios of algbw), so that every column of a row agrees even with an even
+                # number of repetitions.
                 for (i = 1; i <= nsizes; i++) {
                     b = order[i]
-                    u = stats(bw, "user", b); s = stats(bw, "seg", b)
-                    m = stats(bw, "mpi", b); c = stats(bw, "mem", b)
                     ut = stats(us, "user", b); st = stats(us, "seg", b)
                     mt = stats(us, "mpi", b); ct = stats(us, "mem", b)
-                    printf fmt, b, show(u), show(s), show(m), ratio(mt, ut), ratio(mt, st), show(c),
-                           ratio(ct, ut), ratio(ct, st)
+                    printf fmt, b, show(gbps(b, ut)), show(gbps(b, st)), show(gbps(b, mt)),
+                           ratio(mt, ut), ratio(mt, st), show(gbps(b, ct)), ratio(ct, ut), ratio(ct, st)
                 }
                 print "spread (min-max GB/s over the runs):"
                 fmt = "%10s %14s %14s %14s %14s\n"
