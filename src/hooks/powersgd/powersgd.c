@@ -4,6 +4,7 @@
  * does the numeric work with its three allreduces (uncompressed tensors, P's, Q's), so backward
  * goes on meanwhile. Uses only libddp's public API, so it links against libddp like a user's
  * library would. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,7 +222,8 @@ static ddp_status_t slot_plan(psgd_slot_t *s, const ddp_powersgd_config_t *cfg,
                                   b->index, i, offset, offset + numel, b->numel);
         size_t m = n > 1 ? numel / n : 0;
         s->tensor_numel += numel;
-        if (n > 1 && numel % n == 0 &&
+        /* CBLAS takes int dimensions: a larger matrix goes uncompressed. */
+        if (n > 1 && numel % n == 0 && n <= INT_MAX && m <= INT_MAX &&
             ddp_powersgd_should_compress(n, m, cfg->matrix_approximation_rank,
                                          cfg->min_compression_rate)) {
             size_t r = (size_t)cfg->matrix_approximation_rank;
