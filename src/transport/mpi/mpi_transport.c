@@ -43,6 +43,9 @@ enum {
     YIELD_AFTER = 256,   /* MPI_Test calls after which the poller yields the core each time */
 };
 
+/* Starts an abort notice sent after a mismatch, followed by the sequence number and "\n". */
+#define MISMATCH_MARK "\001mismatch at seq "
+
 /* The record every collective starts with: fingerprint, its complement, a small payload. */
 enum { INLINE_BYTES = 512 };
 typedef struct fused_record {
@@ -77,14 +80,18 @@ typedef struct mpi_state {
     MPI_Request abandoned[4];
     int nabandoned;
 
-    /* Set after a timeout or failure: later collectives return DDP_ERR_ABORTED with this text. */
+    /* Set after a timeout or failure: later collectives return DDP_ERR_ABORTED with this text.
+     * broken_status and current_seq are also read by abort(), possibly from another thread. */
     int broken;
+    _Atomic int broken_status;
+    _Atomic uint64_t current_seq;
     char broken_reason[DDP_ERROR_TEXT_MAX];
 
     /* abort(): may be called from another thread while the progress thread polls. */
     _Atomic int abort_claimed;
     _Atomic int aborted;
     char abort_reason[ABORT_TEXT_MAX];
+    char abort_wire[ABORT_TEXT_MAX]; /* the notice as sent: reason, maybe behind a mismatch mark */
     MPI_Request abort_sends[64]; /* notices go to the first 64 peers only */
     int nabort_sends;
     char abort_notice[ABORT_TEXT_MAX];
@@ -262,6 +269,7 @@ static ddp_status_t break_state(mpi_state_t *s, ddp_status_t status)
 {
     if (!s->broken) {
         s->broken = 1;
+        atomic_store(&s->broken_status, (int)status);
         snprintf(s->broken_reason, sizeof s->broken_reason, "%s", ddp_last_error());
     }
     return status;
@@ -302,15 +310,30 @@ static ddp_status_t check_abort_notice(mpi_state_t *s)
         int len = 0;
         MPI_Get_count(&st, MPI_CHAR, &len);
         if (len < 0 || len >= ABORT_TEXT_MAX) len = ABORT_TEXT_MAX - 1;
-        rc = MPI_Recv(s->abort_notice, ABORT_TEXT_MAX - 1, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG,
+        rc = MPI_Recv(s->abort_notice, ABORT_TEXT_MAX, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG,
                       s->comm, MPI_STATUS_IGNORE);
         s->abort_notice[len] = '\0';
     }
     leave_mpi();
     if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, "MPI transport: receiving an abort notice");
     if (!flag) return DDP_OK;
+    const char *text = s->abort_notice;
+    unsigned long long mismatch_seq = 0;
+    int skip = 0;
+    if (sscanf(text, MISMATCH_MARK "%llu%n", &mismatch_seq, &skip) == 1) {
+        text += skip;
+        if (*text == '\n') text++;
+        /* The peer found a mismatch in the exchange we are in: every record (or contribution)
+         * reached it, so ours will complete too and name the mismatch itself. Keep waiting, so
+         * that every rank reports DDP_ERR_MISMATCH rather than some DDP_ERR_REMOTE. */
+        if (mismatch_seq == (unsigned long long)atomic_load(&s->current_seq)) {
+            DDP_LOG(DDP_LOG_DEBUG, "MPI transport, group '%s': rank %d saw the mismatch at seq %llu "
+                    "first", s->name, st.MPI_SOURCE, mismatch_seq);
+            return DDP_OK;
+        }
+    }
     return ddp__error(DDP_ERR_REMOTE, "MPI transport, group '%s': rank %d aborted the group: %s",
-                      s->name, st.MPI_SOURCE, s->abort_notice);
+                      s->name, st.MPI_SOURCE, text);
 }
 
 /* Polls the n requests until all complete, the deadline passes, this group is aborted or a
@@ -1017,6 +1040,7 @@ static ddp_status_t mpi_run(void *state, const ddp__collective_t *c)
     if (atomic_load(&s->aborted))
         return ddp__error(DDP_ERR_ABORTED, "MPI transport, group '%s': aborted: %s", s->name,
                           s->abort_reason);
+    atomic_store(&s->current_seq, c->seq);
     ddp_status_t status = validate(s, c);
     if (status != DDP_OK) return status;
     if (s->world > 1) {
@@ -1345,14 +1369,20 @@ static void mpi_abort(void *state, const char *reason)
     if (atomic_exchange(&s->abort_claimed, 1)) return;
     snprintf(s->abort_reason, sizeof s->abort_reason, "%s", reason ? reason : "(no reason)");
     atomic_store(&s->aborted, 1);
-    /* Tell every peer, without waiting: they probe for the notice while they poll. Under
+    /* Tell every peer, without waiting: they probe for the notice while they poll. An abort that
+     * follows a mismatch says so with its sequence number (see check_abort_notice). Under
      * MPI_THREAD_SERIALIZED the call lock keeps this off the progress thread's MPI calls. */
-    int len = (int)strlen(s->abort_reason) + 1;
+    if (atomic_load(&s->broken_status) == (int)DDP_ERR_MISMATCH)
+        snprintf(s->abort_wire, sizeof s->abort_wire, MISMATCH_MARK "%llu\n%s",
+                 (unsigned long long)atomic_load(&s->current_seq), s->abort_reason);
+    else
+        snprintf(s->abort_wire, sizeof s->abort_wire, "%s", s->abort_reason);
+    int len = (int)strlen(s->abort_wire) + 1;
     enter_mpi();
     for (int r = 0; r < s->world && s->nabort_sends < 64; r++) {
         if (r == s->rank) continue;
         MPI_Request req;
-        if (MPI_Isend(s->abort_reason, len, MPI_CHAR, r, ABORT_TAG, s->comm, &req) == MPI_SUCCESS)
+        if (MPI_Isend(s->abort_wire, len, MPI_CHAR, r, ABORT_TAG, s->comm, &req) == MPI_SUCCESS)
             s->abort_sends[s->nabort_sends++] = req;
     }
     leave_mpi();
