@@ -19,6 +19,9 @@
 #include <cblas.h>
 
 #include "ddp/ddp.h"
+#ifdef FM_HAVE_POWERSGD
+#include "ddp/powersgd.h"
+#endif
 #include "trainer.h"
 
 #ifdef FM_HAVE_OPENBLAS_THREADS
@@ -27,6 +30,9 @@ void openblas_set_num_threads(int num_threads);
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 #define EVAL_CHUNK 500
+
+enum { FM_HOOK_ALLREDUCE = 0, FM_HOOK_FP16, FM_HOOK_BF16, FM_HOOK_POWERSGD };
+static const char *const fm_hook_names[] = {"allreduce", "fp16", "bf16", "powersgd"};
 
 typedef struct options {
     const char *data_dir;
@@ -37,6 +43,9 @@ typedef struct options {
     int legacy;
     double lr, momentum, weight_decay, beta1, beta2, eps, bucket_mb;
     const char *checkpoint, *resume, *trace;
+    int hook; /* FM_HOOK_* */
+    int psgd_rank;
+    size_t psgd_start;
     int json, print_checksum, print_losses, no_eval, bench_nosync;
 } options_t;
 
@@ -48,6 +57,8 @@ typedef struct trainer {
     ddp_reducer_t *reducer;
     ddp_legacy_t *legacy;
     ddp_trace_t *trace;
+    ddp_half_hook_state_t *half_hook; /* --hook fp16|bf16 */
+    void *powersgd;                   /* --hook powersgd: a ddp_powersgd_state_t */
     fm_mlp_t model;
     fm_optim_t opt;
     float *grads[FM_NPARAMS];     /* where this iteration's gradients are */
@@ -95,6 +106,9 @@ static void usage(FILE *out)
         "  --sync reducer|legacy   bucketed Reducer overlapping backward (default) or one\n"
         "                      flat-buffer allreduce after backward\n"
         "  --bucket-mb F       Reducer bucket cap in MiB (default 25)\n"
+        "  --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S]   the Reducer's comm hook:\n"
+        "                      plain (default), buckets in half precision, or PowerSGD of\n"
+        "                      rank R (default 1) from step S (default 10)\n"
         "checkpoints:\n"
         "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
         "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
@@ -146,6 +160,45 @@ static double parse_double(const char *opt, const char *v, double min, double ma
     return x;
 }
 
+
+/* --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S] */
+static void parse_hook(options_t *o, const char *val)
+{
+    o->psgd_rank = 1;
+    o->psgd_start = 10;
+    if (!strcmp(val, "allreduce")) {
+        o->hook = FM_HOOK_ALLREDUCE;
+    } else if (!strcmp(val, "fp16")) {
+        o->hook = FM_HOOK_FP16;
+    } else if (!strcmp(val, "bf16")) {
+        o->hook = FM_HOOK_BF16;
+    } else if (!strncmp(val, "powersgd", 8) && (val[8] == '\0' || val[8] == ':')) {
+        o->hook = FM_HOOK_POWERSGD;
+        for (const char *p = val[8] ? val + 9 : val + 8; *p;) {
+            const char *end = strchr(p, ',');
+            size_t len = end ? (size_t)(end - p) : strlen(p);
+            char item[64], *eq;
+            if (len == 0 || len >= sizeof item) die_usage("--hook: bad item in '%s'", val);
+            memcpy(item, p, len);
+            item[len] = '\0';
+            if (!(eq = strchr(item, '='))) die_usage("--hook: '%s' is not key=value", item);
+            *eq = '\0';
+            if (!strcmp(item, "rank"))
+                o->psgd_rank = (int)parse_size("--hook powersgd rank", eq + 1, 1);
+            else if (!strcmp(item, "start"))
+                o->psgd_start = parse_size("--hook powersgd start", eq + 1, 0);
+            else
+                die_usage("--hook: unknown PowerSGD setting '%s' (rank, start)", item);
+            p = end ? end + 1 : p + len;
+        }
+        if (o->psgd_rank > 4096) die_usage("--hook: rank %d is larger than 4096", o->psgd_rank);
+#ifndef FM_HAVE_POWERSGD
+        die_usage("--hook powersgd: this build has no libddp_powersgd (it needs CBLAS)");
+#endif
+    } else {
+        die_usage("--hook: '%s' is not allreduce, fp16, bf16 or powersgd[:rank=R,start=S]", val);
+    }
+}
 static void parse_options(int argc, char **argv, options_t *o)
 {
     memset(o, 0, sizeof *o);
@@ -194,7 +247,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--subset", "--synthetic",   "--accumulate", "--seed",       "--optim",
             "--lr",     "--momentum",    "--wd",         "--beta1",      "--beta2",
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
-            "--trace",  "--trace-steps", "--log-every",  "--warmup"};
+            "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -257,6 +310,8 @@ static void parse_options(int argc, char **argv, options_t *o)
                 o->optim = FM_OPTIM_ADAM;
             else
                 die_usage("--optim: '%s' is neither sgd nor adam", val);
+        } else if (!strcmp(name, "--hook")) {
+            parse_hook(o, val);
         } else if (!strcmp(name, "--sync")) {
             if (!strcmp(val, "reducer"))
                 o->legacy = 0;
@@ -272,6 +327,8 @@ static void parse_options(int argc, char **argv, options_t *o)
     if (o->batch > (1u << 20)) die_usage("--batch: %zu is larger than 1048576", o->batch);
     if (o->accumulate > 4096) die_usage("--accumulate: %zu is larger than 4096", o->accumulate);
     if (o->synthetic && o->subset) die_usage("--synthetic and --subset exclude each other");
+    if (o->legacy && o->hook != FM_HOOK_ALLREDUCE)
+        die_usage("--hook %s needs --sync reducer", fm_hook_names[o->hook]);
 }
 
 /* ---- errors: print with the rank and exit 1 ------------------------------------------------ */
@@ -571,6 +628,26 @@ int main(int argc, char **argv)
         ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
         cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
         cfg.trace = t->trace;
+        if (o->hook == FM_HOOK_FP16 || o->hook == FM_HOOK_BF16) {
+            check(ddp_half_hook_state_create(o->hook == FM_HOOK_FP16 ? DDP_F16 : DDP_BF16,
+                                             &t->half_hook),
+                  "creating the half-precision hook");
+            cfg.comm_hook = o->hook == FM_HOOK_FP16 ? ddp_hook_fp16 : ddp_hook_bf16;
+            cfg.comm_hook_state = t->half_hook;
+        }
+#ifdef FM_HAVE_POWERSGD
+        if (o->hook == FM_HOOK_POWERSGD) {
+            ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
+            pc.matrix_approximation_rank = o->psgd_rank;
+            pc.start_powersgd_iter = o->psgd_start;
+            pc.random_seed = o->seed;
+            ddp_powersgd_state_t *ps = NULL;
+            check(ddp_powersgd_state_create(&pc, &ps), "creating the PowerSGD hook");
+            t->powersgd = ps;
+            cfg.comm_hook = ddp_powersgd_hook;
+            cfg.comm_hook_state = ps;
+        }
+#endif
         check(ddp_reducer_create(t->group, params, FM_NPARAMS, NULL, 0, &cfg, &t->reducer),
               "creating the Reducer");
     }
@@ -752,6 +829,23 @@ int main(int argc, char **argv)
         uint64_t h = fm_mlp_checksum(&t->model, &sum);
         printf("checksum rank=%d fnv=%016llx sum=%.17g\n", t->rank, (unsigned long long)h, sum);
     }
+    /* bytes each synchronised step put on the wire through the hook, against plain allreduce */
+    ddp_hook_stats_t wire = {0, 0, 0, 0};
+    double compression = 1.0;
+    if (t->half_hook) check(ddp_half_hook_stats(t->half_hook, &wire), "hook statistics");
+#ifdef FM_HAVE_POWERSGD
+    if (t->powersgd) {
+        ddp_powersgd_stats_t ps;
+        check(ddp_powersgd_stats(t->powersgd, &ps), "PowerSGD statistics");
+        wire = ps.wire;
+        compression = ps.compression_rate;
+    }
+#endif
+    if (t->rank == 0 && wire.buckets)
+        printf("hook %s: %.1f KiB per step on the wire (%.1f KiB uncompressed), PowerSGD "
+               "compression rate %.2f\n", fm_hook_names[o->hook],
+               (double)wire.bytes_after / 1024.0 / (double)(run_steps ? run_steps : 1),
+               (double)wire.bytes_before / 1024.0 / (double)(run_steps ? run_steps : 1), compression);
     if (t->rank == 0) {
         double step_ms = timed_steps ? timed_us / (double)timed_steps / 1000.0 : 0;
         double sps = timed_us > 0 ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
@@ -777,9 +871,12 @@ int main(int argc, char **argv)
                 printf(",\"nosync_step_ms_median\":%.4f",
                        median(nosync_samples, nosync_steps) / 1000.0);
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
-                   "\"sync\":\"%s\",\"transport\":\"%s\"}\n",
+                   "\"sync\":\"%s\",\"transport\":\"%s\",\"hook\":\"%s\",\"wire_bytes\":%llu,"
+                   "\"uncompressed_bytes\":%llu}\n",
                    o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
-                   o->legacy ? "legacy" : "reducer", ddp_group_transport(t->group));
+                   o->legacy ? "legacy" : "reducer", ddp_group_transport(t->group),
+                   fm_hook_names[o->hook], (unsigned long long)wire.bytes_after,
+                   (unsigned long long)wire.bytes_before);
         } else if (accuracy >= 0) {
             printf("final test accuracy: %.2f%%\n", accuracy * 100.0);
         }
@@ -787,6 +884,10 @@ int main(int argc, char **argv)
     }
 
     ddp_reducer_destroy(t->reducer);
+    ddp_half_hook_state_destroy(t->half_hook);
+#ifdef FM_HAVE_POWERSGD
+    ddp_powersgd_state_destroy(t->powersgd);
+#endif
     ddp_legacy_destroy(t->legacy);
     if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
     ddp_group_destroy(t->group);
