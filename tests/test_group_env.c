@@ -41,16 +41,28 @@ int main(int argc, char **argv)
     CHECK(ddp_group_create_from_env(NULL, &g) != DDP_OK && g == NULL);
     CHECK_STATUS(ddp_group_create_from_env(NULL, NULL), DDP_ERR_INVALID_ARGUMENT);
 
-    ddp_store_server_t *server = NULL;
-    CHECK_OK(ddp_store_server_start("127.0.0.1", 0, "group-env-test", &server));
-    int port = ddp_store_server_port(server);
+    /* Fork the ranks before the server thread exists (forking a threaded process can leave a
+     * lock held in the child); they read the port from a pipe. */
+    int fds[2];
+    CHECK(pipe(fds) == 0);
     fflush(stdout);
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
         CHECK(pids[r] >= 0);
-        if (pids[r] == 0) _exit(rank_main(r, world, port));
+        if (pids[r] == 0) {
+            close(fds[1]);
+            int port = 0;
+            if (read(fds[0], &port, sizeof port) != (ssize_t)sizeof port) _exit(3);
+            _exit(rank_main(r, world, port));
+        }
     }
+    close(fds[0]);
+    ddp_store_server_t *server = NULL;
+    CHECK_OK(ddp_store_server_start("127.0.0.1", 0, "group-env-test", &server));
+    int port = ddp_store_server_port(server);
+    for (int r = 0; r < world; r++) CHECK(write(fds[1], &port, sizeof port) == (ssize_t)sizeof port);
+    close(fds[1]);
     int failed = 0;
     for (int r = 0; r < world; r++) {
         int status = 0;
