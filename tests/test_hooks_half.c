@@ -166,6 +166,14 @@ static int run_args(ddp_group_t *group, void *arg)
     CHECK_STATUS(ddp_hook_fp16(fp16, group, &bi, &work), DDP_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("bucket 3");
     CHECK_STATUS(ddp_half_hook_stats(NULL, NULL), DDP_ERR_INVALID_ARGUMENT);
+    ddp_comm_bucket_t bad = b;
+    bad.dtype = (ddp_dtype_t)99;
+    CHECK_STATUS(ddp_hook_fp16(fp16, group, &bad, &work), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("dtype 99");
+    bad = b;
+    bad.numel = SIZE_MAX;
+    CHECK_STATUS(ddp_hook_bf16(bf16, group, &bad, &work), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("numel");
 
     /* World size 1: the result is the input rounded to f16 (70000 overflows to infinity). */
     CHECK_OK(ddp_hook_fp16(fp16, group, &b, &work));

@@ -491,6 +491,17 @@ static int case_unit(ddp_group_t *group, void *arg)
     ddp_comm_bucket_t bo = {6, m57, 35, DDP_F64, 1, ps, bad_off, bad_num, rws, 0};
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &bo, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("beyond");
+    size_t bad_rows[1] = {4}; /* 35 % 4 != 0 */
+    ddp_comm_bucket_t br = {6, m57, 35, DDP_F64, 1, ps, offs, nums, bad_rows, 0};
+    CHECK_STATUS(ddp_powersgd_hook(st3, group, &br, &work), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("rows 4 does not divide");
+    ddp_comm_bucket_t bd = {6, m57, 35, (ddp_dtype_t)99, 1, ps, offs, nums, rws, 0};
+    CHECK_STATUS(ddp_powersgd_hook(st3, group, &bd, &work), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("dtype 99");
+    bd.dtype = DDP_F64;
+    bd.numel = SIZE_MAX;
+    CHECK_STATUS(ddp_powersgd_hook(st3, group, &bd, &work), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("numel");
     /* An empty bucket and a half bucket go through. */
     ddp_comm_bucket_t be = {7, NULL, 0, DDP_F32, 0, NULL, NULL, NULL, NULL, 0};
     CHECK_OK(call_hook(st3, group, &be));

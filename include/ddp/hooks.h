@@ -54,7 +54,8 @@ DDP_API ddp_status_t ddp_half_hook_stats(const ddp_half_hook_state_t *state,
                                          ddp_hook_stats_t *out);
 
 /* The hooks (ddp_comm_hook_fn). state: a ddp_half_hook_state_t of the matching wire dtype.
- * DDP_ERR_INVALID_ARGUMENT for a NULL or mismatched state, DDP_ERR_UNSUPPORTED for an integer
+ * DDP_ERR_INVALID_ARGUMENT for a NULL or mismatched state, a NULL group/bucket/work, a dtype that
+ * is not a ddp_dtype_t or a numel whose byte size overflows; DDP_ERR_UNSUPPORTED for an integer
  * bucket; collective failures arrive through the work. */
 DDP_API ddp_status_t ddp_hook_fp16(void *state, ddp_group_t *group,
                                    const ddp_comm_bucket_t *bucket, ddp_work_t **work);

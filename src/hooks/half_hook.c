@@ -234,6 +234,14 @@ static ddp_status_t half_hook(ddp_dtype_t wire, const char *name, void *state,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s hook: bucket %zu has %zu elements but "
                           "no data", name, bucket->index, bucket->numel);
     size_t esize = ddp_dtype_size(bucket->dtype);
+    if (esize == 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s hook: bucket %zu has dtype %d, which is not a ddp_dtype_t", name,
+                          bucket->index, (int)bucket->dtype);
+    if (bucket->numel > SIZE_MAX / esize)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s hook: bucket %zu: numel %zu of %s overflows a byte count", name,
+                          bucket->index, bucket->numel, ddp_dtype_name(bucket->dtype));
     if (bucket->dtype == DDP_F16 || bucket->dtype == DDP_BF16) {
         /* Already half precision: nothing to compress. */
         st->stats.buckets++;

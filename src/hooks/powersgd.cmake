@@ -3,13 +3,16 @@
 #   ddp_powersgd        shared, links libddp (shared): for programs that link ddp
 #   ddp_powersgd_static static, links ddp_static: for in-tree tests that link ddp_static
 # Never mix the two families in one program: libddp would be there twice, with two error slots.
+option(DDP_WITH_POWERSGD "Build libddp_powersgd (the PowerSGD hook) when a CBLAS is found" ON)
 find_path(DDP_CBLAS_INCLUDE_DIR cblas.h
   PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas
         /usr/include/x86_64-linux-gnu /usr/include)
 find_library(DDP_CBLAS_LIBRARY NAMES openblas cblas)
 
 set(DDP_HAVE_POWERSGD OFF)
-if(NOT DDP_CBLAS_INCLUDE_DIR OR NOT DDP_CBLAS_LIBRARY)
+if(NOT DDP_WITH_POWERSGD)
+  message(STATUS "libddp: PowerSGD hook SKIPPED (DDP_WITH_POWERSGD=OFF)")
+elseif(NOT DDP_CBLAS_INCLUDE_DIR OR NOT DDP_CBLAS_LIBRARY)
   message(STATUS "libddp: PowerSGD hook SKIPPED, no CBLAS found (apt-get install libopenblas-dev)")
 else()
   set(DDP_HAVE_POWERSGD ON)

@@ -338,8 +338,24 @@ ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group, const ddp_comm_b
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: bucket %zu has %zu "
                               "elements but no data", bucket->index, bucket->numel);
     size_t esize = ddp_dtype_size(bucket->dtype);
-    if (esize == 0 || bucket->dtype == DDP_I32 || bucket->dtype == DDP_I64 ||
-        bucket->dtype == DDP_U8)
+    if (esize == 0)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: bucket %zu has dtype "
+                              "%d, which is not a ddp_dtype_t", bucket->index,
+                              (int)bucket->dtype);
+    if (bucket->numel > SIZE_MAX / esize)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: bucket %zu: numel %zu "
+                              "of %s overflows a byte count", bucket->index, bucket->numel,
+                              ddp_dtype_name(bucket->dtype));
+    if (bucket->nparams > 0 && bucket->offsets && bucket->numels && bucket->rows) {
+        /* The Reducer guarantees this; a hand-made bucket may not. */
+        for (size_t i = 0; i < bucket->nparams; i++)
+            if (bucket->rows[i] > 1 && bucket->numels[i] % bucket->rows[i] != 0)
+                return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: bucket %zu "
+                                      "parameter %zu: rows %zu does not divide its %zu "
+                                      "elements", bucket->index, i, bucket->rows[i],
+                                      bucket->numels[i]);
+    }
+    if (bucket->dtype == DDP_I32 || bucket->dtype == DDP_I64 || bucket->dtype == DDP_U8)
         return ddp_hook_error(DDP_ERR_UNSUPPORTED, "PowerSGD hook: bucket %zu has dtype %s; "
                               "only floating-point gradients can be reduced", bucket->index,
                               ddp_dtype_name(bucket->dtype));
