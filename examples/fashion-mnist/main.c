@@ -329,6 +329,11 @@ static void parse_options(int argc, char **argv, options_t *o)
     if (o->synthetic && o->subset) die_usage("--synthetic and --subset exclude each other");
     if (o->legacy && o->hook != FM_HOOK_ALLREDUCE)
         die_usage("--hook %s needs --sync reducer", fm_hook_names[o->hook]);
+    /* PowerSGD's error feedback and warm-started factors are not in the checkpoint, so a resumed
+     * run could not equal an uninterrupted one: refuse rather than resume differently. */
+    if (o->hook == FM_HOOK_POWERSGD && (o->checkpoint || o->resume))
+        die_usage("--hook powersgd cannot be combined with --checkpoint/--resume (its state is "
+                  "not saved)");
 }
 
 /* ---- errors: print with the rank and exit 1 ------------------------------------------------ */
