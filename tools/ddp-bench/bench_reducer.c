@@ -16,6 +16,9 @@
 #include <time.h>
 
 #include "bench.h"
+#ifdef DDP_BENCH_HAVE_POWERSGD
+#include "ddp/powersgd.h"
+#endif
 
 typedef struct layer {
     char name[48];
@@ -192,6 +195,8 @@ static int usage(int rank, const char *msg, const char *arg)
                 "usage: ddprun -n N ddp-bench -o reducer [--preset mlp|resnet50]\n"
                 "         [--compute-us US per layer | --compute-ratio R] [--sleep] [-n iters]\n"
                 "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
+                "         [--hook allreduce|fp16|bf16|powersgd:R]\n"
+                "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
                 "  --compute-ratio R: backward computes R times the communication time measured\n"
                 "                     with no compute (spread evenly over the layers)\n"
                 "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n");
@@ -205,6 +210,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     const char *preset = "mlp";
     double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1;
     int iters = 10, warmup = 2, sleep_mode = 0, json = 0;
+    const char *hook = "allreduce";
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -237,6 +243,11 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
         } else if (!strcmp(a, "--bucket-mb")) {
             bucket_mb = strtod(v, &end);
             if (*end || bucket_mb <= 0) return usage(rank, "bad --bucket-mb", v);
+        } else if (!strcmp(a, "--hook")) {
+            if (strcmp(v, "allreduce") && strcmp(v, "fp16") && strcmp(v, "bf16") &&
+                strncmp(v, "powersgd:", 9))
+                return usage(rank, "unknown hook", v);
+            hook = v;
         } else if (!strcmp(a, "--first-bucket-mb")) {
             first_mb = strtod(v, &end);
             if (*end || first_mb <= 0) return usage(rank, "bad --first-bucket-mb", v);
@@ -270,11 +281,32 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
             params[p].data = data[p];
             params[p].numel = model.layers[l].numel[k];
             params[p].dtype = DDP_F32;
+            params[p].rows = k == 0 ? model.layers[l].numel[1] : 0; /* out features/channels */
             p++;
         }
     ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
     config.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
     config.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
+    ddp_half_hook_state_t *half = NULL;
+    void *psgd = NULL;
+    if (!strcmp(hook, "fp16") || !strcmp(hook, "bf16")) {
+        ddp_half_hook_state_create(!strcmp(hook, "fp16") ? DDP_F16 : DDP_BF16, &half);
+        config.comm_hook = !strcmp(hook, "fp16") ? ddp_hook_fp16 : ddp_hook_bf16;
+        config.comm_hook_state = half;
+    }
+#ifdef DDP_BENCH_HAVE_POWERSGD
+    if (!strncmp(hook, "powersgd:", 9)) {
+        ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
+        pc.matrix_approximation_rank = atoi(hook + 9) > 0 ? atoi(hook + 9) : 1;
+        pc.start_powersgd_iter = 0;
+        ddp_powersgd_state_t *ps = NULL;
+        ddp_powersgd_state_create(&pc, &ps);
+        psgd = ps;
+        config.comm_hook = ddp_powersgd_hook;
+        config.comm_hook_state = ps;
+    }
+#endif
+    if (!strncmp(hook, "powersgd:", 9) && !psgd) return usage(rank, "not built with PowerSGD", hook);
     bench_t b = {group, NULL, &model, nparams, rank};
     int rc = DDP_BENCH_EXIT_OK;
     ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
@@ -352,7 +384,29 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
         }
     }
     free(samples);
+    if (rc == 0 && rank == 0 && !json && (half || psgd)) {
+        ddp_hook_stats_t hs = {0, 0, 0, 0};
+        double rate = 1;
+        if (half) ddp_half_hook_stats(half, &hs);
+#ifdef DDP_BENCH_HAVE_POWERSGD
+        if (psgd) {
+            ddp_powersgd_stats_t ps;
+            ddp_powersgd_stats(psgd, &ps);
+            hs = ps.wire;
+            rate = ps.compression_rate;
+        }
+#endif
+        printf("# hook %s: wire %.3f MiB per step, %.3f MiB uncompressed (x%.2f); "
+               "PowerSGD compression rate %.2f\n", hook,
+               (double)hs.bytes_after / 1048576.0 / (double)(warmup + 4 + warmup + iters),
+               (double)hs.bytes_before / 1048576.0 / (double)(warmup + 4 + warmup + iters),
+               hs.bytes_after ? (double)hs.bytes_before / (double)hs.bytes_after : 0, rate);
+    }
     ddp_reducer_destroy(b.reducer);
+    ddp_half_hook_state_destroy(half);
+#ifdef DDP_BENCH_HAVE_POWERSGD
+    ddp_powersgd_state_destroy(psgd);
+#endif
 done:
     for (size_t i = 0; i < nparams; i++) free(data[i]);
     free(data);
