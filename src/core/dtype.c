@@ -21,6 +21,7 @@ const char *ddp_dtype_name(ddp_dtype_t dtype)
 
 ddp_status_t ddp_dtype_parse(const char *name, ddp_dtype_t *out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "name is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
     for (int i = 0; i < DDP_DTYPE_COUNT; i++) {
@@ -40,6 +41,7 @@ const char *ddp_reduce_op_name(ddp_reduce_op_t op)
 
 ddp_status_t ddp_reduce_op_parse(const char *name, ddp_reduce_op_t *out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "name is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
     for (int i = 0; i < DDP_OP_COUNT; i++) {

@@ -16,6 +16,7 @@ struct ddp_trace {
 
 ddp_status_t ddp_trace_open(const char *path, int pid, ddp_trace_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!path) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "path is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
     ddp_trace_t *t = ddp__calloc(1, sizeof *t, "trace");
@@ -48,6 +49,7 @@ static void write_string(FILE *f, const char *s)
 ddp_status_t ddp_trace_span(ddp_trace_t *trace, const char *name, const char *category, int tid,
                             double start_us, double end_us)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!trace) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "trace is NULL");
     if (!name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "name is NULL");
     /* "nan" or "inf" would make the whole file invalid JSON. */
@@ -71,6 +73,7 @@ ddp_status_t ddp_trace_span(ddp_trace_t *trace, const char *name, const char *ca
 
 ddp_status_t ddp_trace_name_lane(ddp_trace_t *trace, int tid, const char *name)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!trace) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "trace is NULL");
     if (!name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "name is NULL");
     pthread_mutex_lock(&trace->lock);
@@ -86,6 +89,7 @@ ddp_status_t ddp_trace_name_lane(ddp_trace_t *trace, int tid, const char *name)
 
 ddp_status_t ddp_trace_close(ddp_trace_t *trace)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!trace) return DDP_OK;
     fputs("\n],\"displayTimeUnit\":\"ms\"}\n", trace->file);
     int bad = ferror(trace->file);

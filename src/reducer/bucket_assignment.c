@@ -170,6 +170,7 @@ ddp_status_t ddp_compute_bucket_assignment(const ddp_param_t *params, size_t npa
                                            const size_t *limits, size_t nlimits,
                                            const size_t *order, ddp_bucket_assignment_t *out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     return ddp__bucket_assignment(params, nparams, limits, nlimits, order, DDP__SORT_BY_INDEX,
                                   out);
 }

@@ -69,6 +69,7 @@ void ddp_legacy_destroy(ddp_legacy_t *legacy)
 ddp_status_t ddp_legacy_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                                size_t buffer_numel, ddp_legacy_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
     if (nparams == 0)

@@ -783,6 +783,7 @@ static ddp_status_t lookup(ddp_reducer_t *r, size_t index, const char *what, rpa
 
 ddp_status_t ddp_reducer_grad(ddp_reducer_t *r, size_t index, void **grad)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     rparam_t *p = NULL;
     size_t k = 0;
     ddp_status_t s = lookup(r, index, "ddp_reducer_grad", &p, &k);
@@ -1176,6 +1177,7 @@ static ddp_status_t mark_ready(ddp_reducer_t *r, size_t k)
 
 ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *r, size_t index)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     rparam_t *p = NULL;
     size_t k = 0;
     ddp_status_t s = lookup(r, index, "ddp_reducer_grad_ready", &p, &k);
@@ -1192,6 +1194,7 @@ ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *r, size_t index)
 ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *r, size_t index, const int64_t *indices,
                                      const void *values, size_t nrows)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     rparam_t *p = NULL;
     size_t k = 0;
     ddp_status_t s = lookup(r, index, "ddp_reducer_sparse_grad", &p, &k);
@@ -1237,6 +1240,7 @@ ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *r, size_t index, const int64
 ddp_status_t ddp_reducer_sparse_result(ddp_reducer_t *r, size_t index, const int64_t **indices,
                                        const void **values, size_t *nrows)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     rparam_t *p = NULL;
     size_t k = 0;
     ddp_status_t s = lookup(r, index, "ddp_reducer_sparse_result", &p, &k);
