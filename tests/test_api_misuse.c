@@ -1031,17 +1031,14 @@ static void check_hooks(void)
     ddp_comm_bucket_t bad = bucket;
     bad.data = NULL;
     EXPECT_BAD(ddp_hook_fp16(half, group, &bad, &work), "data");
-#ifdef DDP_MISUSE_PENDING
-    /* Findings (src/hooks/half_hook.c): dtype 99 is DDP_ERR_UNSUPPORTED (the header promises
-     * that only for integer buckets), numel SIZE_MAX is DDP_ERR_NO_MEMORY after trying to
-     * allocate. */
+    /* Regression (fixed in 422a99f): dtype 99 was DDP_ERR_UNSUPPORTED, numel SIZE_MAX was
+     * DDP_ERR_NO_MEMORY after trying to allocate. */
     bad = bucket;
     bad.dtype = BAD_DTYPE;
     EXPECT_BAD(ddp_hook_bf16(bhalf, group, &bad, &work), "dtype");
     bad = bucket;
     bad.numel = SIZE_MAX;
     EXPECT_BAD(ddp_hook_fp16(half, group, &bad, &work), "numel");
-#endif
     bad = bucket;
     bad.dtype = DDP_I32;
     EXPECT(ddp_hook_fp16(half, group, &bad, &work), DDP_ERR_UNSUPPORTED, "dtype");
@@ -1108,10 +1105,8 @@ static void check_powersgd(void)
     bad = bucket;
     bad.offsets = bad_offs;
     EXPECT_BAD(ddp_powersgd_hook(state, group, &bad, &work), "beyond the bucket");
-#ifdef DDP_MISUSE_PENDING
-    /* Findings (src/hooks/powersgd): dtype 99 is DDP_ERR_UNSUPPORTED rather than an invalid
-     * argument; rows that do not divide numel are accepted (the matrix view silently drops
-     * elements). */
+    /* Regression (fixed in 422a99f): dtype 99 was DDP_ERR_UNSUPPORTED; rows that do not divide
+     * numel were accepted (the matrix view silently dropped elements). */
     bad = bucket;
     bad.dtype = BAD_DTYPE;
     EXPECT_BAD(ddp_powersgd_hook(state, group, &bad, &work), "dtype");
@@ -1119,7 +1114,6 @@ static void check_powersgd(void)
     bad = bucket;
     bad.rows = bad_rows;
     EXPECT_BAD(ddp_powersgd_hook(state, group, &bad, &work), "rows");
-#endif
     CHECK(work == NULL);
 
     int c = -1;
