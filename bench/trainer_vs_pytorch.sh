@@ -5,7 +5,8 @@
 #              the median over the timed steps (robust to a busy machine's stalls)
 #   exposed    communication the backward pass did not hide, three ways: 2-rank step - 1-rank
 #              step (the brief's definition); synchronised - no_sync steps alternating in one
-#              2-rank run (same machine load for both); libddp's finalize wait
+#              2-rank run (same machine load for both); libddp's finalize wait (per step the
+#              smallest over ranks: an earlier rank's wait also holds the others' backward)
 # then the scaling of libddp's trainer: 2 ranks vs 1 rank at the same global batch.
 #   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=30 WARMUP=5 HIDDEN="1024 4096"
 #                                                    BATCH="1 64" SCALE_BATCH="128 512")
@@ -64,7 +65,8 @@ echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC'); 
 echo "# all times are medians over the timed steps, in ms; exposed = communication not hidden:"
 echo "#   vs 1 rank: 2-rank step - 1-rank step at the same batch per rank"
 echo "#   no_sync:   synchronised step - no_sync step, alternating in the same 2-rank run"
-echo "#   wait:      time ddp_reducer_finalize waited (the Reducer's own measure)"
+echo "#   wait:      per step the smallest time ddp_reducer_finalize waited over the ranks (the"
+echo "#              last rank to finish backward waits only for unhidden communication)"
 echo
 echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync | PyTorch / libddp exposed |"
 echo "|---|---|---|---|---|---|"
