@@ -54,6 +54,11 @@ if(DDP_HAVE_MPI)
   # The Reducer's equivalence with one process, over the MPI transport (BATCH 24: 1-4 ranks).
   ddp_add_mpi_test(NAME test_mpi_reducer SOURCES test_mpi_reducer.c NP 1 2 3 4 TIMEOUT 120)
 
+  # ddp_group_create_from_env under mpirun with neither ddprun nor MASTER_ADDR: a store-less
+  # group over MPI (and its splits); without mpirun and MASTER_ADDR the text names MASTER_ADDR.
+  ddp_add_mpi_test(NAME test_mpi_env SOURCES test_mpi_env.c NP 1 2 3 TIMEOUT 120)
+  ddp_add_test(NAME test_mpi_env SOURCES test_mpi_env.c ARGS --no-launcher TIMEOUT 60 LABELS mpi)
+
   # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
   ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c LIBS MPI::MPI_C TIMEOUT 60
                LABELS mpi)

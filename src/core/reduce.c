@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/cpu.h"
 #include "core/internal.h"
 #include "core/reduce.h"
 
@@ -295,8 +296,7 @@ static int choose(void)
     if (v >= 0) return v;
     v = 0;
 #if DDP_REDUCE_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) v = 1;
+    v = ddp__cpu_has_avx2_f16c();
 #endif
     atomic_store_explicit(&kernels_chosen, v, memory_order_relaxed);
     return v;

@@ -21,6 +21,9 @@
 
 #include "core/internal.h"
 #include "group/registry.h"
+#if defined(DDP_HAVE_MPI)
+#include "transport/mpi/mpi_internal.h"
+#endif
 #include "group/transport.h"
 
 #define GROUP_MAX_WORLD 4096
@@ -791,13 +794,27 @@ static void free_values(char **values, int n)
     }
 }
 
+/* Destroys a transport state made by ddp__mpi_split that no group took over. */
+static void release_mpi_state(void *state)
+{
+    if (!state) return;
+    ddp_status_t ignored;
+    const ddp__transport_ops_t *ops = ddp__transport_find("mpi", &ignored);
+    if (ops) ops->destroy(state);
+}
+
+/* mpi_state: NULL, or the state of a store-less MPI subgroup already made by ddp__mpi_split
+ * (the group takes it over, also on failure). */
 static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank, int world,
                                     const ddp_group_options_t *options, const char *name,
-                                    int timeout_ms, ddp_group_t **out)
+                                    int timeout_ms, void *mpi_state, ddp_group_t **out)
 {
     ddp_status_t s;
     ddp_group_t *g = ddp__calloc(1, sizeof *g, "a process group");
-    if (!g) return DDP_ERR_NO_MEMORY;
+    if (!g) {
+        release_mpi_state(mpi_state);
+        return DDP_ERR_NO_MEMORY;
+    }
     atomic_init(&g->refs, 1);
     g->store = store;
     g->owns_store = 0;
@@ -827,6 +844,16 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
     const char *chosen = "self";
     if (world == 1 || !store) {
         snprintf(g->prefix, sizeof g->prefix, "ddp/group/%s/local", name);
+        /* Without a store only MPI can connect several ranks (MPI_COMM_WORLD in rank order, or
+         * a subgroup made by ddp__mpi_split, whose state is handed in). */
+        if (world > 1 || mpi_state) chosen = "mpi";
+        if (world > 1 && strcmp(asked, "auto") && strcmp(asked, "mpi")) {
+            s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                           "group_create: transport '%s' needs a store (MASTER_ADDR and "
+                           "MASTER_PORT); without one only transport mpi can connect %d ranks",
+                           asked, world);
+            goto fail;
+        }
     } else {
         /* Instances of one name on one store are numbered: the k-th creation on every rank gets
          * instance k (every rank's add for instance k precedes any for k+1, since creation is
@@ -906,7 +933,12 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
         ddp__error_context(s, "group_create (rank %d of %d)", rank, world);
         goto fail;
     }
-    s = g->ops->create(store, g->prefix, rank, world, timeout_ms, &g->state);
+    if (mpi_state) {
+        g->state = mpi_state;
+        s = DDP_OK;
+    } else {
+        s = g->ops->create(store, g->prefix, rank, world, timeout_ms, &g->state);
+    }
     if (s != DDP_OK) {
         ddp__error_context(s, "group_create: transport %s (rank %d of %d)", g->ops->name, rank,
                            world);
@@ -917,6 +949,7 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
     if (rc != 0) {
         s = ddp__error_errno(DDP_ERR_SYSTEM, rc, "group_create: starting the progress thread");
         g->ops->destroy(g->state);
+        mpi_state = NULL;
         goto fail;
     }
     g->thread_started = 1;
@@ -926,6 +959,7 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
             g->ops->name);
     return DDP_OK;
 fail:
+    release_mpi_state(mpi_state);
     group_free(g);
     return s;
 }
@@ -960,7 +994,7 @@ ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
     int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
                                                         : ddp_default_timeout_ms();
     const char *name = options && options->name ? options->name : "default";
-    return create_internal(store, 0, rank, world_size, options, name, timeout_ms, out);
+    return create_internal(store, 0, rank, world_size, options, name, timeout_ms, NULL, out);
 }
 
 ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_group_t **out)
@@ -974,7 +1008,24 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
                                                         : ddp_default_timeout_ms();
     const char *name = options && options->name ? options->name : "default";
     ddp_store_t *store = NULL;
-    if (env.world_size > 1) {
+    /* Under mpirun without MASTER_ADDR (or when transport mpi is asked for without one) the
+     * group is MPI_COMM_WORLD over the MPI transport, with no store. */
+    const char *asked = options && options->transport && strcmp(options->transport, "auto")
+                            ? options->transport
+                            : ddp__env("DDP_TRANSPORT");
+    int mpi_launcher = strcmp(env.source, "openmpi") == 0 || strcmp(env.source, "pmi") == 0;
+    int storeless = env.master_addr[0] == '\0' &&
+                    ((asked && strcmp(asked, "mpi") == 0) ||
+                     (mpi_launcher && (!asked || strcmp(asked, "auto") == 0)));
+    if (env.world_size > 1 && storeless) {
+        ddp_status_t ignored;
+        if (!ddp__transport_find("mpi", &ignored))
+            return ddp__error(DDP_ERR_UNSUPPORTED,
+                              "group_create_from_env: %d ranks from launcher '%s' without "
+                              "MASTER_ADDR need the MPI transport, which is not built into this "
+                              "libddp; set MASTER_ADDR and MASTER_PORT to a TCP store",
+                              env.world_size, env.source);
+    } else if (env.world_size > 1) {
         if (env.master_addr[0] == '\0' || env.master_port <= 0)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                               "group_create_from_env: MASTER_ADDR and MASTER_PORT must name the "
@@ -985,7 +1036,8 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
             return ddp__error_context(s, "group_create_from_env: connecting to the store at %s:%d",
                                       env.master_addr, env.master_port);
     }
-    s = create_internal(store, 1, env.rank, env.world_size, options, name, timeout_ms, out);
+    s = create_internal(store, 1, env.rank, env.world_size, options, name, timeout_ms, NULL,
+                        out);
     if (s != DDP_OK) ddp_store_destroy(store);
     return s;
 }
@@ -1026,6 +1078,54 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
     int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
                                                         : parent->timeout_ms;
     ddp_status_t s = DDP_OK;
+    if (parent->world > 1 && !parent->store) {
+        /* A store-less group (MPI_COMM_WORLD over MPI): compare the lists with a collective on
+         * the parent (an allgather of a hash of each rank's list), then build the subgroup with
+         * MPI_Comm_create_group over the parent's communicator, among the members only. */
+        if (strcmp(parent->ops->name, "mpi") != 0)
+            return ddp__error(DDP_ERR_UNSUPPORTED,
+                              "group_split: a group without a store can be split only over "
+                              "transport mpi, not '%s'",
+                              parent->ops->name);
+        uint64_t h = 1469598103934665603ull; /* FNV-1a over the count and the list */
+        char text[4096 + 32];
+        snprintf(text, sizeof text, "%d:%s", nranks, mine);
+        for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        int64_t *hashes = ddp__calloc((size_t)parent->world, sizeof *hashes, "split hashes");
+        if (!hashes) return DDP_ERR_NO_MEMORY;
+        int64_t my_hash = (int64_t)h;
+        s = ddp_group_allgather(parent, &my_hash, hashes, 1, DDP_I64);
+        if (s != DDP_OK) {
+            free(hashes);
+            return ddp__error_context(s, "group_split: comparing the member lists");
+        }
+        for (int r = 0; r < parent->world && s == DDP_OK; r++) {
+            if (hashes[r] != my_hash)
+                s = ddp__error(DDP_ERR_MISMATCH,
+                               "group_split: ranks disagree on the members: rank %d passed [%s] "
+                               "but rank %d passed a different list",
+                               parent->rank, mine, r);
+        }
+        free(hashes);
+        if (s != DDP_OK) return s;
+        if (my_index < 0) {
+            *out = NULL;
+            return DDP_OK;
+        }
+        ddp_group_options_t sub = DDP_GROUP_OPTIONS_INIT;
+        if (options) sub = *options;
+        sub.transport = nranks > 1 ? "mpi" : NULL;
+        if (nranks == 1)
+            return create_internal(NULL, 0, 0, 1, &sub, name, timeout_ms, NULL, out);
+        void *state = NULL;
+#if defined(DDP_HAVE_MPI)
+        s = ddp__mpi_split(parent->state, ranks, nranks, name, &state);
+#else
+        s = ddp__error(DDP_ERR_UNSUPPORTED, "group_split: the MPI transport is not built");
+#endif
+        if (s != DDP_OK) return ddp__error_context(s, "group_split");
+        return create_internal(NULL, 0, my_index, nranks, &sub, name, timeout_ms, state, out);
+    }
     if (parent->world > 1) {
         char prefix[600];
         snprintf(prefix, sizeof prefix, "ddp/group/%s", name);
@@ -1054,7 +1154,7 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
     }
     ddp_group_options_t sub = DDP_GROUP_OPTIONS_INIT;
     if (options) sub = *options;
-    return create_internal(parent->store, 0, my_index, nranks, &sub, name, timeout_ms, out);
+    return create_internal(parent->store, 0, my_index, nranks, &sub, name, timeout_ms, NULL, out);
 }
 
 void ddp_group_destroy(ddp_group_t *group)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu.h"
 #include "core/internal.h"
 #include "ddp/hooks.h"
 
@@ -113,10 +114,7 @@ __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(const uint16_t
     return i;
 }
 
-static int have_f16c(void)
-{
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-}
+static int have_f16c(void) { return ddp__cpu_has_avx_f16c(); }
 #endif
 
 static void f32_to_wire(ddp_dtype_t wire, const float *in, uint16_t *out, size_t n)

@@ -25,12 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu.h"
 #include "core/internal.h"
 #include "group/transport.h"
 #include "transport/mpi/mpi_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_F16C_PATH 1
 #endif
@@ -456,25 +456,7 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const float *a, 
     for (; i < n; i++) b[i] = ddp_f32_to_f16(a[i]);
 }
 
-/* CPUID leaf 1: AVX (ECX bit 28) and F16C (bit 29), and the OS saving YMM state (OSXSAVE, bit
- * 27, then XCR0 bits 1-2). Read directly: clang 14's __builtin_cpu_supports knows no "f16c". */
-static int have_f16c(void)
-{
-    static _Atomic int cached = -1;
-    int v = atomic_load(&cached);
-    if (v < 0) {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        v = 0;
-        if (__get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27)) && (c & (1u << 28)) &&
-            (c & (1u << 29))) {
-            unsigned lo = 0, hi = 0;
-            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            v = (lo & 6u) == 6u;
-        }
-        atomic_store(&cached, v);
-    }
-    return v;
-}
+static int have_f16c(void) { return ddp__cpu_has_avx_f16c(); }
 #endif
 
 static void f16_to_f32(const uint16_t *a, float *b, size_t n)

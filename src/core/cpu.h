@@ -1,0 +1,13 @@
+/* Run-time CPU feature checks shared by the kernels that have an AVX/F16C variant. */
+#ifndef DDP_CORE_CPU_H
+#define DDP_CORE_CPU_H
+
+/* 1 when the CPU has AVX and F16C and the OS saves YMM state (so target("avx,f16c") code may
+ * run), else 0. Read once with CPUID/XGETBV and cached; always 0 off x86-64. */
+int ddp__cpu_has_avx_f16c(void);
+
+/* 1 when, in addition, the CPU has AVX2 (CPUID leaf 7, EBX bit 5): target("avx2,f16c") code may
+ * run. Cached like ddp__cpu_has_avx_f16c. */
+int ddp__cpu_has_avx2_f16c(void);
+
+#endif
