@@ -44,7 +44,8 @@ static void usage(FILE *out)
             "allgather), 1 (broadcast). Exit: 0 ok, 1 failure or wrong elements, 2 bad option.\n");
 }
 
-/* Only rank 0 speaks; before the group exists RANK (or OMPI's rank) says who we are. */
+/* Only rank 0 prints results and --help; before the group exists RANK (or OMPI's rank) says who
+ * we are. */
 static int launcher_rank(void)
 {
     const char *v = getenv("RANK");
@@ -53,12 +54,12 @@ static int launcher_rank(void)
     return v ? atoi(v) : 0;
 }
 
+/* Every rank reports a bad option: under a launcher the first rank to exit gets the others
+ * killed, so a message left to rank 0 alone could be lost. */
 #define USAGE_ERROR(...)                                                                          \
     do {                                                                                          \
-        if (launcher_rank() == 0) {                                                               \
-            fprintf(stderr, "ddp-bench: " __VA_ARGS__);                                           \
-            fprintf(stderr, " (see ddp-bench --help)\n");                                        \
-        }                                                                                         \
+        fprintf(stderr, "ddp-bench: " __VA_ARGS__);                                               \
+        fprintf(stderr, " (see ddp-bench --help)\n");                                            \
         return DDP_BENCH_EXIT_USAGE;                                                              \
     } while (0)
 
@@ -266,9 +267,8 @@ int main(int argc, char **argv)
         int skip = !strcmp(argv[reducer_at], "--op=reducer") ? 1 : 2;
         rc = ddp_bench_reducer(group, argc - reducer_at - skip, argv + reducer_at + skip);
     } else if (options.root >= ddp_group_size(group)) {
-        if (ddp_group_rank(group) == 0)
-            fprintf(stderr, "ddp-bench: --root %d is not a rank of this %d-rank job\n",
-                    options.root, ddp_group_size(group));
+        fprintf(stderr, "ddp-bench: --root %d is not a rank of this %d-rank job\n", options.root,
+                ddp_group_size(group));
         rc = DDP_BENCH_EXIT_USAGE;
     } else {
         rc = ddp_bench_collectives(group, &options);
