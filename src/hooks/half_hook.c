@@ -43,11 +43,19 @@ ddp_status_t ddp_hook_error(ddp_status_t status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt ? fmt : "", ap);
     va_end(ap);
+    /* DDP_OK only sets the text (not logged as an error): libraries of hooks outside libddp,
+     * which cannot reach ddp__clear_error, call ddp_hook_error(DDP_OK, "%s", "") on entry so a
+     * success leaves no stale text (status.h). */
+    if (status == DDP_OK) {
+        ddp__set_error_text(text);
+        return DDP_OK;
+    }
     return ddp__error(status, "%s", text);
 }
 
 ddp_status_t ddp_half_hook_state_create(ddp_dtype_t wire_dtype, ddp_half_hook_state_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "half hook state: out is NULL");
     if (wire_dtype != DDP_F16 && wire_dtype != DDP_BF16)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
@@ -73,6 +81,7 @@ void ddp_half_hook_state_destroy(ddp_half_hook_state_t *state)
 
 ddp_status_t ddp_half_hook_stats(const ddp_half_hook_state_t *state, ddp_hook_stats_t *out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!state) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "half hook stats: state is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "half hook stats: out is NULL");
     *out = state->stats;
@@ -273,11 +282,13 @@ static ddp_status_t half_hook(ddp_dtype_t wire, const char *name, void *state,
 ddp_status_t ddp_hook_fp16(void *state, ddp_group_t *group, const ddp_comm_bucket_t *bucket,
                            ddp_work_t **work)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     return half_hook(DDP_F16, "fp16", state, group, bucket, work);
 }
 
 ddp_status_t ddp_hook_bf16(void *state, ddp_group_t *group, const ddp_comm_bucket_t *bucket,
                            ddp_work_t **work)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     return half_hook(DDP_BF16, "bf16", state, group, bucket, work);
 }

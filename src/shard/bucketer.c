@@ -396,6 +396,7 @@ ddp_status_t ddp_rs_bucketer_reduce_scatter_async(ddp_rs_bucketer_t *bucketer, d
                                                   ddp_dtype_t dtype, ddp_reduce_op_t op,
                                                   ddp_rs_callback_fn callback, void *arg)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     return submit(bucketer, group, input, NULL, count, dtype, op, callback, arg,
                   "reduce-scatter bucketer");
 }
@@ -404,6 +405,7 @@ ddp_status_t ddp_rs_bucketer_reduce_scatter_blocks_async(
     ddp_rs_bucketer_t *bucketer, ddp_group_t *group, const void *const *blocks, size_t count,
     ddp_dtype_t dtype, ddp_reduce_op_t op, ddp_rs_callback_fn callback, void *arg)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!blocks)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer (blocks): blocks is "
                           "NULL");
@@ -413,6 +415,7 @@ ddp_status_t ddp_rs_bucketer_reduce_scatter_blocks_async(
 
 ddp_status_t ddp_rs_bucketer_create(size_t bucket_cap_bytes, ddp_rs_bucketer_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer: out is NULL");
     ddp_rs_bucketer_t *b = ddp__calloc(1, sizeof *b, "reduce-scatter bucketer");
     if (!b) return DDP_ERR_NO_MEMORY;
@@ -423,6 +426,7 @@ ddp_status_t ddp_rs_bucketer_create(size_t bucket_cap_bytes, ddp_rs_bucketer_t *
 
 ddp_status_t ddp_rs_bucketer_flush(ddp_rs_bucketer_t *b)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!b) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer flush: "
                               "bucketer is NULL");
     ddp_status_t first = DDP_OK;
@@ -446,6 +450,7 @@ ddp_status_t ddp_rs_bucketer_flush(ddp_rs_bucketer_t *b)
 
 ddp_status_t ddp_rs_bucketer_teardown(ddp_rs_bucketer_t *b)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!b) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer teardown: "
                               "bucketer is NULL");
     progress(b, 0);
@@ -485,6 +490,7 @@ ddp_status_t ddp_rs_bucketer_teardown(ddp_rs_bucketer_t *b)
 
 ddp_status_t ddp_rs_bucketer_setup(ddp_rs_bucketer_t *b)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!b) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer setup: "
                               "bucketer is NULL");
     b->torn_down = 0;
@@ -512,6 +518,7 @@ size_t ddp_rs_bucketer_memory_bytes(const ddp_rs_bucketer_t *b)
 ddp_status_t ddp_rs_bucketer_counts(const ddp_rs_bucketer_t *b, uint64_t *bucket_flushes,
                                     uint64_t *direct)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!b) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce-scatter bucketer counts: "
                               "bucketer is NULL");
     if (bucket_flushes) *bucket_flushes = b->flushes;
@@ -522,8 +529,13 @@ ddp_status_t ddp_rs_bucketer_counts(const ddp_rs_bucketer_t *b, uint64_t *bucket
 void ddp_rs_bucketer_destroy(ddp_rs_bucketer_t *b)
 {
     if (!b) return;
+    /* The errors of this last flush are dropped (shard.h): leave the caller's error text as it
+     * was, e.g. the failure a cleanup path is about to report. */
+    char saved[DDP_ERROR_TEXT_MAX];
+    snprintf(saved, sizeof saved, "%s", ddp_last_error());
     for (rs_bucket_t *k = b->buckets; k; k = k->next) (void)issue_bucket(b, k);
     progress(b, 1);
+    ddp__set_error_text(saved);
     while (b->buckets) {
         rs_bucket_t *k = b->buckets;
         b->buckets = k->next;

@@ -2,6 +2,7 @@
  * optimizer that keeps every parameter's state. ZeRO (zero.c) applies the same kernels to the runs
  * it owns, so equal gradients give bitwise equal parameters either way. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,7 @@ ddp_status_t ddp__optim_check_params(const ddp_param_t *params, size_t nparams, 
     if (nparams > 0 && !params)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: params is NULL but nparams is %zu", who,
                           nparams);
+    size_t total_bytes = 0;
     for (size_t i = 0; i < nparams; i++) {
         const ddp_param_t *p = &params[i];
         const char *name = p->name ? p->name : "(unnamed)";
@@ -64,6 +66,22 @@ ddp_status_t ddp__optim_check_params(const ddp_param_t *params, size_t nparams, 
             return ddp__error(DDP_ERR_UNSUPPORTED,
                               "%s: parameter %zu (%s) is sparse; optimizers here are dense", who,
                               i, name);
+        /* Byte sizes (numel * element size, and their sum for ZeRO's buffers) must fit in a
+         * ptrdiff_t, or the state allocations and the update's pointer arithmetic wrap and a
+         * step writes past the data. */
+        size_t es = ddp_dtype_size(p->dtype);
+        size_t limit = (size_t)PTRDIFF_MAX / es;
+        if (p->numel > limit)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "%s: params[%zu].numel (%s) is %zu: its byte size overflows "
+                              "(at most %zu elements of %s)",
+                              who, i, name, p->numel, limit, ddp_dtype_name(p->dtype));
+        if (p->numel * es > (size_t)PTRDIFF_MAX - total_bytes)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "%s: params[%zu].numel (%s) is %zu: the total byte size of "
+                              "parameters 0..%zu overflows",
+                              who, i, name, p->numel, i);
+        total_bytes += p->numel * es;
     }
     return DDP_OK;
 }
@@ -193,6 +211,7 @@ void ddp_optim_destroy(ddp_optim_t *o)
 ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
                               const ddp_optim_config_t *config, ddp_optim_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "optim create: out is NULL");
     ddp_status_t s = ddp__optim_check_config(config, "optim create");
     if (s != DDP_OK) return s;
@@ -227,6 +246,7 @@ ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
 
 ddp_status_t ddp_optim_step(ddp_optim_t *o, void *const *grads)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!o) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "optim step: optim is NULL");
     if (o->nparams > 0 && !grads)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "optim step: grads is NULL");

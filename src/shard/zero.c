@@ -167,6 +167,7 @@ static ddp_status_t check_config(const ddp_zero_config_t *c, int world)
 ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                              const ddp_zero_config_t *config, ddp_zero_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: out is NULL");
     if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: group is NULL");
     int world = ddp_group_size(group);
@@ -370,6 +371,7 @@ static ddp_status_t stage2_submit(ddp_zero_t *z, size_t i, const void *grad)
 
 ddp_status_t ddp_zero_grad_ready(ddp_zero_t *z, size_t index, const void *grad)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero grad ready: zero is NULL");
     if (z->stage != 2)
         return ddp__error(DDP_ERR_INVALID_USAGE, "zero grad ready: only stage 2 reduces "
@@ -394,9 +396,12 @@ static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
     /* Whatever was not marked ready yet goes now, in index order. */
     for (size_t i = 0; i < z->nparams && s == DDP_OK; i++)
         if (!z->submitted[i]) s = stage2_submit(z, i, grads ? grads[i] : NULL);
+    /* The flush clears the error text on entry: keep a failed submission's text. */
+    char text[DDP_ERROR_TEXT_MAX] = "";
+    if (s != DDP_OK) snprintf(text, sizeof text, "%s", ddp_last_error());
     ddp_status_t f = ddp_rs_bucketer_flush(z->bucketer);
     for (size_t i = 0; i < z->nparams; i++) z->submitted[i] = 0;
-    if (s != DDP_OK) return s;
+    if (s != DDP_OK) return ddp__error(s, "%s", text);
     if (f != DDP_OK)
         return ddp__error_context(f, "zero step %llu: gradient reduce-scatter",
                                   (unsigned long long)z->steps);
@@ -439,6 +444,7 @@ static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
 
 ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero step: zero is NULL");
     ddp_status_t s;
     if (z->overlap) {
@@ -595,6 +601,7 @@ static ddp_status_t learn_bucket(ddp_zero_t *z, const ddp_comm_bucket_t *b, zero
 ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group, const ddp_comm_bucket_t *bucket,
                            ddp_work_t **work)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     ddp_zero_t *z = state;
     if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero hook: state is NULL (pass the "
                               "ddp_zero_t as comm_hook_state)");
@@ -651,6 +658,7 @@ size_t ddp_zero_owned_numel(const ddp_zero_t *z)
 
 ddp_status_t ddp_zero_param_owner(const ddp_zero_t *z, size_t index, int *rank)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero param owner: zero is NULL");
     if (!rank) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero param owner: rank is NULL");
     if (index >= z->nparams)

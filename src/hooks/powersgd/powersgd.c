@@ -90,6 +90,10 @@ static uint64_t splitmix64(uint64_t *state)
 #undef FN
 #undef GEMM
 
+/* status.h: a success leaves no stale error text. libddp's internal ddp__clear_error is not
+ * exported to this library; ddp_hook_error with DDP_OK and an empty message clears it. */
+static void clear_error(void) { (void)ddp_hook_error(DDP_OK, "%s", ""); }
+
 int ddp_powersgd_should_compress(size_t n, size_t m, int rank, double min_compression_rate)
 {
     if (n == 0 || m == 0 || rank < 1) return 0;
@@ -104,6 +108,7 @@ int ddp_powersgd_should_compress(size_t n, size_t m, int rank, double min_compre
 ddp_status_t ddp_powersgd_state_create(const ddp_powersgd_config_t *config,
                                        ddp_powersgd_state_t **out)
 {
+    clear_error();
     if (!out) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD state: out is NULL");
     if (!config)
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT,
@@ -167,6 +172,7 @@ void ddp_powersgd_state_destroy(ddp_powersgd_state_t *state)
 
 ddp_status_t ddp_powersgd_stats(const ddp_powersgd_state_t *state, ddp_powersgd_stats_t *out)
 {
+    clear_error();
     if (!state) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD stats: state is NULL");
     if (!out) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD stats: out is NULL");
     *out = state->stats;
@@ -327,6 +333,7 @@ static ddp_status_t powersgd_task(ddp_group_t *group, void *arg)
 ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group, const ddp_comm_bucket_t *bucket,
                                ddp_work_t **work)
 {
+    clear_error();
     ddp_powersgd_state_t *st = state;
     if (!st)
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: state is NULL (create "
