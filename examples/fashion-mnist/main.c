@@ -47,6 +47,7 @@ typedef struct options {
     int psgd_rank;
     size_t psgd_start;
     int json, print_checksum, print_losses, no_eval, bench_nosync;
+    int zero, zero_overlap; /* --zero 1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
 } options_t;
 
 typedef struct trainer {
@@ -56,13 +57,15 @@ typedef struct trainer {
     ddp_store_t *local_store; /* the in-memory store of a run without a launcher */
     ddp_reducer_t *reducer;
     ddp_legacy_t *legacy;
+    ddp_zero_t *zero; /* --zero: replaces fm_optim_step (opt then holds no state) */
+    int zero_sync;    /* stage 2: this micro-step hands its gradients to ZeRO */
     ddp_trace_t *trace;
     ddp_half_hook_state_t *half_hook; /* --hook fp16|bf16 */
     void *powersgd;                   /* --hook powersgd: a ddp_powersgd_state_t */
     fm_mlp_t model;
     fm_optim_t opt;
     float *grads[FM_NPARAMS];     /* where this iteration's gradients are */
-    float *own_grads[FM_NPARAMS]; /* legacy mode: our gradient buffers */
+    float *own_grads[FM_NPARAMS]; /* legacy and ZeRO-2: our gradient buffers */
     fm_dataset_t train, test;
     size_t local_batch;
     /* backward callback state */
@@ -109,6 +112,12 @@ static void usage(FILE *out)
         "  --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S]   the Reducer's comm hook:\n"
         "                      plain (default), buckets in half precision, or PowerSGD of\n"
         "                      rank R (default 1) from step S (default 10)\n"
+        "  --zero 1|2          ZeRO optimizer: its state sharded over the ranks; 1: each rank\n"
+        "                      updates its parameters after the Reducer, 2: no Reducer,\n"
+        "                      gradients reduce-scattered (not with --sync legacy, --hook\n"
+        "                      other than allreduce, --checkpoint/--resume, --bench-nosync)\n"
+        "  --zero-overlap      ZeRO 1 with each bucket's update computed on its owner as soon\n"
+        "                      as its allreduce ends (implies --zero 1)\n"
         "checkpoints:\n"
         "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
         "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
@@ -236,6 +245,7 @@ static void parse_options(int argc, char **argv, options_t *o)
                     : !strcmp(name, "--print-losses")   ? &o->print_losses
                     : !strcmp(name, "--no-eval")        ? &o->no_eval
                     : !strcmp(name, "--bench-nosync")   ? &o->bench_nosync
+                    : !strcmp(name, "--zero-overlap")   ? &o->zero_overlap
                                                         : NULL;
         if (flag) {
             if (eq) die_usage("%s takes no value", name);
@@ -247,7 +257,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--subset", "--synthetic",   "--accumulate", "--seed",       "--optim",
             "--lr",     "--momentum",    "--wd",         "--beta1",      "--beta2",
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
-            "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook"};
+            "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
+            "--zero"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -312,6 +323,10 @@ static void parse_options(int argc, char **argv, options_t *o)
                 die_usage("--optim: '%s' is neither sgd nor adam", val);
         } else if (!strcmp(name, "--hook")) {
             parse_hook(o, val);
+        } else if (!strcmp(name, "--zero")) {
+            if (strcmp(val, "1") && strcmp(val, "2"))
+                die_usage("--zero: '%s' is neither 1 nor 2", val);
+            o->zero = val[0] - '0';
         } else if (!strcmp(name, "--sync")) {
             if (!strcmp(val, "reducer"))
                 o->legacy = 0;
@@ -334,6 +349,26 @@ static void parse_options(int argc, char **argv, options_t *o)
     if (o->hook == FM_HOOK_POWERSGD && (o->checkpoint || o->resume))
         die_usage("--hook powersgd cannot be combined with --checkpoint/--resume (its state is "
                   "not saved)");
+    /* ZeRO: each rank keeps only its shard of the optimizer state, which the single-file
+     * checkpoint cannot hold; it steps after the Reducer (or reduce-scatters itself), so neither
+     * the legacy allreduce, a compressing hook nor unsynchronised steps fit. */
+    if (o->zero_overlap && o->zero == 2)
+        die_usage("--zero-overlap works with --zero 1 only (stage 2 has no Reducer)");
+    if (o->zero_overlap) o->zero = 1;
+    if (o->zero) {
+        char hook[64];
+        snprintf(hook, sizeof hook, "--hook %s (only allreduce)", fm_hook_names[o->hook]);
+        const char *what = o->legacy                    ? "--sync legacy"
+                           : o->checkpoint              ? "--checkpoint"
+                           : o->resume                  ? "--resume"
+                           : o->bench_nosync            ? "--bench-nosync"
+                           : o->hook != FM_HOOK_ALLREDUCE ? hook
+                                                        : NULL;
+        if (what)
+            die_usage("--zero%s cannot be combined with %s (the optimizer state is sharded over "
+                      "the ranks and ZeRO does its own communication)",
+                      o->zero_overlap ? "-overlap" : "", what);
+    }
 }
 
 /* ---- errors: print with the rank and exit 1 ------------------------------------------------ */
@@ -385,6 +420,18 @@ static int on_layer_done(void *ctx, int layer)
         double now = ddp_time_us();
         ddp_trace_span(t->trace, names[layer], "compute", 0, t->mark_us, now);
         t->mark_us = now;
+    }
+    if (t->zero && t->o.zero == 2) { /* start the reduce-scatter of this layer's gradients */
+        if (!t->zero_sync) return 0;
+        for (int k = 1; k >= 0; k--) {
+            size_t p = (size_t)(2 * layer + 1 - k);
+            ddp_status_t st = ddp_zero_grad_ready(t->zero, p, t->grads[p]);
+            if (st != DDP_OK) {
+                t->status = st;
+                return 1;
+            }
+        }
+        return 0;
     }
     if (!t->reducer) return 0;
     for (int k = 1; k >= 0; k--) { /* weight first, then bias: W3, b3, W2, b2, W1, b1 */
@@ -589,7 +636,8 @@ int main(int argc, char **argv)
     t->opt.beta1 = o->beta1;
     t->opt.beta2 = o->beta2;
     t->opt.eps = o->eps;
-    if (fm_optim_create(&t->opt, t->model.numel)) fail("out of memory for the optimizer");
+    if (!o->zero && fm_optim_create(&t->opt, t->model.numel)) /* ZeRO keeps the state itself */
+        fail("out of memory for the optimizer");
     t->progress.last_epoch_loss = NAN;
     if (o->resume) {
         fm_hyper_t h = hyper_of(o);
@@ -616,7 +664,29 @@ int main(int argc, char **argv)
                                   0,
                                   NULL};
     }
-    if (o->legacy) {
+    if (o->zero) {
+        ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
+        zc.stage = o->zero;
+        zc.overlap = o->zero_overlap;
+        zc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+        zc.optim = (ddp_optim_config_t){o->optim == FM_OPTIM_ADAM ? DDP_OPTIM_ADAM : DDP_OPTIM_SGD,
+                                        o->lr, o->momentum, 0, o->beta1, o->beta2, o->eps,
+                                        o->weight_decay};
+        check(ddp_zero_create(t->group, params, FM_NPARAMS, &zc, &t->zero),
+              "creating the ZeRO optimizer");
+    }
+    if (o->zero == 2) {
+        /* No Reducer: our own gradient buffers, and rank 0's initial parameters broadcast here. */
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            t->own_grads[k] = calloc(t->model.numel[k] ? t->model.numel[k] : 1, sizeof(float));
+            if (!t->own_grads[k]) fail("out of memory for gradients");
+            t->grads[k] = t->own_grads[k];
+            if (t->world > 1)
+                check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32,
+                                          0),
+                      "broadcasting the initial parameters");
+        }
+    } else if (o->legacy) {
         for (int k = 0; k < FM_NPARAMS; k++) {
             t->own_grads[k] = calloc(t->model.numel[k], sizeof(float));
             if (!t->own_grads[k]) fail("out of memory for gradients");
@@ -633,6 +703,11 @@ int main(int argc, char **argv)
         ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
         cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
         cfg.trace = t->trace;
+        if (o->zero_overlap) { /* ZeRO's hook needs a fixed bucket layout */
+            cfg.comm_hook = ddp_zero_hook;
+            cfg.comm_hook_state = t->zero;
+            cfg.rebuild_buckets = 0;
+        }
         if (o->hook == FM_HOOK_FP16 || o->hook == FM_HOOK_BF16) {
             check(ddp_half_hook_state_create(o->hook == FM_HOOK_FP16 ? DDP_F16 : DDP_BF16,
                                              &t->half_hook),
@@ -671,7 +746,12 @@ int main(int argc, char **argv)
                "(%zu per rank)%s, %s lr %g, sync %s\n",
                t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
                o->hidden, o->batch, t->local_batch, o->accumulate > 1 ? " x accumulate" : "",
-               o->optim == FM_OPTIM_ADAM ? "adam" : "sgd", o->lr, o->legacy ? "legacy" : "reducer");
+               o->optim == FM_OPTIM_ADAM ? "adam" : "sgd", o->lr,
+               o->zero == 2       ? "zero-2 (reduce-scatter)"
+               : o->zero_overlap ? "reducer + zero-1 overlap"
+               : o->zero         ? "reducer + zero-1"
+               : o->legacy       ? "legacy"
+                                 : "reducer");
         fflush(stdout);
     }
 
@@ -715,9 +795,10 @@ int main(int argc, char **argv)
                     for (int p = 0; p < FM_NPARAMS; p++)
                         check(ddp_reducer_grad(t->reducer, (size_t)p, (void **)&t->grads[p]),
                               "ddp_reducer_grad");
-                } else {
+                } else if (t->legacy) {
                     check(ddp_legacy_set_sync(t->legacy, sync), "ddp_legacy_set_sync");
                 }
+                t->zero_sync = sync;
                 double t0 = ddp_time_us();
                 fm_mlp_forward(&t->model, xbuf, t->local_batch);
                 double t1 = ddp_time_us();
@@ -736,7 +817,7 @@ int main(int argc, char **argv)
                         if (ddp_reducer_stats(t->reducer, &stats) == DDP_OK)
                             step_exposed = stats.exposed_us;
                     }
-                } else if (sync) {
+                } else if (sync && t->legacy) {
                     check(ddp_legacy_allreduce(t->legacy, NULL), "ddp_legacy_allreduce");
                     step_exposed = ddp_time_us() - t2;
                 }
@@ -746,7 +827,13 @@ int main(int argc, char **argv)
                                    "compute", 0, t2, ddp_time_us());
             }
             double t3 = ddp_time_us();
-            fm_optim_step(&t->opt, t->model.params, t->grads);
+            if (t->zero) /* stage 2 and overlap: every gradient is with ZeRO already */
+                check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap
+                                                 ? (void *const *)t->grads
+                                                 : NULL),
+                      "ddp_zero_step");
+            else
+                fm_optim_step(&t->opt, t->model.params, t->grads);
             if (t->reducer)
                 check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
             else
@@ -834,6 +921,28 @@ int main(int argc, char **argv)
         uint64_t h = fm_mlp_checksum(&t->model, &sum);
         printf("checksum rank=%d fnv=%016llx sum=%.17g\n", t->rank, (unsigned long long)h, sum);
     }
+    /* optimizer state held per rank: ZeRO's shard (largest over ranks), or the whole state */
+    double state_bytes[2] = {0, 0}; /* largest on one rank, sum over ranks */
+    if (t->zero) {
+        state_bytes[0] = state_bytes[1] = (double)ddp_zero_state_bytes(t->zero);
+        if (t->world > 1) {
+            check(ddp_group_allreduce(t->group, &state_bytes[0], &state_bytes[0], 1, DDP_F64,
+                                      DDP_MAX),
+                  "taking the largest optimizer state over ranks");
+            check(ddp_group_allreduce(t->group, &state_bytes[1], &state_bytes[1], 1, DDP_F64,
+                                      DDP_SUM),
+                  "summing the optimizer state over ranks");
+        }
+        if (t->rank == 0)
+            printf("zero-%d: optimizer state %.1f KiB on the largest rank, %.1f KiB over all %d "
+                   "(unsharded: all of it on every rank)\n",
+                   o->zero, state_bytes[0] / 1024.0, state_bytes[1] / 1024.0, t->world);
+    } else {
+        for (int k = 0; k < FM_NPARAMS; k++)
+            state_bytes[0] += (double)(t->opt.numel[k] * sizeof(float) *
+                                       (o->optim == FM_OPTIM_ADAM ? 2 : 1));
+        state_bytes[1] = state_bytes[0] * t->world;
+    }
     /* bytes each synchronised step put on the wire through the hook, against plain allreduce */
     ddp_hook_stats_t wire = {0, 0, 0, 0};
     double compression = 1.0;
@@ -896,11 +1005,13 @@ int main(int argc, char **argv)
                        median(nosync_samples, nosync_steps) / 1000.0);
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\",\"hook\":\"%s\",\"wire_bytes\":%llu,"
-                   "\"uncompressed_bytes\":%llu}\n",
+                   "\"uncompressed_bytes\":%llu,\"zero\":%d,\"zero_overlap\":%d,"
+                   "\"optimizer_state_bytes\":%.0f}\n",
                    o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
                    o->legacy ? "legacy" : "reducer", ddp_group_transport(t->group),
                    fm_hook_names[o->hook], (unsigned long long)wire.bytes_after,
-                   (unsigned long long)wire.bytes_before);
+                   (unsigned long long)wire.bytes_before, o->zero, o->zero_overlap,
+                   state_bytes[0]);
         } else if (accuracy >= 0) {
             printf("final test accuracy: %.2f%%\n", accuracy * 100.0);
         }
@@ -913,6 +1024,7 @@ int main(int argc, char **argv)
     ddp_powersgd_state_destroy(t->powersgd);
 #endif
     ddp_legacy_destroy(t->legacy);
+    ddp_zero_destroy(t->zero); /* after the Reducer, whose hook may use it */
     if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
     ddp_group_destroy(t->group);
     ddp_store_destroy(t->local_store);
