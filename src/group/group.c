@@ -1087,10 +1087,13 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
                               "group_split: a group without a store can be split only over "
                               "transport mpi, not '%s'",
                               parent->ops->name);
-        uint64_t h = 1469598103934665603ull; /* FNV-1a over the count and the list */
-        char text[4096 + 32];
-        snprintf(text, sizeof text, "%d:%s", nranks, mine);
-        for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        /* FNV-1a over the count and every rank (not the text `mine`, which is cut at 4 KiB). */
+        uint64_t h = 1469598103934665603ull;
+        for (int i = -1; i < nranks; i++) {
+            uint32_t v = (uint32_t)(i < 0 ? nranks : ranks[i]);
+            for (int byte = 0; byte < 4; byte++)
+                h = (h ^ ((v >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+        }
         int64_t *hashes = ddp__calloc((size_t)parent->world, sizeof *hashes, "split hashes");
         if (!hashes) return DDP_ERR_NO_MEMORY;
         int64_t my_hash = (int64_t)h;
