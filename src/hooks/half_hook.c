@@ -42,7 +42,8 @@ ddp_status_t ddp_hook_error(ddp_status_t status, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     text[0] = '\0';
-    if (fmt) vsnprintf(text, sizeof text, fmt, ap); /* not `fmt ? fmt : ""`: clang's -Wformat-zero-length */
+    /* Not `fmt ? fmt : ""`: clang's -Wformat-zero-length rejects the empty format. */
+    if (fmt) vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     /* DDP_OK only sets the text (not logged as an error): libraries of hooks outside libddp,
      * which cannot reach ddp__clear_error, call ddp_hook_error(DDP_OK, "%s", "") on entry so a
