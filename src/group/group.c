@@ -529,6 +529,7 @@ ddp_status_t ddp_group_allreduce_async(ddp_group_t *group, const void *send, voi
                                        size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
                                        ddp_work_t **work)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_allreduce(group, send, recv, count, dtype, op, &c));
     return issue(group, &c, work, "allreduce_async");
@@ -537,6 +538,7 @@ ddp_status_t ddp_group_allreduce_async(ddp_group_t *group, const void *send, voi
 ddp_status_t ddp_group_broadcast_async(ddp_group_t *group, void *buf, size_t count,
                                        ddp_dtype_t dtype, int root, ddp_work_t **work)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_broadcast(group, buf, count, dtype, root, &c));
     return issue(group, &c, work, "broadcast_async");
@@ -546,6 +548,7 @@ ddp_status_t ddp_group_reduce_scatter_async(ddp_group_t *group, const void *send
                                             size_t recv_count, ddp_dtype_t dtype,
                                             ddp_reduce_op_t op, ddp_work_t **work)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_reduce_scatter(group, send, recv, recv_count, dtype, op, &c));
     return issue(group, &c, work, "reduce_scatter_async");
@@ -554,6 +557,7 @@ ddp_status_t ddp_group_reduce_scatter_async(ddp_group_t *group, const void *send
 ddp_status_t ddp_group_allgather_async(ddp_group_t *group, const void *send, void *recv,
                                        size_t send_count, ddp_dtype_t dtype, ddp_work_t **work)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_allgather(group, send, recv, send_count, dtype, &c));
     return issue(group, &c, work, "allgather_async");
@@ -561,6 +565,7 @@ ddp_status_t ddp_group_allgather_async(ddp_group_t *group, const void *send, voi
 
 ddp_status_t ddp_group_barrier_async(ddp_group_t *group, ddp_work_t **work)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_barrier(group, &c));
     return issue(group, &c, work, "barrier_async");
@@ -569,6 +574,7 @@ ddp_status_t ddp_group_barrier_async(ddp_group_t *group, ddp_work_t **work)
 ddp_status_t ddp_group_allreduce(ddp_group_t *group, const void *send, void *recv, size_t count,
                                  ddp_dtype_t dtype, ddp_reduce_op_t op)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_allreduce(group, send, recv, count, dtype, op, &c));
     return run_blocking(group, &c);
@@ -577,6 +583,7 @@ ddp_status_t ddp_group_allreduce(ddp_group_t *group, const void *send, void *rec
 ddp_status_t ddp_group_broadcast(ddp_group_t *group, void *buf, size_t count, ddp_dtype_t dtype,
                                  int root)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_broadcast(group, buf, count, dtype, root, &c));
     return run_blocking(group, &c);
@@ -585,6 +592,7 @@ ddp_status_t ddp_group_broadcast(ddp_group_t *group, void *buf, size_t count, dd
 ddp_status_t ddp_group_reduce_scatter(ddp_group_t *group, const void *send, void *recv,
                                       size_t recv_count, ddp_dtype_t dtype, ddp_reduce_op_t op)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_reduce_scatter(group, send, recv, recv_count, dtype, op, &c));
     return run_blocking(group, &c);
@@ -593,6 +601,7 @@ ddp_status_t ddp_group_reduce_scatter(ddp_group_t *group, const void *send, void
 ddp_status_t ddp_group_allgather(ddp_group_t *group, const void *send, void *recv,
                                  size_t send_count, ddp_dtype_t dtype)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_allgather(group, send, recv, send_count, dtype, &c));
     return run_blocking(group, &c);
@@ -600,6 +609,7 @@ ddp_status_t ddp_group_allgather(ddp_group_t *group, const void *send, void *rec
 
 ddp_status_t ddp_group_barrier(ddp_group_t *group)
 {
+    ddp__clear_error();
     ddp__collective_t c;
     TRY(build_barrier(group, &c));
     return run_blocking(group, &c);
@@ -607,6 +617,7 @@ ddp_status_t ddp_group_barrier(ddp_group_t *group)
 
 ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)
 {
+    ddp__clear_error();
     TRY(check_group(group, "submit"));
     if (!fn) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "submit: fn is NULL");
     if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "submit: work is NULL");
@@ -617,6 +628,7 @@ ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp
 
 ddp_status_t ddp_work_wait(ddp_work_t *work)
 {
+    ddp__clear_error();
     if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_wait: work is NULL");
     if (progress_group)
         return ddp__error(DDP_ERR_INVALID_USAGE,
@@ -629,6 +641,7 @@ ddp_status_t ddp_work_wait(ddp_work_t *work)
 
 ddp_status_t ddp_work_test(ddp_work_t *work, int *done)
 {
+    ddp__clear_error();
     if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_test: work is NULL");
     if (!done) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_test: done is NULL");
     ddp_group_t *g = work->group;
@@ -640,6 +653,7 @@ ddp_status_t ddp_work_test(ddp_work_t *work, int *done)
 
 ddp_status_t ddp_work_on_complete(ddp_work_t *work, ddp_work_callback_fn fn, void *arg)
 {
+    ddp__clear_error();
     if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_on_complete: work is NULL");
     if (!fn) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "work_on_complete: fn is NULL");
     ddp_group_t *g = work->group;
@@ -671,6 +685,7 @@ void ddp_work_free(ddp_work_t *work)
 
 ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out)
 {
+    ddp__clear_error();
     TRY(check_group(group, "alloc_buffer"));
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "alloc_buffer: out is NULL");
     if (bytes > SIZE_MAX / 4)
@@ -696,6 +711,7 @@ ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out
 
 ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer)
 {
+    ddp__clear_error();
     TRY(check_group(group, "free_buffer"));
     if (!buffer) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "free_buffer: buffer is NULL");
     if (group->ops->free_buffer) return group->ops->free_buffer(group->state, buffer);
@@ -979,6 +995,10 @@ static ddp_status_t check_options(const ddp_group_options_t *options, const char
 ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
                               const ddp_group_options_t *options, ddp_group_t **out)
 {
+    ddp__clear_error();
+    /* A store-less group exists only internally (MPI under mpirun, MPI subgroups); the public
+     * entry point always needs the rendezvous store, even for world_size 1. */
+    if (!store) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_create: store is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_create: out is NULL");
     if (world_size < 1 || world_size > GROUP_MAX_WORLD)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
@@ -987,9 +1007,6 @@ ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
     if (rank < 0 || rank >= world_size)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                           "group_create: rank %d is out of range [0, %d)", rank, world_size);
-    if (!store && world_size > 1)
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                          "group_create: store is NULL (only allowed with world_size 1)");
     TRY(check_options(options, "group_create"));
     int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
                                                         : ddp_default_timeout_ms();
@@ -999,6 +1016,7 @@ ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
 
 ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_group_t **out)
 {
+    ddp__clear_error();
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_create_from_env: out is NULL");
     TRY(check_options(options, "group_create_from_env"));
     ddp_env_t env;
@@ -1045,7 +1063,8 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
 ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
                              const ddp_group_options_t *options, ddp_group_t **out)
 {
-    TRY(check_group(parent, "group_split"));
+    ddp__clear_error();
+    if (!parent) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: parent is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: out is NULL");
     if (!ranks) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: ranks is NULL");
     if (nranks < 1 || nranks > parent->world)
