@@ -691,7 +691,18 @@ ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out
     if (bytes > SIZE_MAX / 4)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "alloc_buffer: bytes %zu is too large", bytes);
     if (atomic_load(&group->broken)) return aborted_error(group, "alloc_buffer");
-    if (group->ops->alloc_buffer) return group->ops->alloc_buffer(group->state, bytes, out);
+    if (group->ops->alloc_buffer) {
+        ddp_status_t s = group->ops->alloc_buffer(group->state, bytes, out);
+        if (s == DDP_ERR_MISMATCH) {
+            /* Ranks disagree on the sizes (and on later buffers' order): like a mismatched
+             * collective, this breaks the group so later calls fail instead of hanging. */
+            char text[DDP_ERROR_TEXT_MAX];
+            snprintf(text, sizeof text, "%s", ddp_last_error());
+            break_group(group, s, text);
+            ddp__set_error_text(text);
+        }
+        return s;
+    }
     fallback_buffer_t *node = ddp__calloc(1, sizeof *node, "a buffer record");
     if (!node) return DDP_ERR_NO_MEMORY;
     size_t rounded = (bytes + 63) / 64 * 64;

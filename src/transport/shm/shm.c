@@ -898,7 +898,9 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
         s = create_memfd(b->total, "ddp-shm-buffer", &b->fd, &b->base);
         if (s != DDP_OK) goto fail;
         char value[128];
-        snprintf(value, sizeof value, "%d %d %zu", (int)getpid(), b->fd, b->total);
+        /* The 4th field, the size asked for, lets each peer compare its own (regions round up
+         * to pages, so the totals alone would not tell 64 from 128 bytes). */
+        snprintf(value, sizeof value, "%d %d %zu %zu", (int)getpid(), b->fd, b->total, bytes);
         s = ddp_store_set(S->store, key, value, strlen(value));
         if (s != DDP_OK) goto fail;
         /* Wait until every rank has mapped it, then drop the descriptor. */
@@ -918,6 +920,23 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
         }
         s = nk ? ddp_store_wait(S->store, (const char *const *)keys, (size_t)nk, S->timeout_ms)
                : DDP_OK;
+        /* Each peer answered with the size it asked for: compare them all, then publish the
+         * verdict, which peers asking for rank 0's size wait for (so every rank fails alike). */
+        char verdict[256] = "ok";
+        for (int i = 0; s == DDP_OK && i < nk; i++) {
+            void *v = NULL;
+            size_t len = 0;
+            s = ddp_store_get(S->store, keys[i], &v, &len);
+            if (s != DDP_OK) break;
+            unsigned long long peer_bytes = 0;
+            int parsed = sscanf(v, "%llu", &peer_bytes);
+            ddp_free(v);
+            if (parsed == 1 && (size_t)peer_bytes != bytes && strcmp(verdict, "ok") == 0)
+                snprintf(verdict, sizeof verdict,
+                         "alloc_buffer %lld: rank 0 asked for %zu bytes but rank %d asked for "
+                         "%llu bytes (every rank must ask for the same size in the same order)",
+                         (long long)b->id, bytes, i + 1, peer_bytes);
+        }
         free(keys);
         free(keybuf);
         if (s != DDP_OK) {
@@ -925,7 +944,14 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
                                (long long)b->id);
             goto fail;
         }
-        /* Peers report a size mismatch through their own attach error; here only the wait. */
+        char vkey[760];
+        snprintf(vkey, sizeof vkey, "%s/verdict", key);
+        s = ddp_store_set(S->store, vkey, verdict, strlen(verdict));
+        if (s != DDP_OK) goto fail;
+        if (strcmp(verdict, "ok") != 0) {
+            s = ddp__error(DDP_ERR_MISMATCH, "%s", verdict);
+            goto fail;
+        }
         close(b->fd);
         b->fd = -1;
     } else {
@@ -939,7 +965,11 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
         size_t len = 0;
         s = ddp_store_get(S->store, key, &v, &len);
         if (s != DDP_OK) goto fail;
-        s = attach_memfd(v, b->total, &b->base, "the segment buffer");
+        int pid0 = 0, fd0 = -1;
+        unsigned long long total0 = 0, bytes0 = 0;
+        int same = sscanf(v, "%d %d %llu %llu", &pid0, &fd0, &total0, &bytes0) == 4 &&
+                   (size_t)bytes0 == bytes;
+        s = same ? attach_memfd(v, b->total, &b->base, "the segment buffer") : DDP_OK;
         ddp_free(v);
         if (s != DDP_OK) {
             ddp__error_context(s, "alloc_buffer: every rank must ask for the same size in the same "
@@ -947,10 +977,38 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
                                S->rank, bytes);
             goto fail;
         }
-        char akey[760];
+        /* Answer with the size asked for, also when it differs, so rank 0 need not time out. */
+        char akey[760], avalue[32];
         snprintf(akey, sizeof akey, "%s/attached/%d", key, S->rank);
-        s = ddp_store_set(S->store, akey, "1", 1);
+        snprintf(avalue, sizeof avalue, "%zu", bytes);
+        s = ddp_store_set(S->store, akey, avalue, strlen(avalue));
         if (s != DDP_OK) goto fail;
+        if (!same) {
+            s = ddp__error(DDP_ERR_MISMATCH,
+                           "alloc_buffer %lld: rank %d asked for %zu bytes but rank 0 asked for "
+                           "%llu bytes (every rank must ask for the same size in the same order)",
+                           (long long)b->id, S->rank, bytes, bytes0);
+            goto fail;
+        }
+        /* Rank 0 compared every rank's size: another peer may differ although this one does
+         * not. */
+        char vkey[760];
+        snprintf(vkey, sizeof vkey, "%s/verdict", key);
+        const char *vkeys[1] = {vkey};
+        s = ddp_store_wait(S->store, vkeys, 1, S->timeout_ms);
+        if (s != DDP_OK) {
+            ddp__error_context(s, "shm: alloc_buffer %lld waiting for rank 0's size check",
+                               (long long)b->id);
+            goto fail;
+        }
+        s = ddp_store_get(S->store, vkey, &v, &len);
+        if (s != DDP_OK) goto fail;
+        if (len != 2 || memcmp(v, "ok", 2) != 0) {
+            s = ddp__error(DDP_ERR_MISMATCH, "%.*s", (int)len, (const char *)v);
+            ddp_free(v);
+            goto fail;
+        }
+        ddp_free(v);
     }
     pthread_mutex_lock(&S->buffers_mu);
     b->next = S->buffers;
