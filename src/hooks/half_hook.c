@@ -6,14 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cpu.h"
+#include "core/half.h"
 #include "core/internal.h"
 #include "ddp/hooks.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HALF_HAVE_F16C_PATH 1
-#endif
 
 /* One per bucket index: the half copy of that bucket and what the task needs to know. A bucket's
  * next reduction starts only after the previous one completed (the reducer finalizes in
@@ -100,70 +95,6 @@ static float from_half(ddp_dtype_t wire, uint16_t h)
     return wire == DDP_F16 ? ddp_f16_to_f32(h) : ddp_bf16_to_f32(h);
 }
 
-/* ---- bulk conversions ----------------------------------------------------------------------
- * The conversions run on every element twice per step, so they must not cost what the halved
- * wire saves: f16 uses F16C (eight at a time, the same round-to-nearest-even as the scalar
- * ddp_f32_to_f16) when the CPU has it; bf16 is a few integer operations the compiler
- * vectorises. Both give the same bits as the scalar library functions for every non-NaN input. */
-#ifdef HALF_HAVE_F16C_PATH
-__attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(const float *in, uint16_t *out,
-                                                                  size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(out + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-    return i;
-}
-
-__attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(const uint16_t *in, float *out,
-                                                                  size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
-    return i;
-}
-
-static int have_f16c(void) { return ddp__cpu_has_avx_f16c(); }
-#endif
-
-static void f32_to_wire(ddp_dtype_t wire, const float *in, uint16_t *out, size_t n)
-{
-    size_t i = 0;
-    if (wire == DDP_BF16) {
-        for (; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, &in[i], 4);
-            uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-            /* NaN stays a quiet NaN instead of rounding into infinity. */
-            out[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
-                                                     : (uint16_t)(rounded >> 16);
-        }
-        return;
-    }
-#ifdef HALF_HAVE_F16C_PATH
-    if (have_f16c()) i = f32_to_f16_f16c(in, out, n);
-#endif
-    for (; i < n; i++) out[i] = ddp_f32_to_f16(in[i]);
-}
-
-static void wire_to_f32(ddp_dtype_t wire, const uint16_t *in, float *out, size_t n)
-{
-    size_t i = 0;
-    if (wire == DDP_BF16) {
-        for (; i < n; i++) {
-            uint32_t u = (uint32_t)in[i] << 16;
-            memcpy(&out[i], &u, 4);
-        }
-        return;
-    }
-#ifdef HALF_HAVE_F16C_PATH
-    if (have_f16c()) i = f16_to_f32_f16c(in, out, n);
-#endif
-    for (; i < n; i++) out[i] = ddp_f16_to_f32(in[i]);
-}
-
 /* On the progress thread: round, allreduce inline, widen. An f64 bucket is first rounded to f32
  * (half precision is far coarser, so this adds no visible error). */
 static ddp_status_t half_task(ddp_group_t *group, void *arg)
@@ -171,7 +102,7 @@ static ddp_status_t half_task(ddp_group_t *group, void *arg)
     half_slot_t *slot = arg;
     size_t n = slot->numel;
     if (slot->dtype == DDP_F32) {
-        f32_to_wire(slot->wire_dtype, slot->data, slot->wire, n);
+        ddp__f32_to_half(slot->wire_dtype, slot->data, slot->wire, n);
     } else {
         const double *src = slot->data;
         for (size_t i = 0; i < n; i++) slot->wire[i] = to_half(slot->wire_dtype, (float)src[i]);
@@ -180,7 +111,7 @@ static ddp_status_t half_task(ddp_group_t *group, void *arg)
                                          DDP_SUM);
     if (s != DDP_OK) return s;
     if (slot->dtype == DDP_F32) {
-        wire_to_f32(slot->wire_dtype, slot->wire, slot->data, n);
+        ddp__half_to_f32(slot->wire_dtype, slot->wire, slot->data, n);
     } else {
         double *dst = slot->data;
         for (size_t i = 0; i < n; i++) dst[i] = from_half(slot->wire_dtype, slot->wire[i]);

@@ -25,15 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cpu.h"
+#include "core/half.h"
 #include "core/internal.h"
 #include "group/transport.h"
 #include "transport/mpi/mpi_internal.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_F16C_PATH 1
-#endif
 
 enum {
     FP_FIELDS = 6,       /* seq, kind, dtype, op, count, root */
@@ -431,82 +426,14 @@ static ddp_dtype_t reduce_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op)
     return dtype;
 }
 
-/* Half-precision conversions, the hot loops of every f16/bf16 reduction (once before and once
- * after MPI). f16 uses the F16C instructions when the CPU has them (8 elements per instruction,
- * round to nearest even like ddp_f32_to_f16, so finite results are the same bytes either way);
- * bf16 is plain integer arithmetic in loops the compiler vectorises, with the rounding of
- * ddp_f32_to_bf16. */
-#ifdef HAVE_F16C_PATH
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *a, float *b,
-                                                                 size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(b + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))));
-    for (; i < n; i++) b[i] = ddp_f16_to_f32(a[i]);
-}
-
-__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const float *a, uint16_t *b,
-                                                                 size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(b + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(a + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) b[i] = ddp_f32_to_f16(a[i]);
-}
-
-static int have_f16c(void) { return ddp__cpu_has_avx_f16c(); }
-#endif
-
-static void f16_to_f32(const uint16_t *a, float *b, size_t n)
-{
-#ifdef HAVE_F16C_PATH
-    if (have_f16c()) {
-        f16_to_f32_f16c(a, b, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) b[i] = ddp_f16_to_f32(a[i]);
-}
-
-static void f32_to_f16(const float *a, uint16_t *b, size_t n)
-{
-#ifdef HAVE_F16C_PATH
-    if (have_f16c()) {
-        f32_to_f16_f16c(a, b, n);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) b[i] = ddp_f32_to_f16(a[i]);
-}
-
-/* memcpy of one element is the aliasing-safe bit cast; compilers turn it into a move. */
-static void bf16_to_f32(const uint16_t *a, float *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)a[i] << 16;
-        memcpy(&b[i], &u, sizeof u);
-    }
-}
-
-static void f32_to_bf16(const float *a, uint16_t *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &a[i], sizeof u);
-        uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        uint32_t nan = (u >> 16) | 0x40u; /* quiet NaN, as ddp_f32_to_bf16 */
-        b[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-    }
-}
-
+/* Half-precision conversions (the hot loops of every f16/bf16 reduction, once before and once
+ * after MPI) are the shared ones in src/core/half.c. */
 static void widen(ddp_dtype_t from, const void *src, void *dst, size_t n)
 {
     if (from == DDP_F16) {
-        f16_to_f32(src, dst, n);
+        ddp__half_to_f32(DDP_F16, src, dst, n);
     } else if (from == DDP_BF16) {
-        bf16_to_f32(src, dst, n);
+        ddp__half_to_f32(DDP_BF16, src, dst, n);
     } else if (from == DDP_I32) {
         const int32_t *a = src;
         int64_t *b = dst;
@@ -521,9 +448,9 @@ static void widen(ddp_dtype_t from, const void *src, void *dst, size_t n)
 static void narrow(ddp_dtype_t to, const void *src, void *dst, size_t n)
 {
     if (to == DDP_F16) {
-        f32_to_f16(src, dst, n);
+        ddp__f32_to_half(DDP_F16, src, dst, n);
     } else if (to == DDP_BF16) {
-        f32_to_bf16(src, dst, n);
+        ddp__f32_to_half(DDP_BF16, src, dst, n);
     } else if (to == DDP_I32) {
         const int64_t *a = src;
         int32_t *b = dst;
