@@ -80,10 +80,17 @@ typedef struct ddp_reducer_config {
     ddp_comm_hook_fn comm_hook;    /* NULL: allreduce-sum of the prescaled bucket */
     void *comm_hook_state;
     ddp_trace_t *trace; /* NULL, or bucket allreduce spans are recorded here */
+    /* 4 MiB: with the default hook (comm_hook NULL), each dense bucket is cut into pieces of
+     * this many bytes (whole elements; the last piece is shorter) when buckets are made or
+     * rebuilt, and a piece is reduced as soon as every element in it has been marked ready (see
+     * ddp_reducer_grad_ready_rows). 0: a bucket is reduced whole when all its parameters are
+     * ready. Must be the same on every rank (checked at create with sync_at_create). */
+    size_t piece_bytes;
 } ddp_reducer_config_t;
 
 #define DDP_REDUCER_CONFIG_INIT                                                                   \
-    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL}
+    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL,        \
+     (size_t)4 << 20}
 
 typedef struct ddp_reducer ddp_reducer_t;
 
@@ -114,6 +121,34 @@ DDP_API ddp_status_t ddp_reducer_prepare(ddp_reducer_t *reducer);
  * its reduction (strictly in bucket order). Marking a parameter twice is DDP_ERR_INVALID_USAGE. */
 DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index);
 
+/* Rows [row_begin, row_end) of parameter i's gradient are complete for this iteration: the
+ * part-wise form of ddp_reducer_grad_ready, for a backward that computes a weight gradient in
+ * row blocks (one GEMM per block of output rows). Rows are those of the matrix view: param.rows
+ * rows of numel / rows elements; a vector parameter (rows == 0) has numel rows of one element.
+ *
+ * The rows' elements count towards the bucket's pieces (config.piece_bytes): a piece whose
+ * elements are all marked is divided by the world size and its allreduce starts, strictly after
+ * every earlier piece and bucket, so a bucket holding one large matrix starts reducing while the
+ * rest of that matrix is still being computed. The pieces depend only on the bucket layout, so
+ * every rank issues the same collectives whatever blocks each rank marks. With a user comm hook
+ * or piece_bytes 0 there are no pieces: the bucket is handed over whole once it is complete.
+ * With user_grads the rows are copied from param.grad now, so they must be final.
+ *
+ * Marking the last unmarked rows of a parameter is exactly ddp_reducer_grad_ready (it counts
+ * for bucket order, the rebuild's arrival order and find_unused_parameters). After some of its
+ * rows were marked, ddp_reducer_grad_ready(i) marks the remaining rows. A parameter with some
+ * but not all rows marked at finalize is an unmarked parameter (an error on every rank, or,
+ * with find_unused_parameters, a used one whose other rows are taken as they are). Works in
+ * no_sync iterations (nothing is communicated then).
+ *
+ * Errors, each naming the parameter: DDP_ERR_INVALID_ARGUMENT for an empty range or rows beyond
+ * the parameter's rows (an empty parameter has no rows: use grad_ready); DDP_ERR_INVALID_USAGE
+ * for a sparse parameter, outside prepare..finalize, or rows already marked in this iteration
+ * (overlapping ranges, or the parameter was already complete). Like marking a parameter twice,
+ * the overlap also makes finalize fail on every rank. */
+DDP_API ddp_status_t ddp_reducer_grad_ready_rows(ddp_reducer_t *reducer, size_t index,
+                                                 size_t row_begin, size_t row_end);
+
 /* Sparse gradient of parameter i: nrows rows of numel/rows elements each, at `indices`. Counts as
  * grad_ready. Data is copied. */
 DDP_API ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *reducer, size_t index,
@@ -142,18 +177,20 @@ DDP_API ddp_status_t ddp_reducer_bucket_params(const ddp_reducer_t *reducer, siz
 typedef struct ddp_bucket_stats {
     size_t bytes;
     double ready_us; /* last gradient ready, relative to the first grad_ready of the iteration */
-    double launch_us;
-    double done_us;
+    double launch_us; /* the bucket's first piece (or the whole bucket) handed to the group */
+    double done_us;   /* its last piece done */
 } ddp_bucket_stats_t;
 
 typedef struct ddp_reducer_stats {
     uint64_t iteration;
     double backward_us; /* first grad_ready to finalize entry */
-    double comm_us;     /* sum over buckets of done - launch */
+    double comm_us;     /* sum over reductions (buckets or pieces) of done - launch */
     double exposed_us;  /* time finalize waited */
     size_t bytes;       /* bytes reduced this iteration (before any hook's compression) */
     size_t nbuckets;
     const ddp_bucket_stats_t *buckets; /* valid until the next prepare */
+    size_t npieces;  /* reductions issued (pieces, or whole buckets) */
+    double busy_us;  /* union of every reduction's launch..done interval: time in flight */
 } ddp_reducer_stats_t;
 
 /* Statistics of the last finalized synchronised iteration. */

@@ -29,6 +29,7 @@
 #define COMM_LANE 2 /* trace lane ("tid") of bucket reductions */
 #define ERROR_TWICE 1LL
 #define ERROR_UNMARKED 2LL
+#define ERROR_ROWS_TWICE 3LL
 
 typedef struct rparam {
     char *name;
@@ -48,7 +49,21 @@ typedef struct rparam {
     unsigned char *result_values;
     size_t result_rows;
     int contribute; /* sparse: rows take part in this reduction */
+    /* row readiness (dense): a byte per row at row_marks + row_base, rows_marked of them set */
+    size_t row_base, rows_marked;
 } rparam_t;
+
+/* A fixed slice of a dense bucket, reduced on its own as soon as all its elements are marked. */
+typedef struct piece {
+    struct bucket *bucket;
+    size_t index;
+    size_t begin, numel; /* element range within the bucket */
+    size_t pending;      /* elements not yet marked this iteration */
+    ddp_work_t *work;
+    double launch_us;
+    _Atomic uint64_t done_bits;
+    _Atomic int done_set;
+} piece_t;
 
 typedef struct bucket {
     struct ddp_reducer *owner;
@@ -69,6 +84,9 @@ typedef struct bucket {
     _Atomic int done_set;
     char trace_name[40];
     ddp_comm_bucket_t view;
+    /* Piece-wise launch (default hook and piece_bytes > 0): npieces > 0. */
+    piece_t *pieces;
+    size_t npieces, next_piece;
 } bucket_t;
 
 struct ddp_reducer {
@@ -86,6 +104,8 @@ struct ddp_reducer {
     size_t next_launch;
 
     unsigned char *marked;          /* this iteration */
+    unsigned char *row_marks;       /* per row of every dense parameter, this iteration */
+    size_t launches;                /* reductions started this iteration */
     unsigned char *used_since_sync; /* marked in any iteration since the last synchronised one */
     int active, iter_sync, sync_enabled;
     uint64_t iteration; /* synchronised iterations completed */
@@ -165,6 +185,15 @@ static size_t row_bytes(const rparam_t *p)
     return p->rows ? p->numel / p->rows * ddp_dtype_size(p->dtype) : 0;
 }
 
+/* Rows of the matrix view for row readiness: a vector is numel rows of one element. */
+static size_t ready_rows(const rparam_t *p) { return p->rows ? p->rows : p->numel; }
+
+static size_t row_numel(const rparam_t *p)
+{
+    size_t n = ready_rows(p);
+    return n ? p->numel / n : 0;
+}
+
 static void sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
@@ -193,8 +222,43 @@ static void on_bucket_done(void *arg, ddp_status_t status)
     atomic_fetch_sub(&b->owner->callbacks_pending, 1);
 }
 
+static void on_piece_done(void *arg, ddp_status_t status)
+{
+    (void)status;
+    piece_t *q = arg;
+    bucket_t *b = q->bucket;
+    double t = ddp__now_us();
+    uint64_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    atomic_store(&q->done_bits, bits);
+    atomic_store(&q->done_set, 1);
+    if (b->owner->config.trace) {
+        char name[64];
+        snprintf(name, sizeof name, "%s piece %zu/%zu", b->trace_name, q->index, b->npieces);
+        ddp_trace_span(b->owner->config.trace, name, "comm", COMM_LANE, q->launch_us, t);
+    }
+    atomic_fetch_sub(&b->owner->callbacks_pending, 1);
+}
+
+static double piece_done_time(piece_t *q)
+{
+    if (!atomic_load(&q->done_set)) return ddp__now_us();
+    uint64_t bits = atomic_load(&q->done_bits);
+    double t;
+    memcpy(&t, &bits, sizeof t);
+    return t;
+}
+
 static double done_time(bucket_t *b)
 {
+    if (b->npieces) {
+        double t = 0;
+        for (size_t i = 0; i < b->npieces; i++) {
+            double d = piece_done_time(&b->pieces[i]);
+            if (d > t) t = d;
+        }
+        return t;
+    }
     if (!atomic_load(&b->done_set)) return ddp__now_us();
     uint64_t bits = atomic_load(&b->done_bits);
     double t;
@@ -212,6 +276,7 @@ static void free_bucket_arrays(bucket_t *buckets, size_t n)
         free(buckets[i].offsets);
         free(buckets[i].numels);
         free(buckets[i].rows);
+        free(buckets[i].pieces);
     }
     free(buckets);
 }
@@ -262,6 +327,24 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
         }
         k->numel = k->sparse ? 0 : offset;
         snprintf(k->trace_name, sizeof k->trace_name, "bucket %zu", b);
+        /* Pieces depend only on the layout, so every rank cuts the bucket the same way. A hook
+         * gets whole buckets (PowerSGD needs whole matrices). */
+        size_t esize = ddp_dtype_size(k->dtype);
+        if (!k->sparse && k->numel > 0 && r->config.piece_bytes > 0 && !r->config.comm_hook) {
+            size_t step = r->config.piece_bytes / esize ? r->config.piece_bytes / esize : 1;
+            k->npieces = (k->numel + step - 1) / step;
+            k->pieces = ddp__calloc(k->npieces, sizeof(piece_t), "buckets");
+            if (!k->pieces) {
+                status = DDP_ERR_NO_MEMORY;
+                goto fail;
+            }
+            for (size_t i = 0; i < k->npieces; i++) {
+                piece_t *q = &k->pieces[i];
+                q->index = i;
+                q->begin = i * step;
+                q->numel = k->numel - q->begin < step ? k->numel - q->begin : step;
+            }
+        }
     }
     /* Allocation is collective: same sizes in the same order on every rank (the model was
      * verified identical, and the assignment is deterministic). */
@@ -276,6 +359,9 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
             goto fail;
         }
     }
+    /* The bucket array does not move from here on: pieces may point at their bucket. */
+    for (size_t b = 0; b < a->nbuckets; b++)
+        for (size_t i = 0; i < buckets[b].npieces; i++) buckets[b].pieces[i].bucket = &buckets[b];
     *out = buckets;
     return DDP_OK;
 fail:
@@ -389,15 +475,15 @@ static int same_signature(const signature_t *a, const signature_t *b)
  * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
  * 0's on every rank, so all ranks report the same first difference. */
 static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const rparam_t *params,
-                                 size_t nparams, size_t nbuffers)
+                                 size_t nparams, size_t nbuffers, size_t piece_bytes)
 {
     int world = ddp_group_size(group), rank = ddp_group_rank(group);
     char local_text[DDP_ERROR_TEXT_MAX];
     snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
-    int64_t header[3] = {local, (int64_t)nparams, (int64_t)nbuffers};
+    int64_t header[4] = {local, (int64_t)nparams, (int64_t)nbuffers, (int64_t)piece_bytes};
     int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
     if (!headers) return DDP_ERR_NO_MEMORY;
-    ddp_status_t status = ddp_group_allgather(group, header, headers, 3, DDP_I64);
+    ddp_status_t status = ddp_group_allgather(group, header, headers, 4, DDP_I64);
     if (status != DDP_OK) {
         free(headers);
         return ddp__error_context(status, "verifying the model across ranks");
@@ -409,8 +495,8 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
         return local;
     }
     for (int q = 0; q < world; q++) {
-        if (headers[3 * q] != DDP_OK) {
-            ddp_status_t s = (ddp_status_t)headers[3 * q];
+        if (headers[4 * q] != DDP_OK) {
+            ddp_status_t s = (ddp_status_t)headers[4 * q];
             free(headers);
             if (q == rank) {
                 ddp__set_error_text(local_text);
@@ -420,11 +506,19 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
                               "rank %d failed to create its reducer (%s); see that rank's error",
                               q, ddp_status_string(s));
         }
-        if ((size_t)headers[3 * q + 1] > maxn) maxn = (size_t)headers[3 * q + 1];
+        if ((size_t)headers[4 * q + 1] > maxn) maxn = (size_t)headers[4 * q + 1];
     }
     for (int q = 1; q < world; q++) {
-        if (headers[3 * q + 2] != headers[2]) {
-            long long a = headers[2], b = headers[3 * q + 2];
+        if (headers[4 * q + 3] != headers[3]) {
+            long long a = headers[3], b = headers[4 * q + 3];
+            free(headers);
+            return ddp__error(DDP_ERR_MISMATCH,
+                              "reducer config mismatch: rank 0 has piece_bytes %lld but rank %d "
+                              "has %lld (pieces must be the same on every rank)",
+                              a, q, b);
+        }
+        if (headers[4 * q + 2] != headers[2]) {
+            long long a = headers[2], b = headers[4 * q + 2];
             free(headers);
             return ddp__error(DDP_ERR_MISMATCH,
                               "model mismatch: rank 0 registers %lld buffers but rank %d "
@@ -460,7 +554,7 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
     for (size_t i = 0; i < maxn && status == DDP_OK; i++) {
         size_t n0 = (size_t)headers[1];
         for (int q = 1; q < world; q++) {
-            size_t nq = (size_t)headers[3 * q + 1];
+            size_t nq = (size_t)headers[4 * q + 1];
             if (i >= n0 && i >= nq) continue;
             signature_t a, b;
             memcpy(&a, all + i * rec, rec);
@@ -626,6 +720,13 @@ void ddp_reducer_destroy(ddp_reducer_t *r)
             ddp_work_free(r->buckets[b].work);
             r->buckets[b].work = NULL;
         }
+        for (size_t i = 0; i < r->buckets[b].npieces; i++) {
+            piece_t *q = &r->buckets[b].pieces[i];
+            if (!q->work) continue;
+            ddp_work_wait(q->work);
+            ddp_work_free(q->work);
+            q->work = NULL;
+        }
     }
     wait_callbacks(r);
     if (r->buckets) {
@@ -643,6 +744,7 @@ void ddp_reducer_destroy(ddp_reducer_t *r)
     free(r->kept_of);
     free(r->buffers);
     free(r->marked);
+    free(r->row_marks);
     free(r->used_since_sync);
     free(r->arrival);
     free(r->saved);
@@ -695,13 +797,20 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         r->used_since_sync = ddp__calloc(n, 1, "reducer");
         r->arrival = ddp__malloc(n * sizeof(size_t), "reducer");
         r->status_vector = ddp__malloc((n + (size_t)r->world) * sizeof(int64_t), "reducer");
-        if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector)
+        size_t total_rows = 0;
+        for (size_t i = 0; i < n; i++) {
+            r->params[i].row_base = total_rows;
+            if (!r->params[i].sparse) total_rows += ready_rows(&r->params[i]);
+        }
+        r->row_marks = ddp__calloc(total_rows ? total_rows : 1, 1, "reducer");
+        if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector ||
+            !r->row_marks)
             status = DDP_ERR_NO_MEMORY;
     }
 
     if (verify) {
         ddp_status_t v = verify_model(group, status, r ? r->params : NULL, r ? r->nparams : 0,
-                                      r ? r->nbuffers : 0);
+                                      r ? r->nbuffers : 0, c->piece_bytes);
         if (status == DDP_OK) status = v;
     }
     if (status != DDP_OK) goto fail;
@@ -834,7 +943,7 @@ ddp_status_t ddp_reducer_set_sync(ddp_reducer_t *r, int enabled)
 
 static int in_flight(const ddp_reducer_t *r)
 {
-    return r->active && r->iter_sync && r->next_launch > 0;
+    return r->active && r->iter_sync && r->launches > 0;
 }
 
 ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *r)
@@ -967,7 +1076,15 @@ ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
         k->launched = 0;
         k->ready_us = k->launch_us = 0;
         atomic_store(&k->done_set, 0);
+        k->next_piece = 0;
+        for (size_t i = 0; i < k->npieces; i++) {
+            piece_t *q = &k->pieces[i];
+            q->pending = q->numel;
+            q->launch_us = 0;
+            atomic_store(&q->done_set, 0);
+        }
     }
+    r->launches = 0;
     for (size_t i = 0; i < r->nparams; i++) {
         rparam_t *p = &r->params[i];
         free(p->result_index);
@@ -975,6 +1092,8 @@ ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
         p->result_index = NULL;
         p->result_values = NULL;
         p->result_rows = 0;
+        if (p->rows_marked) memset(r->row_marks + p->row_base, 0, ready_rows(p));
+        p->rows_marked = 0;
     }
     r->next_launch = 0;
     r->local_error = 0;
@@ -1085,6 +1204,7 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
 {
     b->launched = 1;
     b->launch_us = ddp__now_us();
+    r->launches++;
     ddp_work_t *work = NULL;
     ddp_status_t s;
     if (b->sparse) {
@@ -1119,13 +1239,54 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
     return DDP_OK;
 }
 
-/* Launches ready buckets strictly in order. */
+/* One piece: the default hook's allreduce on a sub-range of the bucket memory. */
+static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
+{
+    q->launch_us = ddp__now_us();
+    if (q->index == 0) {
+        b->launched = 1;
+        b->launch_us = q->launch_us;
+    }
+    r->launches++;
+    size_t esize = ddp_dtype_size(b->dtype);
+    unsigned char *data = (unsigned char *)b->data + q->begin * esize;
+    prescale(data, q->numel, b->dtype, r->world);
+    ddp_work_t *work = NULL;
+    ddp_status_t s =
+        ddp_group_allreduce_async(r->group, data, data, q->numel, b->dtype, DDP_SUM, &work);
+    if (s != DDP_OK) {
+        ddp_work_free(work);
+        return ddp__error_context(s,
+                                  "launching the reduction of bucket %zu piece %zu of %zu "
+                                  "(iteration %llu)",
+                                  b->index, q->index, b->npieces, (unsigned long long)r->iteration);
+    }
+    q->work = work;
+    atomic_fetch_add(&r->callbacks_pending, 1);
+    if (ddp_work_on_complete(work, on_piece_done, q) != DDP_OK)
+        atomic_fetch_sub(&r->callbacks_pending, 1);
+    return DDP_OK;
+}
+
+/* Launches complete buckets, or complete pieces of them, strictly in order: bucket b's pieces in
+ * order, and nothing of bucket b + 1 before every piece of bucket b. */
 static ddp_status_t launch_in_order(ddp_reducer_t *r)
 {
-    while (r->next_launch < r->nbuckets && r->buckets[r->next_launch].pending == 0) {
-        bucket_t *b = &r->buckets[r->next_launch++];
-        ddp_status_t s = launch(r, b);
-        if (s != DDP_OK) return s;
+    while (r->next_launch < r->nbuckets) {
+        bucket_t *b = &r->buckets[r->next_launch];
+        if (b->npieces) {
+            while (b->next_piece < b->npieces && b->pieces[b->next_piece].pending == 0) {
+                ddp_status_t s = launch_piece(r, b, &b->pieces[b->next_piece++]);
+                if (s != DDP_OK) return s;
+            }
+            if (b->next_piece < b->npieces) break;
+            r->next_launch++;
+        } else {
+            if (b->pending != 0) break;
+            r->next_launch++;
+            ddp_status_t s = launch(r, b);
+            if (s != DDP_OK) return s;
+        }
     }
     return DDP_OK;
 }
@@ -1136,6 +1297,74 @@ static ddp_status_t check_active(ddp_reducer_t *r, const char *what)
         return ddp__error(DDP_ERR_INVALID_USAGE,
                           "%s outside an iteration: call ddp_reducer_prepare first", what);
     return DDP_OK;
+}
+
+/* Elements [begin, end) of bucket b are final: count them off the pieces they overlap. */
+static void count_off(bucket_t *b, size_t begin, size_t end)
+{
+    if (!b->npieces || begin >= end) return;
+    size_t step = b->pieces[0].numel;
+    for (size_t i = begin / step; i < b->npieces && b->pieces[i].begin < end; i++) {
+        piece_t *q = &b->pieces[i];
+        size_t lo = begin > q->begin ? begin : q->begin;
+        size_t hi = end < q->begin + q->numel ? end : q->begin + q->numel;
+        if (hi > lo) q->pending -= hi - lo;
+    }
+}
+
+/* Rows [lo, hi) of parameter p became final in a synchronised iteration: take them from the
+ * user's gradient and count their elements off the pieces. */
+static void rows_final(ddp_reducer_t *r, rparam_t *p, size_t lo, size_t hi)
+{
+    if (p->sparse || p->numel == 0 || hi <= lo) return;
+    size_t w = row_numel(p), esize = ddp_dtype_size(p->dtype);
+    if (r->config.user_grads)
+        memcpy(slot_of(r, p) + lo * w * esize, (unsigned char *)p->user_grad + lo * w * esize,
+               (hi - lo) * w * esize);
+    count_off(&r->buckets[p->bucket], p->offset + lo * w, p->offset + hi * w);
+}
+
+/* Calls fn for each maximal run of rows of p not marked in this iteration. */
+static void each_unmarked_run(ddp_reducer_t *r, rparam_t *p,
+                              void (*fn)(ddp_reducer_t *, rparam_t *, size_t, size_t))
+{
+    size_t n = ready_rows(p);
+    if (p->rows_marked == 0) {
+        fn(r, p, 0, n);
+        return;
+    }
+    const unsigned char *m = r->row_marks + p->row_base;
+    for (size_t i = 0; i < n;) {
+        if (m[i]) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < n && !m[j]) j++;
+        fn(r, p, i, j);
+        i = j;
+    }
+}
+
+/* Records a usage error that finalize will report on every rank. */
+static void note_local_error(ddp_reducer_t *r, int64_t kind, size_t k)
+{
+    if (r->iter_sync && !r->local_error) {
+        r->local_error = (kind << 32) | (int64_t)(k + 1);
+        snprintf(r->local_error_text, sizeof r->local_error_text, "%s", ddp_last_error());
+    }
+}
+
+/* Parameter k is complete (all rows final): bucket bookkeeping and launches. */
+static ddp_status_t complete(ddp_reducer_t *r, size_t k, double now)
+{
+    rparam_t *p = &r->params[k];
+    r->marked[k] = 1;
+    if (r->recording && r->narrival < r->nparams) r->arrival[r->narrival++] = k;
+    bucket_t *b = &r->buckets[p->bucket];
+    if (p->sparse) p->contribute = 1;
+    if (--b->pending == 0) b->ready_us = now;
+    return launch_in_order(r);
 }
 
 static ddp_status_t mark_ready(ddp_reducer_t *r, size_t k)
@@ -1152,27 +1381,19 @@ static ddp_status_t mark_ready(ddp_reducer_t *r, size_t k)
             "iteration. With find_unused_parameters a parameter must also not produce a gradient "
             "after finalize treated it as unused.",
             p->name, p->registered, (unsigned long long)r->iteration);
-        if (r->iter_sync && !r->local_error) {
-            r->local_error = (ERROR_TWICE << 32) | (int64_t)(k + 1);
-            snprintf(r->local_error_text, sizeof r->local_error_text, "%s", ddp_last_error());
-        }
+        note_local_error(r, ERROR_TWICE, k);
         return s;
     }
-    r->marked[k] = 1;
     r->used_since_sync[k] = 1;
-    if (!r->iter_sync) return DDP_OK;
+    if (!r->iter_sync) {
+        r->marked[k] = 1;
+        return DDP_OK;
+    }
     double now = ddp__now_us();
     if (r->first_ready_us == 0) r->first_ready_us = now;
-    if (r->recording && r->narrival < r->nparams) r->arrival[r->narrival++] = k;
-    bucket_t *b = &r->buckets[p->bucket];
-    if (r->config.user_grads && !p->sparse && p->numel > 0)
-        memcpy(slot_of(r, p), p->user_grad, param_bytes(p));
-    if (p->sparse) p->contribute = 1;
-    if (--b->pending == 0) {
-        b->ready_us = now;
-        return launch_in_order(r);
-    }
-    return DDP_OK;
+    /* The rows not marked yet (all of them unless grad_ready_rows was used) become final. */
+    each_unmarked_run(r, p, rows_final);
+    return complete(r, k, now);
 }
 
 ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *r, size_t index)
@@ -1189,6 +1410,65 @@ ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *r, size_t index)
                           p->name, index);
     if ((s = check_active(r, "ddp_reducer_grad_ready")) != DDP_OK) return s;
     return mark_ready(r, k);
+}
+
+ddp_status_t ddp_reducer_grad_ready_rows(ddp_reducer_t *r, size_t index, size_t row_begin,
+                                         size_t row_end)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    rparam_t *p = NULL;
+    size_t k = 0;
+    ddp_status_t s = lookup(r, index, "ddp_reducer_grad_ready_rows", &p, &k);
+    if (s != DDP_OK) return s;
+    if (p->sparse)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "ddp_reducer_grad_ready_rows: parameter '%s' (index %zu) is sparse: "
+                          "report its gradient with ddp_reducer_sparse_grad",
+                          p->name, index);
+    size_t nrows = ready_rows(p);
+    if (row_begin >= row_end)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "ddp_reducer_grad_ready_rows: parameter '%s' (index %zu): the row range "
+                          "[%zu, %zu) is empty",
+                          p->name, index, row_begin, row_end);
+    if (row_end > nrows)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "ddp_reducer_grad_ready_rows: parameter '%s' (index %zu): rows [%zu, "
+                          "%zu) are out of range (it has %zu rows%s)",
+                          p->name, index, row_begin, row_end, nrows,
+                          p->rows ? "" : ": a vector has one row per element");
+    if ((s = check_active(r, "ddp_reducer_grad_ready_rows")) != DDP_OK) return s;
+    unsigned char *m = r->row_marks + p->row_base;
+    size_t twice = (size_t)-1;
+    if (r->marked[k]) {
+        twice = row_begin;
+    } else {
+        for (size_t i = row_begin; i < row_end && twice == (size_t)-1; i++)
+            if (m[i]) twice = i;
+    }
+    if (twice != (size_t)-1) {
+        s = ddp__error(DDP_ERR_INVALID_USAGE,
+                       "parameter '%s' (index %zu): rows [%zu, %zu) were marked ready, but row "
+                       "%zu was already marked in this iteration (after %llu synchronised "
+                       "iterations)%s: each row of a gradient is reported once per iteration",
+                       p->name, p->registered, row_begin, row_end, twice,
+                       (unsigned long long)r->iteration,
+                       r->marked[k] ? "; the whole parameter was already complete" : "");
+        note_local_error(r, ERROR_ROWS_TWICE, k);
+        return s;
+    }
+    memset(m + row_begin, 1, row_end - row_begin);
+    p->rows_marked += row_end - row_begin;
+    r->used_since_sync[k] = 1;
+    if (!r->iter_sync) {
+        if (p->rows_marked == nrows) r->marked[k] = 1;
+        return DDP_OK;
+    }
+    double now = ddp__now_us();
+    if (r->first_ready_us == 0) r->first_ready_us = now;
+    rows_final(r, p, row_begin, row_end);
+    if (p->rows_marked == nrows) return complete(r, k, now);
+    return launch_in_order(r);
 }
 
 ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *r, size_t index, const int64_t *indices,
@@ -1269,7 +1549,12 @@ static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *o
     size_t k = (size_t)(code & 0xffffffff) - 1;
     const char *name = k < r->nparams ? r->params[k].name : "?";
     size_t reg = k < r->nparams ? r->params[k].registered : 0;
-    if (kind == ERROR_TWICE)
+    if (kind == ERROR_ROWS_TWICE)
+        snprintf(out, cap,
+                 "rank %d: parameter '%s' (index %zu) had rows marked ready twice in one "
+                 "iteration (overlapping ddp_reducer_grad_ready_rows ranges)",
+                 q, name, reg);
+    else if (kind == ERROR_TWICE)
         snprintf(out, cap,
                  "rank %d: parameter '%s' (index %zu) was marked ready twice in one iteration "
                  "(a reused module or shared weights?)",
@@ -1320,10 +1605,13 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
             p->contribute = r->used_since_sync[k];
         } else if (p->numel > 0) {
             if (r->used_since_sync[k]) {
-                if (r->config.user_grads) memcpy(slot_of(r, p), p->user_grad, esize);
+                /* Rows marked with grad_ready_rows were copied in already (and may be in a
+                 * piece in flight): take only the others. */
+                each_unmarked_run(r, p, rows_final);
             } else {
                 if (r->saved) memcpy(r->saved + saved_off, slot_of(r, p), esize);
                 memset(slot_of(r, p), 0, esize);
+                count_off(&r->buckets[p->bucket], p->offset, p->offset + p->numel);
             }
         }
         if (!r->used_since_sync[k]) saved_off += esize;
@@ -1367,15 +1655,25 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
 
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
-        if (!k->work) continue;
-        ddp_status_t w = ddp_work_wait(k->work);
-        if (w != DDP_OK && first == DDP_OK) {
-            first = ddp__error_context(w, "reduction of gradient bucket %zu (iteration %llu)", b,
-                                       (unsigned long long)r->iteration);
-            snprintf(first_text, sizeof first_text, "%s", ddp_last_error());
+        for (size_t i = 0; i <= k->npieces; i++) {
+            ddp_work_t **work = i < k->npieces ? &k->pieces[i].work : &k->work;
+            if (!*work) continue;
+            ddp_status_t w = ddp_work_wait(*work);
+            if (w != DDP_OK && first == DDP_OK) {
+                if (i < k->npieces)
+                    first = ddp__error_context(w,
+                                               "reduction of gradient bucket %zu piece %zu of "
+                                               "%zu (iteration %llu)",
+                                               b, i, k->npieces, (unsigned long long)r->iteration);
+                else
+                    first = ddp__error_context(w,
+                                               "reduction of gradient bucket %zu (iteration %llu)",
+                                               b, (unsigned long long)r->iteration);
+                snprintf(first_text, sizeof first_text, "%s", ddp_last_error());
+            }
+            ddp_work_free(*work);
+            *work = NULL;
         }
-        ddp_work_free(k->work);
-        k->work = NULL;
     }
     if (status_work) {
         s = ddp_work_wait(status_work);
@@ -1453,6 +1751,28 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     st->comm_us = 0;
     st->bytes = 0;
     st->nbuckets = r->nbuckets;
+    st->npieces = 0;
+    st->busy_us = 0;
+    /* Reductions are issued in order (buckets, and pieces within them), so their launch times
+     * are sorted and the union of their intervals is one sweep. */
+    double busy_start = 0, busy_end = -1e300;
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        for (size_t i = 0; i < (k->npieces ? k->npieces : 1); i++) {
+            double l = k->npieces ? k->pieces[i].launch_us : k->launch_us;
+            double d = k->npieces ? piece_done_time(&k->pieces[i]) : done_time(k);
+            st->npieces++;
+            if (k->npieces) st->comm_us += d - l;
+            if (l > busy_end) {
+                if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
+                busy_start = l;
+                busy_end = d;
+            } else if (d > busy_end) {
+                busy_end = d;
+            }
+        }
+    }
+    if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
         ddp_bucket_stats_t *bs = &r->bucket_stats[b];
@@ -1466,7 +1786,7 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
         bs->ready_us = k->ready_us - t0;
         bs->launch_us = k->launch_us - t0;
         bs->done_us = done - t0;
-        st->comm_us += done - k->launch_us;
+        if (!k->npieces) st->comm_us += done - k->launch_us;
         st->bytes += bs->bytes;
     }
     st->buckets = r->bucket_stats;
