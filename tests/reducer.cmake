@@ -46,3 +46,13 @@ if(TARGET ddp-bench)
                          PASS_REGULAR_EXPRESSION "# median: backward")
   endif()
 endif()
+
+# Row readiness and piece-wise launch: row-block marking is bitwise equal to whole-tensor marking.
+foreach(case equal errors unused nosync hook piece0 early)
+  foreach(world 1 2 3 4)
+    foreach(dtype f32 f64)
+      ddp_add_test(NAME test_reducer_rows SOURCES test_reducer_rows.c
+                   ARGS ${case} ${world} ${dtype} TIMEOUT 90)
+    endforeach()
+  endforeach()
+endforeach()

@@ -5,10 +5,12 @@
  * from last to first each "compute" for a configurable time (a busy loop, or a sleep that leaves
  * the core free as a GPU would), write their gradients and call grad_ready per parameter, so the
  * Reducer launches bucket allreduces while later layers are still computing. Per iteration we
- * report backward time, communication time (the union of the buckets' launch..done intervals,
- * i.e. time the wire was busy), exposed communication (the wait in finalize) and
+ * report backward time, communication time (the union of the reductions' launch..done intervals,
+ * i.e. time the wire was busy; a reduction is a bucket or, with pieces, a piece of one), exposed communication (the wait in finalize) and
  * overlap = 1 - exposed / communication. The anchor is the same model reduced with no compute
- * at all (every bucket exposed), measured first in the same run. */
+ * at all (every bucket exposed), measured first in the same run. With --row-blocks K a matrix
+ * parameter's layer computes in K row blocks and reports each with grad_ready_rows, so the
+ * Reducer's pieces (--piece-mb) of a large matrix start reducing during its own layer. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,38 +119,14 @@ static double median_of(const sample_t *s, size_t n, size_t field)
     return m;
 }
 
-/* Union of the buckets' [launch, done] intervals: the time communication was in progress. */
-static double comm_busy(const ddp_reducer_stats_t *st)
-{
-    size_t n = st->nbuckets;
-    double *start = malloc((n ? n : 1) * sizeof(double)), *end = malloc((n ? n : 1) * sizeof(double));
-    for (size_t b = 0; b < n; b++) {
-        start[b] = st->buckets[b].launch_us;
-        end[b] = st->buckets[b].done_us;
-    }
-    /* Buckets launch in order, so starts are sorted. */
-    double busy = 0, cs = 0, ce = -1e300;
-    for (size_t b = 0; b < n; b++) {
-        if (start[b] > ce) {
-            if (ce > cs) busy += ce - cs;
-            cs = start[b];
-            ce = end[b];
-        } else if (end[b] > ce) {
-            ce = end[b];
-        }
-    }
-    if (n && ce > cs) busy += ce - cs;
-    free(start);
-    free(end);
-    return busy;
-}
-
 typedef struct bench {
     ddp_group_t *group;
     ddp_reducer_t *reducer;
     model_t *model;
     size_t nparams;
     int rank;
+    int row_blocks;
+    size_t npieces; /* reductions per iteration, from the last one's stats */
 } bench_t;
 
 static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t *out)
@@ -156,18 +134,39 @@ static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t
     ddp_status_t s = ddp_reducer_prepare(b->reducer);
     size_t p = b->nparams;
     for (size_t l = b->model->nlayers; s == DDP_OK && l-- > 0;) {
-        compute_for(compute_us, sleep_mode);
         const layer_t *ly = &b->model->layers[l];
         int np = (ly->numel[0] > 0) + (ly->numel[1] > 0) + (ly->numel[2] > 0);
+        /* The weight (a matrix of numel[1] rows when the layer has a second parameter) is
+         * computed in row blocks, each reported as it finishes; the other parameters and the
+         * weight's last block are reported after the layer's last block, as with K = 1. */
+        size_t rows = ly->numel[1] ? ly->numel[1] : 0;
+        size_t blocks = rows && ly->numel[0] ? (size_t)b->row_blocks : 1;
+        if (blocks > rows && rows) blocks = rows;
+        size_t windex = p - (size_t)np, width = rows ? ly->numel[0] / rows : 0;
+        float *wg = NULL;
+        if (blocks > 1) s = ddp_reducer_grad(b->reducer, windex, (void **)&wg);
+        for (size_t j = 0; s == DDP_OK && j + 1 < blocks; j++) {
+            compute_for(compute_us / (double)blocks, sleep_mode);
+            size_t r0 = rows * j / blocks, r1 = rows * (j + 1) / blocks;
+            for (size_t e = r0 * width; e < r1 * width; e += 16) wg[e] = (float)(e % 7) * 0.5f;
+            s = ddp_reducer_grad_ready_rows(b->reducer, windex, r0, r1);
+        }
+        if (s != DDP_OK) break;
+        compute_for(compute_us / (double)blocks, sleep_mode);
         for (int k = np; s == DDP_OK && k-- > 0;) {
             size_t index = p - (size_t)np + (size_t)k;
             float *g = NULL;
             s = ddp_reducer_grad(b->reducer, index, (void **)&g);
             if (s != DDP_OK) break;
             /* The gradient this layer "computed" (touching its memory like a real backward). */
-            size_t n = ly->numel[k];
-            for (size_t e = 0; e < n; e += 16) g[e] = (float)(e % 7) * 0.5f;
-            s = ddp_reducer_grad_ready(b->reducer, index);
+            size_t n = ly->numel[k], e0 = 0;
+            if (k == 0 && blocks > 1) e0 = rows * (blocks - 1) / blocks * width;
+            for (size_t e = e0; e < n; e += 16) g[e] = (float)(e % 7) * 0.5f;
+            if (k == 0 && blocks > 1)
+                s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * (blocks - 1) / blocks,
+                                                rows);
+            else
+                s = ddp_reducer_grad_ready(b->reducer, index);
         }
         p -= (size_t)np;
     }
@@ -180,7 +179,8 @@ static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t
     ddp_reducer_stats_t st;
     if (ddp_reducer_stats(b->reducer, &st) != DDP_OK) return 1;
     out->backward = st.backward_us;
-    out->comm = comm_busy(&st);
+    out->comm = st.busy_us;
+    b->npieces = st.npieces;
     out->comm_sum = st.comm_us;
     out->exposed = st.exposed_us;
     out->overlap = out->comm > 0 ? 100.0 * (1.0 - st.exposed_us / out->comm) : 0;
@@ -195,11 +195,14 @@ static int usage(int rank, const char *msg, const char *arg)
                 "usage: ddprun -n N ddp-bench -o reducer [--preset mlp|resnet50]\n"
                 "         [--compute-us US per layer | --compute-ratio R] [--sleep] [-n iters]\n"
                 "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
-                "         [--hook allreduce|fp16|bf16|powersgd:R]\n"
+                "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K] [--piece-mb MB]\n"
                 "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
                 "  --compute-ratio R: backward computes R times the communication time measured\n"
                 "                     with no compute (spread evenly over the layers)\n"
-                "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n");
+                "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
+                "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
+                "                  with grad_ready_rows (default 1: whole tensors)\n"
+                "  --piece-mb MB: the reducer's piece size (default 4; 0: whole buckets)\n");
     }
     return DDP_BENCH_EXIT_USAGE;
 }
@@ -208,8 +211,8 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
 {
     int rank = ddp_group_rank(group), world = ddp_group_size(group);
     const char *preset = "mlp";
-    double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1;
-    int iters = 10, warmup = 2, sleep_mode = 0, json = 0;
+    double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1, piece_mb = 4;
+    int iters = 10, warmup = 2, sleep_mode = 0, json = 0, row_blocks = 1;
     const char *hook = "allreduce";
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -248,6 +251,12 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
                 strncmp(v, "powersgd:", 9))
                 return usage(rank, "unknown hook", v);
             hook = v;
+        } else if (!strcmp(a, "--row-blocks")) {
+            row_blocks = (int)strtol(v, &end, 10);
+            if (*end || row_blocks < 1 || row_blocks > 4096) return usage(rank, "bad --row-blocks", v);
+        } else if (!strcmp(a, "--piece-mb")) {
+            piece_mb = strtod(v, &end);
+            if (*end || piece_mb < 0) return usage(rank, "bad --piece-mb", v);
         } else if (!strcmp(a, "--first-bucket-mb")) {
             first_mb = strtod(v, &end);
             if (*end || first_mb <= 0) return usage(rank, "bad --first-bucket-mb", v);
@@ -287,6 +296,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
     config.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
     config.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
+    config.piece_bytes = (size_t)(piece_mb * 1048576.0);
     ddp_half_hook_state_t *half = NULL;
     void *psgd = NULL;
     if (!strcmp(hook, "fp16") || !strcmp(hook, "bf16")) {
@@ -307,7 +317,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     }
 #endif
     if (!strncmp(hook, "powersgd:", 9) && !psgd) return usage(rank, "not built with PowerSGD", hook);
-    bench_t b = {group, NULL, &model, nparams, rank};
+    bench_t b = {group, NULL, &model, nparams, rank, row_blocks, 0};
     int rc = DDP_BENCH_EXIT_OK;
     ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
     if (s != DDP_OK) {
@@ -347,7 +357,9 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
             for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
             printf(" %.2f", (double)bytes / 1048576.0);
         }
-        printf("\n# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
+        printf("\n# row blocks %d per weight; pieces of %.3g MiB (%zu reductions per step)\n",
+               row_blocks, piece_mb, b.npieces);
+        printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
                "can only start when backward ends\n",
                comm_alone / 1000.0);
         printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms", "exposed_ms",
@@ -368,11 +380,12 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
         double ratio_exposed = cm > 0 ? ex / cm : 0;
         if (json) {
             printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
-                   "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"comm_alone_ms\":%.3f,"
+                   "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
+                   "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
                    "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
                    "\"exposed_over_comm\":%.4f}\n",
                    preset, world, model.total, ddp_reducer_bucket_count(b.reducer), compute_us,
-                   sleep_mode, comm_alone / 1000.0, bw / 1000.0, cm / 1000.0, ex / 1000.0,
+                   sleep_mode, row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0, cm / 1000.0, ex / 1000.0,
                    ratio_exposed);
         } else {
             printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
