@@ -36,16 +36,27 @@ typedef struct reduce_args {
     int nsrcs;
     size_t count;
     ddp_reduce_op_t op;
+    unsigned stream; /* bit d: destination d is written with non-temporal stores */
 } reduce_args_t;
 
-/* Copies a finished block from destination 0 to every other destination. */
+/* Copies a finished block from `block` (destination 0's block, or an L1 accumulator) to every
+ * destination that is not `block` itself, streaming to those flagged in a->stream. */
+INLINE void fan_out_from(const reduce_args_t *a, const void *block, size_t byte_offset,
+                         size_t bytes)
+{
+    for (int d = 0; d < a->ndsts; d++) {
+        char *dst = (char *)a->dsts[d] + byte_offset;
+        if (dst == (const char *)block) continue;
+        if (a->stream & (1u << d))
+            ddp__copy_stream_nofence(dst, block, bytes);
+        else
+            memcpy(dst, block, bytes);
+    }
+}
+
 INLINE void fan_out(const reduce_args_t *a, size_t byte_offset, size_t bytes)
 {
-    const char *first = (const char *)a->dsts[0] + byte_offset;
-    for (int d = 1; d < a->ndsts; d++) {
-        char *dst = (char *)a->dsts[d] + byte_offset;
-        if (dst != first) memcpy(dst, first, bytes);
-    }
+    fan_out_from(a, (const char *)a->dsts[0] + byte_offset, byte_offset, bytes);
 }
 
 /* ---- f32 and f64: accumulated in their own type ------------------------------------------ */
@@ -97,7 +108,8 @@ INLINE void fan_out(const reduce_args_t *a, size_t byte_offset, size_t bytes)
         T acc[BLOCK];                                                                             \
         for (size_t base = 0; base < a->count; base += BLOCK) {                                   \
             size_t n = a->count - base < BLOCK ? a->count - base : BLOCK;                         \
-            T *d0 = (T *)a->dsts[0] + base;                                                       \
+            /* A streamed destination 0 is computed in L1 and streamed out with the others. */ \
+            T *d0 = (a->stream & 1u) ? acc : (T *)a->dsts[0] + base;                              \
             const T *s0 = (const T *)a->srcs[0] + base;                                           \
             if (a->nsrcs == 2) {                                                                  \
                 const T *s1 = (const T *)a->srcs[1] + base;                                       \
@@ -112,9 +124,9 @@ INLINE void fan_out(const reduce_args_t *a, size_t byte_offset, size_t bytes)
                     T div = (T)a->nsrcs;                                                          \
                     for (size_t i = 0; i < n; i++) acc[i] = acc[i] / div;                         \
                 }                                                                                 \
-                memcpy(d0, acc, n * sizeof(T));                                                   \
+                if (d0 != acc) memcpy(d0, acc, n * sizeof(T));                                    \
             }                                                                                     \
-            fan_out(a, base * sizeof(T), n * sizeof(T));                                          \
+            fan_out_from(a, d0, base * sizeof(T), n * sizeof(T));                                 \
         }                                                                                         \
     }
 
@@ -335,14 +347,68 @@ static kernel_fn kernel_for(ddp_dtype_t dtype)
     }
 }
 
-void ddp__reduce_multi(void *const *dsts, int ndsts, const void *const *srcs, int nsrcs,
-                       size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op)
+void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
+                              const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
+                              ddp_reduce_op_t op)
 {
     if (count == 0 || nsrcs < 1 || ndsts < 1) return;
     kernel_fn fn = kernel_for(dtype);
     if (!fn) return;
-    reduce_args_t a = {dsts, ndsts, srcs, nsrcs, count, op};
+    reduce_args_t a = {dsts, ndsts, srcs, nsrcs, count, op, stream};
     fn(&a);
+    if (stream) ddp__stream_fence();
+}
+
+void ddp__reduce_multi(void *const *dsts, int ndsts, const void *const *srcs, int nsrcs,
+                       size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op)
+{
+    ddp__reduce_multi_stream(dsts, ndsts, 0, srcs, nsrcs, count, dtype, op);
+}
+
+/* ---- non-temporal copies -------------------------------------------------------------------- */
+
+void ddp__copy_stream_nofence(void *dst, const void *src, size_t bytes)
+{
+#if DDP_REDUCE_X86
+    if (bytes >= 256) {
+        char *d = dst;
+        const char *s = src;
+        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+        memcpy(d, s, head);
+        d += head;
+        s += head;
+        bytes -= head;
+        size_t body = bytes & ~(size_t)63;
+        for (size_t i = 0; i < body; i += 64) {
+            __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), x0);
+            _mm_stream_si128((__m128i *)(d + i + 16), x1);
+            _mm_stream_si128((__m128i *)(d + i + 32), x2);
+            _mm_stream_si128((__m128i *)(d + i + 48), x3);
+        }
+        memcpy(d + body, s + body, bytes - body);
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
+void ddp__stream_fence(void)
+{
+#if DDP_REDUCE_X86
+    _mm_sfence();
+#else
+    atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
+
+void ddp__copy_stream(void *dst, const void *src, size_t bytes)
+{
+    ddp__copy_stream_nofence(dst, src, bytes);
+    ddp__stream_fence();
 }
 
 void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,

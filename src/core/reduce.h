@@ -21,6 +21,20 @@
 void ddp__reduce_multi(void *const *dsts, int ndsts, const void *const *srcs, int nsrcs,
                        size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op);
 
+/* ddp__reduce_multi with non-temporal stores to the destinations whose bit is set in `stream`
+ * (bit d: dsts[d]): for destinations another core will read next, or that do not fit in the
+ * caches. Ends with a store fence. Same results as ddp__reduce_multi. */
+void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
+                              const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
+                              ddp_reduce_op_t op);
+
+/* memcpy with non-temporal stores (plain memcpy below 256 bytes or off x86-64): the destination
+ * lines are not read first and do not displace the cache. The _nofence form needs a later
+ * ddp__stream_fence before another thread or process may read the destination. */
+void ddp__copy_stream(void *dst, const void *src, size_t bytes);
+void ddp__copy_stream_nofence(void *dst, const void *src, size_t bytes);
+void ddp__stream_fence(void);
+
 /* The common case: one destination. */
 void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
                  ddp_reduce_op_t op);

@@ -50,6 +50,7 @@
 #define STREAM_MIN_BYTES ((size_t)8 << 20)
 #define DDP__SHM_MAX_WORLD 64
 
+
 /* What every rank must agree on for one collective, plus the zero-copy hints. */
 typedef struct shm_fingerprint {
     uint64_t seq;
@@ -119,6 +120,7 @@ typedef struct shm_state {
     size_t oneshot_bytes;
     int64_t spin_ns;  /* how long a waiter spins before yielding (adapts, see wait_all) */
     int64_t spin_max_ns;
+    int64_t spin_min_ns;
     int64_t yield_ns; /* then how long it yields before sleeping on the futex */
     ddp_status_t last_status;
     pthread_mutex_t buffers_mu;
@@ -142,33 +144,10 @@ static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 /* memcpy, with non-temporal stores when `stream` (see STREAM_MIN_BYTES). */
 static void copy_out(void *dst, const void *src, size_t bytes, int stream)
 {
-#if defined(__x86_64__)
-    if (stream && bytes >= 256) {
-        char *d = dst;
-        const char *s = src;
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-        memcpy(d, s, head);
-        d += head;
-        s += head;
-        bytes -= head;
-        size_t body = bytes & ~(size_t)63;
-        for (size_t i = 0; i < body; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-            __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
-        }
-        memcpy(d + body, s + body, bytes - body);
-        _mm_sfence();
-        return;
-    }
-#endif
-    (void)stream;
-    memcpy(dst, src, bytes);
+    if (stream)
+        ddp__copy_stream(dst, src, bytes);
+    else
+        memcpy(dst, src, bytes);
 }
 
 static char *stage_of(shm_state_t *S, int r, unsigned parity)
@@ -299,7 +278,7 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
         cpu_relax();
         if ((i & 63) == 0 && ddp__now_ns() - start > S->spin_ns) break;
     }
-    if (S->spin_ns > 1000) S->spin_ns /= 2;
+    if (S->spin_ns > S->spin_min_ns) S->spin_ns /= 2;
     for (unsigned i = 1;; i++) {
         if (all_arrived(S, target)) return DDP_OK;
         sched_yield();
@@ -441,15 +420,20 @@ static void slice_of(size_t n, int world, int r, size_t esize, size_t *lo, size_
 /* ---- collectives -------------------------------------------------------------------------- */
 
 /* Stages the slices of n elements that the other ranks reduce (this rank's own slice is read
- * from the caller's buffer directly). */
+ * from the caller's buffer directly), with non-temporal stores: the other ranks read these lines
+ * and wrote nothing into them, and a plain store would first pull each line back from the
+ * caches of the ranks that read the previous round (measured: the staged allreduce got ~2x
+ * faster at 512 KiB - 128 MiB). */
 static void copy_in_others(shm_state_t *S, char *stage, const char *src, size_t n, size_t esize)
 {
     for (int j = 0; j < S->world; j++) {
         if (j == S->rank) continue;
         size_t lo, hi;
         slice_of(n, S->world, j, esize, &lo, &hi);
-        if (hi > lo) memcpy(stage + lo * esize, src + lo * esize, (hi - lo) * esize);
+        if (hi > lo)
+            ddp__copy_stream_nofence(stage + lo * esize, src + lo * esize, (hi - lo) * esize);
     }
+    ddp__stream_fence();
 }
 
 static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
@@ -551,13 +535,15 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         size_t lo, hi;
         slice_of(n, p, me, esize, &lo, &hi);
         if (hi > lo) {
-            /* My own slice comes straight from send: it was never copied in. When streaming,
-             * the result goes to my stage only and is streamed out with the other slices. */
+            /* My own slice comes straight from send: it was never copied in. The result goes
+             * to recv (streamed when the output is too large for the caches) and, streamed, to
+             * my stage for the others to copy. */
             const void *srcs[DDP__SHM_MAX_WORLD];
             for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q) + lo * esize;
             srcs[me] = send + (o + lo) * esize;
-            void *dsts[2] = {mine + lo * esize, recv + (o + lo) * esize};
-            ddp__reduce_multi(dsts, stream ? 1 : 2, srcs, p, hi - lo, c->dtype, c->op);
+            void *dsts[2] = {recv + (o + lo) * esize, mine + lo * esize};
+            ddp__reduce_multi_stream(dsts, 2, (stream ? 1u : 0u) | 2u, srcs, p, hi - lo, c->dtype,
+                                     c->op);
         }
         uint64_t reduced = arrive(S);
         size_t next = o + n;
@@ -570,7 +556,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         s = wait_all(S, reduced, c, c->deadline_ns);
         if (s != DDP_OK) return s;
         for (int j = 0; j < p; j++) {
-            if (j == me && !stream) continue;
+            if (j == me) continue;
             size_t jlo, jhi;
             slice_of(n, p, j, esize, &jlo, &jhi);
             if (jhi > jlo)
@@ -805,6 +791,9 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         S->spin_ns = 1000;
         S->yield_ns = 200000;
     }
+    S->spin_min_ns = 1000;
+    long long spin = ddp__env_int("DDP_SHM_SPIN_NS", -1);
+    if (spin >= 0) S->spin_ns = S->spin_max_ns = S->spin_min_ns = spin;
 
     size_t header = sizeof(shm_header_t) + (size_t)world * sizeof(shm_rank_t);
     size_t stage_off = round_up(header, PAGE);
