@@ -9,6 +9,9 @@
 #   zero        --zero 1, --zero-overlap and --zero 2 (SGD, Adam; 2 and 3 ranks): one checksum
 #               over ranks, stage 1 and overlap bitwise equal, every loss within 1e-4 of the plain
 #               run (ZeRO's update is computed in double, the trainer's own in float); refusals
+#   blocks      --grad-blocks K (row blocks handed to the Reducer as computed, tiny pieces): the
+#               same bits for K = 1, 3, 8 on 1-3 ranks, with --accumulate, --hook fp16, --zero 1
+#               and --sync legacy too; K = 9 is refused
 # Small subsets keep each case well under 30 s on two busy cores.
 set -u
 CASE=$1
@@ -166,6 +169,29 @@ accumulate)
         same_losses "$WORK/b48" "$WORK/legacc" 1e-5 "$n ranks: legacy accumulate vs batch 48"
         [ -n "$c48" ] || fail "no checksum"
     done
+    ;;
+blocks)
+    base="$COMMON --optim adam --batch 48 --max-steps 8 --piece-mb 0.002"
+    for n in 1 2 3; do
+        want=""
+        for extra in "" "--accumulate 4 --batch 12" "--hook fp16" "--zero 1" "--sync legacy"; do
+            [ "$n" = 1 ] && [ -n "$extra" ] && continue
+            ref=""
+            for k in 1 3 8; do
+                run $n $base $extra --grad-blocks $k
+                [ "$RC" = 0 ] || { fail "$n ranks $extra --grad-blocks $k"; continue; }
+                one_checksum $n "$n ranks $extra --grad-blocks $k"
+                c=$(checksums)
+                if [ -z "$ref" ]; then
+                    ref=$c
+                elif [ "$c" != "$ref" ]; then
+                    fail "$n ranks $extra: --grad-blocks $k ends at $c, --grad-blocks 1 at $ref"
+                fi
+            done
+        done
+    done
+    run 1 $base --grad-blocks 9
+    [ "$RC" = 2 ] && grep -q -- '--grad-blocks' "$WORK/err" || fail "--grad-blocks 9: exit $RC"
     ;;
 errors)
     mkdir -p "$WORK/none" "$WORK/bad" "$WORK/trunc"

@@ -133,6 +133,92 @@ static void test_backward_stops_on_callback_error(void)
     fm_mlp_destroy(&m);
 }
 
+/* Row-block weight gradients (--grad-blocks) must be the same bits as one GEMM, and every row
+ * of every weight must be reported exactly once, before its layer's done callback. */
+typedef struct rows_seen {
+    unsigned char *seen[3];
+    size_t rows[3];
+    int layer_done[3];
+    size_t calls;
+} rows_seen_t;
+
+static int record_rows(void *ctx, int layer, size_t r0, size_t r1)
+{
+    rows_seen_t *s = ctx;
+    CHECK(layer >= 0 && layer < 3 && !s->layer_done[layer] && r0 < r1 && r1 <= s->rows[layer]);
+    for (size_t r = r0; r < r1; r++) {
+        CHECK(!s->seen[layer][r]);
+        s->seen[layer][r] = 1;
+    }
+    s->calls++;
+    return 0;
+}
+
+static int record_done(void *ctx, int layer)
+{
+    rows_seen_t *s = ctx;
+    for (size_t r = 0; r < s->rows[layer]; r++) CHECK(s->seen[layer][r]);
+    s->layer_done[layer] = 1;
+    return 0;
+}
+
+static void test_backward_blocks_bitwise(void)
+{
+    const size_t hidden = 301, n = 67; /* prime-ish sizes, large enough for BLAS blocking */
+    fm_mlp_t m;
+    CHECK(fm_mlp_create(hidden, n, 7, &m) == 0);
+    float *x = malloc(n * FM_PIXELS * sizeof(float));
+    uint8_t *y = malloc(n);
+    uint64_t s = 3;
+    for (size_t i = 0; i < n * FM_PIXELS; i++)
+        x[i] = (float)((double)(fm_splitmix64(&s) >> 11) * 0x1.0p-53);
+    for (size_t i = 0; i < n; i++) y[i] = (uint8_t)(fm_splitmix64(&s) % FM_CLASSES);
+    float *want[FM_NPARAMS], *got[FM_NPARAMS];
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        want[k] = calloc(m.numel[k], sizeof(float));
+        got[k] = calloc(m.numel[k], sizeof(float));
+        /* accumulate onto a non-zero gradient, as with --accumulate */
+        for (size_t i = 0; i < m.numel[k]; i++) want[k][i] = got[k][i] = (float)(i % 5) * 0.01f;
+    }
+    double loss_want = 0, loss_got = 0;
+    fm_mlp_forward(&m, x, n);
+    CHECK(fm_mlp_backward(&m, x, y, n, 1.0f / (float)n, want, &loss_want, NULL, NULL) == 0);
+    const size_t blocks[] = {1, 2, 3, 4, 5, 7, 8, 16, 1000};
+    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+        rows_seen_t seen;
+        memset(&seen, 0, sizeof seen);
+        for (int l = 0; l < 3; l++) {
+            seen.rows[l] = m.rows[2 * l];
+            seen.seen[l] = calloc(seen.rows[l], 1);
+        }
+        for (int k = 0; k < FM_NPARAMS; k++)
+            for (size_t i = 0; i < m.numel[k]; i++) got[k][i] = (float)(i % 5) * 0.01f;
+        fm_mlp_forward(&m, x, n);
+        CHECK(fm_mlp_backward_blocks(&m, x, y, n, 1.0f / (float)n, got, &loss_got, blocks[b],
+                                     record_rows, record_done, &seen) == 0);
+        CHECK(loss_got == loss_want);
+        for (int k = 0; k < FM_NPARAMS; k++)
+            CHECK_MSG(memcmp(want[k], got[k], m.numel[k] * sizeof(float)) == 0,
+                      "%zu blocks: %s differs from one GEMM", blocks[b], fm_param_names[k]);
+        size_t expect = 0;
+        for (int l = 0; l < 3; l++) {
+            CHECK(seen.layer_done[l]);
+            size_t tiles = seen.rows[l] < FM_GRAD_TILES ? seen.rows[l] : FM_GRAD_TILES;
+            expect += blocks[b] < tiles ? blocks[b] : tiles;
+            free(seen.seen[l]);
+        }
+        CHECK_MSG(seen.calls == expect, "%zu blocks: %zu calls, expected %zu", blocks[b],
+                  seen.calls, expect);
+    }
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        free(want[k]);
+        free(got[k]);
+    }
+    free(x);
+    free(y);
+    fm_mlp_destroy(&m);
+}
+
 /* ---- optimisers ---------------------------------------------------------------------------- */
 
 static void test_optimisers(void)
@@ -423,6 +509,7 @@ int main(void)
     CHECK(mkdtemp(tmpdir) != NULL);
     test_backward_matches_finite_differences();
     test_backward_stops_on_callback_error();
+    test_backward_blocks_bitwise();
     test_optimisers();
     test_permutation();
     test_idx_reader();

@@ -42,6 +42,8 @@ typedef struct options {
     int optim; /* FM_OPTIM_* */
     int legacy;
     double lr, momentum, weight_decay, beta1, beta2, eps, bucket_mb;
+    size_t grad_blocks; /* row blocks per weight gradient, each reported when computed */
+    double piece_mb;    /* the Reducer's piece size; < 0: the library's default */
     const char *checkpoint, *resume, *trace;
     int hook; /* FM_HOOK_* */
     int psgd_rank;
@@ -109,6 +111,12 @@ static void usage(FILE *out)
         "  --sync reducer|legacy   bucketed Reducer overlapping backward (default) or one\n"
         "                      flat-buffer allreduce after backward\n"
         "  --bucket-mb F       Reducer bucket cap in MiB (default 25)\n"
+        "  --grad-blocks K     compute each weight gradient in K row blocks and hand each to\n"
+        "                      the Reducer as it is done (ddp_reducer_grad_ready_rows), so a\n"
+        "                      large layer's reduction starts during its own backward;\n"
+        "                      same bits for every K in 1..8 (default 4)\n"
+        "  --piece-mb F        Reducer piece size in MiB: a bucket is reduced in pieces as\n"
+        "                      their rows are ready (default 1; 0: whole buckets)\n"
         "  --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S]   the Reducer's comm hook:\n"
         "                      plain (default), buckets in half precision, or PowerSGD of\n"
         "                      rank R (default 1) from step S (default 10)\n"
@@ -224,6 +232,8 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->beta2 = 0.999;
     o->eps = 1e-8;
     o->bucket_mb = 25;
+    o->grad_blocks = 4;
+    o->piece_mb = 1;
     o->trace_steps = 5;
     o->warmup = 3;
     for (int i = 1; i < argc; i++) {
@@ -258,7 +268,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--lr",     "--momentum",    "--wd",         "--beta1",      "--beta2",
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
-            "--zero"};
+            "--zero",   "--grad-blocks", "--piece-mb"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -306,6 +316,10 @@ static void parse_options(int argc, char **argv, options_t *o)
             o->beta2 = parse_double(name, val, 0, 0.999999999);
         else if (!strcmp(name, "--eps"))
             o->eps = parse_double(name, val, 0, 1);
+        else if (!strcmp(name, "--grad-blocks"))
+            o->grad_blocks = parse_size(name, val, 1);
+        else if (!strcmp(name, "--piece-mb"))
+            o->piece_mb = parse_double(name, val, 0, 4096);
         else if (!strcmp(name, "--bucket-mb"))
             o->bucket_mb = parse_double(name, val, 0.001, 4096);
         else if (!strcmp(name, "--checkpoint"))
@@ -340,6 +354,9 @@ static void parse_options(int argc, char **argv, options_t *o)
     if (o->lr < 0) o->lr = o->optim == FM_OPTIM_ADAM ? 1e-3 : 0.05;
     if (o->hidden > (1u << 16)) die_usage("--hidden: %zu is larger than 65536", o->hidden);
     if (o->batch > (1u << 20)) die_usage("--batch: %zu is larger than 1048576", o->batch);
+    if (o->grad_blocks > FM_GRAD_TILES)
+        die_usage("--grad-blocks: %zu is larger than %d (the row tiles of a weight gradient)",
+                  o->grad_blocks, FM_GRAD_TILES);
     if (o->accumulate > 4096) die_usage("--accumulate: %zu is larger than 4096", o->accumulate);
     if (o->synthetic && o->subset) die_usage("--synthetic and --subset exclude each other");
     if (o->legacy && o->hook != FM_HOOK_ALLREDUCE)
@@ -434,12 +451,27 @@ static int on_layer_done(void *ctx, int layer)
         return 0;
     }
     if (!t->reducer) return 0;
-    for (int k = 1; k >= 0; k--) { /* weight first, then bias: W3, b3, W2, b2, W1, b1 */
+    /* weight first, then bias: W3, b3, W2, b2, W1, b1; row blocks already marked the weight */
+    for (int k = t->o.grad_blocks > 1 ? 0 : 1; k >= 0; k--) {
         ddp_status_t st = ddp_reducer_grad_ready(t->reducer, (size_t)(2 * layer + 1 - k));
         if (st != DDP_OK) {
             t->status = st;
             return 1;
         }
+    }
+    return 0;
+}
+
+/* Rows [r0, r1) of layer `layer`'s weight gradient are computed: with the Reducer, their
+ * pieces of the bucket can start reducing now (ZeRO-2 and legacy take whole tensors). */
+static int on_rows_done(void *ctx, int layer, size_t r0, size_t r1)
+{
+    trainer_t *t = ctx;
+    if (!t->reducer || t->o.grad_blocks <= 1) return 0;
+    ddp_status_t st = ddp_reducer_grad_ready_rows(t->reducer, (size_t)(2 * layer), r0, r1);
+    if (st != DDP_OK) {
+        t->status = st;
+        return 1;
     }
     return 0;
 }
@@ -702,6 +734,7 @@ int main(int argc, char **argv)
     } else {
         ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
         cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+        cfg.piece_bytes = (size_t)(o->piece_mb * 1048576.0);
         cfg.trace = t->trace;
         if (o->zero_overlap) { /* ZeRO's hook needs a fixed bucket layout */
             cfg.comm_hook = ddp_zero_hook;
@@ -805,8 +838,8 @@ int main(int argc, char **argv)
                 if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
                 t->mark_us = t1;
                 double loss = 0;
-                if (fm_mlp_backward(&t->model, xbuf, ybuf, t->local_batch, scale, t->grads, &loss,
-                                    on_layer_done, t))
+                if (fm_mlp_backward_blocks(&t->model, xbuf, ybuf, t->local_batch, scale, t->grads,
+                                           &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
                     check(t->status, "ddp_reducer_grad_ready");
                 step_loss += loss / (double)o->accumulate;
                 double t2 = ddp_time_us();

@@ -92,16 +92,41 @@ void fm_mlp_forward(fm_mlp_t *model, const float *x, size_t m)
     linear(model->h2, m, h, p[4], p[5], FM_CLASSES, model->logits, 0);
 }
 
-/* gw[nout x nin] += dy^T x and gb[nout] += column sums of dy, for dy [m x nout], x [m x nin]. */
-static void linear_grads(const float *dy, const float *x, size_t m, size_t nin, size_t nout,
-                         float *gw, float *gb)
+typedef struct block_ctx {
+    size_t blocks;
+    fm_rows_done_fn rows_done;
+    void *ctx;
+} block_ctx_t;
+
+/* gw[nout x nin] += dy^T x and gb[nout] += column sums of dy, for dy [m x nout], x [m x nin].
+ *
+ * The weight gradient is always computed in FM_GRAD_TILES row tiles, one GEMM each (rows
+ * [r0, r1) of gw are dy[:, r0:r1]^T x), whatever the number of blocks: OpenBLAS picks its
+ * kernels by shape, so one GEMM and several on row slices do not give the same bits, while the
+ * same tiles always do. Blocks are groups of consecutive tiles, reported through rows_done as
+ * each finishes (so their reduction can start while the next block is computed); the results
+ * are therefore bitwise the same for every block count. */
+static int linear_grads(const float *dy, const float *x, size_t m, size_t nin, size_t nout,
+                        float *gw, float *gb, int layer, const block_ctx_t *bc)
 {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nout, (int)nin, (int)m, 1.0f, dy,
-                (int)nout, x, (int)nin, 1.0f, gw, (int)nin);
+    size_t tiles = nout < FM_GRAD_TILES ? nout : FM_GRAD_TILES;
+    size_t blocks = bc->blocks == 0 ? 1 : bc->blocks > tiles ? tiles : bc->blocks;
+    for (size_t b = 0; b < blocks; b++) {
+        size_t t0 = tiles * b / blocks, t1 = tiles * (b + 1) / blocks;
+        for (size_t t = t0; t < t1; t++) {
+            size_t r0 = nout * t / tiles, r1 = nout * (t + 1) / tiles;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), (int)nin, (int)m,
+                        1.0f, dy + r0, (int)nout, x, (int)nin, 1.0f, gw + r0 * nin, (int)nin);
+        }
+        int rc;
+        size_t r0 = nout * t0 / tiles, r1 = nout * t1 / tiles;
+        if (bc->rows_done && (rc = bc->rows_done(bc->ctx, layer, r0, r1)) != 0) return rc;
+    }
     for (size_t i = 0; i < m; i++) {
         const float *row = dy + i * nout;
         for (size_t j = 0; j < nout; j++) gb[j] += row[j];
     }
+    return 0;
 }
 
 /* dx[m x nin] = (dy[m x nout] W) masked where the layer's ReLU output `act` was zero. */
@@ -118,6 +143,15 @@ int fm_mlp_backward(fm_mlp_t *model, const float *x, const uint8_t *labels, size
                     float scale, float *const grads[FM_NPARAMS], double *loss,
                     fm_layer_done_fn done, void *ctx)
 {
+    return fm_mlp_backward_blocks(model, x, labels, m, scale, grads, loss, 1, NULL, done, ctx);
+}
+
+int fm_mlp_backward_blocks(fm_mlp_t *model, const float *x, const uint8_t *labels, size_t m,
+                           float scale, float *const grads[FM_NPARAMS], double *loss,
+                           size_t blocks, fm_rows_done_fn rows_done, fm_layer_done_fn done,
+                           void *ctx)
+{
+    const block_ctx_t bc = {blocks, rows_done, ctx};
     size_t h = model->hidden;
     float *const *p = model->params;
     /* Softmax cross-entropy: d(loss_i)/d(logit) = softmax - onehot. */
@@ -140,13 +174,17 @@ int fm_mlp_backward(fm_mlp_t *model, const float *x, const uint8_t *labels, size
     int rc;
     /* Each layer's parameter gradients first, then the callback (their reduction can start),
      * then the gradient of the layer's input, which overlaps with that reduction. */
-    linear_grads(model->dlogits, model->h2, m, h, FM_CLASSES, grads[4], grads[5]);
+    if ((rc = linear_grads(model->dlogits, model->h2, m, h, FM_CLASSES, grads[4], grads[5], 2,
+                           &bc)) != 0)
+        return rc;
     if (done && (rc = done(ctx, 2)) != 0) return rc;
     input_grads(model->dlogits, p[4], m, h, FM_CLASSES, model->h2, model->dh2);
-    linear_grads(model->dh2, model->h1, m, h, h, grads[2], grads[3]);
+    if ((rc = linear_grads(model->dh2, model->h1, m, h, h, grads[2], grads[3], 1, &bc)) != 0)
+        return rc;
     if (done && (rc = done(ctx, 1)) != 0) return rc;
     input_grads(model->dh2, p[2], m, h, h, model->h1, model->dh1);
-    linear_grads(model->dh1, x, m, FM_PIXELS, h, grads[0], grads[1]);
+    if ((rc = linear_grads(model->dh1, x, m, FM_PIXELS, h, grads[0], grads[1], 0, &bc)) != 0)
+        return rc;
     if (done && (rc = done(ctx, 0)) != 0) return rc;
     return 0;
 }
