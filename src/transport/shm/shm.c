@@ -78,20 +78,41 @@ typedef struct shm_header {
     char pad1[LINE - 8];
 } shm_header_t;
 
+/* One cache line: the fingerprint of a collective's first phase, the step it was written for,
+ * and the data of a small collective, so that a waiter's one poll brings all three. */
+#define MAILBOX_DATA 32
+typedef struct shm_mailbox {
+    _Atomic uint64_t stamp; /* the step this mailbox was written for (stored last, release) */
+    uint64_t seq;
+    uint64_t count;
+    uint8_t kind, dtype, op, pad;
+    int32_t root;
+    unsigned char data[MAILBOX_DATA];
+} shm_mailbox_t;
+
+/* The zero-copy hints of a first phase (read only for large allreduces). */
+typedef struct shm_hints {
+    int64_t buffer_id; /* -1: not in a segment buffer */
+    uint64_t send_offset;
+    uint64_t recv_offset;
+} shm_hints_t;
+
 typedef struct shm_rank {
     _Atomic uint64_t step; /* written by the owner only: last phase it completed its part of */
-    _Atomic uint64_t seq;  /* the collective the owner is in (or last ran) */
-    char pad0[LINE - 16];
-    shm_fingerprint_t fingerprint[2]; /* by step parity */
-    char pad1[2 * LINE - 2 * sizeof(shm_fingerprint_t)];
+    char pad0[LINE - 8];
+    shm_mailbox_t mailbox[2]; /* by step parity */
+    shm_hints_t hints[2];     /* by step parity */
+    char pad1[LINE - 2 * sizeof(shm_hints_t)];
+    _Atomic uint64_t seq; /* the collective the owner is in (or last ran): for error messages */
     _Atomic int32_t pid;
     _Atomic int32_t abort_status; /* 0, or the ddp_status_t with which the owner gave up */
     char abort_reason[REASON_MAX];
-    char pad2[LINE - 8];
+    char pad2[LINE - 16];
 } shm_rank_t;
 
 _Static_assert(sizeof(shm_header_t) == 2 * LINE, "header is two cache lines");
 _Static_assert(sizeof(shm_rank_t) % LINE == 0, "rank lines are cache-line sized");
+_Static_assert(sizeof(shm_mailbox_t) == LINE, "a mailbox is one cache line");
 
 typedef struct shm_buffer {
     int64_t id;
@@ -199,8 +220,18 @@ static void describe(const ddp__collective_t *c, char *buf, size_t size)
 
 /* ---- waiting ------------------------------------------------------------------------------ */
 
-static int all_arrived(shm_state_t *S, uint64_t target)
+/* Whether every rank reached `target`: polls the step counters, or, for a first phase
+ * (mailbox >= 0), the stamps of that mailbox parity (each is stored just before its owner's
+ * step, so either says the same, but the stamp arrives with the fingerprint and small data). */
+static int all_arrived(shm_state_t *S, uint64_t target, int mailbox)
 {
+    if (mailbox >= 0) {
+        for (int j = 0; j < S->world; j++)
+            if (atomic_load_explicit(&S->ranks[j].mailbox[mailbox].stamp, memory_order_acquire) <
+                target)
+                return 0;
+        return 1;
+    }
     for (int j = 0; j < S->world; j++)
         if (atomic_load_explicit(&S->ranks[j].step, memory_order_acquire) < target) return 0;
     return 1;
@@ -260,18 +291,18 @@ static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, const ddp__co
 }
 
 /* Waits until every rank's step is >= target. */
-static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
-                             int64_t deadline_ns)
+static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
+                                const ddp__collective_t *c, int64_t deadline_ns)
 {
     /* Spin (cheapest hand-off when the peer runs on another core), then yield (the peer may be
      * waiting for this core), then sleep on the futex. The clock is read only every 64 polls.
      * The spin budget adapts: waits that end while spinning double it (up to spin_max_ns), waits
      * that outlast it halve it, so on an oversubscribed machine a waiter quickly stops burning
      * the time slice its peer needs. */
-    if (all_arrived(S, target)) return DDP_OK;
+    if (all_arrived(S, target, mailbox)) return DDP_OK;
     int64_t start = ddp__now_ns();
     for (unsigned i = 1;; i++) {
-        if (all_arrived(S, target)) {
+        if (all_arrived(S, target, mailbox)) {
             if (S->spin_ns < S->spin_max_ns) S->spin_ns *= 2;
             return DDP_OK;
         }
@@ -280,7 +311,7 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
     }
     if (S->spin_ns > S->spin_min_ns) S->spin_ns /= 2;
     for (unsigned i = 1;; i++) {
-        if (all_arrived(S, target)) return DDP_OK;
+        if (all_arrived(S, target, mailbox)) return DDP_OK;
         sched_yield();
         if ((i & 7) == 0 && ddp__now_ns() - start > S->spin_ns + S->yield_ns) break;
     }
@@ -288,7 +319,7 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
     for (;;) {
         uint32_t w = atomic_load(&S->hdr->wake);
         atomic_fetch_add(&S->hdr->sleepers, 1);
-        if (all_arrived(S, target)) {
+        if (all_arrived(S, target, mailbox)) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
             return DDP_OK;
         }
@@ -298,12 +329,12 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
         ddp_status_t s = check_peers(S, target, c, liveness);
         if (s != DDP_OK) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
-            if (all_arrived(S, target)) return DDP_OK;
+            if (all_arrived(S, target, mailbox)) return DDP_OK;
             return s;
         }
         if (now >= deadline_ns) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
-            if (all_arrived(S, target)) return DDP_OK;
+            if (all_arrived(S, target, mailbox)) return DDP_OK;
             return timeout_error(S, target, c, deadline_ns);
         }
         int64_t nap = deadline_ns - now;
@@ -311,6 +342,12 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
         futex_wait(&S->hdr->wake, w, nap);
         atomic_fetch_sub(&S->hdr->sleepers, 1);
     }
+}
+
+static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
+                             int64_t deadline_ns)
+{
+    return wait_all_on(S, target, -1, c, deadline_ns);
 }
 
 /* Publishes this rank's next step (its part of a phase is done); returns the step to wait for. */
@@ -342,41 +379,52 @@ static void fingerprint_of(const ddp__collective_t *c, shm_fingerprint_t *fp)
     fp->buffer_id = -1;
 }
 
-static void collective_of(const shm_fingerprint_t *fp, ddp__collective_t *c)
+static void collective_of(const shm_mailbox_t *mb, ddp__collective_t *c)
 {
     memset(c, 0, sizeof *c);
-    c->seq = fp->seq;
-    c->count = fp->count;
-    c->kind = (ddp__collective_kind_t)fp->kind;
-    c->dtype = (ddp_dtype_t)fp->dtype;
-    c->op = (ddp_reduce_op_t)fp->op;
-    c->root = fp->root;
+    c->seq = mb->seq;
+    c->count = mb->count;
+    c->kind = (ddp__collective_kind_t)mb->kind;
+    c->dtype = (ddp_dtype_t)mb->dtype;
+    c->op = (ddp_reduce_op_t)mb->op;
+    c->root = mb->root;
 }
 
-static int same_call(const shm_fingerprint_t *a, const shm_fingerprint_t *b)
+/* The first phase of every collective: publish the fingerprint (with up to MAILBOX_DATA bytes
+ * of the caller's data, and the zero-copy hints) in this rank's mailbox, wait for everyone,
+ * compare. Every rank compares every rank with rank 0, so all ranks reach the same verdict and
+ * print the same text. Returns the mailbox parity in *parity. */
+static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
+                                    const shm_fingerprint_t *mine, const void *data,
+                                    size_t data_bytes, unsigned *parity)
 {
-    return a->seq == b->seq && a->count == b->count && a->kind == b->kind &&
-           a->dtype == b->dtype && a->op == b->op && a->root == b->root;
-}
-
-/* The first phase of every collective: publish the fingerprint (and whatever data the caller
- * already staged), wait for everyone, compare. Every rank compares every rank with rank 0, so all
- * ranks reach the same verdict and print the same text. */
-static ddp_status_t first_sync(shm_state_t *S, const ddp__collective_t *c,
-                               const shm_fingerprint_t *mine)
-{
-    unsigned parity = (unsigned)((S->step + 1) & 1);
-    S->ranks[S->rank].fingerprint[parity] = *mine;
-    ddp_status_t s = sync_all(S, c, c->deadline_ns);
+    uint64_t target = S->step + 1;
+    unsigned q = (unsigned)(target & 1);
+    shm_rank_t *me = &S->ranks[S->rank];
+    shm_mailbox_t *mb = &me->mailbox[q];
+    mb->seq = mine->seq;
+    mb->count = mine->count;
+    mb->kind = (uint8_t)mine->kind;
+    mb->dtype = (uint8_t)mine->dtype;
+    mb->op = (uint8_t)mine->op;
+    mb->root = mine->root;
+    if (data_bytes) memcpy(mb->data, data, data_bytes);
+    me->hints[q].buffer_id = mine->buffer_id;
+    me->hints[q].send_offset = mine->send_offset;
+    me->hints[q].recv_offset = mine->recv_offset;
+    atomic_store_explicit(&mb->stamp, target, memory_order_release);
+    ddp_status_t s = wait_all_on(S, arrive(S), (int)q, c, c->deadline_ns);
     if (s != DDP_OK) return s;
-    const shm_fingerprint_t *f0 = &S->ranks[0].fingerprint[parity];
+    *parity = q;
+    const shm_mailbox_t *m0 = &S->ranks[0].mailbox[q];
     for (int j = 1; j < S->world; j++) {
-        const shm_fingerprint_t *fj = &S->ranks[j].fingerprint[parity];
-        if (!same_call(f0, fj)) {
+        const shm_mailbox_t *mj = &S->ranks[j].mailbox[q];
+        if (mj->seq != m0->seq || mj->count != m0->count || mj->kind != m0->kind ||
+            mj->dtype != m0->dtype || mj->op != m0->op || mj->root != m0->root) {
             ddp__collective_t c0, cj;
             char d0[256], dj[256];
-            collective_of(f0, &c0);
-            collective_of(fj, &cj);
+            collective_of(m0, &c0);
+            collective_of(mj, &cj);
             ddp__fingerprint_describe(&c0, d0, sizeof d0);
             ddp__fingerprint_describe(&cj, dj, sizeof dj);
             return ddp__error(DDP_ERR_MISMATCH,
@@ -386,6 +434,13 @@ static ddp_status_t first_sync(shm_state_t *S, const ddp__collective_t *c,
         }
     }
     return DDP_OK;
+}
+
+static ddp_status_t first_sync(shm_state_t *S, const ddp__collective_t *c,
+                               const shm_fingerprint_t *mine)
+{
+    unsigned q;
+    return first_sync_data(S, c, mine, NULL, 0, &q);
 }
 
 /* ---- segment buffers ---------------------------------------------------------------------- */
@@ -445,6 +500,16 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     fingerprint_of(c, &fp);
     ddp_status_t s;
 
+    if (bytes <= MAILBOX_DATA) {
+        /* Tiny: the data travels in the mailbox line with the fingerprint. */
+        unsigned q;
+        s = first_sync_data(S, c, &fp, c->send, bytes, &q);
+        if (s != DDP_OK || bytes == 0) return s;
+        const void *srcs[DDP__SHM_MAX_WORLD];
+        for (int j = 0; j < p; j++) srcs[j] = S->ranks[j].mailbox[q].data;
+        ddp__reduce(c->recv, srcs, p, c->count, c->dtype, c->op);
+        return DDP_OK;
+    }
     if (bytes <= S->oneshot_bytes) {
         /* One-shot: stage, one synchronisation, every rank reduces all slots in rank order. */
         unsigned q = (unsigned)(S->use++ & 1);
@@ -475,12 +540,12 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         copy_in_others(S, stage_of(S, me, parity0), c->send, n0, esize);
         precopied = 1;
     }
-    s = first_sync(S, c, &fp);
+    unsigned fparity;
+    s = first_sync_data(S, c, &fp, NULL, 0, &fparity);
     if (s != DDP_OK) return s;
-    unsigned fparity = (unsigned)(S->step & 1);
     int all_zero_copy = 1, any_zero_copy = 0;
     for (int j = 0; j < p; j++) {
-        const shm_fingerprint_t *fj = &S->ranks[j].fingerprint[fparity];
+        const shm_hints_t *fj = &S->ranks[j].hints[fparity];
         if (fj->buffer_id >= 0) any_zero_copy = 1;
         if (fj->buffer_id < 0 || fj->buffer_id != fp.buffer_id ||
             fj->send_offset != fp.send_offset || fj->recv_offset != fp.recv_offset)
@@ -665,7 +730,7 @@ static ddp_status_t run_allgather(shm_state_t *S, const ddp__collective_t *c)
 static ddp_status_t shm_run(void *state, const ddp__collective_t *c)
 {
     shm_state_t *S = state;
-    atomic_store(&S->ranks[S->rank].seq, c->seq);
+    atomic_store_explicit(&S->ranks[S->rank].seq, c->seq, memory_order_relaxed);
     ddp_status_t s;
     switch (c->kind) {
     case DDP__ALLREDUCE: s = run_allreduce(S, c); break;
