@@ -54,10 +54,13 @@ if [ -n "${RATE:-}" ]; then
     [ -n "$bits" ] || { echo "compare_tcp: RATE=$RATE: want <number>bit|kbit|mbit|gbit"; exit 2; }
     # burst: what the bucket lets through at once. It must hold a whole GSO packet (64 KiB,
     # else tbf splits each one) and cover the wake-up granularity of the qdisc watchdog (about a
-    # millisecond under load, so rate x 1 ms). limit: the queue, 20 ms of the rate (at least
-    # 4 MiB), so that TCP's window, not drops, is what paces the sender.
+    # millisecond under load, so rate x 1 ms). limit: the queue, 50 ms of the rate and at least
+    # 16 MiB, above what TCP small queues let one socket put in a qdisc (tcp_limit_output_bytes,
+    # 4 MiB here): so that TCP's window, not drops, paces the sender. (A 4 MiB limit let a busy
+    # machine's late qdisc wake-ups overflow the queue; a lost retransmission then costs RTO
+    # back-offs of seconds.)
     burst=$(awk -v b="$bits" 'BEGIN { x = b / 8 / 1000; if (x < 262144) x = 262144; printf "%.0f", x }')
-    limit=$(awk -v b="$bits" 'BEGIN { x = b / 8 / 50; if (x < 4194304) x = 4194304; printf "%.0f", x }')
+    limit=$(awk -v b="$bits" 'BEGIN { x = b / 8 / 20; if (x < 16777216) x = 16777216; printf "%.0f", x }')
     for ns in "${P}a" "${P}b"; do
         ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst "$burst" \
             limit "$limit" || { echo "compare_tcp: tc tbf on $ns failed (CONFIG_NET_SCH_TBF?)"; exit 2; }
@@ -102,6 +105,8 @@ to_bytes() { echo "$1" | awk '{ v = $0 + 0; u = toupper(substr($0, length($0)));
 : >"$OUT/gloo.log"
 if [ "${GLOO:-1}" = 0 ]; then
     echo "gloo: skipped (GLOO=0)"
+elif [ "${NPROC:-1}" != 1 ]; then
+    echo "gloo: skipped (it runs one rank per host; NPROC=${NPROC})"
 elif ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
     echo "gloo: skipped (python3 cannot import torch.distributed)"
 else
@@ -121,6 +126,14 @@ echo
 echo "raw TCP between the namespaces: unidirectional $uni GB/s, bidirectional $bidir GB/s per direction"
 [ -n "$link_gbs" ] && echo "link rate $RATE = $link_gbs GB/s each way"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Losses on the link over the whole run (qdisc drops, TCP retransmissions, timeouts): a stalled
+# size in the table with retransmissions here was the link's fault, not the transport's.
+for ns in "${P}a" "${P}b"; do
+    drops=$(ip netns exec "$ns" tc -s qdisc show dev eth0 | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+    tcpstat=$(ip netns exec "$ns" nstat -asz TcpRetransSegs TcpExtTCPTimeouts 2>/dev/null |
+        awk '/^Tcp/ { printf "%s %s ", $1, $2 }')
+    echo "link ${ns#"$P"}: qdisc drops ${drops:-?}; ${tcpstat:-nstat unavailable}"
+done
 printf "%14s %12s %10s %12s %12s %12s\n" size "busbw(GB/s)" "busbw/uni" "busbw/bidir" \
     "gloo(GB/s)" "gloo/uni"
 # busbw recomputed from the time (ddp-bench prints 2 decimals): S / t x 2 (n - 1) / n.
