@@ -47,7 +47,9 @@
 /* Collectives at least this large write the caller's output with non-temporal stores: the output
  * will not fit in the caches anyway, and streaming stores skip reading each line before writing
  * it (a third of the memory traffic of a copy). */
+#ifndef STREAM_MIN_BYTES
 #define STREAM_MIN_BYTES ((size_t)8 << 20)
+#endif
 #define DDP__SHM_MAX_WORLD 64
 
 
