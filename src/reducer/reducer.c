@@ -104,7 +104,9 @@ struct ddp_reducer {
     size_t next_launch;
 
     unsigned char *marked;          /* this iteration */
-    unsigned char *row_marks;       /* per row of every dense parameter, this iteration */
+    unsigned char *row_marks;       /* per row of every dense parameter, this iteration;
+                                     * allocated by the first grad_ready_rows */
+    size_t total_rows;
     size_t launches;                /* reductions started this iteration */
     unsigned char *used_since_sync; /* marked in any iteration since the last synchronised one */
     int active, iter_sync, sync_enabled;
@@ -797,14 +799,11 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         r->used_since_sync = ddp__calloc(n, 1, "reducer");
         r->arrival = ddp__malloc(n * sizeof(size_t), "reducer");
         r->status_vector = ddp__malloc((n + (size_t)r->world) * sizeof(int64_t), "reducer");
-        size_t total_rows = 0;
         for (size_t i = 0; i < n; i++) {
-            r->params[i].row_base = total_rows;
-            if (!r->params[i].sparse) total_rows += ready_rows(&r->params[i]);
+            r->params[i].row_base = r->total_rows;
+            if (!r->params[i].sparse) r->total_rows += ready_rows(&r->params[i]);
         }
-        r->row_marks = ddp__calloc(total_rows ? total_rows : 1, 1, "reducer");
-        if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector ||
-            !r->row_marks)
+        if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector)
             status = DDP_ERR_NO_MEMORY;
     }
 
@@ -1438,6 +1437,15 @@ ddp_status_t ddp_reducer_grad_ready_rows(ddp_reducer_t *r, size_t index, size_t 
                           p->name, index, row_begin, row_end, nrows,
                           p->rows ? "" : ": a vector has one row per element");
     if ((s = check_active(r, "ddp_reducer_grad_ready_rows")) != DDP_OK) return s;
+    if (!r->row_marks) {
+        /* A byte per row of every dense parameter (a vector has one per element): only
+         * callers that report rows pay for it. */
+        r->row_marks = ddp__calloc(r->total_rows ? r->total_rows : 1, 1, "row readiness");
+        if (!r->row_marks)
+            return ddp__error(DDP_ERR_NO_MEMORY,
+                              "parameter '%s': no memory for the row marks (%zu bytes)", p->name,
+                              r->total_rows);
+    }
     unsigned char *m = r->row_marks + p->row_base;
     size_t twice = (size_t)-1;
     if (r->marked[k]) {
