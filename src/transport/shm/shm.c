@@ -52,7 +52,6 @@
 #endif
 #define DDP__SHM_MAX_WORLD 64
 
-
 /* What every rank must agree on for one collective, plus the zero-copy hints. */
 typedef struct shm_fingerprint {
     uint64_t seq;
