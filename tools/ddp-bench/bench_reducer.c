@@ -85,15 +85,30 @@ static void preset_resnet50(model_t *m)
     add_layer(m, "fc", 2048 * 1000, 1000, 0);
 }
 
-static void compute_for(double us, int sleep_mode)
+/* "Computes" for us microseconds. *overshoot is how much the previous sleep overslept; it is
+ * taken off this one so that overshoots do not add up (with K row blocks there are K times as
+ * many sleeps, which would otherwise lengthen backward). Time spent in the Reducer between
+ * computes is not absorbed: it lengthens backward as it would in a real one. */
+static void compute_for(double us, int sleep_mode, double *overshoot)
 {
     if (us <= 0) return;
-    if (sleep_mode) {
-        struct timespec ts = {(time_t)(us / 1e6), (long)(fmod(us, 1e6) * 1000.0)};
-        nanosleep(&ts, NULL);
+    double now = ddp_time_us();
+    us -= *overshoot;
+    *overshoot = 0;
+    if (us <= 0) {
+        *overshoot = -us;
         return;
     }
-    double end = ddp_time_us() + us;
+    double end = now + us;
+    if (sleep_mode) {
+        double left = end - now;
+        if (left > 0) {
+            struct timespec ts = {(time_t)(left / 1e6), (long)(fmod(left, 1e6) * 1000.0)};
+            nanosleep(&ts, NULL);
+        }
+        *overshoot = ddp_time_us() - end;
+        return;
+    }
     volatile double x = 1.0;
     while (ddp_time_us() < end)
         for (int i = 0; i < 64; i++) x = x * 1.0000001 + 1e-9;
@@ -127,50 +142,56 @@ typedef struct bench {
     int rank;
     int row_blocks;
     size_t npieces; /* reductions per iteration, from the last one's stats */
+    ddp_trace_t *trace; /* --trace: compute and grad_ready spans on lane 0 (the Reducer adds its) */
 } bench_t;
 
 static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t *out)
 {
     ddp_status_t s = ddp_reducer_prepare(b->reducer);
     size_t p = b->nparams;
+    double overshoot = 0; /* the sleeps' overshoot carried over */
     for (size_t l = b->model->nlayers; s == DDP_OK && l-- > 0;) {
         const layer_t *ly = &b->model->layers[l];
         int np = (ly->numel[0] > 0) + (ly->numel[1] > 0) + (ly->numel[2] > 0);
-        /* The weight (a matrix of numel[1] rows when the layer has a second parameter) is
-         * computed in row blocks, each reported as it finishes; the other parameters and the
-         * weight's last block are reported after the layer's last block, as with K = 1. */
+        /* K = 1: the layer computes, then reports its parameters (last first: bias or batch
+         * norm, then the weight). K > 1: the weight (a matrix of numel[1] rows) is computed in
+         * K row blocks, each reported as it finishes; the layer's other parameters are
+         * reported with the first block (they come straight from the output gradient). */
         size_t rows = ly->numel[1] ? ly->numel[1] : 0;
         size_t blocks = rows && ly->numel[0] ? (size_t)b->row_blocks : 1;
         if (blocks > rows && rows) blocks = rows;
-        size_t windex = p - (size_t)np, width = rows ? ly->numel[0] / rows : 0;
-        float *wg = NULL;
-        if (blocks > 1) s = ddp_reducer_grad(b->reducer, windex, (void **)&wg);
-        for (size_t j = 0; s == DDP_OK && j + 1 < blocks; j++) {
-            compute_for(compute_us / (double)blocks, sleep_mode);
-            size_t r0 = rows * j / blocks, r1 = rows * (j + 1) / blocks;
-            for (size_t e = r0 * width; e < r1 * width; e += 16) wg[e] = (float)(e % 7) * 0.5f;
-            s = ddp_reducer_grad_ready_rows(b->reducer, windex, r0, r1);
-        }
-        if (s != DDP_OK) break;
-        compute_for(compute_us / (double)blocks, sleep_mode);
-        for (int k = np; s == DDP_OK && k-- > 0;) {
-            size_t index = p - (size_t)np + (size_t)k;
-            float *g = NULL;
-            s = ddp_reducer_grad(b->reducer, index, (void **)&g);
-            if (s != DDP_OK) break;
-            /* The gradient this layer "computed" (touching its memory like a real backward). */
-            size_t n = ly->numel[k], e0 = 0;
-            if (k == 0 && blocks > 1) e0 = rows * (blocks - 1) / blocks * width;
-            for (size_t e = e0; e < n; e += 16) g[e] = (float)(e % 7) * 0.5f;
-            if (k == 0 && blocks > 1)
-                s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * (blocks - 1) / blocks,
-                                                rows);
-            else
-                s = ddp_reducer_grad_ready(b->reducer, index);
+        size_t width = rows ? ly->numel[0] / rows : 0;
+        for (size_t j = 0; s == DDP_OK && j < blocks; j++) {
+            double t0 = ddp_time_us();
+            compute_for(compute_us / (double)blocks, sleep_mode, &overshoot);
+            double t1 = ddp_time_us();
+            if (b->trace) ddp_trace_span(b->trace, ly->name, "compute", 0, t0, t1);
+            for (int k = np; s == DDP_OK && k-- > 0;) {
+                if (k > 0 && j > 0) continue; /* vectors go with the first block */
+                size_t index = p - (size_t)np + (size_t)k;
+                float *g = NULL;
+                s = ddp_reducer_grad(b->reducer, index, (void **)&g);
+                if (s != DDP_OK) break;
+                /* The gradient "computed" (touching its memory like a real backward). */
+                size_t e0 = 0, e1 = ly->numel[k];
+                if (k == 0 && blocks > 1) {
+                    e0 = rows * j / blocks * width;
+                    e1 = rows * (j + 1) / blocks * width;
+                }
+                for (size_t e = e0; e < e1; e += 16) g[e] = (float)(e % 7) * 0.5f;
+                if (k == 0 && blocks > 1)
+                    s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * j / blocks,
+                                                    rows * (j + 1) / blocks);
+                else
+                    s = ddp_reducer_grad_ready(b->reducer, index);
+            }
+            if (b->trace) ddp_trace_span(b->trace, "grad_ready", "reducer", 1, t1, ddp_time_us());
         }
         p -= (size_t)np;
     }
+    double f0 = ddp_time_us();
     if (s == DDP_OK) s = ddp_reducer_finalize(b->reducer);
+    if (b->trace) ddp_trace_span(b->trace, "finalize", "reducer", 1, f0, ddp_time_us());
     if (s != DDP_OK) {
         fprintf(stderr, "ddp-bench: rank %d: reducer iteration: %s: %s\n", b->rank,
                 ddp_status_string(s), ddp_last_error());
@@ -202,7 +223,8 @@ static int usage(int rank, const char *msg, const char *arg)
                 "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
                 "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
                 "                  with grad_ready_rows (default 1: whole tensors)\n"
-                "  --piece-mb MB: the reducer's piece size (default 4; 0: whole buckets)\n");
+                "  --piece-mb MB: the reducer's piece size (default 4; 0: whole buckets)\n"
+                "  --trace FILE: Chrome trace of every iteration (FILE.rankR.json per rank)\n");
     }
     return DDP_BENCH_EXIT_USAGE;
 }
@@ -213,6 +235,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     const char *preset = "mlp";
     double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1, piece_mb = 4;
     int iters = 10, warmup = 2, sleep_mode = 0, json = 0, row_blocks = 1;
+    const char *trace_path = NULL;
     const char *hook = "allreduce";
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -251,6 +274,8 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
                 strncmp(v, "powersgd:", 9))
                 return usage(rank, "unknown hook", v);
             hook = v;
+        } else if (!strcmp(a, "--trace")) {
+            trace_path = v;
         } else if (!strcmp(a, "--row-blocks")) {
             row_blocks = (int)strtol(v, &end, 10);
             if (*end || row_blocks < 1 || row_blocks > 4096) return usage(rank, "bad --row-blocks", v);
@@ -297,6 +322,19 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     config.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
     config.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
     config.piece_bytes = (size_t)(piece_mb * 1048576.0);
+    ddp_trace_t *trace = NULL;
+    if (trace_path) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s.rank%d.json", trace_path, rank);
+        if (ddp_trace_open(path, rank, &trace) != DDP_OK) {
+            fprintf(stderr, "ddp-bench: rank %d: cannot open trace %s: %s\n", rank, path,
+                    ddp_last_error());
+            return DDP_BENCH_EXIT_FAILED;
+        }
+        ddp_trace_name_lane(trace, 0, "compute");
+        ddp_trace_name_lane(trace, 1, "reducer calls");
+        config.trace = trace;
+    }
     ddp_half_hook_state_t *half = NULL;
     void *psgd = NULL;
     if (!strcmp(hook, "fp16") || !strcmp(hook, "bf16")) {
@@ -317,7 +355,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     }
 #endif
     if (!strncmp(hook, "powersgd:", 9) && !psgd) return usage(rank, "not built with PowerSGD", hook);
-    bench_t b = {group, NULL, &model, nparams, rank, row_blocks, 0};
+    bench_t b = {group, NULL, &model, nparams, rank, row_blocks, 0, trace};
     int rc = DDP_BENCH_EXIT_OK;
     ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
     if (s != DDP_OK) {
@@ -416,6 +454,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
                hs.bytes_after ? (double)hs.bytes_before / (double)hs.bytes_after : 0, rate);
     }
     ddp_reducer_destroy(b.reducer);
+    ddp_trace_close(trace);
     ddp_half_hook_state_destroy(half);
 #ifdef DDP_BENCH_HAVE_POWERSGD
     ddp_powersgd_state_destroy(psgd);
