@@ -358,7 +358,7 @@ static int case_errors(ddp_group_t *group, void *arg)
     return 0;
 }
 
-/* ---- find_unused + rows ------------------------------------------------------------------------ */
+/* ---- find_unused + rows ---------------------------------------------------------------------- */
 static int case_unused(ddp_group_t *group, void *arg)
 {
     (void)arg;
@@ -428,7 +428,7 @@ static int case_unused(ddp_group_t *group, void *arg)
     return 0;
 }
 
-/* ---- no_sync + rows --------------------------------------------------------------------------- */
+/* ---- no_sync + rows -------------------------------------------------------------------------- */
 static int case_nosync(ddp_group_t *group, void *arg)
 {
     (void)arg;
@@ -485,7 +485,7 @@ static int case_nosync(ddp_group_t *group, void *arg)
     return 0;
 }
 
-/* ---- a user hook gets whole buckets ------------------------------------------------------------- */
+/* ---- a user hook gets whole buckets ---------------------------------------------------------- */
 typedef struct hook_state {
     size_t calls, elements;
 } hook_state_t;
@@ -576,7 +576,7 @@ static int case_piece0(ddp_group_t *group, void *arg)
     return run_whole_buckets(group, 0);
 }
 
-/* ---- launches happen before the last block ------------------------------------------------------ */
+/* ---- launches happen before the last block --------------------------------------------------- */
 static int case_early(ddp_group_t *group, void *arg)
 {
     (void)arg;

@@ -43,7 +43,7 @@ typedef struct options {
     int legacy;
     double lr, momentum, weight_decay, beta1, beta2, eps, bucket_mb;
     size_t grad_blocks; /* row blocks per weight gradient, each reported when computed */
-    double piece_mb;    /* the Reducer's piece size; < 0: the library's default */
+    double piece_mb;    /* the Reducer's piece size; < 0: 1 MiB with grad_blocks > 1, else 0 */
     const char *checkpoint, *resume, *trace;
     int hook; /* FM_HOOK_* */
     int psgd_rank;
@@ -116,7 +116,8 @@ static void usage(FILE *out)
         "                      large layer's reduction starts during its own backward;\n"
         "                      same bits for every K in 1..8 (default 4)\n"
         "  --piece-mb F        Reducer piece size in MiB: a bucket is reduced in pieces as\n"
-        "                      their rows are ready (default 1; 0: whole buckets)\n"
+        "                      their rows are ready (0: whole buckets; default 1 with\n"
+        "                      --grad-blocks > 1, else 0)\n"
         "  --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S]   the Reducer's comm hook:\n"
         "                      plain (default), buckets in half precision, or PowerSGD of\n"
         "                      rank R (default 1) from step S (default 10)\n"
@@ -233,7 +234,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->eps = 1e-8;
     o->bucket_mb = 25;
     o->grad_blocks = 4;
-    o->piece_mb = 1;
+    o->piece_mb = -1;
     o->trace_steps = 5;
     o->warmup = 3;
     for (int i = 1; i < argc; i++) {
@@ -734,11 +735,13 @@ int main(int argc, char **argv)
     } else {
         ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
         cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
-        cfg.piece_bytes = (size_t)(o->piece_mb * 1048576.0);
+        double piece_mb = o->piece_mb >= 0 ? o->piece_mb : o->grad_blocks > 1 ? 1 : 0;
+        cfg.piece_bytes = (size_t)(piece_mb * 1048576.0);
         cfg.trace = t->trace;
         if (o->zero_overlap) { /* ZeRO's hook needs a fixed bucket layout */
             cfg.comm_hook = ddp_zero_hook;
             cfg.comm_hook_state = t->zero;
+            cfg.comm_hook_averages = 1; /* averaged in the allreduce: no prescale pass */
             cfg.rebuild_buckets = 0;
         }
         if (o->hook == FM_HOOK_FP16 || o->hook == FM_HOOK_BF16) {

@@ -60,11 +60,16 @@ typedef struct ddp_comm_bucket {
     const size_t *numels;  /* elements of each parameter */
     const size_t *rows;    /* matrix rows of each parameter (0: vector) */
     uint64_t iteration;    /* synchronised iterations completed before this one */
+    int prescaled; /* 1: data was divided by the world size, so summing averages; 0: the hook
+                      must average (config.comm_hook_averages) */
 } ddp_comm_bucket_t;
 
-/* Starts reducing bucket->data asynchronously so that, when *work completes, data holds the sum
- * over ranks (= the average, since the input was prescaled). The bucket memory stays valid and
- * untouched by the reducer until then. The default hook is an allreduce with DDP_SUM. */
+/* Starts reducing bucket->data asynchronously so that, when *work completes, data holds the
+ * average over ranks: by default the Reducer prescales the bucket by 1/world (c10d's div) and the
+ * hook sums; a hook registered with config.comm_hook_averages = 1 gets the bucket as it is
+ * (bucket->prescaled == 0) and averages itself, e.g. with DDP_AVG, which saves the prescale pass
+ * over the bucket on the backward's thread. The bucket memory stays valid and untouched by the
+ * reducer until then. Without a hook the Reducer allreduces with DDP_AVG (no prescale). */
 typedef ddp_status_t (*ddp_comm_hook_fn)(void *state, ddp_group_t *group,
                                          const ddp_comm_bucket_t *bucket, ddp_work_t **work);
 
@@ -77,20 +82,25 @@ typedef struct ddp_reducer_config {
     int broadcast_buffers;         /* 1: prepare broadcasts buffers from rank 0 */
     int rebuild_buckets;           /* 1: after the first iteration, rebuild once in arrival order */
     int sync_at_create;            /* 1: verify the model across ranks and broadcast from rank 0 */
-    ddp_comm_hook_fn comm_hook;    /* NULL: allreduce-sum of the prescaled bucket */
+    ddp_comm_hook_fn comm_hook;    /* NULL: allreduce with DDP_AVG (sum, divide once) */
     void *comm_hook_state;
     ddp_trace_t *trace; /* NULL, or bucket allreduce spans are recorded here */
-    /* 4 MiB: with the default hook (comm_hook NULL), each dense bucket is cut into pieces of
-     * this many bytes (whole elements; the last piece is shorter) when buckets are made or
-     * rebuilt, and a piece is reduced as soon as every element in it has been marked ready (see
-     * ddp_reducer_grad_ready_rows). 0: a bucket is reduced whole when all its parameters are
-     * ready. Must be the same on every rank (checked at create with sync_at_create). */
+    /* 0 (off): a bucket is reduced whole when all its parameters are ready. > 0 (e.g. 4 MiB,
+     * for callers of ddp_reducer_grad_ready_rows): with the default hook (comm_hook NULL), each
+     * dense bucket is cut into pieces of this many bytes (whole elements; the last piece is
+     * shorter) when buckets are made or rebuilt, and a piece is reduced as soon as every element
+     * in it has been marked ready. Off by default because each piece is a collective of its
+     * own: with whole-tensor grad_ready on CPU-bound ranks the extra synchronisations cost more
+     * than the earlier start gains (docs/reducer.md has the numbers). Must be the same on every
+     * rank (checked at create with sync_at_create). */
     size_t piece_bytes;
+    /* 0: a comm_hook gets the bucket prescaled by 1/world and sums; 1: it gets the local sum
+     * and averages itself (ddp_zero_hook honours both; see ddp_comm_hook_fn). */
+    int comm_hook_averages;
 } ddp_reducer_config_t;
 
 #define DDP_REDUCER_CONFIG_INIT                                                                   \
-    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL,        \
-     (size_t)4 << 20}
+    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL, 0, 0}
 
 typedef struct ddp_reducer ddp_reducer_t;
 
@@ -126,7 +136,7 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  * row blocks (one GEMM per block of output rows). Rows are those of the matrix view: param.rows
  * rows of numel / rows elements; a vector parameter (rows == 0) has numel rows of one element.
  *
- * The rows' elements count towards the bucket's pieces (config.piece_bytes): a piece whose
+ * With config.piece_bytes > 0, the rows' elements count towards the bucket's pieces: a piece whose
  * elements are all marked is divided by the world size and its allreduce starts, strictly after
  * every earlier piece and bucket, so a bucket holding one large matrix starts reducing while the
  * rest of that matrix is still being computed. The pieces depend only on the bucket layout, so

@@ -6,7 +6,8 @@
  * the core free as a GPU would), write their gradients and call grad_ready per parameter, so the
  * Reducer launches bucket allreduces while later layers are still computing. Per iteration we
  * report backward time, communication time (the union of the reductions' launch..done intervals,
- * i.e. time the wire was busy; a reduction is a bucket or, with pieces, a piece of one), exposed communication (the wait in finalize) and
+ * i.e. time the wire was busy; a reduction is a bucket or, with pieces, a piece of one),
+ * exposed communication (the wait in finalize) and
  * overlap = 1 - exposed / communication. The anchor is the same model reduced with no compute
  * at all (every bucket exposed), measured first in the same run. With --row-blocks K a matrix
  * parameter's layer computes in K row blocks and reports each with grad_ready_rows, so the
@@ -115,7 +116,7 @@ static void compute_for(double us, int sleep_mode, double *overshoot)
 }
 
 typedef struct sample {
-    double backward, comm, exposed, overlap, comm_sum;
+    double backward, comm, exposed, overlap, comm_sum, exposed_min;
 } sample_t;
 
 static int compare_double(const void *a, const void *b)
@@ -205,6 +206,11 @@ static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t
     out->comm_sum = st.comm_us;
     out->exposed = st.exposed_us;
     out->overlap = out->comm > 0 ? 100.0 * (1.0 - st.exposed_us / out->comm) : 0;
+    /* The smallest finalize wait over the ranks: a rank that ends backward early also waits for
+     * the others' backward, which is skew, not communication (outside the timed region). */
+    double mine = st.exposed_us, least = mine;
+    if (ddp_group_allreduce(b->group, &mine, &least, 1, DDP_F64, DDP_MIN) != DDP_OK) return 1;
+    out->exposed_min = least;
     return 0;
 }
 
@@ -216,14 +222,16 @@ static int usage(int rank, const char *msg, const char *arg)
                 "usage: ddprun -n N ddp-bench -o reducer [--preset mlp|resnet50]\n"
                 "         [--compute-us US per layer | --compute-ratio R] [--sleep] [-n iters]\n"
                 "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
-                "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K] [--piece-mb MB]\n"
+                "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K]\n"
+                "         [--piece-mb MB] [--trace FILE]\n"
                 "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
                 "  --compute-ratio R: backward computes R times the communication time measured\n"
                 "                     with no compute (spread evenly over the layers)\n"
                 "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
                 "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
                 "                  with grad_ready_rows (default 1: whole tensors)\n"
-                "  --piece-mb MB: the reducer's piece size (default 4; 0: whole buckets)\n"
+                "  --piece-mb MB: the reducer's piece size (0: whole buckets; default 4 with\n"
+                "                 --row-blocks > 1, else 0 as the library)\n"
                 "  --trace FILE: Chrome trace of every iteration (FILE.rankR.json per rank)\n");
     }
     return DDP_BENCH_EXIT_USAGE;
@@ -233,7 +241,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
 {
     int rank = ddp_group_rank(group), world = ddp_group_size(group);
     const char *preset = "mlp";
-    double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1, piece_mb = 4;
+    double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1, piece_mb = -1;
     int iters = 10, warmup = 2, sleep_mode = 0, json = 0, row_blocks = 1;
     const char *trace_path = NULL;
     const char *hook = "allreduce";
@@ -278,7 +286,8 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
             trace_path = v;
         } else if (!strcmp(a, "--row-blocks")) {
             row_blocks = (int)strtol(v, &end, 10);
-            if (*end || row_blocks < 1 || row_blocks > 4096) return usage(rank, "bad --row-blocks", v);
+            if (*end || row_blocks < 1 || row_blocks > 4096)
+                return usage(rank, "bad --row-blocks", v);
         } else if (!strcmp(a, "--piece-mb")) {
             piece_mb = strtod(v, &end);
             if (*end || piece_mb < 0) return usage(rank, "bad --piece-mb", v);
@@ -321,6 +330,7 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
     config.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
     config.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
+    if (piece_mb < 0) piece_mb = row_blocks > 1 ? 4 : (double)config.piece_bytes / 1048576.0;
     config.piece_bytes = (size_t)(piece_mb * 1048576.0);
     ddp_trace_t *trace = NULL;
     if (trace_path) {
@@ -415,16 +425,17 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
     if (rc == 0 && rank == 0) {
         double bw = median_of(samples, (size_t)iters, 0), cm = median_of(samples, (size_t)iters, 1);
         double ex = median_of(samples, (size_t)iters, 2);
+        double ex_min = median_of(samples, (size_t)iters, 5);
         double ratio_exposed = cm > 0 ? ex / cm : 0;
         if (json) {
             printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
                    "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
                    "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
                    "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
-                   "\"exposed_over_comm\":%.4f}\n",
+                   "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
                    preset, world, model.total, ddp_reducer_bucket_count(b.reducer), compute_us,
-                   sleep_mode, row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0, cm / 1000.0, ex / 1000.0,
-                   ratio_exposed);
+                   sleep_mode, row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0,
+                   cm / 1000.0, ex / 1000.0, ex_min / 1000.0, ratio_exposed);
         } else {
             printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
                    "exposed/comm %.1f%% (target <= 15%% when compute >= comm: compute %.2f ms "
@@ -432,6 +443,9 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
                    bw / 1000.0, cm / 1000.0, ex / 1000.0, 100.0 * (1 - ratio_exposed),
                    100.0 * ratio_exposed, compute_total / 1000.0,
                    compute_total >= cm ? ">=" : "<", cm / 1000.0);
+            printf("# smallest finalize wait over the ranks (skew removed): median %.3f ms, "
+                   "%.1f%% of comm\n",
+                   ex_min / 1000.0, cm > 0 ? 100.0 * ex_min / cm : 0.0);
         }
     }
     free(samples);
