@@ -48,6 +48,7 @@ typedef struct ddp__tcp_conn {
     int send_partial; /* 1 while a frame is half written: an abort frame cannot be inserted */
     int recv_partial;  /* 1 while a frame from this peer is half read */
     uint64_t last_seq; /* sequence number of the last frame received from this peer */
+    int rcvlowat;      /* SO_RCVLOWAT in force (0 or 1: the default, wake on any byte) */
 } ddp__tcp_conn_t;
 
 /* Chooses the local address to listen on (DDP_SOCKET_IFNAME, else the address that routes to
