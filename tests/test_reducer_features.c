@@ -403,6 +403,7 @@ static int case_usergrads(ddp_group_t *group, void *arg)
 typedef struct hook_state {
     ddp_reducer_t *reducer;
     int world, rank, step;
+    int averages; /* config.comm_hook_averages */
     size_t calls;
     size_t next_index;
     const model_t *m;
@@ -426,20 +427,21 @@ static ddp_status_t counting_hook(void *state, ddp_group_t *group, const ddp_com
         CHECK(b->offsets[j] == off);
         CHECK(b->numels[j] == h->m->p[ps[j]].numel);
         CHECK(b->rows[j] == h->m->p[ps[j]].rows);
-        /* Already divided by the world size. */
+        /* Already divided by the world size, unless the hook said it averages itself. */
+        CHECK(b->prescaled == !h->averages);
         for (size_t e = 0; e < b->numels[j]; e++) {
-            double want = gval(ps[j], h->rank, h->step, e) / h->world;
+            double want = gval(ps[j], h->rank, h->step, e) / (h->averages ? 1 : h->world);
             CHECK(fabs(get(b->dtype, b->data, off + e) - want) <= 1e-6 * (1 + fabs(want)));
         }
         off += b->numels[j];
     }
     CHECK(b->numel == off);
-    return ddp_group_allreduce_async(group, b->data, b->data, b->numel, b->dtype, DDP_SUM, work);
+    return ddp_group_allreduce_async(group, b->data, b->data, b->numel, b->dtype,
+                                     h->averages ? DDP_AVG : DDP_SUM, work);
 }
 
-static int case_hook(ddp_group_t *group, void *arg)
+static int hook_run(ddp_group_t *group, int averages)
 {
-    (void)arg;
     int rank = ddp_group_rank(group), world = ddp_group_size(group);
     size_t numel[6] = {17, 1, 0, 100, 3, 29};
     model_t m;
@@ -450,13 +452,15 @@ static int case_hook(ddp_group_t *group, void *arg)
     h.world = world;
     h.rank = rank;
     h.m = &m;
+    h.averages = averages;
     ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
     c.first_bucket_bytes = 8;
     c.bucket_cap_bytes = 128;
+    c.comm_hook_averages = averages;
     c.comm_hook = counting_hook;
     c.comm_hook_state = &h;
     char path[700];
-    snprintf(path, sizeof path, "%s/trace-%d.json", ddp_test_tmpdir(), rank);
+    snprintf(path, sizeof path, "%s/trace-%d-%d.json", ddp_test_tmpdir(), rank, averages);
     ddp_trace_t *trace = NULL;
     CHECK_OK(ddp_trace_open(path, rank, &trace));
     c.trace = trace;
@@ -511,6 +515,15 @@ static int case_hook(ddp_group_t *group, void *arg)
               text);
     model_free(&m);
     return 0;
+}
+
+/* The hook contract both ways: prescaled buckets that the hook sums, and (comm_hook_averages)
+ * unscaled buckets that the hook averages. */
+static int case_hook(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    if (hook_run(group, 0)) return 1;
+    return hook_run(group, 1);
 }
 
 /* ---- f16 / bf16 buckets and mixed dtypes ------------------------------------------------------ */

@@ -1109,7 +1109,7 @@ static ddp_status_t default_hook(void *state, ddp_group_t *group, const ddp_comm
 {
     (void)state;
     return ddp_group_allreduce_async(group, bucket->data, bucket->data, bucket->numel,
-                                     bucket->dtype, DDP_SUM, work);
+                                     bucket->dtype, DDP_AVG, work);
 }
 
 /* Sparse reduction on the progress thread: gather row counts, then indices and rows padded to
@@ -1209,7 +1209,12 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
     if (b->sparse) {
         s = ddp_group_submit(r->group, sparse_task, b, &work);
     } else {
-        prescale(b->data, b->numel, b->dtype, r->world);
+        /* A hook gets the bucket prescaled (c10d's div, then it sums) unless it averages
+         * itself. The default hook averages inside the allreduce: the same result without a
+         * pass over the bucket on the caller's (backward's) thread — the transports divide
+         * once after summing, shm inside its reduction loop. */
+        int prescaled = r->config.comm_hook && !r->config.comm_hook_averages;
+        if (prescaled) prescale(b->data, b->numel, b->dtype, r->world);
         ddp_comm_bucket_t *v = &b->view;
         v->index = b->index;
         v->data = b->data;
@@ -1221,6 +1226,7 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
         v->numels = b->numels;
         v->rows = b->rows;
         v->iteration = r->iteration;
+        v->prescaled = prescaled;
         ddp_comm_hook_fn hook = r->config.comm_hook ? r->config.comm_hook : default_hook;
         s = hook(r->config.comm_hook_state, r->group, v, &work);
         if (s == DDP_OK && !work)
@@ -1249,10 +1255,9 @@ static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
     r->launches++;
     size_t esize = ddp_dtype_size(b->dtype);
     unsigned char *data = (unsigned char *)b->data + q->begin * esize;
-    prescale(data, q->numel, b->dtype, r->world);
     ddp_work_t *work = NULL;
     ddp_status_t s =
-        ddp_group_allreduce_async(r->group, data, data, q->numel, b->dtype, DDP_SUM, &work);
+        ddp_group_allreduce_async(r->group, data, data, q->numel, b->dtype, DDP_AVG, &work);
     if (s != DDP_OK) {
         ddp_work_free(work);
         return ddp__error_context(s,

@@ -30,6 +30,7 @@ typedef struct zero_bucket {
     void *data;  /* the bucket being reduced this iteration */
     size_t numel;
     ddp_dtype_t dtype;
+    int prescaled; /* the Reducer divided it by the world size: sum; else average */
 } zero_bucket_t;
 
 typedef struct zero_chunk {
@@ -509,7 +510,7 @@ static ddp_status_t overlap_task(ddp_group_t *group, void *arg)
     zero_bucket_t *zb = arg;
     ddp_zero_t *z = zb->zero;
     ddp_status_t s = ddp_group_allreduce(group, zb->data, zb->data, zb->numel, zb->dtype,
-                                         DDP_SUM);
+                                         zb->prescaled ? DDP_SUM : DDP_AVG);
     if (s != DDP_OK) return s;
     if (zb->owner != z->rank) return DDP_OK;
     size_t es = ddp_dtype_size(zb->dtype);
@@ -632,6 +633,7 @@ ddp_status_t ddp_zero_hook(void *state, ddp_group_t *group, const ddp_comm_bucke
     zb->data = bucket->data;
     zb->numel = bucket->numel;
     zb->dtype = bucket->dtype;
+    zb->prescaled = bucket->prescaled;
     s = ddp_group_submit(group, overlap_task, zb, work);
     if (s == DDP_OK) zb->reduced = 1;
     return s;
