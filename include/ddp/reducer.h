@@ -137,7 +137,7 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  * rows of numel / rows elements; a vector parameter (rows == 0) has numel rows of one element.
  *
  * With config.piece_bytes > 0, the rows' elements count towards the bucket's pieces: a piece whose
- * elements are all marked is divided by the world size and its allreduce starts, strictly after
+ * elements are all marked starts its allreduce (an average, like a bucket's), strictly after
  * every earlier piece and bucket, so a bucket holding one large matrix starts reducing while the
  * rest of that matrix is still being computed. The pieces depend only on the bucket layout, so
  * every rank issues the same collectives whatever blocks each rank marks. With a user comm hook
