@@ -405,8 +405,9 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
             for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
             printf(" %.2f", (double)bytes / 1048576.0);
         }
-        printf("\n# row blocks %d per weight; pieces of %.3g MiB (%zu reductions per step)\n",
-               row_blocks, piece_mb, b.npieces);
+        printf("\n# row blocks %d per weight; pieces of %.3g MiB%s (%zu reductions per step)\n",
+               row_blocks, piece_mb, config.comm_hook ? " unused: a hook gets whole buckets" : "",
+               b.npieces);
         printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
                "can only start when backward ends\n",
                comm_alone / 1000.0);
