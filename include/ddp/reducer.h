@@ -3,8 +3,8 @@
  * C has no autograd, so the caller's backward pass reports each gradient as it is finished
  * (ddp_reducer_grad_ready is the autograd hook). Parameters are grouped into buckets (1 MiB for the
  * first, then bucket_cap, per dtype, in reverse registration order); the moment a bucket's last
- * gradient is ready it is divided by the world size and its allreduce starts on the group's
- * progress thread, overlapping communication with the rest of backward.
+ * gradient is ready its averaging allreduce starts on the group's progress thread, overlapping
+ * communication with the rest of backward.
  *
  *     ddp_reducer_create(group, params, n, buffers, nb, &config, &reducer);  // verify + broadcast
  *     for each step:
