@@ -114,7 +114,8 @@ static void usage(FILE *out)
         "  --grad-blocks K     compute each weight gradient in K row blocks and hand each to\n"
         "                      the Reducer as it is done (ddp_reducer_grad_ready_rows), so a\n"
         "                      large layer's reduction starts during its own backward;\n"
-        "                      same bits for every K in 1..8 (default 4)\n"
+        "                      same bits for every K in 1..8 (default 1: on this 2-core\n"
+        "                      machine the pieces cost more than they hide)\n"
         "  --piece-mb F        Reducer piece size in MiB: a bucket is reduced in pieces as\n"
         "                      their rows are ready (0: whole buckets; default 1 with\n"
         "                      --grad-blocks > 1, else 0)\n"
@@ -233,7 +234,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->beta2 = 0.999;
     o->eps = 1e-8;
     o->bucket_mb = 25;
-    o->grad_blocks = 4;
+    o->grad_blocks = 1;
     o->piece_mb = -1;
     o->trace_steps = 5;
     o->warmup = 3;
