@@ -142,6 +142,19 @@ static ddp_reducer_config_t small_config(ddp_dtype_t d)
 
 static ddp_dtype_t dtype_arg = DDP_F32;
 
+/* Two identical models and their Reducers (a: marked in row blocks, b: whole tensors). */
+static int make_pair(ddp_group_t *group, ddp_dtype_t d, int user, model_t *ma, model_t *mb,
+                     ddp_reducer_t **ra, ddp_reducer_t **rb)
+{
+    model_make(ma, d, user);
+    model_make(mb, d, user);
+    ddp_reducer_config_t c = small_config(d);
+    c.user_grads = user;
+    CHECK_OK(ddp_reducer_create(group, ma->p, NP, NULL, 0, &c, ra));
+    CHECK_OK(ddp_reducer_create(group, mb->p, NP, NULL, 0, &c, rb));
+    return 0;
+}
+
 /* ---- equal: rows vs whole tensors, bitwise ------------------------------------------------ */
 static int case_equal(ddp_group_t *group, void *arg)
 {
@@ -150,13 +163,8 @@ static int case_equal(ddp_group_t *group, void *arg)
     ddp_dtype_t d = dtype_arg;
     for (int user = 0; user < 2; user++) {
         model_t ma, mb;
-        model_make(&ma, d, user);
-        model_make(&mb, d, user);
-        ddp_reducer_config_t c = small_config(d);
-        c.user_grads = user;
         ddp_reducer_t *ra = NULL, *rb = NULL;
-        CHECK_OK(ddp_reducer_create(group, ma.p, NP, NULL, 0, &c, &ra));
-        CHECK_OK(ddp_reducer_create(group, mb.p, NP, NULL, 0, &c, &rb));
+        if (make_pair(group, d, user, &ma, &mb, &ra, &rb)) return 1;
         size_t nb0 = ddp_reducer_bucket_count(rb);
         unsigned long long rng = 0x9e3779b97f4a7c15ULL * (unsigned long long)(rank + 1) + 77u;
         /* Step 0 in forward order (the rebuild then changes the layout), later steps in
@@ -436,13 +444,8 @@ static int case_nosync(ddp_group_t *group, void *arg)
     ddp_dtype_t d = dtype_arg;
     for (int user = 0; user < 2; user++) {
         model_t ma, mb;
-        model_make(&ma, d, user);
-        model_make(&mb, d, user);
-        ddp_reducer_config_t c = small_config(d);
-        c.user_grads = user;
         ddp_reducer_t *ra = NULL, *rb = NULL;
-        CHECK_OK(ddp_reducer_create(group, ma.p, NP, NULL, 0, &c, &ra));
-        CHECK_OK(ddp_reducer_create(group, mb.p, NP, NULL, 0, &c, &rb));
+        if (make_pair(group, d, user, &ma, &mb, &ra, &rb)) return 1;
         unsigned long long rng = 12345u + (unsigned long long)rank * 977u;
         size_t rev[NP];
         for (size_t i = 0; i < NP; i++) rev[i] = NP - 1 - i;
