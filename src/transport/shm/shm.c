@@ -316,11 +316,13 @@ static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
         sched_yield();
         if ((i & 7) == 0 && ddp__now_ns() - start > S->spin_ns + S->yield_ns) break;
     }
+    /* Asleep, decide on the step counters: a rank stores its step after its stamp, and the
+     * step store and the sleepers count are the pair whose ordering makes wake-ups reliable. */
     int64_t next_check = 0;
     for (;;) {
         uint32_t w = atomic_load(&S->hdr->wake);
         atomic_fetch_add(&S->hdr->sleepers, 1);
-        if (all_arrived(S, target, mailbox)) {
+        if (all_arrived(S, target, -1)) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
             return DDP_OK;
         }
@@ -330,12 +332,12 @@ static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
         ddp_status_t s = check_peers(S, target, c, liveness);
         if (s != DDP_OK) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
-            if (all_arrived(S, target, mailbox)) return DDP_OK;
+            if (all_arrived(S, target, -1)) return DDP_OK;
             return s;
         }
         if (now >= deadline_ns) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
-            if (all_arrived(S, target, mailbox)) return DDP_OK;
+            if (all_arrived(S, target, -1)) return DDP_OK;
             return timeout_error(S, target, c, deadline_ns);
         }
         int64_t nap = deadline_ns - now;
