@@ -238,21 +238,26 @@ static int all_arrived(shm_state_t *S, uint64_t target, int mailbox)
     return 1;
 }
 
+/* Rank j's published give-up (abort flag and reason) as this rank's error, or DDP_OK. */
+static ddp_status_t peer_gave_up(shm_state_t *S, int j, const ddp__collective_t *c)
+{
+    int st = atomic_load(&S->ranks[j].abort_status);
+    if (st == 0) return DDP_OK;
+    char what[256];
+    describe(c, what, sizeof what);
+    ddp_status_t s = st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_REMOTE;
+    return ddp__error(s, "%s on rank %d: rank %d gave up (%s): %.*s", what, S->rank, j,
+                      ddp_status_string((ddp_status_t)st), REASON_MAX, S->ranks[j].abort_reason);
+}
+
 /* Checks peers' abort flags and liveness; returns DDP_OK or the error to give up with. */
 static ddp_status_t check_peers(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
                                 int check_liveness)
 {
-    char what[256];
     for (int j = 0; j < S->world; j++) {
         if (j == S->rank) continue;
-        int st = atomic_load(&S->ranks[j].abort_status);
-        if (st != 0) {
-            describe(c, what, sizeof what);
-            ddp_status_t s = st == DDP_ERR_TIMEOUT ? DDP_ERR_TIMEOUT : DDP_ERR_REMOTE;
-            return ddp__error(s, "%s on rank %d: rank %d gave up (%s): %.*s", what, S->rank, j,
-                              ddp_status_string((ddp_status_t)st), REASON_MAX,
-                              S->ranks[j].abort_reason);
-        }
+        ddp_status_t s = peer_gave_up(S, j, c);
+        if (s != DDP_OK) return s;
     }
     if (check_liveness) {
         for (int j = 0; j < S->world; j++) {
@@ -260,6 +265,11 @@ static ddp_status_t check_peers(shm_state_t *S, uint64_t target, const ddp__coll
             if (atomic_load_explicit(&S->ranks[j].step, memory_order_acquire) >= target) continue;
             int pid = atomic_load(&S->ranks[j].pid);
             if (peer_dead(pid)) {
+                /* A rank that left (or gave up) raises its flag and may exit right after: it
+                 * can be gone by now although its flag was still down a moment ago. */
+                ddp_status_t s = peer_gave_up(S, j, c);
+                if (s != DDP_OK) return s;
+                char what[256];
                 describe(c, what, sizeof what);
                 return ddp__error(DDP_ERR_REMOTE,
                                   "%s on rank %d: rank %d (pid %d) died (it was at seq %llu)", what,
