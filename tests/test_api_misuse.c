@@ -792,6 +792,12 @@ static void check_group_world(int world)
         fprintf(stderr, "  mismatch kind %d\n", kinds[i]);
         CHECK(ddp_test_run_group(world, 60, &options, group2_mismatch_body, &kinds[i]) == 0);
     }
+    /* Buffer sizes over TCP, whose buffers are ordinary memory: the group checks them. */
+    options.transport = "tcp";
+    for (int kind = 4; kind <= 5; kind++) {
+        fprintf(stderr, "  mismatch kind %d over tcp\n", kind);
+        CHECK(ddp_test_run_group(world, 60, &options, group2_mismatch_body, &kind) == 0);
+    }
 }
 
 static void check_group2(void) { check_group_world(2); }

@@ -706,6 +706,24 @@ ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out
         }
         return s;
     }
+    /* Ordinary memory: nothing to agree on, but the call is collective, so check that every
+     * rank asked for the same size (as shm does) and break the group if not: a rank that later
+     * reduces more elements than its peers' buffers hold would otherwise fail far from here. */
+    if (group->world > 1) {
+        int64_t range[2] = {(int64_t)bytes, -(int64_t)bytes}; /* MAX gives largest, -smallest */
+        ddp_status_t s = ddp_group_allreduce(group, range, range, 2, DDP_I64, DDP_MAX);
+        if (s != DDP_OK) return s;
+        if (range[0] != -range[1]) {
+            char text[DDP_ERROR_TEXT_MAX];
+            snprintf(text, sizeof text,
+                     "alloc_buffer on rank %d: the ranks asked for different sizes (smallest "
+                     "%lld bytes, largest %lld bytes; this rank %zu bytes): every rank must ask "
+                     "for the same size in the same order",
+                     group->rank, (long long)-range[1], (long long)range[0], bytes);
+            break_group(group, DDP_ERR_MISMATCH, text);
+            return ddp__error(DDP_ERR_MISMATCH, "%s", text);
+        }
+    }
     fallback_buffer_t *node = ddp__calloc(1, sizeof *node, "a buffer record");
     if (!node) return DDP_ERR_NO_MEMORY;
     size_t rounded = (bytes + 63) / 64 * 64;
