@@ -46,7 +46,7 @@ enum {
 enum { INLINE_BYTES = 512 };
 typedef struct fused_record {
     int64_t fp[2 * FP_FIELDS];
-    unsigned char payload[INLINE_BYTES];
+    _Alignas(8) unsigned char payload[INLINE_BYTES];
 } fused_record_t;
 
 /* Largest element count handed to one MPI call (MPI counts are int). */
@@ -609,6 +609,13 @@ static int inline_allreduce(const int64_t *f)
         }                                                                                         \
     } while (0)
 
+/* The payload is bytes; these element types may alias them (reading a char array through a
+ * plain float lvalue is undefined behaviour that an optimiser may exploit). */
+typedef float alias_f32 __attribute__((may_alias));
+typedef double alias_f64 __attribute__((may_alias));
+typedef int32_t alias_i32 __attribute__((may_alias));
+typedef int64_t alias_i64 __attribute__((may_alias));
+
 static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *type)
 {
     (void)type;
@@ -619,10 +626,10 @@ static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *ty
             ddp_reduce_op_t op = (ddp_reduce_op_t)a->fp[3];
             size_t n = (size_t)a->fp[4];
             switch (reduce_dtype((ddp_dtype_t)a->fp[2], op)) {
-            case DDP_F32: COMBINE(float, a->payload, b->payload, n, op); break;
-            case DDP_F64: COMBINE(double, a->payload, b->payload, n, op); break;
-            case DDP_I32: COMBINE_INT(int32_t, uint32_t, a->payload, b->payload, n, op); break;
-            case DDP_I64: COMBINE_INT(int64_t, uint64_t, a->payload, b->payload, n, op); break;
+            case DDP_F32: COMBINE(alias_f32, a->payload, b->payload, n, op); break;
+            case DDP_F64: COMBINE(alias_f64, a->payload, b->payload, n, op); break;
+            case DDP_I32: COMBINE_INT(alias_i32, uint32_t, a->payload, b->payload, n, op); break;
+            case DDP_I64: COMBINE_INT(alias_i64, uint64_t, a->payload, b->payload, n, op); break;
             case DDP_U8: COMBINE_INT(uint8_t, uint32_t, a->payload, b->payload, n, op); break;
             default: break; /* f16 and bf16 never reach here: they reduce in f32 */
             }
