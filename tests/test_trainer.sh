@@ -140,6 +140,8 @@ resume)
     run 1 $COMMON --optim adam --batch 48 --max-steps 3 --checkpoint "$WORK/ck"
     run 1 $COMMON --optim adam --batch 48 --hidden 64 --resume "$WORK/ck"
     [ "$RC" = 1 ] && grep -q -- '--hidden 96' "$WORK/err" || fail "other hidden size not named"
+    run 1 $COMMON --optim adam --batch 48 --hook fp16 --resume "$WORK/ck"
+    [ "$RC" = 1 ] && grep -q -- '--hook' "$WORK/err" || fail "other comm hook not named"
     head -c 5000 "$WORK/ck" >"$WORK/trunc"
     run 1 $COMMON --optim adam --batch 48 --resume "$WORK/trunc"
     [ "$RC" = 1 ] && grep -q 'truncated' "$WORK/err" || fail "truncated checkpoint not reported"

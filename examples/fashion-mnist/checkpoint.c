@@ -17,7 +17,7 @@
 #include "trainer.h"
 
 #define MAGIC "FMNISTCK"
-#define VERSION 1u
+#define VERSION 2u /* 2: the comm hook joined the settings that must match */
 
 typedef struct {
     unsigned char *data;
@@ -46,7 +46,7 @@ static int put_hyper(buf_t *b, const fm_hyper_t *h)
 {
     return put_u64(b, h->hidden) | put_u64(b, h->batch) | put_u64(b, h->accumulate) |
            put_u64(b, h->subset) | put_u64(b, h->seed) | put_u64(b, h->optim) |
-           put_f64(b, h->lr) | put_f64(b, h->momentum) | put_f64(b, h->weight_decay) |
+           put_u64(b, h->hook) | put_f64(b, h->lr) | put_f64(b, h->momentum) | put_f64(b, h->weight_decay) |
            put_f64(b, h->beta1) | put_f64(b, h->beta2) | put_f64(b, h->eps);
 }
 
@@ -71,7 +71,7 @@ int fm_checkpoint_save(const char *path, const fm_hyper_t *hyper, const fm_progr
     buf_t b = {0};
     int rc = -1, fd = -1;
     char tmp[4096];
-    uint32_t version = VERSION, header = 8 + 4 + 4 + 12 * 8 + 6 * 8 + 8 + FM_NPARAMS * 8;
+    uint32_t version = VERSION, header = 8 + 4 + 4 + 13 * 8 + 6 * 8 + 8 + FM_NPARAMS * 8;
     int bad = put(&b, MAGIC, 8) | put(&b, &version, 4) | put(&b, &header, 4) | put_hyper(&b, hyper);
     bad |= put_u64(&b, progress->epoch) | put_u64(&b, progress->step_in_epoch) |
            put_u64(&b, progress->global_step) | put_f64(&b, progress->loss_sum) |
@@ -224,7 +224,7 @@ int fm_checkpoint_load(const char *path, const fm_hyper_t *hyper, fm_progress_t 
     uint64_t steps = 0, numel[FM_NPARAMS] = {0};
     int bad = get(&r, &h.hidden, 8) | get(&r, &h.batch, 8) | get(&r, &h.accumulate, 8) |
               get(&r, &h.subset, 8) | get(&r, &h.seed, 8) | get(&r, &h.optim, 8) |
-              get(&r, &h.lr, 8) | get(&r, &h.momentum, 8) | get(&r, &h.weight_decay, 8) |
+              get(&r, &h.hook, 8) | get(&r, &h.lr, 8) | get(&r, &h.momentum, 8) | get(&r, &h.weight_decay, 8) |
               get(&r, &h.beta1, 8) | get(&r, &h.beta2, 8) | get(&r, &h.eps, 8);
     bad |= get(&r, &pr.epoch, 8) | get(&r, &pr.step_in_epoch, 8) | get(&r, &pr.global_step, 8) |
            get(&r, &pr.loss_sum, 8) | get(&r, &pr.loss_count, 8) | get(&r, &pr.last_epoch_loss, 8) |
@@ -236,6 +236,8 @@ int fm_checkpoint_load(const char *path, const fm_hyper_t *hyper, fm_progress_t 
     }
     if (check_u64(path, "--hidden", h.hidden, hyper->hidden, err, errlen) ||
         check_u64(path, "--optim (0 sgd, 1 adam)", h.optim, hyper->optim, err, errlen) ||
+        check_u64(path, "--hook (0 allreduce, 1 fp16, 2 bf16)", h.hook, hyper->hook, err,
+                  errlen) ||
         check_u64(path, "--batch", h.batch, hyper->batch, err, errlen) ||
         check_u64(path, "--accumulate", h.accumulate, hyper->accumulate, err, errlen) ||
         check_u64(path, "--subset", h.subset, hyper->subset, err, errlen) ||

@@ -587,6 +587,7 @@ static fm_hyper_t hyper_of(const options_t *o)
                     o->synthetic ? o->synthetic : o->subset,
                     o->seed,
                     (uint64_t)o->optim,
+                    (uint64_t)o->hook,
                     o->lr,
                     o->optim == FM_OPTIM_SGD ? o->momentum : 0,
                     o->weight_decay,

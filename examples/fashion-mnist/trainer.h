@@ -114,6 +114,7 @@ void fm_optim_step(fm_optim_t *opt, float *const params[FM_NPARAMS],
 /* What must match between the run that wrote a checkpoint and the run resuming it. */
 typedef struct fm_hyper {
     uint64_t hidden, batch, accumulate, subset, seed, optim;
+    uint64_t hook; /* the Reducer's comm hook (main.c's FM_HOOK_*): it changes the gradients */
     double lr, momentum, weight_decay, beta1, beta2, eps;
 } fm_hyper_t;
 
