@@ -191,43 +191,10 @@ static ddp_status_t check_fingerprints(hier_t *h, const ddp__collective_t *c)
 }
 
 /* ---- allreduce ------------------------------------------------------------------------------- */
-static ddp_dtype_t acc_type(ddp_dtype_t d, ddp_reduce_op_t op)
-{
-    if (d == DDP_F16 || d == DDP_BF16) return DDP_F32;
-    if (op == DDP_AVG && (d == DDP_I32 || d == DDP_U8)) return DDP_I64;
-    return d;
-}
-
-static void widen(void *dst, const void *src, size_t n, ddp_dtype_t d)
-{
-    for (size_t i = 0; i < n; i++) {
-        switch (d) {
-        case DDP_F16: ((float *)dst)[i] = ddp_f16_to_f32(((const uint16_t *)src)[i]); break;
-        case DDP_BF16: ((float *)dst)[i] = ddp_bf16_to_f32(((const uint16_t *)src)[i]); break;
-        case DDP_I32: ((int64_t *)dst)[i] = ((const int32_t *)src)[i]; break;
-        case DDP_U8: ((int64_t *)dst)[i] = ((const uint8_t *)src)[i]; break;
-        default: break;
-        }
-    }
-}
-
-static void narrow(void *dst, const void *src, size_t n, ddp_dtype_t d)
-{
-    for (size_t i = 0; i < n; i++) {
-        switch (d) {
-        case DDP_F16: ((uint16_t *)dst)[i] = ddp_f32_to_f16(((const float *)src)[i]); break;
-        case DDP_BF16: ((uint16_t *)dst)[i] = ddp_f32_to_bf16(((const float *)src)[i]); break;
-        case DDP_I32: ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i]; break;
-        case DDP_U8: ((uint8_t *)dst)[i] = (uint8_t)((const int64_t *)src)[i]; break;
-        default: break;
-        }
-    }
-}
-
 static ddp_status_t allreduce(hier_t *h, const void *send, void *recv, size_t count,
                               ddp_dtype_t dtype, ddp_reduce_op_t op, int64_t deadline)
 {
-    ddp_dtype_t at = acc_type(dtype, op);
+    ddp_dtype_t at = ddp__tcp_acc_type(dtype, op);
     ddp_status_t s;
     if (at == dtype && op != DDP_AVG) {
         if (!h->local && send != recv) memmove(recv, send, count * ddp_dtype_size(dtype));
@@ -240,14 +207,14 @@ static ddp_status_t allreduce(hier_t *h, const void *send, void *recv, size_t co
     size_t as = ddp_dtype_size(at);
     if ((s = ensure(h, count * as))) return s;
     char *w = h->work;
-    if (at != dtype) widen(w, send, count, dtype);
+    if (at != dtype) ddp__tcp_widen(w, send, count, dtype);
     else memmove(w, send, count * as);
     ddp_reduce_op_t sop = op == DDP_AVG ? DDP_SUM : op;
     if ((s = sub(h, 0, DDP__ALLREDUCE, w, w, count, at, sop, 0, deadline))) return s;
     if ((s = sub(h, 1, DDP__ALLREDUCE, w, w, count, at, sop, 0, deadline))) return s;
     if ((s = sub(h, 0, DDP__BROADCAST, w, w, count, at, 0, 0, deadline))) return s;
     if (op == DDP_AVG) ddp__tcp_divide(w, count, at, h->world);
-    if (at != dtype) narrow(recv, w, count, dtype);
+    if (at != dtype) ddp__tcp_narrow(recv, w, count, dtype);
     else memcpy(recv, w, count * as);
     return DDP_OK;
 }

@@ -602,62 +602,15 @@ done:
     return s;
 }
 
-/* ---- accumulation types ----------------------------------------------------------------------
- * Partial results travel in an accumulation type so that the result is rounded once, exactly as
- * src/core/reduce.h defines it for every transport: f16/bf16 in f32, and for AVG the i32 and u8
- * sums in i64 (so that u8 avg of 200 and 100 is 150, not a wrapped sum divided). */
-static ddp_dtype_t acc_type(ddp_dtype_t d, ddp_reduce_op_t op)
-{
-    if (d == DDP_F16 || d == DDP_BF16) return DDP_F32;
-    if (op == DDP_AVG && (d == DDP_I32 || d == DDP_U8)) return DDP_I64;
-    return d;
-}
-
-static void widen(void *dst, const void *src, size_t count, ddp_dtype_t d)
-{
-    switch (d) {
-    case DDP_F16:
-        for (size_t i = 0; i < count; i++) ((float *)dst)[i] = ddp_f16_to_f32(((const uint16_t *)src)[i]);
-        break;
-    case DDP_BF16:
-        for (size_t i = 0; i < count; i++) ((float *)dst)[i] = ddp_bf16_to_f32(((const uint16_t *)src)[i]);
-        break;
-    case DDP_I32:
-        for (size_t i = 0; i < count; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
-        break;
-    case DDP_U8:
-        for (size_t i = 0; i < count; i++) ((int64_t *)dst)[i] = ((const uint8_t *)src)[i];
-        break;
-    default: break;
-    }
-}
-
-static void narrow(void *dst, const void *src, size_t count, ddp_dtype_t d)
-{
-    switch (d) {
-    case DDP_F16:
-        for (size_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = ddp_f32_to_f16(((const float *)src)[i]);
-        break;
-    case DDP_BF16:
-        for (size_t i = 0; i < count; i++) ((uint16_t *)dst)[i] = ddp_f32_to_bf16(((const float *)src)[i]);
-        break;
-    case DDP_I32:
-        for (size_t i = 0; i < count; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
-        break;
-    case DDP_U8:
-        for (size_t i = 0; i < count; i++) ((uint8_t *)dst)[i] = (uint8_t)((const int64_t *)src)[i];
-        break;
-    default: break;
-    }
-}
+/* ---- accumulation types (ddp__tcp_acc_type, _widen, _narrow in tcp_reduce.c) --------------- */
 
 /* acc (accumulation type) -> out (collective dtype), dividing first for AVG. */
 static void finalize(void *out, void *acc, size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
                      int world)
 {
-    ddp_dtype_t at = acc_type(dtype, op);
+    ddp_dtype_t at = ddp__tcp_acc_type(dtype, op);
     if (op == DDP_AVG) ddp__tcp_divide(acc, count, at, world);
-    if (at != dtype) narrow(out, acc, count, dtype);
+    if (at != dtype) ddp__tcp_narrow(out, acc, count, dtype);
     else if (out != acc) memcpy(out, acc, count * ddp_dtype_size(dtype));
 }
 
@@ -817,7 +770,7 @@ static size_t chunk_elems(size_t esize)
 static ddp_status_t allreduce_ring(tcp_state_t *t, const ddp__collective_t *c)
 {
     size_t es = ddp_dtype_size(c->dtype);
-    ddp_dtype_t at = acc_type(c->dtype, c->op);
+    ddp_dtype_t at = ddp__tcp_acc_type(c->dtype, c->op);
     size_t as = ddp_dtype_size(at);
     ring_t g;
     memset(&g, 0, sizeof g);
@@ -837,7 +790,7 @@ static ddp_status_t allreduce_ring(tcp_state_t *t, const ddp__collective_t *c)
     if (at != c->dtype) {
         s = ensure(&t->work, &t->work_bytes, c->count * as, "wider accumulation");
         if (s != DDP_OK) return s;
-        widen(t->work, c->send, c->count, c->dtype);
+        ddp__tcp_widen(t->work, c->send, c->count, c->dtype);
         g.src = t->work;
         g.acc = t->work;
     } else {
@@ -857,7 +810,7 @@ static ddp_status_t reduce_scatter_ring(tcp_state_t *t, const ddp__collective_t 
 {
     int n = t->world;
     size_t es = ddp_dtype_size(c->dtype);
-    ddp_dtype_t at = acc_type(c->dtype, c->op);
+    ddp_dtype_t at = ddp__tcp_acc_type(c->dtype, c->op);
     size_t as = ddp_dtype_size(at);
     size_t total = c->count * (size_t)n;
     ring_t g;
@@ -877,7 +830,7 @@ static ddp_status_t reduce_scatter_ring(tcp_state_t *t, const ddp__collective_t 
     s = ensure(&t->work, &t->work_bytes, total * as, "reduce-scatter partial sums");
     if (s != DDP_OK) return s;
     if (at != c->dtype) {
-        widen(t->work, c->send, total, c->dtype);
+        ddp__tcp_widen(t->work, c->send, total, c->dtype);
         g.src = t->work;
     } else {
         g.src = c->send;
@@ -938,13 +891,13 @@ static ddp_status_t allreduce_doubling(tcp_state_t *t, const ddp__collective_t *
 {
     int n = t->world, r = t->rank;
     size_t es = ddp_dtype_size(c->dtype);
-    ddp_dtype_t at = acc_type(c->dtype, c->op);
+    ddp_dtype_t at = ddp__tcp_acc_type(c->dtype, c->op);
     size_t as = ddp_dtype_size(at);
     size_t abytes = c->count * as;
     ddp_status_t s = ensure(&t->work, &t->work_bytes, 2 * abytes, "recursive doubling");
     if (s != DDP_OK) return s;
     char *acc = t->work, *tmp = t->work + abytes;
-    if (at != c->dtype) widen(acc, c->send, c->count, c->dtype);
+    if (at != c->dtype) ddp__tcp_widen(acc, c->send, c->count, c->dtype);
     else memcpy(acc, c->send, abytes);
 
     int p2 = 1;
