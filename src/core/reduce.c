@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/cpu.h"
+#include "core/half.h"
 #include "core/internal.h"
 #include "core/reduce.h"
 
@@ -416,4 +417,36 @@ void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, dd
 {
     void *dsts[1] = {dst};
     ddp__reduce_multi(dsts, 1, srcs, nsrcs, count, dtype, op);
+}
+
+/* ---- accumulation types ----------------------------------------------------------------------- */
+
+void ddp__acc_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype)
+{
+    switch (dtype) {
+    case DDP_F16:
+    case DDP_BF16: ddp__half_to_f32(dtype, src, dst, count); break;
+    case DDP_I32:
+        for (size_t i = 0; i < count; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+        break;
+    case DDP_U8:
+        for (size_t i = 0; i < count; i++) ((int64_t *)dst)[i] = ((const uint8_t *)src)[i];
+        break;
+    default: break;
+    }
+}
+
+void ddp__acc_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype)
+{
+    switch (dtype) {
+    case DDP_F16:
+    case DDP_BF16: ddp__f32_to_half(dtype, src, dst, count); break;
+    case DDP_I32:
+        for (size_t i = 0; i < count; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
+        break;
+    case DDP_U8:
+        for (size_t i = 0; i < count; i++) ((uint8_t *)dst)[i] = (uint8_t)((const int64_t *)src)[i];
+        break;
+    default: break;
+    }
 }

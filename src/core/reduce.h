@@ -39,6 +39,12 @@ void ddp__stream_fence(void);
 void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
                  ddp_reduce_op_t op);
 
+/* Transports that carry partial results in an accumulation type (f16/bf16 in f32, i32/u8 in
+ * i64) convert with these. widen: dtype -> f32 or i64; narrow: back (halves rounded to nearest
+ * even, integers truncated); other dtypes are left alone. */
+void ddp__acc_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
+void ddp__acc_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
+
 /* Name of the kernel variant chosen at run time ("avx2+f16c" or "baseline"), for benchmarks. */
 const char *ddp__reduce_variant(void);
 

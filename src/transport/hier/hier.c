@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/reduce.h"
 #include "group/registry.h"
 #include "transport/hier/hier.h"
 #include "transport/tcp/tcp.h"
@@ -207,14 +208,14 @@ static ddp_status_t allreduce(hier_t *h, const void *send, void *recv, size_t co
     size_t as = ddp_dtype_size(at);
     if ((s = ensure(h, count * as))) return s;
     char *w = h->work;
-    if (at != dtype) ddp__tcp_widen(w, send, count, dtype);
+    if (at != dtype) ddp__acc_widen(w, send, count, dtype);
     else memmove(w, send, count * as);
     ddp_reduce_op_t sop = op == DDP_AVG ? DDP_SUM : op;
     if ((s = sub(h, 0, DDP__ALLREDUCE, w, w, count, at, sop, 0, deadline))) return s;
     if ((s = sub(h, 1, DDP__ALLREDUCE, w, w, count, at, sop, 0, deadline))) return s;
     if ((s = sub(h, 0, DDP__BROADCAST, w, w, count, at, 0, 0, deadline))) return s;
     if (op == DDP_AVG) ddp__tcp_divide(w, count, at, h->world);
-    if (at != dtype) ddp__tcp_narrow(recv, w, count, dtype);
+    if (at != dtype) ddp__acc_narrow(recv, w, count, dtype);
     else memcpy(recv, w, count * as);
     return DDP_OK;
 }

@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/half.h"
 #include "core/internal.h"
+#include "core/reduce.h"
 #include "group/transport.h"
 #include "transport/mpi/mpi_internal.h"
 
@@ -426,42 +426,6 @@ static ddp_dtype_t reduce_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op)
     return dtype;
 }
 
-/* Half-precision conversions (the hot loops of every f16/bf16 reduction, once before and once
- * after MPI) are the shared ones in src/core/half.c. */
-static void widen(ddp_dtype_t from, const void *src, void *dst, size_t n)
-{
-    if (from == DDP_F16) {
-        ddp__half_to_f32(DDP_F16, src, dst, n);
-    } else if (from == DDP_BF16) {
-        ddp__half_to_f32(DDP_BF16, src, dst, n);
-    } else if (from == DDP_I32) {
-        const int32_t *a = src;
-        int64_t *b = dst;
-        for (size_t i = 0; i < n; i++) b[i] = a[i];
-    } else { /* DDP_U8 */
-        const uint8_t *a = src;
-        int64_t *b = dst;
-        for (size_t i = 0; i < n; i++) b[i] = a[i];
-    }
-}
-
-static void narrow(ddp_dtype_t to, const void *src, void *dst, size_t n)
-{
-    if (to == DDP_F16) {
-        ddp__f32_to_half(DDP_F16, src, dst, n);
-    } else if (to == DDP_BF16) {
-        ddp__f32_to_half(DDP_BF16, src, dst, n);
-    } else if (to == DDP_I32) {
-        const int64_t *a = src;
-        int32_t *b = dst;
-        for (size_t i = 0; i < n; i++) b[i] = (int32_t)a[i];
-    } else { /* DDP_U8 */
-        const int64_t *a = src;
-        uint8_t *b = dst;
-        for (size_t i = 0; i < n; i++) b[i] = (uint8_t)a[i];
-    }
-}
-
 /* AVG: divides n summed elements of `dtype` (f32, f64 or i64) by the world size. */
 static void divide(ddp_dtype_t dtype, void *buf, size_t n, int world)
 {
@@ -775,7 +739,7 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
     int inline_data = inline_allreduce(f);
     ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
     if (inline_data) {
-        if (rtype != c->dtype) widen(c->dtype, c->send, s->fused_send.payload, c->count);
+        if (rtype != c->dtype) ddp__acc_widen(s->fused_send.payload, c->send, c->count, c->dtype);
         else memcpy(s->fused_send.payload, c->send, c->count * ddp_dtype_size(c->dtype));
     }
     ddp_status_t status;
@@ -802,7 +766,7 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
     if (inline_data) {
         void *result = s->fused_recv.payload;
         if (c->op == DDP_AVG) divide(rtype, result, c->count, s->world);
-        if (rtype != c->dtype) narrow(c->dtype, result, c->recv, c->count);
+        if (rtype != c->dtype) ddp__acc_narrow(c->recv, result, c->count, c->dtype);
         else memcpy(c->recv, result, c->count * ddp_dtype_size(c->dtype));
         *done = 1;
     }
@@ -845,11 +809,11 @@ static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
     }
     void *wide = scratch(s, n * ddp_dtype_size(rtype));
     if (!wide) return break_state(s, DDP_ERR_NO_MEMORY);
-    widen(c->dtype, c->send, wide, n);
+    ddp__acc_widen(wide, c->send, n, c->dtype);
     status = allreduce_chunks(s, c, MPI_IN_PLACE, wide, n, rtype);
     if (status != DDP_OK) return status;
     if (c->op == DDP_AVG) divide(rtype, wide, n, s->world);
-    narrow(c->dtype, wide, c->recv, n);
+    ddp__acc_narrow(c->recv, wide, n, c->dtype);
     return DDP_OK;
 }
 
@@ -892,7 +856,7 @@ static ddp_status_t run_reduce_scatter(mpi_state_t *s, const ddp__collective_t *
     if (rtype != c->dtype) {
         void *wide = scratch(s, total * rsz);
         if (!wide) return break_state(s, DDP_ERR_NO_MEMORY);
-        widen(c->dtype, send, wide, total);
+        ddp__acc_widen(wide, send, total, c->dtype);
         in = MPI_IN_PLACE;
         out = wide;
     } else if (overlap) {
@@ -908,7 +872,7 @@ static ddp_status_t run_reduce_scatter(mpi_state_t *s, const ddp__collective_t *
     ddp_status_t status = wait_request(s, &req, c, "MPI_Ireduce_scatter_block");
     if (status != DDP_OK) return status;
     if (c->op == DDP_AVG) divide(rtype, out, n, s->world);
-    if (rtype != c->dtype) narrow(c->dtype, out, recv, n);
+    if (rtype != c->dtype) ddp__acc_narrow(recv, out, n, c->dtype);
     else if (out != recv) memcpy(recv, out, n * esz);
     return DDP_OK;
 }

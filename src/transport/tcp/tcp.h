@@ -73,11 +73,8 @@ void ddp__tcp_divide(void *acc, size_t count, ddp_dtype_t dtype, int world);
 /* Partial results travel in an accumulation type so that the result is rounded once, as
  * src/core/reduce.h defines it for every transport: f16/bf16 in f32, and for AVG the i32 and u8
  * sums in i64 (u8 avg of 200 and 100 is 150, not a wrapped sum divided). Shared with the
- * hierarchical transport. widen: dtype -> its accumulation type; narrow: back (truncating ints,
- * rounding halves to nearest even); other dtypes are left alone. */
+ * hierarchical transport; ddp__acc_widen/_narrow (core/reduce.h) convert. */
 ddp_dtype_t ddp__tcp_acc_type(ddp_dtype_t dtype, ddp_reduce_op_t op);
-void ddp__tcp_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
-void ddp__tcp_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
 
 /* ---- test hooks ---------------------------------------------------------------------------- */
 /* Allreduce messages of at most this many bytes use recursive doubling, larger ones the ring

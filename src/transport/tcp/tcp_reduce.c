@@ -3,7 +3,6 @@
  * f32 first, reduces in f32 and rounds once at the end, as ddp/types.h promises. */
 #include <string.h>
 
-#include "core/half.h"
 #include "core/reduce.h"
 #include "transport/tcp/tcp.h"
 
@@ -53,34 +52,4 @@ ddp_dtype_t ddp__tcp_acc_type(ddp_dtype_t dtype, ddp_reduce_op_t op)
     if (dtype == DDP_F16 || dtype == DDP_BF16) return DDP_F32;
     if (op == DDP_AVG && (dtype == DDP_I32 || dtype == DDP_U8)) return DDP_I64;
     return dtype;
-}
-
-void ddp__tcp_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype)
-{
-    switch (dtype) {
-    case DDP_F16:
-    case DDP_BF16: ddp__half_to_f32(dtype, src, dst, count); break;
-    case DDP_I32:
-        for (size_t i = 0; i < count; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
-        break;
-    case DDP_U8:
-        for (size_t i = 0; i < count; i++) ((int64_t *)dst)[i] = ((const uint8_t *)src)[i];
-        break;
-    default: break;
-    }
-}
-
-void ddp__tcp_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype)
-{
-    switch (dtype) {
-    case DDP_F16:
-    case DDP_BF16: ddp__f32_to_half(dtype, src, dst, count); break;
-    case DDP_I32:
-        for (size_t i = 0; i < count; i++) ((int32_t *)dst)[i] = (int32_t)((const int64_t *)src)[i];
-        break;
-    case DDP_U8:
-        for (size_t i = 0; i < count; i++) ((uint8_t *)dst)[i] = (uint8_t)((const int64_t *)src)[i];
-        break;
-    default: break;
-    }
 }

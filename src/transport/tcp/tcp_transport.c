@@ -31,6 +31,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "core/reduce.h"
 #include "transport/tcp/tcp.h"
 
 static _Atomic size_t small_threshold = 64 * 1024;
@@ -602,7 +603,7 @@ done:
     return s;
 }
 
-/* ---- accumulation types (ddp__tcp_acc_type, _widen, _narrow in tcp_reduce.c) --------------- */
+/* ---- accumulation types (ddp__tcp_acc_type; conversions in core/reduce.c) ---------- */
 
 /* acc (accumulation type) -> out (collective dtype), dividing first for AVG. */
 static void finalize(void *out, void *acc, size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
@@ -610,7 +611,7 @@ static void finalize(void *out, void *acc, size_t count, ddp_dtype_t dtype, ddp_
 {
     ddp_dtype_t at = ddp__tcp_acc_type(dtype, op);
     if (op == DDP_AVG) ddp__tcp_divide(acc, count, at, world);
-    if (at != dtype) ddp__tcp_narrow(out, acc, count, dtype);
+    if (at != dtype) ddp__acc_narrow(out, acc, count, dtype);
     else if (out != acc) memcpy(out, acc, count * ddp_dtype_size(dtype));
 }
 
@@ -790,7 +791,7 @@ static ddp_status_t allreduce_ring(tcp_state_t *t, const ddp__collective_t *c)
     if (at != c->dtype) {
         s = ensure(&t->work, &t->work_bytes, c->count * as, "wider accumulation");
         if (s != DDP_OK) return s;
-        ddp__tcp_widen(t->work, c->send, c->count, c->dtype);
+        ddp__acc_widen(t->work, c->send, c->count, c->dtype);
         g.src = t->work;
         g.acc = t->work;
     } else {
@@ -830,7 +831,7 @@ static ddp_status_t reduce_scatter_ring(tcp_state_t *t, const ddp__collective_t 
     s = ensure(&t->work, &t->work_bytes, total * as, "reduce-scatter partial sums");
     if (s != DDP_OK) return s;
     if (at != c->dtype) {
-        ddp__tcp_widen(t->work, c->send, total, c->dtype);
+        ddp__acc_widen(t->work, c->send, total, c->dtype);
         g.src = t->work;
     } else {
         g.src = c->send;
@@ -897,7 +898,7 @@ static ddp_status_t allreduce_doubling(tcp_state_t *t, const ddp__collective_t *
     ddp_status_t s = ensure(&t->work, &t->work_bytes, 2 * abytes, "recursive doubling");
     if (s != DDP_OK) return s;
     char *acc = t->work, *tmp = t->work + abytes;
-    if (at != c->dtype) ddp__tcp_widen(acc, c->send, c->count, c->dtype);
+    if (at != c->dtype) ddp__acc_widen(acc, c->send, c->count, c->dtype);
     else memcpy(acc, c->send, abytes);
 
     int p2 = 1;
