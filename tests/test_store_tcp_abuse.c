@@ -129,10 +129,12 @@ static void expect_closed(int fd, const char *what)
 
 /* Set/get/add/compare_set/wait through a proper client; any failure ends the test. The store's
  * timeout (5 s) is what "promptly" means: a stalled server turns into DDP_ERR_TIMEOUT here. */
-static void good_round(ddp_store_t *s, long i)
+/* `who` keeps each client's keys apart: two clients writing one key would race each other's
+ * read-back. */
+static void good_round(ddp_store_t *s, const char *who, long i)
 {
     char key[64], val[64];
-    snprintf(key, sizeof key, "good/%ld", i % 50);
+    snprintf(key, sizeof key, "%s/%ld", who, i % 50);
     int n = snprintf(val, sizeof val, "value-%ld", i);
     CHECK_OK(ddp_store_set(s, key, val, (size_t)n));
     expect_value(s, key, val, (size_t)n);
@@ -149,7 +151,7 @@ static void *good_client(void *arg)
     ddp_store_t *s = NULL;
     CHECK_OK(ddp_store_tcp_connect("127.0.0.1", port, TOKEN, 5000, &s));
     for (long i = 0; !atomic_load(&stop_good); i++) {
-        good_round(s, i);
+        good_round(s, "good", i);
         store_sleep_ms(2);
     }
     ddp_store_destroy(s);
@@ -161,7 +163,7 @@ static void fresh_client_works(void)
 {
     ddp_store_t *s = NULL;
     CHECK_OK(ddp_store_tcp_connect("127.0.0.1", port, TOKEN, 5000, &s));
-    good_round(s, 1000);
+    good_round(s, "fresh", 1000);
     ddp_store_destroy(s);
 }
 
