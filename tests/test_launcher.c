@@ -1,6 +1,6 @@
 /* ddprun end to end: runs the real build/ddprun with this program as the worker. Each ctest entry
  * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, signals, output,
- * options. Worker modes (argv[1] = worker-*) are what ddprun starts. */
+ * options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -913,6 +913,135 @@ static void scenario_options(void)
     free(out);
 }
 
+/* ---- bind ---------------------------------------------------------------------------------- */
+
+/* The CPUs this process may run on, as a bit mask (CPUs below 64 only: enough to tell bound
+ * from unbound). */
+static uint64_t cpu_mask_of(const char *status_line)
+{
+    uint64_t mask = 0;
+    const char *p = status_line;
+    while (*p) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        CHECK_MSG(end != p, "cannot parse CPU list '%s'", status_line);
+        p = end;
+        if (*p == '-') {
+            b = strtol(p + 1, &end, 10);
+            p = end;
+        }
+        for (long c = a; c <= b && c < 64; c++) mask |= (uint64_t)1 << c;
+        if (*p == ',') p++;
+        else break;
+    }
+    return mask;
+}
+
+static uint64_t own_cpu_mask(void)
+{
+    char *st = read_text("/proc/self/status");
+    CHECK(st);
+    char *line = strstr(st, "Cpus_allowed_list:");
+    CHECK(line);
+    uint64_t m = cpu_mask_of(line + strlen("Cpus_allowed_list:") + strspn(line + 18, " \t"));
+    free(st);
+    return m;
+}
+
+/* Runs `ddprun -n N [bind option]` with workers printing their CPU list; returns each worker's
+ * mask in masks[rank]. */
+static void run_bind(const char *name, int n, const char *option, uint64_t *masks)
+{
+    make_dir();
+    char nbuf[16];
+    snprintf(nbuf, sizeof nbuf, "%d", n);
+    const char *args[10];
+    int k = 0;
+    args[k++] = "-n";
+    args[k++] = nbuf;
+    if (option) {
+        args[k++] = "--bind";
+        args[k++] = option;
+    }
+    args[k++] = "sh";
+    args[k++] = "-c";
+    args[k++] = "grep Cpus_allowed_list /proc/self/status";
+    args[k] = NULL;
+    run_t r = start_ddprun(name, NULL, args);
+    CHECK_MSG(exit_code(wait_ddprun(&r, 20, NULL)) == 0, "ddprun --bind %s failed",
+              option ? option : "(default)");
+    char *out = read_text(r.out_path);
+    CHECK(out);
+    for (int i = 0; i < n; i++) {
+        char tag[48];
+        snprintf(tag, sizeof tag, "[%d] Cpus_allowed_list:", i);
+        char *line = strstr(out, tag);
+        CHECK_MSG(line, "rank %d printed no CPU list: %s", i, out);
+        line += strlen(tag);
+        masks[i] = cpu_mask_of(line + strspn(line, " \t"));
+    }
+    free(out);
+}
+
+static int popcount64(uint64_t x)
+{
+    int n = 0;
+    for (; x; x &= x - 1) n++;
+    return n;
+}
+
+/* Workers are pinned one CPU each, in the order of ddprun's own CPUs, when asked (core) and by
+ * default when 2 <= N <= CPUs; never with none, nor by default for 1 worker or more workers
+ * than CPUs; a bad value is a usage error. */
+static void scenario_bind(void)
+{
+    uint64_t own = own_cpu_mask();
+    int ncpu = popcount64(own);
+    CHECK(ncpu >= 1);
+    uint64_t m[8];
+
+    run_bind("core", 3, "core", m);
+    uint64_t rest = own;
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(popcount64(m[i]) == 1 && (m[i] & own),
+                  "--bind core: rank %d may run on mask %llx (ddprun's: %llx)", i,
+                  (unsigned long long)m[i], (unsigned long long)own);
+        if (i < ncpu) {
+            /* the i-th CPU of ddprun's set: the lowest one not yet handed out */
+            CHECK_MSG(m[i] == (rest & -rest), "--bind core: rank %d got mask %llx, want %llx", i,
+                      (unsigned long long)m[i], (unsigned long long)(rest & -rest));
+            rest &= rest - 1;
+        } else {
+            CHECK_MSG(m[i] == m[i % ncpu], "--bind core: rank %d does not wrap around", i);
+        }
+    }
+
+    run_bind("none", 2, "none", m);
+    CHECK(m[0] == own && m[1] == own);
+
+    run_bind("auto1", 1, NULL, m);
+    CHECK_MSG(m[0] == own, "a single worker is not bound by default");
+
+    if (ncpu >= 2) {
+        run_bind("auto2", 2, NULL, m);
+        CHECK_MSG(popcount64(m[0]) == 1 && popcount64(m[1]) == 1 && m[0] != m[1],
+                  "2 workers on %d CPUs are not bound to two CPUs by default", ncpu);
+    }
+    if (ncpu < 8) {
+        run_bind("auto-over", ncpu + 1, "auto", m);
+        for (int i = 0; i <= ncpu; i++)
+            CHECK_MSG(m[i] == own, "more workers than CPUs: rank %d bound by default", i);
+    }
+
+    make_dir();
+    const char *bad[] = {"-n", "2", "--bind", "socket", "true", NULL};
+    run_t r = start_ddprun("bad-bind", NULL, bad);
+    CHECK(exit_code(wait_ddprun(&r, 10, NULL)) == 2);
+    char *err = read_text(r.err_path);
+    CHECK_MSG(err && strstr(err, "--bind"), "bad --bind value: '%s'", err ? err : "");
+    free(err);
+}
+
 int main(int argc, char **argv)
 {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
@@ -937,9 +1066,10 @@ int main(int argc, char **argv)
     else if (strcmp(mode, "signals") == 0) scenario_signals();
     else if (strcmp(mode, "output") == 0) scenario_output();
     else if (strcmp(mode, "options") == 0) scenario_options();
+    else if (strcmp(mode, "bind") == 0) scenario_bind();
     else {
         fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|signals|"
-                        "output|options\n");
+                        "output|options|bind\n");
         return 2;
     }
     printf("test_launcher %s: ok\n", mode);
