@@ -53,4 +53,8 @@ void *ddp__malloc(size_t bytes, const char *what);
 void *ddp__calloc(size_t n, size_t size, const char *what);
 char *ddp__strdup(const char *s, const char *what);
 
+/* Hint for a buffer from ddp_group_alloc_buffer: collective results written into it are read
+ * later, after other work, not right away (see advise_cold_results in group/transport.h). */
+void ddp__group_advise_cold_results(ddp_group_t *group, void *buffer);
+
 #endif

@@ -741,6 +741,12 @@ ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out
     return DDP_OK;
 }
 
+void ddp__group_advise_cold_results(ddp_group_t *group, void *buffer)
+{
+    if (group && buffer && group->ops->advise_cold_results)
+        group->ops->advise_cold_results(group->state, buffer);
+}
+
 ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer)
 {
     ddp__clear_error();

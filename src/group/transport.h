@@ -55,6 +55,11 @@ typedef struct ddp__transport_ops {
     ddp_status_t (*alloc_buffer)(void *state, size_t bytes, void **out);
     ddp_status_t (*free_buffer)(void *state, void *buffer);
 
+    /* Optional hint on a buffer from alloc_buffer: results of collectives on it are read later,
+     * after other work (gradient buckets, read by the optimizer), not right away. The transport
+     * may then write other ranks' results with non-temporal stores. Results are unchanged. */
+    void (*advise_cold_results)(void *state, void *buffer);
+
     /* Marks the transport broken with a reason peers can read, so that they fail fast instead
      * of waiting for their timeout. Optional. */
     void (*abort)(void *state, const char *reason);

@@ -360,6 +360,8 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
             free_bucket_memory(r, buckets, b);
             goto fail;
         }
+        /* A bucket's result is read by the optimizer after the rest of backward, not at once. */
+        ddp__group_advise_cold_results(r->group, k->data);
     }
     /* The bucket array does not move from here on: pieces may point at their bucket. */
     for (size_t b = 0; b < a->nbuckets; b++)

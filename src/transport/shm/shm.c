@@ -121,6 +121,9 @@ typedef struct shm_buffer {
     size_t region; /* bytes per rank */
     size_t total;
     int fd; /* -1 once every rank has attached */
+    /* Set by advise_cold_results: zero-copy allreduce writes other ranks' results with
+     * non-temporal stores (see there). */
+    _Atomic int cold_results;
     struct shm_buffer *next;
 } shm_buffer_t;
 
@@ -582,7 +585,17 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
             void *tmp = dsts[0];
             dsts[0] = dsts[me];
             dsts[me] = tmp;
-            ddp__reduce_multi(dsts, p, srcs, p, hi - lo, c->dtype, c->op);
+            /* Results that their owner reads only later (advise_cold_results: gradients) go to
+             * other ranks' regions with non-temporal stores. Ordinary stores would take each
+             * line from the owner's cache, dirty it here, and make the owner fetch it back;
+             * streamed, the owner finds it in memory (measured in docs/shm-transport.md). On
+             * a buffer reduced again and again while hot in the caches (a benchmark loop) it
+             * costs, so it is not the default. */
+            unsigned stream =
+                p < 32 && atomic_load_explicit(&buf->cold_results, memory_order_relaxed)
+                    ? ((1u << p) - 1u) & ~1u
+                    : 0u;
+            ddp__reduce_multi_stream(dsts, p, stream, srcs, p, hi - lo, c->dtype, c->op);
         }
         return sync_all(S, c, c->deadline_ns);
     }
@@ -1134,12 +1147,20 @@ static void shm_destroy(void *state)
     free(S);
 }
 
+static void shm_advise_cold_results(void *state, void *buffer)
+{
+    size_t offset = 0;
+    shm_buffer_t *b = find_buffer(state, buffer, 1, &offset);
+    if (b) atomic_store_explicit(&b->cold_results, 1, memory_order_relaxed);
+}
+
 const ddp__transport_ops_t ddp__transport_shm = {
     .name = "shm",
     .create = shm_create,
     .run = shm_run,
     .alloc_buffer = shm_alloc_buffer,
     .free_buffer = shm_free_buffer,
+    .advise_cold_results = shm_advise_cold_results,
     .abort = shm_abort,
     .destroy = shm_destroy,
 };
