@@ -68,7 +68,12 @@ def timed_steps(model, batch, steps, warmup, interleave_nosync=False):
     return median_ms(synced), (median_ms(local) if local else None)
 
 
-def ddp_worker(rank, world, port, hidden, batch, steps, warmup, queue):
+def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, queue):
+    # Pinned one rank per CPU when asked, as ddprun pins libddp's workers by default, so both
+    # sides of the comparison run with the same placement.
+    cpus = sorted(os.sched_getaffinity(0))
+    if bind and 2 <= world <= len(cpus):
+        os.sched_setaffinity(0, {cpus[rank]})
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -98,6 +103,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--bind", choices=["auto", "none"], default="auto",
+                    help="auto: pin rank i to the i-th CPU when 2 <= world <= CPUs (like ddprun)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
@@ -106,7 +113,7 @@ def main():
             local, _ = timed_steps(make_model(hidden), batch, args.steps, args.warmup)
             queue = ctx.SimpleQueue()
             mp.start_processes(ddp_worker, args=(args.world, free_port(), hidden, batch, args.steps,
-                                                 args.warmup, queue),
+                                                 args.warmup, args.bind == "auto", queue),
                                nprocs=args.world, join=True, start_method="spawn")
             ddp, ddp_interleaved, nosync = queue.get()
             print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "hidden": hidden,
