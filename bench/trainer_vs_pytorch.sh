@@ -8,13 +8,20 @@
 #              2-rank run (same machine load for both); libddp's finalize wait (per step the
 #              smallest over ranks: an earlier rank's wait also holds the others' backward)
 # then the scaling of libddp's trainer: 2 ranks vs 1 rank at the same global batch.
-#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=30 WARMUP=5 HIDDEN="1024 4096"
-#                                                    BATCH="1 64" SCALE_BATCH="128 512")
+# This machine's speed drifts by 10-20 % from minute to minute (a shared VM), so every libddp
+# measurement is REPS runs, 1-rank and 2-rank interleaved, and each cell is the median over the
+# runs of the per-run medians; the no_sync column also shows the runs' range. PyTorch, 20-300x
+# slower to communicate, runs once per configuration.
+#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=60 WARMUP=5 REPS=5 PT_STEPS=30
+#                                                    HIDDEN="1024 4096" BATCH="1 64"
+#                                                    SCALE_BATCH="128 512")
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-STEPS=${STEPS:-30}
+STEPS=${STEPS:-60}
 WARMUP=${WARMUP:-5}
+REPS=${REPS:-5}
+PT_STEPS=${PT_STEPS:-30}
 HIDDEN=${HIDDEN:-1024 4096}
 BATCH=${BATCH:-1 64}
 SCALE_BATCH=${SCALE_BATCH:-128 512}
@@ -40,6 +47,9 @@ fi
 [ "$have_torch" = 1 ] || echo "bench: PyTorch unavailable (apt-get install python3-torch): its columns are skipped" >&2
 
 field() { sed -n "s/.*\"$1\": *\([0-9.eE+-]*\).*/\1/p" | tail -1; }
+# median and range of the numbers on stdin, one per line
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.2f", (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }'; }
+range() { sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.2f-%.2f", a[1], a[NR] }'; }
 
 # trainer RANKS GLOBAL_BATCH HIDDEN [OPTIONS]: the JSON line of a timed run on synthetic data
 # (with --bench-nosync twice the steps: half of them without communication)
@@ -60,29 +70,38 @@ trainer() {
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-trainer.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum, $STEPS timed steps after $WARMUP"
+echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum; libddp: $REPS runs of $STEPS timed steps after $WARMUP (1-rank and 2-rank runs interleaved), PyTorch: one run of $PT_STEPS"
 echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# all times are medians over the timed steps, in ms; exposed = communication not hidden:"
+echo "# all times in ms; libddp cells: median over the runs of each run's median step; exposed ="
+echo "# communication not hidden:"
 echo "#   vs 1 rank: 2-rank step - 1-rank step at the same batch per rank"
-echo "#   no_sync:   synchronised step - no_sync step, alternating in the same 2-rank run"
+echo "#   no_sync:   synchronised step - no_sync step, alternating in the same 2-rank run (libddp:"
+echo "#              median [range] over the runs)"
 echo "#   wait:      per step the smallest time ddp_reducer_finalize waited over the ranks (the"
 echo "#              last rank to finish backward waits only for unhidden communication)"
 echo
-echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync | PyTorch / libddp exposed |"
+echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync [range] / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync | PyTorch / libddp exposed |"
 echo "|---|---|---|---|---|---|"
 for h in $HIDDEN; do
     for b in $BATCH; do
-        local1=$(trainer 1 "$b" "$h" | field step_ms_median)
-        line=$(trainer 2 $((2 * b)) "$h" --bench-nosync)
-        step2=$(echo "$line" | field step_ms_median)
-        nosync=$(echo "$line" | field nosync_step_ms_median)
-        wait_ms=$(echo "$line" | field exposed_comm_ms_median)
-        exp1=$(awk -v a="$step2" -v l="$local1" 'BEGIN { printf "%.2f", a - l }')
-        exp2=$(awk -v a="$step2" -v l="$nosync" 'BEGIN { printf "%.2f", a - l }')
+        : >"$tmp/runs"
+        for r in $(seq "$REPS"); do
+            local1=$(trainer 1 "$b" "$h" | field step_ms_median)
+            line=$(trainer 2 $((2 * b)) "$h" --bench-nosync)
+            step2=$(echo "$line" | field step_ms_median)
+            nosync=$(echo "$line" | field nosync_step_ms_median)
+            wait_ms=$(echo "$line" | field exposed_comm_ms_median)
+            echo "$local1 $step2 $nosync $wait_ms" >>"$tmp/runs"
+        done
+        step2=$(awk '{ print $2 }' "$tmp/runs" | median)
+        exp1=$(awk '{ print $2 - $1 }' "$tmp/runs" | median)
+        exp2=$(awk '{ print $2 - $3 }' "$tmp/runs" | median)
+        exp2r=$(awk '{ print $2 - $3 }' "$tmp/runs" | range)
+        wait_ms=$(awk '{ print $4 }' "$tmp/runs" | median)
         pstep="-" pexp="-" ratio="-"
         if [ "$have_torch" = 1 ]; then
-            $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$STEPS" --warmup "$WARMUP" \
-                >"$tmp/pt" 2>"$tmp/pt.err" || cat "$tmp/pt.err" >&2
+            $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
+                --warmup "$WARMUP" >"$tmp/pt" 2>"$tmp/pt.err" || cat "$tmp/pt.err" >&2
             p1=$(field ddp_step_ms <"$tmp/pt")
             pe1=$(field exposed_ms <"$tmp/pt")
             pe2=$(field interleaved_exposed_ms <"$tmp/pt")
@@ -94,14 +113,22 @@ for h in $HIDDEN; do
                     m = e > w ? e : w; if (m < 0.01) m = 0.01; printf "%.1fx", p / m }')
             fi
         fi
-        printf '| hidden %s, batch %s/rank | %.2f | %s / %s / %.2f | %s | %s | %s |\n' "$h" "$b" \
-            "$step2" "$exp1" "$exp2" "$wait_ms" "$pstep" "$pexp" "$ratio"
+        printf '| hidden %s, batch %s/rank | %s | %s / %s [%s] / %s | %s | %s | %s |\n' "$h" "$b" \
+            "$step2" "$exp1" "$exp2" "$exp2r" "$wait_ms" "$pstep" "$pexp" "$ratio"
     done
 done
 echo
-echo "# scaling: 2 ranks vs 1 rank at the same global batch, hidden 1024 (samples/s from the median step)"
+echo "# scaling: 2 ranks vs 1 rank at the same global batch, hidden 1024 (samples/s from the median"
+echo "# step; $REPS runs each, interleaved, medians and the range of the per-run ratios)"
 for sb in $SCALE_BATCH; do
-    s1=$(trainer 1 "$sb" 1024 | field step_ms_median)
-    s2=$(trainer 2 "$sb" 1024 | field step_ms_median)
-    awk -v a="$s1" -v b="$s2" -v n="$sb" 'BEGIN { printf "global batch %d: 1 rank %.0f samples/s, 2 ranks %.0f samples/s: %.2fx\n", n, n * 1000 / a, n * 1000 / b, a / b }'
+    : >"$tmp/scale"
+    for r in $(seq "$REPS"); do
+        s1=$(trainer 1 "$sb" 1024 | field step_ms_median)
+        s2=$(trainer 2 "$sb" 1024 | field step_ms_median)
+        echo "$s1 $s2" >>"$tmp/scale"
+    done
+    s1=$(awk '{ print $1 }' "$tmp/scale" | median)
+    s2=$(awk '{ print $2 }' "$tmp/scale" | median)
+    rr=$(awk '{ print $1 / $2 }' "$tmp/scale" | range)
+    awk -v a="$s1" -v b="$s2" -v n="$sb" -v r="$rr" 'BEGIN { printf "global batch %d: 1 rank %.0f samples/s, 2 ranks %.0f samples/s: %.2fx (runs %s)\n", n, n * 1000 / a, n * 1000 / b, a / b, r }'
 done
