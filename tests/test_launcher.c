@@ -991,8 +991,9 @@ static int popcount64(uint64_t x)
 }
 
 /* Workers are pinned one CPU each, in the order of ddprun's own CPUs, when asked (core) and by
- * default when 2 <= N <= CPUs; never with none, nor by default for 1 worker or more workers
- * than CPUs; a bad value is a usage error. */
+ * default when N >= 2 and every CPU gets the same number (N <= CPUs or a multiple of them);
+ * never with none, nor by default for 1 worker or an uneven spread; a bad value is a usage
+ * error. */
 static void scenario_bind(void)
 {
     uint64_t own = own_cpu_mask();
@@ -1027,10 +1028,25 @@ static void scenario_bind(void)
         CHECK_MSG(popcount64(m[0]) == 1 && popcount64(m[1]) == 1 && m[0] != m[1],
                   "2 workers on %d CPUs are not bound to two CPUs by default", ncpu);
     }
-    if (ncpu < 8) {
+    if (ncpu >= 2 && ncpu < 8) {
+        /* ncpu + 1 workers cannot be spread evenly: unbound */
         run_bind("auto-over", ncpu + 1, "auto", m);
         for (int i = 0; i <= ncpu; i++)
-            CHECK_MSG(m[i] == own, "more workers than CPUs: rank %d bound by default", i);
+            CHECK_MSG(m[i] == own, "%d workers on %d CPUs: rank %d bound by default", ncpu + 1,
+                      ncpu, i);
+    }
+    if (ncpu >= 2 && ncpu <= 4) {
+        /* twice as many workers as CPUs: two on each, round robin */
+        run_bind("auto-twice", 2 * ncpu, "auto", m);
+        uint64_t seen = 0;
+        for (int i = 0; i < 2 * ncpu; i++) {
+            int ok = popcount64(m[i]) == 1 &&
+                     (i < ncpu ? (m[i] & seen) == 0 : m[i] == m[i - ncpu]);
+            CHECK_MSG(ok, "%d workers on %d CPUs: rank %d has mask %llx", 2 * ncpu, ncpu, i,
+                      (unsigned long long)m[i]);
+            seen |= m[i];
+        }
+        CHECK(seen == own);
     }
 
     make_dir();
