@@ -17,7 +17,7 @@ static const ddp_env_var_t env_table[] = {
     {"DDP_SOCKET_IFNAME", "", "network interface whose address TCP transports bind to"},
     {"DDP_HIERARCHICAL", "1", "1: allreduce inside each host, then among hosts; 0: flat"},
     {"DDP_SHM_ROUND_BYTES", "262144", "shm: bytes per rank per pipelined round (rank 0's value wins)"},
-    {"DDP_SHM_ONESHOT_BYTES", "262144", "shm: allreduces up to this size use the one-shot path"},
+    {"DDP_SHM_ONESHOT_BYTES", "16384", "shm: allreduces up to this size use the one-shot path"},
     {"DDP_SHM_SPIN_NS", "", "shm: fixed spin budget of a waiter before it yields (default adapts)"},
     {"RANK", "", "global rank of this process (set by ddprun or torchrun)"},
     {"WORLD_SIZE", "", "number of ranks in the job"},

@@ -41,8 +41,10 @@
 /* Default bytes per rank per round of a staged collective: small enough that a round's staging
  * stays in L2 while the next is copied in. */
 #define ROUND_BYTES_DEFAULT ((size_t)256 << 10)
-/* Allreduces up to this size go the one-shot way (every rank reduces everything itself). */
-#define ONESHOT_BYTES_DEFAULT ((size_t)256 << 10)
+/* Allreduces up to this size go the one-shot way (every rank reduces everything itself). Above
+ * it the staged path wins now that its stages are streamed: 2 ranks, 32 KiB-256 KiB took 4.0-19
+ * us staged against 4.9-28 us one-shot (docs/shm-transport.md). */
+#define ONESHOT_BYTES_DEFAULT ((size_t)16 << 10)
 #define REASON_MAX 512
 /* Collectives at least this large write the caller's output with non-temporal stores: the output
  * will not fit in the caches anyway, and streaming stores skip reading each line before writing
