@@ -1016,6 +1016,25 @@ int main(int argc, char **argv)
         exposed_us = 0;
         for (size_t i = 0; i < timed_steps; i++) exposed_us += exposed_samples[i];
     }
+    /* --bench-nosync: every rank's median synchronised and no_sync step. The cores of a shared
+     * machine need not run at one speed; a faster rank gets ahead during no_sync steps and waits
+     * for the slower one in the next synchronised step, which rank 0's own difference would
+     * count as communication. The slowest rank (largest no_sync step) never waits in a no_sync
+     * step, so its difference is the communication alone. */
+    double *rank_medians = NULL; /* [2 * world]: rank r's step median, then its no_sync median */
+    double nosync_exposed_ms = 0;
+    if (nosync_steps) {
+        rank_medians = calloc(2 * (size_t)t->world, sizeof(double));
+        if (!rank_medians) fail("out of memory");
+        double mine[2] = {median(step_samples, timed_steps) / 1000.0,
+                          median(nosync_samples, nosync_steps) / 1000.0};
+        check(ddp_group_allgather(t->group, mine, rank_medians, 2, DDP_F64),
+              "gathering every rank's step medians");
+        int slowest = 0;
+        for (int q = 1; q < t->world; q++)
+            if (rank_medians[2 * q + 1] > rank_medians[2 * slowest + 1]) slowest = q;
+        nosync_exposed_ms = rank_medians[2 * slowest] - rank_medians[2 * slowest + 1];
+    }
     if (t->rank == 0) {
         double step_ms = timed_steps ? timed_us / (double)timed_steps / 1000.0 : 0;
         double sps = timed_us > 0 ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
@@ -1038,9 +1057,16 @@ int main(int argc, char **argv)
                    "\"rank0_wait_ms_median\":%.4f",
                    median(step_samples, timed_steps) / 1000.0,
                    median(exposed_samples, timed_steps) / 1000.0, rank0_wait_median / 1000.0);
-            if (nosync_steps)
-                printf(",\"nosync_step_ms_median\":%.4f",
-                       median(nosync_samples, nosync_steps) / 1000.0);
+            if (nosync_steps) {
+                printf(",\"nosync_step_ms_median\":%.4f,\"nosync_exposed_ms\":%.4f",
+                       median(nosync_samples, nosync_steps) / 1000.0, nosync_exposed_ms);
+                for (int k = 0; k < 2; k++) {
+                    printf(k ? ",\"rank_nosync_step_ms_median\":[" : ",\"rank_step_ms_median\":[");
+                    for (int q = 0; q < t->world; q++)
+                        printf("%s%.4f", q ? "," : "", rank_medians[2 * q + k]);
+                    printf("]");
+                }
+            }
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\",\"hook\":\"%s\",\"wire_bytes\":%llu,"
                    "\"uncompressed_bytes\":%llu,\"zero\":%d,\"zero_overlap\":%d,"
@@ -1056,6 +1082,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    free(rank_medians);
     ddp_reducer_destroy(t->reducer);
     ddp_half_hook_state_destroy(t->half_hook);
 #ifdef FM_HAVE_POWERSGD
