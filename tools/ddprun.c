@@ -84,7 +84,9 @@ static const char usage_text[] =
     "                          kernel (none). auto (default): core when N >= 2 and every CPU\n"
     "                          gets the same number of workers (N <= CPUs, or N a multiple\n"
     "                          of CPUs); otherwise none. A worker's threads (its progress\n"
-    "                          thread too) share its CPU\n"
+    "                          thread too) share its CPU. Jobs side by side on one machine:\n"
+    "                          start each under taskset with its own CPUs (ddprun binds\n"
+    "                          within the CPUs it may use) or give --bind none\n"
     "  --print-config          print libddp's environment variables and exit\n"
     "  -h, --help              print this help and exit\n"
     "  Options may also be written --option=VALUE; \"--\" ends the options.\n"
@@ -626,7 +628,8 @@ static int start_worker(job_t *job, worker_t *w)
             cpu_set_t one;
             CPU_ZERO(&one);
             CPU_SET(job->cpus[w->local_rank % job->ncpus], &one);
-            if (sched_setaffinity(0, sizeof one, &one) != 0) child_error("bind", "a CPU");
+            if (sched_setaffinity(0, sizeof one, &one) != 0) /* not fatal: runs unbound */
+                child_error("pin to its CPU (it runs unbound)", job->opt.program[0]);
         }
         execvpe(job->opt.program[0], job->opt.program, envp);
         child_error("run", job->opt.program[0]);
