@@ -1402,18 +1402,27 @@ static ddp_status_t mark_ready(ddp_reducer_t *r, size_t k)
     return complete(r, k, now);
 }
 
+/* lookup() for the dense-gradient calls: a sparse parameter is a usage error naming it. */
+static ddp_status_t lookup_dense(ddp_reducer_t *r, size_t index, const char *what, rparam_t **p,
+                                 size_t *k)
+{
+    ddp_status_t s = lookup(r, index, what, p, k);
+    if (s != DDP_OK) return s;
+    if ((*p)->sparse)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "%s: parameter '%s' (index %zu) is sparse: report its gradient with "
+                          "ddp_reducer_sparse_grad",
+                          what, (*p)->name, index);
+    return DDP_OK;
+}
+
 ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *r, size_t index)
 {
     ddp__clear_error(); /* status.h: no stale text after a success */
     rparam_t *p = NULL;
     size_t k = 0;
-    ddp_status_t s = lookup(r, index, "ddp_reducer_grad_ready", &p, &k);
+    ddp_status_t s = lookup_dense(r, index, "ddp_reducer_grad_ready", &p, &k);
     if (s != DDP_OK) return s;
-    if (p->sparse)
-        return ddp__error(DDP_ERR_INVALID_USAGE,
-                          "parameter '%s' (index %zu) is sparse: report its gradient with "
-                          "ddp_reducer_sparse_grad",
-                          p->name, index);
     if ((s = check_active(r, "ddp_reducer_grad_ready")) != DDP_OK) return s;
     return mark_ready(r, k);
 }
@@ -1424,13 +1433,8 @@ ddp_status_t ddp_reducer_grad_ready_rows(ddp_reducer_t *r, size_t index, size_t 
     ddp__clear_error(); /* status.h: no stale text after a success */
     rparam_t *p = NULL;
     size_t k = 0;
-    ddp_status_t s = lookup(r, index, "ddp_reducer_grad_ready_rows", &p, &k);
+    ddp_status_t s = lookup_dense(r, index, "ddp_reducer_grad_ready_rows", &p, &k);
     if (s != DDP_OK) return s;
-    if (p->sparse)
-        return ddp__error(DDP_ERR_INVALID_USAGE,
-                          "ddp_reducer_grad_ready_rows: parameter '%s' (index %zu) is sparse: "
-                          "report its gradient with ddp_reducer_sparse_grad",
-                          p->name, index);
     size_t nrows = ready_rows(p);
     if (row_begin >= row_end)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
