@@ -16,7 +16,10 @@ static const ddp_env_var_t env_table[] = {
     {"DDP_STORE_TOKEN", "", "shared secret every TCP store connection presents (set by ddprun)"},
     {"DDP_SOCKET_IFNAME", "", "network interface whose address TCP transports bind to"},
     {"DDP_HIERARCHICAL", "1", "1: allreduce inside each host, then among hosts; 0: flat"},
-    {"DDP_SHM_ROUND_BYTES", "262144", "shm: bytes per rank per pipelined round (rank 0's value wins)"},
+    {"DDP_SHM_ROUND_BYTES", "262144",
+     "shm: bytes per rank per round of broadcast, allgather, reduce_scatter (rank 0's wins)"},
+    {"DDP_SHM_ALLREDUCE_ROUND_BYTES", "1048576",
+     "shm: bytes per rank per round of the staged allreduce (rank 0's value wins)"},
     {"DDP_SHM_ONESHOT_BYTES", "16384", "shm: allreduces up to this size use the one-shot path"},
     {"DDP_SHM_SPIN_NS", "", "shm: fixed spin budget of a waiter before it yields (default adapts)"},
     {"RANK", "", "global rank of this process (set by ddprun or torchrun)"},
@@ -45,11 +48,11 @@ size_t ddp_env_vars(const ddp_env_var_t **table)
 ddp_status_t ddp_config_print(FILE *out)
 {
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
-    fprintf(out, "%-26s %-10s %-16s %s\n", "VARIABLE", "DEFAULT", "CURRENT", "MEANING");
+    fprintf(out, "%-30s %-10s %-16s %s\n", "VARIABLE", "DEFAULT", "CURRENT", "MEANING");
     for (size_t i = 0; i < sizeof env_table / sizeof env_table[0]; i++) {
         const char *cur = getenv(env_table[i].name);
         int secret = strcmp(env_table[i].name, "DDP_STORE_TOKEN") == 0;
-        fprintf(out, "%-26s %-10s %-16s %s\n", env_table[i].name,
+        fprintf(out, "%-30s %-10s %-16s %s\n", env_table[i].name,
                 env_table[i].default_value[0] ? env_table[i].default_value : "-",
                 cur ? (secret ? "(set)" : cur) : "(unset)", env_table[i].help);
     }
