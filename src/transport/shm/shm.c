@@ -118,6 +118,10 @@ typedef struct shm_rank {
     _Atomic int32_t abort_status; /* 0, or the ddp_status_t with which the owner gave up */
     char abort_reason[REASON_MAX];
     char pad2[LINE - 16];
+    /* The CPU the owner ran on when it last arrived (-1: not yet). In a line of its own that
+     * changes only when the owner migrates, so waiters read it from their own cache. */
+    _Atomic int32_t cpu;
+    char pad3[LINE - 4];
 } shm_rank_t;
 
 _Static_assert(sizeof(shm_header_t) == 2 * LINE, "header is two cache lines");
@@ -157,6 +161,7 @@ typedef struct shm_state {
     int64_t spin_max_ns;
     int64_t spin_min_ns;
     int64_t yield_ns; /* then how long it yields before sleeping on the futex */
+    int cpu;          /* the CPU this rank last published (see arrive) */
     ddp_status_t last_status;
     pthread_mutex_t buffers_mu;
     shm_buffer_t *buffers;
@@ -314,23 +319,41 @@ static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, const ddp__co
                       S->timeout_ms, missing[0] ? missing : "(none: they arrived just now)");
 }
 
+/* Whether a rank that has not reached `target` last ran on `cpu`: waiting for it by spinning
+ * would hold the very core it needs (more ranks than cores), so the waiter yields instead. */
+static int missing_on_cpu(shm_state_t *S, uint64_t target, int mailbox, int cpu)
+{
+    for (int j = 0; j < S->world; j++) {
+        uint64_t at = mailbox >= 0 ? atomic_load_explicit(&S->ranks[j].mailbox[mailbox].stamp,
+                                                          memory_order_relaxed)
+                                   : atomic_load_explicit(&S->ranks[j].step, memory_order_relaxed);
+        if (at < target && atomic_load_explicit(&S->ranks[j].cpu, memory_order_relaxed) == cpu)
+            return 1;
+    }
+    return 0;
+}
+
 /* Waits until every rank's step is >= target. */
 static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
                                 const ddp__collective_t *c, int64_t deadline_ns)
 {
     /* Spin (cheapest hand-off when the peer runs on another core), then yield (the peer may be
      * waiting for this core), then sleep on the futex. The clock is read only every 64 polls.
-     * The spin budget adapts: waits that end while spinning double it (up to spin_max_ns), waits
-     * that outlast it halve it, so on an oversubscribed machine a waiter quickly stops burning
-     * the time slice its peer needs. */
+     * While a missing rank shares this rank's CPU, the spin yields to it at once: with two
+     * ranks on a core, each collective then costs that core one switch, not a yield ping-pong
+     * between two waiters. The spin budget adapts: waits that end while spinning double it (up
+     * to spin_max_ns), waits that outlast it halve it, so a waiter quickly stops burning a time
+     * slice that a peer needs. */
     if (all_arrived(S, target, mailbox)) return DDP_OK;
     int64_t start = ddp__now_ns();
+    int cpu = S->cpu;
     for (unsigned i = 1;; i++) {
         if (all_arrived(S, target, mailbox)) {
             if (S->spin_ns < S->spin_max_ns) S->spin_ns *= 2;
             return DDP_OK;
         }
-        cpu_relax();
+        if (cpu >= 0 && missing_on_cpu(S, target, mailbox, cpu)) sched_yield();
+        else cpu_relax();
         if ((i & 63) == 0 && ddp__now_ns() - start > S->spin_ns) break;
     }
     if (S->spin_ns > S->spin_min_ns) S->spin_ns /= 2;
@@ -380,6 +403,11 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
 static uint64_t arrive(shm_state_t *S)
 {
     uint64_t target = ++S->step;
+    int cpu = sched_getcpu();
+    if (cpu != S->cpu) {
+        S->cpu = cpu;
+        atomic_store_explicit(&S->ranks[S->rank].cpu, cpu, memory_order_relaxed);
+    }
     atomic_store(&S->ranks[S->rank].step, target);
     wake_peers(S);
     return target;
@@ -880,6 +908,7 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     S->timeout_ms = timeout_ms;
     S->store = store;
     S->fd = -1;
+    S->cpu = -1;
     snprintf(S->prefix, sizeof S->prefix, "%s/shm", group_name);
     pthread_mutex_init(&S->buffers_mu, NULL);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -916,6 +945,8 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         hdr->oneshot_bytes = tuned_bytes("DDP_SHM_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT, 0, STAGE_BYTES);
         hdr->allreduce_round_bytes = tuned_bytes("DDP_SHM_ALLREDUCE_ROUND_BYTES",
                                                  ALLREDUCE_ROUND_BYTES_DEFAULT, 4096, STAGE_BYTES);
+        shm_rank_t *ranks = (shm_rank_t *)(S->base + sizeof(shm_header_t));
+        for (int j = 0; j < world; j++) atomic_store(&ranks[j].cpu, -1);
         char value[128];
         snprintf(value, sizeof value, "%d %d %zu", (int)getpid(), S->fd, S->size);
         s = ddp_store_set(store, key, value, strlen(value));
