@@ -1,8 +1,12 @@
 # Anchors for the benchmarks: build/memcpy-probe (single-core memcpy bandwidth, the memory-speed
-# bound) and, when MPI is found, build/mpi-baseline (the same sweeps as ddp-bench over plain MPI).
+# bound), build/switch-probe (see below) and, when MPI is found, build/mpi-baseline (the same
+# sweeps as ddp-bench over plain MPI).
 # bench/compare_collectives.sh runs them side by side with ddp-bench.
 add_executable(memcpy-probe ${PROJECT_SOURCE_DIR}/bench/memcpy_probe.c)
 target_link_libraries(memcpy-probe PRIVATE m)
+# build/switch-probe: the cost of one CPU switching between two processes, the floor of a small
+# collective when there are more ranks than cores.
+add_executable(switch-probe ${PROJECT_SOURCE_DIR}/bench/switch_probe.c)
 find_package(MPI COMPONENTS C QUIET)
 if(MPI_C_FOUND)
   add_executable(mpi-baseline ${PROJECT_SOURCE_DIR}/bench/mpi_baseline.c)

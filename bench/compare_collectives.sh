@@ -32,7 +32,7 @@ MIN_MS=${MIN_MS:-10}
 REPEAT=${REPEAT:-3}
 
 need=""
-[ -n "${FROM:-}" ] || for p in ddprun ddp-bench memcpy-probe mpi-baseline; do
+[ -n "${FROM:-}" ] || for p in ddprun ddp-bench memcpy-probe switch-probe mpi-baseline; do
     [ -x "$BUILD/$p" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
@@ -41,7 +41,7 @@ if [ -n "$need" ]; then
     # shellcheck disable=SC2086
     cmake --build "$BUILD" -j2 --target $need >&2
 fi
-[ -n "${FROM:-}" ] || for p in ddprun ddp-bench memcpy-probe; do
+[ -n "${FROM:-}" ] || for p in ddprun ddp-bench memcpy-probe switch-probe; do
     [ -x "$BUILD/$p" ] || { echo "compare_collectives: $BUILD/$p was not built" >&2; exit 1; }
 done
 HAVE_MPI=1
@@ -84,6 +84,7 @@ rep=1
 while [ "$rep" -le "$REPEAT" ]; do
     "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" \
         --min-ms "$MIN_MS" --json | json_only >"$OUT/memcpy.$rep.json"
+    "$BUILD/switch-probe" --json | json_only >"$OUT/switch.$rep.json"
     for op in $OPS; do
         for n in $RANKS; do
             for seg in 0 1; do
@@ -113,7 +114,8 @@ for op in $OPS; do
         echo "## $op $DTYPE $REDOP, $n ranks ($(field transport <"$OUT/ddp-0-$op-$n.1.json" | head -n 1) transport)," \
             "algbw in GB/s from the median time of $REPEAT runs"
         awk -v user="$(reps "ddp-0-$op-$n")" -v seg="$(reps "ddp-1-$op-$n")" \
-            -v mpi="$(reps "mpi-$op-$n")" -v mem="$(reps memcpy)" '
+            -v mpi="$(reps "mpi-$op-$n")" -v mem="$(reps memcpy)" -v sw="$(reps switch)" \
+            -v ranks="$n" -v cores="$(nproc)" '
             function get(line, key,   m) {
                 if (match(line, "\"" key "\":\"?[^,\"}]*")) {
                     m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
@@ -179,6 +181,18 @@ for op in $OPS; do
                 m = stats(us, "mpi", b); mr = range(m)
                 printf "latency at %s B, us (median, min-max): user %s (%s), segment %s (%s), MPI %s (%s)\n",
                        b, show(u), ur, show(s), sr, show(m), mr
+                # More ranks than cores: every core runs each of its ranks once per collective,
+                # so a process switch is the floor of a small collective.
+                if (ranks + 0 > cores + 0) {
+                    nsw = split(sw, list, " ")
+                    for (i = 1; i <= nsw; i++) {
+                        while ((getline line < list[i]) > 0) { n["sw", 0]++; swt["sw", 0, n["sw", 0]] = get(line, "switch_us") }
+                        close(list[i])
+                    }
+                    w = stats(swt, "sw", 0); wr = range(w)
+                    printf "one process switch on a core (the floor with %d ranks on %d cores): %s us (%s); user latency / switch: %s\n",
+                           ranks, cores, show(w), wr, ratio(u, w)
+                }
             }'
         for f in $(reps "ddp-0-$op-$n") $(reps "ddp-1-$op-$n"); do
             [ -s "$f" ] || echo "!! $(basename "$f"): no results (the run failed)"
