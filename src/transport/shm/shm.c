@@ -162,6 +162,7 @@ typedef struct shm_state {
     int64_t spin_min_ns;
     int64_t yield_ns; /* then how long it yields before sleeping on the futex */
     int cpu;          /* the CPU this rank last published (see arrive) */
+    int wake_due;     /* arrived, but sleepers not checked yet (see settle_arrival) */
     ddp_status_t last_status;
     pthread_mutex_t buffers_mu;
     shm_buffer_t *buffers;
@@ -333,9 +334,25 @@ static int missing_on_cpu(shm_state_t *S, uint64_t target, int mailbox, int cpu)
     return 0;
 }
 
-/* Waits until every rank's step is >= target. */
-static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
-                                const ddp__collective_t *c, int64_t deadline_ns)
+/* The second half of a deferred arrival (arrive_ex): wakes sleeping peers if there are any.
+ * Checking the sleepers count needs a sequentially consistent step store (a sleeper registers,
+ * then reads the steps: one of the two must see the other's store). Such a store right after
+ * the stage writes waits for every line this rank just wrote (its stage, its mailbox) to come
+ * back from the peers that read them; done after this rank's first polls, those transfers
+ * overlap the wait for the peers instead (2 ranks, 2 KiB allreduce: 1.24 -> 1.11 us). It must
+ * run before this rank yields or sleeps. */
+static void settle_arrival(shm_state_t *S)
+{
+    if (!S->wake_due) return;
+    S->wake_due = 0;
+    /* The same value again, sequentially consistent (xchg): the fence, and in C11 terms the
+     * store that the sleepers load is ordered with. Measured faster than mfence. */
+    atomic_store(&S->ranks[S->rank].step, S->step);
+    wake_peers(S);
+}
+
+static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
+                                  const ddp__collective_t *c, int64_t deadline_ns)
 {
     /* Spin (cheapest hand-off when the peer runs on another core), then yield (the peer may be
      * waiting for this core), then sleep on the futex. The clock is read only every 64 polls.
@@ -352,11 +369,16 @@ static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
             if (S->spin_ns < S->spin_max_ns) S->spin_ns *= 2;
             return DDP_OK;
         }
-        if (cpu >= 0 && missing_on_cpu(S, target, mailbox, cpu)) sched_yield();
-        else cpu_relax();
+        if (cpu >= 0 && missing_on_cpu(S, target, mailbox, cpu)) {
+            settle_arrival(S);
+            sched_yield();
+        } else {
+            cpu_relax();
+        }
         if ((i & 63) == 0 && ddp__now_ns() - start > S->spin_ns) break;
     }
     if (S->spin_ns > S->spin_min_ns) S->spin_ns /= 2;
+    settle_arrival(S);
     for (unsigned i = 1;; i++) {
         if (all_arrived(S, target, mailbox)) return DDP_OK;
         sched_yield();
@@ -393,14 +415,27 @@ static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
     }
 }
 
+/* Waits until every rank reached `target` (polling the stamps of mailbox parity `mailbox` for a
+ * first phase, the steps otherwise). */
+static ddp_status_t wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
+                                const ddp__collective_t *c, int64_t deadline_ns)
+{
+    ddp_status_t s = wait_all_body(S, target, mailbox, c, deadline_ns);
+    settle_arrival(S);
+    return s;
+}
+
 static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
                              int64_t deadline_ns)
 {
     return wait_all_on(S, target, -1, c, deadline_ns);
 }
 
-/* Publishes this rank's next step (its part of a phase is done); returns the step to wait for. */
-static uint64_t arrive(shm_state_t *S)
+/* Publishes this rank's next step (its part of a phase is done); returns the step to wait for.
+ * `defer`: a plain release store, the sleepers check left to the wait (settle_arrival). That
+ * pays for small collectives; in the staged rounds of large ones, 2 MiB measured 5-10 % slower
+ * with it, so they store and check at once, as one xchg. */
+static uint64_t arrive_ex(shm_state_t *S, int defer)
 {
     uint64_t target = ++S->step;
     int cpu = sched_getcpu();
@@ -408,9 +443,19 @@ static uint64_t arrive(shm_state_t *S)
         S->cpu = cpu;
         atomic_store_explicit(&S->ranks[S->rank].cpu, cpu, memory_order_relaxed);
     }
-    atomic_store(&S->ranks[S->rank].step, target);
-    wake_peers(S);
+    if (defer) {
+        atomic_store_explicit(&S->ranks[S->rank].step, target, memory_order_release);
+        S->wake_due = 1;
+    } else {
+        atomic_store(&S->ranks[S->rank].step, target);
+        wake_peers(S);
+    }
     return target;
+}
+
+static uint64_t arrive(shm_state_t *S)
+{
+    return arrive_ex(S, 0);
 }
 
 /* Publishes this rank's next step and waits for every rank to reach it. */
@@ -447,10 +492,10 @@ static void collective_of(const shm_mailbox_t *mb, ddp__collective_t *c)
 /* The first phase of every collective: publish the fingerprint (with up to MAILBOX_DATA bytes
  * of the caller's data, and the zero-copy hints) in this rank's mailbox, wait for everyone,
  * compare. Every rank compares every rank with rank 0, so all ranks reach the same verdict and
- * print the same text. Returns the mailbox parity in *parity. */
+ * print the same text. Returns the mailbox parity in *parity. `defer`: see arrive_ex. */
 static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
                                     const shm_fingerprint_t *mine, const void *data,
-                                    size_t data_bytes, unsigned *parity)
+                                    size_t data_bytes, int defer, unsigned *parity)
 {
     uint64_t target = S->step + 1;
     unsigned q = (unsigned)(target & 1);
@@ -467,7 +512,7 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
     me->hints[q].send_offset = mine->send_offset;
     me->hints[q].recv_offset = mine->recv_offset;
     atomic_store_explicit(&mb->stamp, target, memory_order_release);
-    ddp_status_t s = wait_all_on(S, arrive(S), (int)q, c, c->deadline_ns);
+    ddp_status_t s = wait_all_on(S, arrive_ex(S, defer), (int)q, c, c->deadline_ns);
     if (s != DDP_OK) return s;
     *parity = q;
     const shm_mailbox_t *m0 = &S->ranks[0].mailbox[q];
@@ -494,7 +539,7 @@ static ddp_status_t first_sync(shm_state_t *S, const ddp__collective_t *c,
                                const shm_fingerprint_t *mine)
 {
     unsigned q;
-    return first_sync_data(S, c, mine, NULL, 0, &q);
+    return first_sync_data(S, c, mine, NULL, 0, 0, &q);
 }
 
 /* ---- segment buffers ---------------------------------------------------------------------- */
@@ -557,7 +602,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     if (bytes <= MAILBOX_DATA) {
         /* Tiny: the data travels in the mailbox line with the fingerprint. */
         unsigned q;
-        s = first_sync_data(S, c, &fp, c->send, bytes, &q);
+        s = first_sync_data(S, c, &fp, c->send, bytes, 1, &q);
         if (s != DDP_OK || bytes == 0) return s;
         const void *srcs[DDP__SHM_MAX_WORLD];
         for (int j = 0; j < p; j++) srcs[j] = S->ranks[j].mailbox[q].data;
@@ -568,7 +613,8 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         /* One-shot: stage, one synchronisation, every rank reduces all slots in rank order. */
         unsigned q = (unsigned)(S->use++ & 1);
         if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
-        s = first_sync(S, c, &fp);
+        unsigned fq;
+        s = first_sync_data(S, c, &fp, NULL, 0, 1, &fq);
         if (s != DDP_OK || bytes == 0) return s;
         const void *srcs[DDP__SHM_MAX_WORLD];
         for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q);
@@ -596,7 +642,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         precopied = 1;
     }
     unsigned fparity;
-    s = first_sync_data(S, c, &fp, NULL, 0, &fparity);
+    s = first_sync_data(S, c, &fp, NULL, 0, 0, &fparity);
     if (s != DDP_OK) return s;
     int all_zero_copy = 1, any_zero_copy = 0;
     for (int j = 0; j < p; j++) {
