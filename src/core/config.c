@@ -130,6 +130,13 @@ int64_t ddp__now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int64_t ddp__coarse_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 double ddp__now_us(void) { return (double)ddp__now_ns() / 1000.0; }
 
 double ddp_time_us(void) { return ddp__now_us(); }
