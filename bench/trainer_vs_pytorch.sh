@@ -13,10 +13,11 @@
 # then the scaling of libddp's trainer: 2 ranks vs 1 rank at the same global batch.
 # This machine's speed drifts by 10-20 % from minute to minute (a shared VM), so every libddp
 # measurement is REPS runs, 1-rank and 2-rank interleaved, and each cell is the median over the
-# runs of the per-run medians; the no_sync column also shows the runs' range. PyTorch, 20-300x
-# slower to communicate, runs once per configuration.
+# runs of the per-run medians; the no_sync column also shows the runs' range. PyTorch runs
+# PT_REPS times per configuration, interleaved with libddp's runs, and is summarised the same way
+# (its no_sync exposure moved 70-320 ms between single runs of one configuration).
 #   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=60 WARMUP=5 REPS=5 PT_STEPS=30
-#                                                    HIDDEN="1024 4096" BATCH="1 64"
+#                                                    PT_REPS=3 HIDDEN="1024 4096" BATCH="1 64"
 #                                                    SCALE_BATCH="128 512")
 set -u
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ STEPS=${STEPS:-60}
 WARMUP=${WARMUP:-5}
 REPS=${REPS:-5}
 PT_STEPS=${PT_STEPS:-30}
+PT_REPS=${PT_REPS:-3}
 HIDDEN=${HIDDEN:-1024 4096}
 BATCH=${BATCH:-1 64}
 SCALE_BATCH=${SCALE_BATCH:-128 512}
@@ -73,28 +75,45 @@ trainer() {
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-trainer.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum; libddp: $REPS runs of $STEPS timed steps after $WARMUP (1-rank and 2-rank runs interleaved), PyTorch: one run of $PT_STEPS"
+echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum; libddp: $REPS runs of $STEPS timed steps after $WARMUP (1-rank and 2-rank runs interleaved), PyTorch: $PT_REPS runs of $PT_STEPS, interleaved with them"
 echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# all times in ms; libddp cells: median over the runs of each run's median step; exposed ="
 echo "# communication not hidden:"
 echo "#   vs 1 rank: 2-rank step - 1-rank step at the same batch per rank"
 echo "#   no_sync:   synchronised step - no_sync step, alternating in the same 2-rank run, on"
-echo "#              the rank with the slower no_sync step (libddp: median [range] over the runs)"
+echo "#              the rank with the slower no_sync step (median [range] over the runs)"
 echo "#   wait:      per step the smallest time ddp_reducer_finalize waited over the ranks (the"
 echo "#              last rank to finish backward waits only for unhidden communication)"
 echo
-echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync [range] / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync | PyTorch / libddp exposed |"
+echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync [range] / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync [range] | PyTorch / libddp exposed |"
 echo "|---|---|---|---|---|---|"
 for h in $HIDDEN; do
     for b in $BATCH; do
         : >"$tmp/runs"
-        for r in $(seq "$REPS"); do
-            local1=$(trainer 1 "$b" "$h" | field step_ms_median)
-            line=$(trainer 2 $((2 * b)) "$h" --bench-nosync)
-            step2=$(echo "$line" | field step_ms_median)
-            nosync_exp=$(echo "$line" | field nosync_exposed_ms)
-            wait_ms=$(echo "$line" | field exposed_comm_ms_median)
-            echo "$local1 $step2 $nosync_exp $wait_ms" >>"$tmp/runs"
+        : >"$tmp/pt_runs"
+        # libddp's and PyTorch's runs interleaved, so that both see the same machine states
+        r=1
+        while [ "$r" -le "$REPS" ] || { [ "$have_torch" = 1 ] && [ "$r" -le "$PT_REPS" ]; }; do
+            if [ "$r" -le "$REPS" ]; then
+                local1=$(trainer 1 "$b" "$h" | field step_ms_median)
+                line=$(trainer 2 $((2 * b)) "$h" --bench-nosync)
+                step2=$(echo "$line" | field step_ms_median)
+                nosync_exp=$(echo "$line" | field nosync_exposed_ms)
+                wait_ms=$(echo "$line" | field exposed_comm_ms_median)
+                echo "$local1 $step2 $nosync_exp $wait_ms" >>"$tmp/runs"
+            fi
+            if [ "$have_torch" = 1 ] && [ "$r" -le "$PT_REPS" ]; then
+                if $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
+                    --warmup "$WARMUP" >"$tmp/pt" 2>"$tmp/pt.err"; then
+                    p1=$(field ddp_step_ms <"$tmp/pt")
+                    pe1=$(field exposed_ms <"$tmp/pt")
+                    pe2=$(field slowest_rank_exposed_ms <"$tmp/pt")
+                    [ -n "$p1" ] && echo "$p1 $pe1 $pe2" >>"$tmp/pt_runs"
+                else
+                    cat "$tmp/pt.err" >&2
+                fi
+            fi
+            r=$((r + 1))
         done
         step2=$(awk '{ print $2 }' "$tmp/runs" | median)
         exp1=$(awk '{ print $2 - $1 }' "$tmp/runs" | median)
@@ -102,19 +121,15 @@ for h in $HIDDEN; do
         exp2r=$(awk '{ print $3 }' "$tmp/runs" | range)
         wait_ms=$(awk '{ print $4 }' "$tmp/runs" | median)
         pstep="-" pexp="-" ratio="-"
-        if [ "$have_torch" = 1 ]; then
-            $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
-                --warmup "$WARMUP" >"$tmp/pt" 2>"$tmp/pt.err" || cat "$tmp/pt.err" >&2
-            p1=$(field ddp_step_ms <"$tmp/pt")
-            pe1=$(field exposed_ms <"$tmp/pt")
-            pe2=$(field slowest_rank_exposed_ms <"$tmp/pt")
-            if [ -n "$p1" ]; then
-                pstep=$(printf '%.2f' "$p1")
-                pexp=$(printf '%.2f / %.2f' "$pe1" "$pe2")
-                # libddp's larger no_sync/wait measure against PyTorch's no_sync measure
-                ratio=$(awk -v p="$pe2" -v e="$exp2" -v w="$wait_ms" 'BEGIN {
-                    m = e > w ? e : w; if (m < 0.01) m = 0.01; printf "%.1fx", p / m }')
-            fi
+        if [ -s "$tmp/pt_runs" ]; then
+            pstep=$(awk '{ print $1 }' "$tmp/pt_runs" | median)
+            pe1=$(awk '{ print $2 }' "$tmp/pt_runs" | median)
+            pe2=$(awk '{ print $3 }' "$tmp/pt_runs" | median)
+            pe2r=$(awk '{ print $3 }' "$tmp/pt_runs" | range)
+            pexp="$pe1 / $pe2 [$pe2r]"
+            # libddp's larger no_sync/wait measure against PyTorch's no_sync measure, medians
+            ratio=$(awk -v p="$pe2" -v e="$exp2" -v w="$wait_ms" 'BEGIN {
+                m = e > w ? e : w; if (m < 0.01) m = 0.01; printf "%.1fx", p / m }')
         fi
         printf '| hidden %s, batch %s/rank | %s | %s / %s [%s] / %s | %s | %s | %s |\n' "$h" "$b" \
             "$step2" "$exp1" "$exp2" "$exp2r" "$wait_ms" "$pstep" "$pexp" "$ratio"
