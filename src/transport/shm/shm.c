@@ -365,7 +365,12 @@ static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
     /* The clock is first read after 8 polls: most small waits end before, and a read costs
      * ~30 ns of a 450 ns collective here (kvm-clock). */
     int64_t start = 0;
-    int cpu = S->cpu;
+    /* Only when another rank last ran on this CPU is the per-poll check worth its reads. */
+    int cpu = -1;
+    for (int j = 0; S->cpu >= 0 && j < S->world; j++)
+        if (j != S->rank &&
+            atomic_load_explicit(&S->ranks[j].cpu, memory_order_relaxed) == S->cpu)
+            cpu = S->cpu;
     for (unsigned i = 1;; i++) {
         if (all_arrived(S, target, mailbox)) {
             if (S->spin_ns < S->spin_max_ns) S->spin_ns *= 2;
