@@ -441,8 +441,8 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
 
 /* Publishes this rank's next step (its part of a phase is done); returns the step to wait for.
  * `defer`: a plain release store, the sleepers check left to the wait (settle_arrival). That
- * pays for small collectives; in the staged rounds of large ones, 2 MiB measured 5-10 % slower
- * with it, so they store and check at once, as one xchg. */
+ * pays for small collectives; in the staged rounds of large ones, 1-4 MiB measured 5-16 %
+ * slower with it, so they store and check at once, as one xchg. */
 static uint64_t arrive_ex(shm_state_t *S, int defer)
 {
     uint64_t target = ++S->step;
