@@ -21,6 +21,8 @@ static const ddp_env_var_t env_table[] = {
     {"DDP_SHM_ALLREDUCE_ROUND_BYTES", "1048576",
      "shm: bytes per rank per round of the staged allreduce (rank 0's value wins)"},
     {"DDP_SHM_ONESHOT_BYTES", "16384", "shm: allreduces up to this size use the one-shot path"},
+    {"DDP_SHM_YIELD_NS", "",
+     "shm: how long a waiter yields before it sleeps (default 200 us, 20 ms on progress threads)"},
     {"DDP_SHM_SPIN_NS", "", "shm: fixed spin budget of a waiter before it yields (default adapts)"},
     {"RANK", "", "global rank of this process (set by ddprun or torchrun)"},
     {"WORLD_SIZE", "", "number of ranks in the job"},

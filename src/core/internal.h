@@ -59,5 +59,8 @@ char *ddp__strdup(const char *s, const char *what);
 /* Hint for a buffer from ddp_group_alloc_buffer: collective results written into it are read
  * later, after other work, not right away (see advise_cold_results in group/transport.h). */
 void ddp__group_advise_cold_results(ddp_group_t *group, void *buffer);
+/* Whether the calling thread is a group's progress thread (which shares its rank's CPU with the
+ * user's thread when the rank is pinned: a wait there should not spin). */
+int ddp__on_progress_thread(void);
 
 #endif

@@ -85,6 +85,8 @@ struct ddp_group {
 /* The group whose progress thread this is (NULL on other threads). */
 static _Thread_local ddp_group_t *progress_group;
 
+int ddp__on_progress_thread(void) { return progress_group != NULL; }
+
 static const char *kind_name(ddp__collective_kind_t kind)
 {
     switch (kind) {
