@@ -22,3 +22,7 @@ foreach(world 1 3)
   ddp_add_test(NAME test_group_env SOURCES test_group_env.c ARGS ${world} TIMEOUT 60)
 endforeach()
 ddp_add_test(NAME test_group_reduce SOURCES test_group_reduce.c TIMEOUT 60 LIBS m)
+# Sleeping waiters are woken by a late arrival on every publishing path (blocking and async).
+foreach(world 2 4)
+  ddp_add_test(NAME test_shm_wakeup SOURCES test_shm_wakeup.c ARGS ${world} TIMEOUT 100)
+endforeach()
