@@ -2,6 +2,7 @@
  * log level, and clocks. Add a row here for every variable any part of libddp reads. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,23 @@ int64_t ddp__coarse_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t ddp__deadline_ns(int timeout_ms)
+{
+    /* The coarse clock lags the precise one by up to a tick and the tick's own lateness (6.9
+     * ms measured with 4 ms ticks): two resolutions of slack keep a deadline from coming early
+     * (it may come that much late instead). */
+    static _Atomic int64_t slack_ns = -1;
+    int64_t slack = atomic_load_explicit(&slack_ns, memory_order_relaxed);
+    if (slack < 0) {
+        struct timespec res;
+        slack = clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0
+                    ? 2 * ((int64_t)res.tv_sec * 1000000000LL + res.tv_nsec)
+                    : 20000000LL;
+        atomic_store_explicit(&slack_ns, slack, memory_order_relaxed);
+    }
+    return ddp__coarse_now_ns() + (int64_t)timeout_ms * 1000000LL + slack;
 }
 
 double ddp__now_us(void) { return (double)ddp__now_ns() / 1000.0; }

@@ -47,9 +47,12 @@ long long ddp__env_int(const char *name, long long fallback);
 /* Clocks. */
 double ddp__now_us(void);    /* monotonic */
 int64_t ddp__now_ns(void);   /* monotonic */
-/* The same clock as of the last tick (up to a few ms behind ddp__now_ns), for deadlines and
- * watchdogs: ~3 ns against ~26 ns a read here, and a small collective reads it twice. */
+/* The same clock as of the last tick (up to a few ms behind ddp__now_ns), for watchdogs: ~3 ns
+ * against ~26 ns a read here, and a small collective reads it twice. */
 int64_t ddp__coarse_now_ns(void);
+/* A deadline `timeout_ms` from now on the ddp__now_ns clock, from the coarse clock plus slack
+ * for its lag: never early, up to ~8 ms late. */
+int64_t ddp__deadline_ns(int timeout_ms);
 
 /* Checked allocation helpers returning NULL and setting DDP_ERR_NO_MEMORY text. */
 void *ddp__malloc(size_t bytes, const char *what);

@@ -183,10 +183,10 @@ static ddp_status_t run_collective(ddp_group_t *g, ddp__collective_t *c)
         return aborted_error(g, what);
     }
     c->seq = ++g->seq;
-    /* The coarse clock: a deadline a few ms early is fine, ~45 ns per collective is not. */
-    int64_t now = ddp__coarse_now_ns();
-    c->deadline_ns = now + (int64_t)g->timeout_ms * 1000000LL;
-    atomic_store(&g->last_progress_ns, now);
+    /* The coarse clock (with slack for its lag): a precise read costs ~26 ns here, twice per
+     * collective. */
+    c->deadline_ns = ddp__deadline_ns(g->timeout_ms);
+    atomic_store(&g->last_progress_ns, ddp__coarse_now_ns());
     ddp__clear_error();
     ddp_status_t s = g->ops->run(g->state, c);
     atomic_store(&g->last_progress_ns, ddp__coarse_now_ns());
