@@ -7,3 +7,12 @@ if(TARGET ddp-bench AND TARGET ddprun)
     DDPRUN_PATH="$<TARGET_FILE:ddprun>" DDP_BENCH_PATH="$<TARGET_FILE:ddp-bench>")
   add_dependencies(test_bench ddprun ddp-bench)
 endif()
+# The benchmark anchors: switch-probe reports a positive per-switch time as JSON after both of
+# its processes finished, and refuses a bad count with exit status 2.
+if(TARGET switch-probe)
+  add_test(NAME test_switch_probe
+    COMMAND sh -c "out=$($<TARGET_FILE:switch-probe> -n 2000 --rounds 3 --json) || exit 1; \
+echo \"$out\"; echo \"$out\" | grep -Eq '\"switch_us\":[0-9]*[1-9][0-9]*\\.|\"switch_us\":0\\.[0-9]*[1-9]' || exit 1; \
+$<TARGET_FILE:switch-probe> -n x 2>/dev/null; test $? -eq 2")
+  set_tests_properties(test_switch_probe PROPERTIES TIMEOUT 60)
+endif()
