@@ -126,19 +126,16 @@ void ddp__log(int level, const char *fmt, ...)
     fprintf(stderr, "[libddp %s] %s\n", names[level < 0 || level > 4 ? 0 : level], line);
 }
 
-int64_t ddp__now_ns(void)
+static int64_t clock_ns(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-int64_t ddp__coarse_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+int64_t ddp__now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+int64_t ddp__coarse_now_ns(void) { return clock_ns(CLOCK_MONOTONIC_COARSE); }
 
 int64_t ddp__deadline_ns(int timeout_ms)
 {
