@@ -164,6 +164,7 @@ typedef struct shm_state {
     int64_t progress_yield_ns; /* the same on a progress thread, which does not spin */
     int cpu;          /* the CPU this rank last published (see arrive) */
     int wake_due;     /* arrived, but sleepers not checked yet (see settle_arrival) */
+    uint64_t refused; /* the poison found in this rank's step when its arrival was refused */
     ddp_status_t last_status;
     pthread_mutex_t buffers_mu;
     shm_buffer_t *buffers;
@@ -239,11 +240,37 @@ static void describe(const ddp__collective_t *c, char *buf, size_t size)
     else snprintf(buf, size, "rendezvous");
 }
 
+static void publish_abort(shm_state_t *S, ddp_status_t status, const char *reason);
+
+/* ---- agreement: arrivals and give-ups exclude each other ---------------------------------- */
+
+/* A rank that gives up on a phase (timeout, a peer's death or abort) must not leave a late rank
+ * to complete it: every rank's outcome of a collective is the same. The decision is taken on the
+ * step words themselves. A rank arrives at step t with a compare-and-swap of its own step from
+ * t-1 to t; a rank that gives up at t swaps every step that is still below t to a poison value
+ * naming itself and t. Exactly one of the two swaps wins on each word, so either every rank
+ * arrived (nobody can poison any more: the collective completes everywhere, and the rank that
+ * wanted to give up goes on waiting) or some rank's step is poisoned (it can never arrive: every
+ * waiter and the late rank itself fail). The argument is written out in docs/shm-transport.md. */
+#define POISON_BIT (1ULL << 63)
+#define POISON_RANK_SHIFT 48
+#define POISON_STEP_MASK ((1ULL << POISON_RANK_SHIFT) - 1)
+
+static uint64_t poison_of(int rank, uint64_t target)
+{
+    return POISON_BIT | ((uint64_t)rank << POISON_RANK_SHIFT) | (target & POISON_STEP_MASK);
+}
+
+static int poisoner_of(uint64_t v) { return (int)((v & ~POISON_BIT) >> POISON_RANK_SHIFT); }
+
+/* A step word has reached `target`. Signed: a poisoned word is negative, never arrived. */
+static inline int reached(uint64_t v, uint64_t target) { return (int64_t)v >= (int64_t)target; }
+
 /* ---- waiting ------------------------------------------------------------------------------ */
 
 /* Whether every rank reached `target`: polls the step counters, or, for a first phase
- * (mailbox >= 0), the stamps of that mailbox parity (each is stored just before its owner's
- * step, so either says the same, but the stamp arrives with the fingerprint and small data). */
+ * (mailbox >= 0), the stamps of that mailbox parity (each is stored just after its owner's step
+ * swap succeeded, with the fingerprint and small data it carries). */
 static int all_arrived(shm_state_t *S, uint64_t target, int mailbox)
 {
     if (mailbox >= 0) {
@@ -254,7 +281,8 @@ static int all_arrived(shm_state_t *S, uint64_t target, int mailbox)
         return 1;
     }
     for (int j = 0; j < S->world; j++)
-        if (atomic_load_explicit(&S->ranks[j].step, memory_order_acquire) < target) return 0;
+        if (!reached(atomic_load_explicit(&S->ranks[j].step, memory_order_acquire), target))
+            return 0;
     return 1;
 }
 
@@ -270,10 +298,51 @@ static ddp_status_t peer_gave_up(shm_state_t *S, int j, const ddp__collective_t 
                       ddp_status_string((ddp_status_t)st), REASON_MAX, S->ranks[j].abort_reason);
 }
 
-/* Checks peers' abort flags and liveness; returns DDP_OK or the error to give up with. */
-static ddp_status_t check_peers(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
-                                int check_liveness)
+/* Whether rank j has published its part of phase `target` (its stamp for a first phase). */
+static int published(shm_state_t *S, int j, uint64_t target, int mailbox)
 {
+    if (mailbox >= 0)
+        return atomic_load_explicit(&S->ranks[j].mailbox[mailbox].stamp, memory_order_acquire) >=
+               target;
+    return reached(atomic_load_explicit(&S->ranks[j].step, memory_order_acquire), target);
+}
+
+/* The error of a rank that finds rank j's step poisoned by the rank that gave up. That rank
+ * publishes its reason right after the swap: wait briefly for it so that the text names the
+ * cause, not only the rank. */
+static ddp_status_t poisoned_error(shm_state_t *S, int j, uint64_t poison,
+                                   const ddp__collective_t *c)
+{
+    int q = poisoner_of(poison);
+    if (q < 0 || q >= S->world) q = j;
+    for (int i = 0; i < 1000 && atomic_load(&S->ranks[q].abort_status) == 0; i++) {
+        if (q != S->rank && peer_dead(atomic_load(&S->ranks[q].pid))) break;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    char what[256];
+    describe(c, what, sizeof what);
+    int st = atomic_load(&S->ranks[q].abort_status);
+    if (j == S->rank)
+        return ddp__error(DDP_ERR_REMOTE,
+                          "%s on rank %d: rank %d gave up on it before this rank arrived "
+                          "(%s): %.*s",
+                          what, S->rank, q, st ? ddp_status_string((ddp_status_t)st) : "no reason",
+                          REASON_MAX, st ? S->ranks[q].abort_reason : "");
+    if (st != 0) return peer_gave_up(S, q, c);
+    return ddp__error(DDP_ERR_REMOTE, "%s on rank %d: rank %d gave up on it before rank %d arrived",
+                      what, S->rank, q, j);
+}
+
+/* Checks peers' steps, abort flags and liveness; returns DDP_OK or the cause to give up for
+ * (give_up decides whether the collective is really lost). */
+static ddp_status_t check_peers(shm_state_t *S, uint64_t target, int mailbox,
+                                const ddp__collective_t *c, int check_liveness)
+{
+    for (int j = 0; j < S->world; j++) {
+        uint64_t v = atomic_load(&S->ranks[j].step);
+        if (v & POISON_BIT) return poisoned_error(S, j, v, c);
+    }
     for (int j = 0; j < S->world; j++) {
         if (j == S->rank) continue;
         ddp_status_t s = peer_gave_up(S, j, c);
@@ -281,8 +350,7 @@ static ddp_status_t check_peers(shm_state_t *S, uint64_t target, const ddp__coll
     }
     if (check_liveness) {
         for (int j = 0; j < S->world; j++) {
-            if (j == S->rank) continue;
-            if (atomic_load_explicit(&S->ranks[j].step, memory_order_acquire) >= target) continue;
+            if (j == S->rank || published(S, j, target, mailbox)) continue;
             int pid = atomic_load(&S->ranks[j].pid);
             if (peer_dead(pid)) {
                 /* A rank that left (or gave up) raises its flag and may exit right after: it
@@ -301,8 +369,42 @@ static ddp_status_t check_peers(shm_state_t *S, uint64_t target, const ddp__coll
     return DDP_OK;
 }
 
-static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
-                                  int64_t deadline_ns)
+/* Decides, for a rank that wants to give up on phase `target`, whether the phase is lost:
+ * swaps the step of every rank still below `target` to this rank's poison. Returns 1 when some
+ * rank's step is (now, or already) poisoned, or when a rank that is in has died before
+ * publishing its stamp: then no rank can complete the phase. Returns 0 when every rank is in:
+ * the phase completes everywhere, and this rank must wait on instead of failing. */
+static int give_up(shm_state_t *S, uint64_t target, int mailbox)
+{
+    int lost = 0;
+    uint64_t poison = poison_of(S->rank, target);
+    for (int j = 0; j < S->world; j++) {
+        _Atomic uint64_t *step = &S->ranks[j].step;
+        uint64_t v = atomic_load(step);
+        for (;;) {
+            if (v & POISON_BIT) {
+                lost = 1;
+                break;
+            }
+            if (reached(v, target)) {
+                /* In, but a first phase's stamp comes after the swap: a rank that died in
+                 * between can never publish it. */
+                if (j != S->rank && !published(S, j, target, mailbox) &&
+                    peer_dead(atomic_load(&S->ranks[j].pid)))
+                    lost = 1;
+                break;
+            }
+            if (atomic_compare_exchange_strong(step, &v, poison)) {
+                lost = 1;
+                break;
+            }
+        }
+    }
+    return lost;
+}
+
+static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, int mailbox,
+                                  const ddp__collective_t *c)
 {
     char what[256];
     describe(c, what, sizeof what);
@@ -310,12 +412,11 @@ static ddp_status_t timeout_error(shm_state_t *S, uint64_t target, const ddp__co
     size_t off = 0;
     missing[0] = '\0';
     for (int j = 0; j < S->world && off < sizeof missing - 64; j++) {
-        if (atomic_load(&S->ranks[j].step) >= target) continue;
+        if (published(S, j, target, mailbox)) continue;
         off += (size_t)snprintf(missing + off, sizeof missing - off, "%srank %d (at seq %llu)",
                                 off ? ", " : "", j,
                                 (unsigned long long)atomic_load(&S->ranks[j].seq));
     }
-    (void)deadline_ns;
     return ddp__error(DDP_ERR_TIMEOUT,
                       "%s on rank %d timed out after %d ms: did not arrive: %s", what, S->rank,
                       S->timeout_ms, missing[0] ? missing : "(none: they arrived just now)");
@@ -329,7 +430,8 @@ static int missing_on_cpu(shm_state_t *S, uint64_t target, int mailbox, int cpu)
         uint64_t at = mailbox >= 0 ? atomic_load_explicit(&S->ranks[j].mailbox[mailbox].stamp,
                                                           memory_order_relaxed)
                                    : atomic_load_explicit(&S->ranks[j].step, memory_order_relaxed);
-        if (at < target && atomic_load_explicit(&S->ranks[j].cpu, memory_order_relaxed) == cpu)
+        if (!reached(at, target) &&
+            atomic_load_explicit(&S->ranks[j].cpu, memory_order_relaxed) == cpu)
             return 1;
     }
     return 0;
@@ -346,14 +448,16 @@ static void settle_arrival(shm_state_t *S)
 {
     if (!S->wake_due) return;
     S->wake_due = 0;
-    /* The same value again, sequentially consistent (xchg): the fence, and in C11 terms the
-     * store that the sleepers load is ordered with. Measured faster than mfence. */
-    atomic_store(&S->ranks[S->rank].step, S->step);
+    /* A locked swap of the step to the value it has: the fence, and in C11 terms the operation
+     * that the sleepers load is ordered with (an xchg measured faster than mfence; a plain
+     * store here could overwrite a peer's poison for the next phase). */
+    uint64_t expected = S->step;
+    atomic_compare_exchange_strong(&S->ranks[S->rank].step, &expected, S->step);
     wake_peers(S);
 }
 
-static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
-                                int64_t deadline_ns);
+static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, int mailbox,
+                                const ddp__collective_t *c, int64_t deadline_ns);
 
 /* A wait on a progress thread: no spinning, yields for up to progress_yield_ns, then sleeps.
  * When ddprun pins a rank, its progress thread shares the rank's one CPU with the user's
@@ -374,7 +478,7 @@ static ddp_status_t wait_progress(shm_state_t *S, uint64_t target, int mailbox,
         if (all_arrived(S, target, mailbox)) return DDP_OK;
         if ((i & 7) == 0 && ddp__now_ns() - start > S->progress_yield_ns) break;
     }
-    return sleep_until(S, target, c, deadline_ns);
+    return sleep_until(S, target, mailbox, c, deadline_ns);
 }
 
 static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
@@ -387,6 +491,7 @@ static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
      * between two waiters. The spin budget adapts: waits that end while spinning double it (up
      * to spin_max_ns), waits that outlast it halve it, so a waiter quickly stops burning a time
      * slice that a peer needs. */
+    if (S->refused) return poisoned_error(S, S->rank, S->refused, c);
     if (all_arrived(S, target, mailbox)) return DDP_OK;
     if (ddp__on_progress_thread()) return wait_progress(S, target, mailbox, c, deadline_ns);
     /* The clock is first read after 8 polls: most small waits end before, and a read costs
@@ -419,42 +524,46 @@ static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
         sched_yield();
         if ((i & 7) == 0 && ddp__now_ns() - start > S->spin_ns + S->yield_ns) break;
     }
-    return sleep_until(S, target, c, deadline_ns);
+    return sleep_until(S, target, mailbox, c, deadline_ns);
 }
 
 /* The futex part of a wait, after the spinning and yielding. */
-static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
-                                int64_t deadline_ns)
+static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, int mailbox,
+                                const ddp__collective_t *c, int64_t deadline_ns)
 {
-    /* Asleep, decide on the step counters: a rank stores its step after its stamp, and the
-     * step store and the sleepers count are the pair whose ordering makes wake-ups reliable. */
+    /* The publisher's fence before its sleepers check comes after its stamp (first phases) or is
+     * its step swap (the others), so a sleeper decides on the words it was woken for. */
     int64_t next_check = 0;
     for (;;) {
         uint32_t w = atomic_load(&S->hdr->wake);
         atomic_fetch_add(&S->hdr->sleepers, 1);
-        /* Orders the registration before the step loads below in C11 terms too (they are
-         * acquire loads; x86 orders them after the locked add anyway). */
+        /* Orders the registration before the loads below in C11 terms too (they are acquire
+         * loads; x86 orders them after the locked add anyway). */
         atomic_thread_fence(memory_order_seq_cst);
-        if (all_arrived(S, target, -1)) {
+        if (all_arrived(S, target, mailbox)) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
             return DDP_OK;
         }
         int64_t now = ddp__now_ns();
         int liveness = now >= next_check;
         if (liveness) next_check = now + 100000000LL;
-        ddp_status_t s = check_peers(S, target, c, liveness);
+        ddp_status_t s = check_peers(S, target, mailbox, c, liveness);
+        if (s == DDP_OK && now >= deadline_ns) s = timeout_error(S, target, mailbox, c);
+        int64_t nap = deadline_ns - now;
         if (s != DDP_OK) {
             atomic_fetch_sub(&S->hdr->sleepers, 1);
-            if (all_arrived(S, target, -1)) return DDP_OK;
-            return s;
+            if (all_arrived(S, target, mailbox)) return DDP_OK;
+            if (give_up(S, target, mailbox)) {
+                publish_abort(S, s, ddp_last_error());
+                return s;
+            }
+            /* Every rank is in: the phase completes everywhere, so this rank may not fail it.
+             * Only a stamp is still missing, stored a few instructions after its owner's swap. */
+            atomic_fetch_add(&S->hdr->sleepers, 1);
+            nap = 1000000LL;
         }
-        if (now >= deadline_ns) {
-            atomic_fetch_sub(&S->hdr->sleepers, 1);
-            if (all_arrived(S, target, -1)) return DDP_OK;
-            return timeout_error(S, target, c, deadline_ns);
-        }
-        int64_t nap = deadline_ns - now;
         if (nap > 100000000LL) nap = 100000000LL;
+        if (nap < 1000000LL) nap = 1000000LL;
         futex_wait(&S->hdr->wake, w, nap);
         atomic_fetch_sub(&S->hdr->sleepers, 1);
     }
@@ -477,9 +586,9 @@ static ddp_status_t wait_all(shm_state_t *S, uint64_t target, const ddp__collect
 }
 
 /* Publishes this rank's next step (its part of a phase is done); returns the step to wait for.
- * `defer`: a plain release store, the sleepers check left to the wait (settle_arrival). That
- * pays for small collectives; in the staged rounds of large ones, 1-4 MiB measured 5-16 %
- * slower with it, so they store and check at once, as one xchg. */
+ * `defer`: the sleepers check is left to the wait (settle_arrival). That pays for small
+ * collectives; in the staged rounds of large ones, 1-4 MiB measured 5-16 % slower with it, so
+ * they check at once. A refused arrival is recorded in S->refused and reported by the wait. */
 static uint64_t arrive_ex(shm_state_t *S, int defer)
 {
     uint64_t target = ++S->step;
@@ -488,13 +597,17 @@ static uint64_t arrive_ex(shm_state_t *S, int defer)
         S->cpu = cpu;
         atomic_store_explicit(&S->ranks[S->rank].cpu, cpu, memory_order_relaxed);
     }
-    if (defer) {
-        atomic_store_explicit(&S->ranks[S->rank].step, target, memory_order_release);
-        S->wake_due = 1;
-    } else {
-        atomic_store(&S->ranks[S->rank].step, target);
-        wake_peers(S);
+    /* The arrival: a swap from the previous step, which fails only when a peer that gave up on
+     * this phase poisoned the word first (see give_up). The swap is on this rank's own line,
+     * which its peers do not poll during small collectives, so it costs no transfer. */
+    uint64_t expected = target - 1;
+    if (!atomic_compare_exchange_strong(&S->ranks[S->rank].step, &expected, target)) {
+        if (!S->refused) S->refused = expected;
+        S->wake_due = 0;
+        return target;
     }
+    if (defer) S->wake_due = 1;
+    else wake_peers(S);
     return target;
 }
 
@@ -542,8 +655,11 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
                                     const shm_fingerprint_t *mine, const void *data,
                                     size_t data_bytes, int defer, unsigned *parity)
 {
-    uint64_t target = S->step + 1;
+    /* Arrive first (the step swap), then publish the mailbox: a stamp a peer sees is then the
+     * stamp of a rank that is in, which no give-up can undo. */
+    uint64_t target = arrive_ex(S, 1);
     unsigned q = (unsigned)(target & 1);
+    if (S->refused) return poisoned_error(S, S->rank, S->refused, c);
     shm_rank_t *me = &S->ranks[S->rank];
     shm_mailbox_t *mb = &me->mailbox[q];
     mb->seq = mine->seq;
@@ -557,7 +673,8 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
     me->hints[q].send_offset = mine->send_offset;
     me->hints[q].recv_offset = mine->recv_offset;
     atomic_store_explicit(&mb->stamp, target, memory_order_release);
-    ddp_status_t s = wait_all_on(S, arrive_ex(S, defer), (int)q, c, c->deadline_ns);
+    if (!defer) settle_arrival(S);
+    ddp_status_t s = wait_all_on(S, target, (int)q, c, c->deadline_ns);
     if (s != DDP_OK) return s;
     *parity = q;
     const shm_mailbox_t *m0 = &S->ranks[0].mailbox[q];

@@ -1,0 +1,255 @@
+/* Every rank agrees on every outcome: a collective either succeeds on every rank with the same
+ * bytes, or fails on every rank. Real processes, on one transport:
+ *   late - for each kind and size of collective, the last rank calls it only after the others'
+ *          timeout: the waiting ranks fail with DDP_ERR_TIMEOUT naming it, and the late rank
+ *          must fail too (before the fix it got DDP_OK with the full sum), naming who gave up.
+ *   stop - the ranks run a loop of mixed collectives (every size class and kind) and a stopper
+ *          process SIGSTOPs one of them at a random moment for longer than the timeout, then
+ *          SIGCONTs it. Whatever phase the stop hits, every rank must fail at the same collective
+ *          of the loop, and every collective before it must have succeeded with right data.
+ * Usage: test_agreement TRANSPORT WORLD MODE   (TRANSPORT: shm, tcp or hierarchical, which
+ * pretends every rank is on its own host, so its leaders talk TCP) */
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "transport/hier/hier.h"
+
+#define TIMEOUT_MS 1000
+
+static const char *transport;
+
+static ddp_group_t *make_group(ddp_store_t *store, int rank, int world, const char *name)
+{
+    if (!strcmp(transport, "hierarchical")) {
+        static char host[32];
+        snprintf(host, sizeof host, "pretend-host-%d", rank);
+        ddp__hier_set_host_identity(host);
+    }
+    ddp_group_options_t o = DDP_GROUP_OPTIONS_INIT;
+    o.name = name;
+    o.timeout_ms = TIMEOUT_MS;
+    o.transport = transport;
+    ddp_group_t *g = NULL;
+    CHECK_OK(ddp_group_create(store, rank, world, &o, &g));
+    return g;
+}
+
+/* Waits (longer than the group timeout) until every rank has reached `what`: a rank that was
+ * late in the previous case must not make the next group's rendezvous time out. */
+static void store_barrier(ddp_store_t *store, int rank, int world, const char *what)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%s/%d", what, rank);
+    CHECK_OK(ddp_store_set(store, key, "1", 1));
+    for (int r = 0; r < world; r++) {
+        snprintf(key, sizeof key, "%s/%d", what, r);
+        const char *keys[1] = {key};
+        CHECK_OK(ddp_store_wait(store, keys, 1, 60000));
+    }
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* One collective of the loop, chosen by its index so that every rank calls the same one: every
+ * kind, and allreduces in each of the shm transport's size classes (mailbox, one-shot, staged).
+ * Returns its status; on success checks the data. */
+static ddp_status_t one_collective(ddp_group_t *g, int rank, int world, unsigned i, float *a,
+                                   float *b)
+{
+    static const size_t counts[] = {8, 1000, 300000};
+    unsigned kind = i % 7;
+    size_t n = counts[(i / 7) % 3];
+    size_t filled = (n > 1000 ? n : 1000) * (size_t)world;
+    for (size_t k = 0; k < filled; k++) a[k] = (float)(rank + 1) + (float)(k % 5);
+    ddp_status_t s;
+    switch (kind) {
+    case 0:
+    case 1:
+    case 2:
+        s = ddp_group_allreduce(g, a, b, kind == 0 ? n : kind == 1 ? 1000 : 8, DDP_F32, DDP_SUM);
+        if (s == DDP_OK) {
+            size_t m = kind == 0 ? n : kind == 1 ? 1000 : 8;
+            for (size_t k = 0; k < m; k++) {
+                float want = (float)(world * (world + 1) / 2) + (float)world * (float)(k % 5);
+                CHECK_MSG(b[k] == want, "collective %u: allreduce element %zu is %g, want %g", i,
+                          k, b[k], want);
+            }
+        }
+        return s;
+    case 3:
+        return ddp_group_barrier(g);
+    case 4:
+        s = ddp_group_broadcast(g, a, n, DDP_F32, 0);
+        if (s == DDP_OK)
+            for (size_t k = 0; k < n; k++)
+                CHECK_MSG(a[k] == 1.0f + (float)(k % 5), "collective %u: broadcast element %zu",
+                          i, k);
+        return s;
+    case 5:
+        s = ddp_group_allgather(g, a, b, n, DDP_F32);
+        if (s == DDP_OK)
+            for (int r = 0; r < world; r++)
+                for (size_t k = 0; k < n; k++)
+                    CHECK_MSG(b[(size_t)r * n + k] == (float)(r + 1) + (float)(k % 5),
+                              "collective %u: allgather rank %d element %zu", i, r, k);
+        return s;
+    default:
+        s = ddp_group_reduce_scatter(g, a, b, n, DDP_F32, DDP_SUM);
+        if (s == DDP_OK)
+            for (size_t k = 0; k < n; k++) {
+                size_t at = (size_t)rank * n + k;
+                float want = (float)(world * (world + 1) / 2) + (float)world * (float)(at % 5);
+                CHECK_MSG(b[k] == want, "collective %u: reduce_scatter element %zu", i, k);
+            }
+        return s;
+    }
+}
+
+/* ---- late --------------------------------------------------------------------------------- */
+
+static int late_rank(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    float *a = calloc(300000 * 4, sizeof(float)), *b = calloc(300000 * 4, sizeof(float));
+    CHECK(a && b);
+    /* One of each kind and size class (see one_collective: i % 7 picks the kind, i / 7 the
+     * size): allreduce of 8, 1000 and 300000 floats (mailbox, one-shot and staged on shm), the
+     * barrier, and broadcast, allgather and reduce-scatter small and large. */
+    static const unsigned cases[] = {0, 1, 2, 3, 4, 5, 6, 7, 14, 18, 19, 20};
+    int late = rank == world - 1;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "late%zu", k);
+        store_barrier(store, rank, world, name);
+        ddp_group_t *g = make_group(store, rank, world, name);
+        CHECK_OK(ddp_group_barrier(g));
+        if (late) sleep_ms(TIMEOUT_MS + 500);
+        ddp_status_t s = one_collective(g, rank, world, cases[k], a, b);
+        CHECK_MSG(s != DDP_OK, "case %u: rank %d (%s) returned DDP_OK although the others gave up",
+                  cases[k], rank, late ? "late" : "on time");
+        if (late) {
+            CHECK_MSG(s == DDP_ERR_REMOTE || s == DDP_ERR_ABORTED || s == DDP_ERR_TIMEOUT,
+                      "case %u: late rank got %s", cases[k], ddp_status_string(s));
+            CHECK_ERROR_MENTIONS("gave up");
+        } else {
+            CHECK_MSG(s == DDP_ERR_TIMEOUT || s == DDP_ERR_REMOTE,
+                      "case %u: rank %d got %s: %s", cases[k], rank, ddp_status_string(s),
+                      ddp_last_error());
+            char who[32];
+            snprintf(who, sizeof who, "rank %d", world - 1);
+            CHECK_ERROR_MENTIONS(who);
+        }
+        /* The group is broken everywhere afterwards. */
+        CHECK_STATUS(ddp_group_barrier(g), DDP_ERR_ABORTED);
+        ddp_group_destroy(g);
+    }
+    free(a);
+    free(b);
+    return 0;
+}
+
+/* ---- stop --------------------------------------------------------------------------------- */
+
+#define STOP_ROUNDS 4
+
+static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    /* The stopper is forked before any thread exists; it gets a pid and a delay per round. */
+    int cmd[2] = {-1, -1};
+    pid_t stopper = -1;
+    if (rank == 0) {
+        CHECK(pipe(cmd) == 0);
+        stopper = fork();
+        CHECK(stopper >= 0);
+        if (stopper == 0) {
+            close(cmd[1]);
+            int order[2];
+            while (read(cmd[0], order, sizeof order) == (ssize_t)sizeof order) {
+                sleep_ms(order[1]);
+                kill(order[0], SIGSTOP);
+                sleep_ms(TIMEOUT_MS * 2);
+                kill(order[0], SIGCONT);
+            }
+            _exit(0);
+        }
+        close(cmd[0]);
+    }
+    float *a = calloc(300000 * 4, sizeof(float)), *b = calloc(300000 * 4, sizeof(float));
+    CHECK(a && b);
+    unsigned long long seed = 0x5eed0000ULL + (unsigned long long)time(NULL);
+    for (int round = 0; round < STOP_ROUNDS; round++) {
+        char name[32], key[64];
+        snprintf(name, sizeof name, "stop%d", round);
+        store_barrier(store, rank, world, name);
+        ddp_group_t *g = make_group(store, rank, world, name);
+        snprintf(key, sizeof key, "pid/%d/%d", round, rank);
+        int me = (int)getpid();
+        CHECK_OK(ddp_store_set(store, key, &me, sizeof me));
+        CHECK_OK(ddp_group_barrier(g));
+        if (rank == 0) {
+            int victim = (int)((ddp_test_random(&seed) + 1.0) * 0.5 * world) % world;
+            snprintf(key, sizeof key, "pid/%d/%d", round, victim);
+            void *v = NULL;
+            size_t len = 0;
+            CHECK_OK(ddp_store_get(store, key, &v, &len));
+            int order[2] = {*(int *)v, (int)((ddp_test_random(&seed) + 1.0) * 40.0)};
+            ddp_free(v);
+            CHECK(write(cmd[1], order, sizeof order) == (ssize_t)sizeof order);
+        }
+        unsigned i = 0;
+        ddp_status_t s;
+        while ((s = one_collective(g, rank, world, i, a, b)) == DDP_OK) i++;
+        int outcome[2] = {(int)i, (int)s};
+        snprintf(key, sizeof key, "outcome/%d/%d", round, rank);
+        CHECK_OK(ddp_store_set(store, key, outcome, sizeof outcome));
+        for (int r = 0; r < world; r++) {
+            snprintf(key, sizeof key, "outcome/%d/%d", round, r);
+            const char *keys[1] = {key};
+            CHECK_OK(ddp_store_wait(store, keys, 1, 30000));
+            void *v = NULL;
+            size_t len = 0;
+            CHECK_OK(ddp_store_get(store, key, &v, &len));
+            int *o = v;
+            CHECK_MSG(o[0] == (int)i,
+                      "round %d: rank %d failed at collective %u (%s) but rank %d at %d (%s)",
+                      round, rank, i, ddp_status_string(s), r, o[0],
+                      ddp_status_string((ddp_status_t)o[1]));
+            ddp_free(v);
+        }
+        fprintf(stderr, "rank %d round %d: all ranks failed at collective %u: %s\n", rank, round,
+                i, ddp_last_error());
+        ddp_group_destroy(g);
+    }
+    if (rank == 0) {
+        close(cmd[1]);
+        waitpid(stopper, NULL, 0);
+    }
+    free(a);
+    free(b);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s shm|tcp|hierarchical WORLD late|stop\n", argv[0]);
+        return 2;
+    }
+    transport = argv[1];
+    int world = atoi(argv[2]);
+    if (!strcmp(argv[3], "late")) return ddp_test_run_ranks(world, 100, late_rank, NULL);
+    if (!strcmp(argv[3], "stop")) return ddp_test_run_ranks(world, 100, stop_rank, NULL);
+    fprintf(stderr, "unknown mode %s\n", argv[3]);
+    return 2;
+}
