@@ -140,7 +140,12 @@ static int late_rank(int rank, int world, ddp_store_t *store, void *arg)
         if (late) {
             CHECK_MSG(s == DDP_ERR_REMOTE || s == DDP_ERR_ABORTED || s == DDP_ERR_TIMEOUT,
                       "case %u: late rank got %s", cases[k], ddp_status_string(s));
-            CHECK_ERROR_MENTIONS("gave up");
+            /* It names the rank that gave up and quotes why (shm: "gave up", tcp: "failed:
+             * ... did not arrive"). */
+            CHECK_MSG(strstr(ddp_last_error(), "gave up") ||
+                          strstr(ddp_last_error(), "did not arrive"),
+                      "case %u: late rank's error does not say who gave up: %s", cases[k],
+                      ddp_last_error());
         } else {
             CHECK_MSG(s == DDP_ERR_TIMEOUT || s == DDP_ERR_REMOTE,
                       "case %u: rank %d got %s: %s", cases[k], rank, ddp_status_string(s),
@@ -210,6 +215,8 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
         unsigned i = 0;
         ddp_status_t s;
         while ((s = one_collective(g, rank, world, i, a, b)) == DDP_OK) i++;
+        char text[512];
+        snprintf(text, sizeof text, "%s", ddp_last_error());
         int outcome[2] = {(int)i, (int)s};
         snprintf(key, sizeof key, "outcome/%d/%d", round, rank);
         CHECK_OK(ddp_store_set(store, key, outcome, sizeof outcome));
@@ -228,7 +235,7 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
             ddp_free(v);
         }
         fprintf(stderr, "rank %d round %d: all ranks failed at collective %u: %s\n", rank, round,
-                i, ddp_last_error());
+                i, text);
         ddp_group_destroy(g);
     }
     if (rank == 0) {

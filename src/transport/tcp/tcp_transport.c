@@ -1069,9 +1069,55 @@ static ddp_status_t run_single(const ddp__collective_t *c)
     return DDP_OK;
 }
 
-static ddp_status_t dispatch(tcp_state_t *t, const ddp__collective_t *c)
+/* ---- agreement: a late rank does not succeed where a peer gave up ----------------------------
+ * A rank that gives up on a collective (timeout, dead peer) sends an abort frame for its
+ * sequence number on every connection. A rank that arrives later can still find every frame it
+ * needs already in its sockets (the barrier is only the fingerprint exchange; in a ring, the
+ * last frames may have been sent before the sender gave up) and would finish the collective the
+ * others failed. So, before reporting success, a rank looks at what is queued after the
+ * collective's frames on every connection: an abort frame for this collective fails it too,
+ * naming the rank that gave up. Without a shared atomic word (the shm transport has one) a give-up
+ * and a last message that cross on the wire within one network latency of the deadline cannot
+ * be ordered; everything later is (docs/tcp-transport.md, "Agreement"). One poll() with a zero
+ * timeout costs ~1 us against the tens of microseconds of a TCP collective. */
+static ddp_status_t confirm(tcp_state_t *t, const ddp__collective_t *c)
 {
-    if (t->world == 1) return run_single(c);
+    struct pollfd pfds[64];
+    int peer_of[64];
+    for (int base = 0; base < t->world; base += 64) {
+        int npfd = 0;
+        for (int p = base; p < t->world && p < base + 64; p++) {
+            if (p == t->rank || t->conns[p].fd < 0 || t->conns[p].recv_partial) continue;
+            pfds[npfd].fd = t->conns[p].fd;
+            pfds[npfd].events = POLLIN;
+            pfds[npfd].revents = 0;
+            peer_of[npfd++] = p;
+        }
+        if (npfd == 0 || poll(pfds, (nfds_t)npfd, 0) <= 0) continue;
+        for (int i = 0; i < npfd; i++) {
+            if (!(pfds[i].revents & POLLIN)) continue;
+            ddp__tcp_frame_t h;
+            ssize_t k = recv(pfds[i].fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+            /* A peer that finished and closed (k == 0), or whose next frame belongs to a later
+             * collective, completed this one. */
+            if (k != (ssize_t)sizeof h || h.magic != DDP_TCP_FRAME_MAGIC ||
+                h.type != DDP_TCP_FRAME_ABORT || h.seq != c->seq)
+                continue;
+            char reason[512];
+            int peer = peer_of[i];
+            if (!pending_abort_reason(t, peer, reason, sizeof reason))
+                snprintf(reason, sizeof reason, "(no reason given)");
+            char d[400];
+            describe_c(t, c, d, sizeof d);
+            return ddp__error(DDP_ERR_REMOTE, "%s: rank %d gave up on it before this rank "
+                              "finished: %s", d, peer, reason);
+        }
+    }
+    return DDP_OK;
+}
+
+static ddp_status_t run_algorithm(tcp_state_t *t, const ddp__collective_t *c)
+{
     ddp_status_t s = check_fingerprints(t, c);
     if (s != DDP_OK || c->kind == DDP__BARRIER || c->count == 0) return s;
     switch (c->kind) {
@@ -1084,6 +1130,13 @@ static ddp_status_t dispatch(tcp_state_t *t, const ddp__collective_t *c)
     case DDP__ALLGATHER: return allgather_ring(t, c);
     default: return DDP_OK;
     }
+}
+
+static ddp_status_t dispatch(tcp_state_t *t, const ddp__collective_t *c)
+{
+    if (t->world == 1) return run_single(c);
+    ddp_status_t s = run_algorithm(t, c);
+    return s == DDP_OK ? confirm(t, c) : s;
 }
 
 static ddp_status_t tcp_run(void *state, const ddp__collective_t *c)
