@@ -9,3 +9,10 @@ foreach(transport shm tcp hierarchical)
     endforeach()
   endforeach()
 endforeach()
+# The rank that stopped is the one named, also when others waited for it through a ring.
+foreach(transport shm tcp)
+  foreach(world 3 4)
+    ddp_add_test(NAME test_agreement SOURCES test_agreement.c ARGS ${transport} ${world} blame
+                 TIMEOUT 120)
+  endforeach()
+endforeach()

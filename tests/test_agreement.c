@@ -7,6 +7,9 @@
  *          process SIGSTOPs one of them at a random moment for longer than the timeout, then
  *          SIGCONTs it. Whatever phase the stop hits, every rank must fail at the same collective
  *          of the loop, and every collective before it must have succeeded with right data.
+ *   blame - stop, with rank 0 always the one stopped: every other rank's error names rank 0 as
+ *          the rank that did not arrive or did not send its part, not a neighbour that was
+ *          waiting for it too (over TCP a ring's rank 2 waits for rank 1, which waits for 0).
  * Usage: test_agreement TRANSPORT WORLD MODE   (TRANSPORT: shm, tcp or hierarchical, which
  * pretends every rank is on its own host, so its leaders talk TCP) */
 #include <signal.h>
@@ -167,6 +170,10 @@ static int late_rank(int rank, int world, ddp_store_t *store, void *arg)
 
 #define STOP_ROUNDS 4
 
+/* blame mode: the stopped rank is always rank 0, and every other rank's error must name it as
+ * the rank that did not arrive or did not send (not a ring neighbour that was waiting too). */
+static int blame;
+
 static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
 {
     (void)arg;
@@ -203,7 +210,7 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
         CHECK_OK(ddp_store_set(store, key, &me, sizeof me));
         CHECK_OK(ddp_group_barrier(g));
         if (rank == 0) {
-            int victim = (int)((ddp_test_random(&seed) + 1.0) * 0.5 * world) % world;
+            int victim = blame ? 0 : (int)((ddp_test_random(&seed) + 1.0) * 0.5 * world) % world;
             snprintf(key, sizeof key, "pid/%d/%d", round, victim);
             void *v = NULL;
             size_t len = 0;
@@ -228,14 +235,35 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
             size_t len = 0;
             CHECK_OK(ddp_store_get(store, key, &v, &len));
             int *o = v;
+            /* The one disagreement TCP cannot exclude (docs/tcp-transport.md, "Agreement"): a
+             * rank stopped between the sends of its commit frames. The rank that missed one
+             * times out in the commit round while the ones that got all of them, and the
+             * stopped rank itself on its return, finish; nothing else may differ. */
+            if (o[0] == (int)i + 1 && strcmp(transport, "shm") != 0 &&
+                strstr(text, "commit round") && s == DDP_ERR_TIMEOUT) {
+                fprintf(stderr, "round %d: rank %d timed out in the commit round of collective "
+                        "%u, which rank %d finished (a stop between commit sends)\n", round,
+                        rank, i, r);
+                ddp_free(v);
+                continue;
+            }
+            if (o[0] == (int)i - 1 && strcmp(transport, "shm") != 0 && o[1] == DDP_ERR_TIMEOUT) {
+                ddp_free(v);
+                continue; /* the same case seen from the other side: checked by rank r */
+            }
             CHECK_MSG(o[0] == (int)i,
-                      "round %d: rank %d failed at collective %u (%s) but rank %d at %d (%s)",
+                      "round %d: rank %d failed at collective %u (%s) but rank %d at %d (%s); "
+                      "this rank's error: %s",
                       round, rank, i, ddp_status_string(s), r, o[0],
-                      ddp_status_string((ddp_status_t)o[1]));
+                      ddp_status_string((ddp_status_t)o[1]), text);
             ddp_free(v);
         }
         fprintf(stderr, "rank %d round %d: all ranks failed at collective %u: %s\n", rank, round,
                 i, text);
+        if (blame && rank != 0)
+            CHECK_MSG(strstr(text, "rank 0 (at seq") || strstr(text, "waiting for rank 0 "),
+                      "round %d: rank %d blames another rank than the stopped rank 0: %s", round,
+                      rank, text);
         ddp_group_destroy(g);
     }
     if (rank == 0) {
@@ -250,13 +278,15 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
 int main(int argc, char **argv)
 {
     if (argc != 4) {
-        fprintf(stderr, "usage: %s shm|tcp|hierarchical WORLD late|stop\n", argv[0]);
+        fprintf(stderr, "usage: %s shm|tcp|hierarchical WORLD late|stop|blame\n", argv[0]);
         return 2;
     }
     transport = argv[1];
     int world = atoi(argv[2]);
     if (!strcmp(argv[3], "late")) return ddp_test_run_ranks(world, 100, late_rank, NULL);
     if (!strcmp(argv[3], "stop")) return ddp_test_run_ranks(world, 100, stop_rank, NULL);
+    blame = !strcmp(argv[3], "blame");
+    if (blame) return ddp_test_run_ranks(world, 100, stop_rank, NULL);
     fprintf(stderr, "unknown mode %s\n", argv[3]);
     return 2;
 }

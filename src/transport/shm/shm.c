@@ -248,7 +248,8 @@ static void publish_abort(shm_state_t *S, ddp_status_t status, const char *reaso
  * to complete it: every rank's outcome of a collective is the same. The decision is taken on the
  * step words themselves. A rank arrives at step t with a compare-and-swap of its own step from
  * t-1 to t; a rank that gives up at t swaps every step that is still below t to a poison value
- * naming itself and t. Exactly one of the two swaps wins on each word, so either every rank
+ * naming itself and keeping the step the word held (so a rank still waiting for an earlier phase
+ * sees that the poisoned rank did reach it). Exactly one of the two swaps wins on each word, so either every rank
  * arrived (nobody can poison any more: the collective completes everywhere, and the rank that
  * wanted to give up goes on waiting) or some rank's step is poisoned (it can never arrive: every
  * waiter and the late rank itself fail). The argument is written out in docs/shm-transport.md. */
@@ -256,15 +257,21 @@ static void publish_abort(shm_state_t *S, ddp_status_t status, const char *reaso
 #define POISON_RANK_SHIFT 48
 #define POISON_STEP_MASK ((1ULL << POISON_RANK_SHIFT) - 1)
 
-static uint64_t poison_of(int rank, uint64_t target)
+static uint64_t poison_of(int rank, uint64_t step)
 {
-    return POISON_BIT | ((uint64_t)rank << POISON_RANK_SHIFT) | (target & POISON_STEP_MASK);
+    return POISON_BIT | ((uint64_t)rank << POISON_RANK_SHIFT) | (step & POISON_STEP_MASK);
 }
 
 static int poisoner_of(uint64_t v) { return (int)((v & ~POISON_BIT) >> POISON_RANK_SHIFT); }
 
-/* A step word has reached `target`. Signed: a poisoned word is negative, never arrived. */
-static inline int reached(uint64_t v, uint64_t target) { return (int64_t)v >= (int64_t)target; }
+/* A step word has reached `target` (a poisoned word keeps the last step its owner reached). */
+static inline int reached(uint64_t v, uint64_t target) { return (v & POISON_STEP_MASK) >= target; }
+
+/* A step word that was poisoned below `target`: its owner can never reach it. */
+static inline int lost_below(uint64_t v, uint64_t target)
+{
+    return (v & POISON_BIT) && (v & POISON_STEP_MASK) < target;
+}
 
 /* ---- waiting ------------------------------------------------------------------------------ */
 
@@ -341,7 +348,7 @@ static ddp_status_t check_peers(shm_state_t *S, uint64_t target, int mailbox,
 {
     for (int j = 0; j < S->world; j++) {
         uint64_t v = atomic_load(&S->ranks[j].step);
-        if (v & POISON_BIT) return poisoned_error(S, j, v, c);
+        if (lost_below(v, target)) return poisoned_error(S, j, v, c);
     }
     for (int j = 0; j < S->world; j++) {
         if (j == S->rank) continue;
@@ -377,12 +384,11 @@ static ddp_status_t check_peers(shm_state_t *S, uint64_t target, int mailbox,
 static int give_up(shm_state_t *S, uint64_t target, int mailbox)
 {
     int lost = 0;
-    uint64_t poison = poison_of(S->rank, target);
     for (int j = 0; j < S->world; j++) {
         _Atomic uint64_t *step = &S->ranks[j].step;
         uint64_t v = atomic_load(step);
         for (;;) {
-            if (v & POISON_BIT) {
+            if (lost_below(v, target)) {
                 lost = 1;
                 break;
             }
@@ -394,7 +400,7 @@ static int give_up(shm_state_t *S, uint64_t target, int mailbox)
                     lost = 1;
                 break;
             }
-            if (atomic_compare_exchange_strong(step, &v, poison)) {
+            if (atomic_compare_exchange_strong(step, &v, poison_of(S->rank, v))) {
                 lost = 1;
                 break;
             }

@@ -42,6 +42,7 @@ void ddp__tcp_set_chunk_bytes(size_t bytes) { chunk_bytes = bytes < 64 ? 64 : by
 
 typedef struct tcp_state {
     int rank, world;
+    int timeout_ms; /* the group's timeout: sets the grace of blame_grace_ns */
     char group[DDP_TCP_MAX_GROUP + 1];
     ddp__tcp_conn_t *conns;
     char *work; /* accumulation workspace, grown on demand */
@@ -360,10 +361,108 @@ static int remaining_ms(int64_t deadline_ns)
     return ms > 1000 ? 1000 : (int)ms;
 }
 
+/* A rank that waits for a peer's data past the deadline may be waiting for a rank that is itself
+ * waiting: in a ring, rank 3 waits for rank 2, which waits for rank 1, which waits for a stopped
+ * rank 0. Their deadlines differ by how far apart they started, so rank 3's can pass first, and
+ * it would blame rank 2. So at its deadline a rank gives up at once (its abort frames go out to
+ * every peer) and then listens on every connection for a grace period: each rank that is alive
+ * and stuck gives up within it and sends its abort frame, and the ranks that send nothing are
+ * the ones that stopped. The grace is a quarter of the timeout, at most 1 s; with two ranks
+ * there is nobody else to blame. */
+static void send_abort_frames(tcp_state_t *t, uint64_t seq, const char *reason);
+
+static int64_t blame_grace_ns(const tcp_state_t *t)
+{
+    if (t->world <= 2) return 0;
+    int64_t g = (int64_t)t->timeout_ms * 250000LL;
+    return g > 1000000000LL ? 1000000000LL : g;
+}
+
+static ddp_status_t blame_stopped(tcp_state_t *t, const ddp__collective_t *c, const flow_t *in)
+{
+    char d[400], reason[600];
+    describe_c(t, c, d, sizeof d);
+    snprintf(reason, sizeof reason, "rank %d: %s: timed out waiting for rank %d (at seq %llu): it "
+             "did not send its part", t->rank, d, in->peer,
+             (unsigned long long)t->conns[in->peer].last_seq);
+    send_abort_frames(t, c->seq, reason);
+    /* Peers heard from: an abort frame or a closed connection. A connection in the middle of a
+     * frame (only the one this rank was reading can be) cannot be read for an abort frame; its
+     * peer counts as stopped unless it closes. */
+    char *heard = calloc((size_t)t->world, 1);
+    struct pollfd *pfds = calloc((size_t)t->world, sizeof *pfds);
+    int *peer_of = calloc((size_t)t->world, sizeof *peer_of);
+    if (!heard || !pfds || !peer_of) goto report;
+    heard[t->rank] = 1;
+    int64_t until = ddp__now_ns() + blame_grace_ns(t);
+    for (;;) {
+        int npfd = 0, waiting = 0;
+        for (int p = 0; p < t->world; p++) {
+            if (heard[p] || t->conns[p].fd < 0) continue;
+            waiting++;
+            int mid_frame = p == in->peer ? in->done > 0 : t->conns[p].recv_partial;
+            pfds[npfd].fd = t->conns[p].fd;
+            pfds[npfd].events = mid_frame ? POLLRDHUP : POLLIN | POLLRDHUP;
+            pfds[npfd].revents = 0;
+            peer_of[npfd++] = p;
+        }
+        int64_t left = until - ddp__now_ns();
+        if (!waiting || left <= 0) break;
+        int r = poll(pfds, (nfds_t)npfd, (int)((left + 999999) / 1000000));
+        if (r < 0 && errno != EINTR) break;
+        int progressed = 0;
+        for (int i = 0; r > 0 && i < npfd; i++) {
+            int p = peer_of[i];
+            if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+                heard[p] = 1;
+                progressed = 1;
+                continue;
+            }
+            if (!(pfds[i].revents & POLLIN)) continue;
+            ddp__tcp_frame_t h;
+            ssize_t k = recv(pfds[i].fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+            if (k == 0 || (k == (ssize_t)sizeof h && h.magic == DDP_TCP_FRAME_MAGIC &&
+                           h.type == DDP_TCP_FRAME_ABORT)) {
+                heard[p] = 1;
+                progressed = 1;
+            }
+        }
+        /* Data still arriving on a connection (not an abort): nothing to learn from it; do
+         * not spin on it. */
+        if (!progressed && r > 0) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    }
+report:;
+    char stopped[400] = "", gave_up[200] = "";
+    size_t ns = 0, ng = 0;
+    for (int p = 0; heard && p < t->world; p++) {
+        if (p == t->rank) continue;
+        if (!heard[p] && ns < sizeof stopped - 48)
+            ns += (size_t)snprintf(stopped + ns, sizeof stopped - ns, "%srank %d (at seq %llu)",
+                                   ns ? ", " : "", p,
+                                   (unsigned long long)t->conns[p].last_seq);
+        else if (heard[p] && ng < sizeof gave_up - 16)
+            ng += (size_t)snprintf(gave_up + ng, sizeof gave_up - ng, "%s%d", ng ? ", " : "", p);
+    }
+    free(heard);
+    free(pfds);
+    free(peer_of);
+    if (ns)
+        return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out: %s stopped sending; %s%s%sthis rank "
+                          "waited for rank %d", d, stopped, ng ? "ranks " : "", gave_up,
+                          ng ? " gave up waiting too; " : "", in->peer);
+    return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out waiting for rank %d (at seq %llu): it did "
+                      "not send its part (%zu of %zu messages received)", d, in->peer,
+                      (unsigned long long)t->conns[in->peer].last_seq, in->cur, in->n);
+}
+
 static ddp_status_t exchange_flows(tcp_state_t *t, const ddp__collective_t *c, flow_t *out,
                                    flow_t *in, on_recv_fn fn, void *ctx)
 {
     ddp_status_t status = DDP_OK;
+    int64_t deadline_ns = c->deadline_ns;
     for (;;) {
         if (atomic_load(&t->aborted)) return closed_error(t, c, out ? out->peer : in->peer, 0);
         int progressed = 1;
@@ -412,7 +511,8 @@ static ddp_status_t exchange_flows(tcp_state_t *t, const ddp__collective_t *c, f
                 }
             }
         }
-        int ms = remaining_ms(c->deadline_ns);
+        int ms = remaining_ms(deadline_ns);
+        if (ms == 0 && in_pending && blame_grace_ns(t) > 0) return blame_stopped(t, c, in);
         if (ms == 0) {
             char d[400];
             describe_c(t, c, d, sizeof d);
@@ -472,7 +572,7 @@ typedef struct fp_peer {
     } in;
 } fp_peer_t;
 
-static ddp_status_t check_fingerprints(tcp_state_t *t, const ddp__collective_t *c)
+static ddp_status_t check_fingerprints(tcp_state_t *t, const ddp__collective_t *c, int commit)
 {
     int n = t->world, r = t->rank;
     const size_t hsz = sizeof(ddp__tcp_frame_t), fsz = hsz + sizeof(fp_wire_t);
@@ -485,6 +585,7 @@ static ddp_status_t check_fingerprints(tcp_state_t *t, const ddp__collective_t *
         goto done;
     }
     all[r] = fp_of(c);
+    if (commit) all[r].valid = 2; /* a commit frame: see confirm_everywhere */
     struct {
         ddp__tcp_frame_t hdr;
         fp_wire_t fp;
@@ -1000,6 +1101,7 @@ static ddp_status_t tcp_create(ddp_store_t *store, const char *group_name, int r
     if (!t) return ddp__error(DDP_ERR_NO_MEMORY, "tcp transport: state");
     t->rank = rank;
     t->world = world;
+    t->timeout_ms = timeout_ms;
     snprintf(t->group, sizeof t->group, "%s", group_name);
     pthread_mutex_init(&t->lock, NULL);
     t->conns = calloc((size_t)world, sizeof *t->conns);
@@ -1118,7 +1220,7 @@ static ddp_status_t confirm(tcp_state_t *t, const ddp__collective_t *c)
 
 static ddp_status_t run_algorithm(tcp_state_t *t, const ddp__collective_t *c)
 {
-    ddp_status_t s = check_fingerprints(t, c);
+    ddp_status_t s = check_fingerprints(t, c, 0);
     if (s != DDP_OK || c->kind == DDP__BARRIER || c->count == 0) return s;
     switch (c->kind) {
     case DDP__ALLREDUCE:
@@ -1132,10 +1234,28 @@ static ddp_status_t run_algorithm(tcp_state_t *t, const ddp__collective_t *c)
     }
 }
 
+/* In a ring or recursive doubling a rank's last frames need not come from every rank: ranks can
+ * finish while another still waits for a stopped rank, and that one's give-up came too late for
+ * them. A collective that moved data therefore ends with a commit round, one more all-to-all of
+ * small frames (the fingerprint exchange's code, the frames marked as commits): a rank reports
+ * success only when every rank has finished its part, and a rank that gave up instead sends its
+ * abort frame where the others wait for its commit. The barrier is itself one all-to-all and
+ * needs none. Costs one network latency per collective (docs/tcp-transport.md, "Agreement"). */
+static ddp_status_t commit_everywhere(tcp_state_t *t, const ddp__collective_t *c)
+{
+    if (c->kind == DDP__BARRIER || c->count == 0) return DDP_OK;
+    ddp_status_t s = check_fingerprints(t, c, 1);
+    if (s != DDP_OK)
+        ddp__error_context(s, "tcp transport: the commit round of seq %llu (every rank's part "
+                           "done?)", (unsigned long long)c->seq);
+    return s;
+}
+
 static ddp_status_t dispatch(tcp_state_t *t, const ddp__collective_t *c)
 {
     if (t->world == 1) return run_single(c);
     ddp_status_t s = run_algorithm(t, c);
+    if (s == DDP_OK) s = commit_everywhere(t, c);
     return s == DDP_OK ? confirm(t, c) : s;
 }
 
