@@ -311,7 +311,7 @@ int main(void)
     /* The suite forks (inherited_handle), so the server runs in a process of its own rather than
      * as a thread of this one: see store_server_process_start. */
     store_server_process_t server;
-    store_server_process_start("api-token", 0, &server);
+    store_server_process_start("api-token", 0, 0, &server);
     CHECK_OK(ddp_store_tcp_connect("127.0.0.1", server.port, "api-token", 5000, &s));
     CHECK(ddp_store_timeout(s) == 5000);
     run_suite(s, "tcp");

@@ -5,6 +5,7 @@
 #define DDP_TEST_STORE_COMMON_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
@@ -251,9 +252,11 @@ static inline long store_peak_rss_kib(void)
 }
 
 /* Forks a process that serves a TCP store on 127.0.0.1 (any free port) with `token`. With
- * nofile > 0 that process's descriptor limit is set to it first. Call it before the test starts
- * any thread. */
-static inline void store_server_process_start(const char *token, int nofile,
+ * nofile > 0 that process's descriptor limit is set to it first; with spare_fds > 0 the process
+ * then holds descriptors of /dev/null until only spare_fds remain free, as if the rest of a
+ * program used them, so the server runs out of descriptors before any limit of its own. Call it
+ * before the test starts any thread. */
+static inline void store_server_process_start(const char *token, int nofile, int spare_fds,
                                               store_server_process_t *out)
 {
     int command[2], response[2];
@@ -272,6 +275,14 @@ static inline void store_server_process_start(const char *token, int nofile,
         ddp_store_server_t *server = NULL;
         CHECK_OK(ddp_store_server_start("127.0.0.1", 0, token, &server));
         int port = ddp_store_server_port(server);
+        if (spare_fds > 0) {
+            static int held[8192];
+            int nheld = 0;
+            while (nheld < 8192 && (held[nheld] = open("/dev/null", O_RDONLY)) >= 0) nheld++;
+            CHECK_MSG(nheld < 8192 && errno == EMFILE && nheld >= spare_fds,
+                      "could not fill the descriptor table (%d held)", nheld);
+            for (int i = 0; i < spare_fds; i++) close(held[--nheld]);
+        }
         store_write_exact(response[1], &port, sizeof port);
         for (;;) {
             char c = 'q';

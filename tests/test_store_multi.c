@@ -52,7 +52,7 @@ int main(int argc, char **argv)
         /* Not a server thread here: the harness forks the ranks from this process, and a child
          * forked while the server thread holds the allocator's lock hangs (seen under ASan). */
         store_server_process_t server;
-        store_server_process_start("multi-secret", 0, &server);
+        store_server_process_start("multi-secret", 0, 0, &server);
         tcp_port = server.port;
         int rc = ddp_test_run_ranks(world, 100, tcp_rank, NULL);
         /* The server saw every rank's keys. */
