@@ -27,3 +27,9 @@ if(CMAKE_C_COMPILER_ID MATCHES "Clang")
   set_tests_properties(test_store_fuzz_libfuzzer PROPERTIES TIMEOUT 120 LABELS store)
 endif()
 ddp_add_test(NAME test_store_tcp_abuse SOURCES test_store_tcp_abuse.c TIMEOUT 90 LABELS store)
+# Connections that never authenticate: their memory, lock-out of honest clients under a low
+# descriptor limit, the authentication deadline, and a client retrying after it is evicted.
+foreach(case memory lockout lockout_emfile deadline evicted)
+  ddp_add_test(NAME test_store_tcp_preauth SOURCES test_store_tcp_preauth.c ARGS ${case}
+               TIMEOUT 60 LABELS store)
+endforeach()

@@ -4,12 +4,18 @@
 #ifndef DDP_TEST_STORE_COMMON_H
 #define DDP_TEST_STORE_COMMON_H
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -187,6 +193,143 @@ static inline void store_semantics(ddp_store_t *s, const char *tag, size_t max_k
     expect_value(s, longest, "L", 1);
     CHECK_OK(ddp_store_delete(s, longest, &deleted));
     CHECK(deleted == 1);
+}
+
+/* ---- a TCP store server in a process of its own ------------------------------------------ */
+
+/* The server runs a thread. A test that forks (ranks, clients) must not fork from a process in
+ * which that thread runs: a child forked while another thread holds a lock (the allocator's, under
+ * ASan) blocks forever on its first malloc. So the server lives in a child forked first, while the
+ * test still has no threads, and the test talks to it over two pipes. */
+typedef struct store_server_process {
+    pid_t pid;
+    int port;
+    int command;  /* write end: one command byte */
+    int response; /* read end: the answers */
+} store_server_process_t;
+
+/* What the server process reports about itself ('h' command). */
+typedef struct store_server_usage {
+    long peak_rss_kib; /* VmHWM from /proc/self/status */
+    long cpu_ms;       /* user + system time so far */
+} store_server_usage_t;
+
+static inline void store_read_exact(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        CHECK_MSG(n > 0, "the store server process went away (read returned %zd)", n);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static inline void store_write_exact(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        CHECK(n > 0);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+static inline long store_peak_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    CHECK(f);
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    fclose(f);
+    CHECK_MSG(kib > 0, "no VmHWM in /proc/self/status");
+    return kib;
+}
+
+/* Forks a process that serves a TCP store on 127.0.0.1 (any free port) with `token`. With
+ * nofile > 0 that process's descriptor limit is set to it first; with spare_fds > 0 the process
+ * then holds descriptors of /dev/null until only spare_fds remain free, as if the rest of a
+ * program used them, so the server runs out of descriptors before any limit of its own. Call it
+ * before the test starts any thread. */
+static inline void store_server_process_start(const char *token, int nofile, int spare_fds,
+                                              store_server_process_t *out)
+{
+    int command[2], response[2];
+    CHECK(pipe(command) == 0 && pipe(response) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(command[1]);
+        close(response[0]);
+        if (nofile > 0) {
+            struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
+            CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+        }
+        ddp_store_server_t *server = NULL;
+        CHECK_OK(ddp_store_server_start("127.0.0.1", 0, token, &server));
+        int port = ddp_store_server_port(server);
+        if (spare_fds > 0) {
+            static int held[8192];
+            int nheld = 0;
+            while (nheld < 8192 && (held[nheld] = open("/dev/null", O_RDONLY)) >= 0) nheld++;
+            CHECK_MSG(nheld < 8192 && errno == EMFILE && nheld >= spare_fds,
+                      "could not fill the descriptor table (%d held)", nheld);
+            for (int i = 0; i < spare_fds; i++) close(held[--nheld]);
+        }
+        store_write_exact(response[1], &port, sizeof port);
+        for (;;) {
+            char c = 'q';
+            ssize_t n = read(command[0], &c, 1);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0 || c == 'q') break; /* told to stop, or the test is gone */
+            if (c == 'h') {
+                struct rusage ru;
+                getrusage(RUSAGE_SELF, &ru);
+                store_server_usage_t u = {
+                    store_peak_rss_kib(),
+                    (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000L +
+                        (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000L};
+                store_write_exact(response[1], &u, sizeof u);
+            }
+        }
+        ddp_store_server_stop(server);
+        _exit(0);
+    }
+    close(command[0]);
+    close(response[1]);
+    out->pid = pid;
+    out->command = command[1];
+    out->response = response[0];
+    store_read_exact(out->response, &out->port, sizeof out->port);
+    CHECK(out->port > 0);
+}
+
+static inline store_server_usage_t store_server_process_usage(const store_server_process_t *sp)
+{
+    store_write_exact(sp->command, "h", 1);
+    store_server_usage_t u;
+    store_read_exact(sp->response, &u, sizeof u);
+    return u;
+}
+
+/* Stops the server and checks that its process exited cleanly. */
+static inline void store_server_process_stop(store_server_process_t *sp)
+{
+    store_write_exact(sp->command, "q", 1);
+    int status = 0;
+    while (waitpid(sp->pid, &status, 0) < 0) CHECK(errno == EINTR);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the store server process ended with status 0x%x", status);
+    close(sp->command);
+    close(sp->response);
+    sp->pid = -1;
 }
 
 /* ---- many processes (or threads) on one store --------------------------------------------- */

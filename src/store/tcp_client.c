@@ -162,14 +162,36 @@ free_payload:
     return s;
 }
 
-/* Connects (retrying with backoff while nothing listens) and authenticates. */
+/* Sends AUTH on a fresh connection and reads the answer. */
+static ddp_status_t authenticate(struct tcp_client *tc, int fd, int64_t deadline_ns)
+{
+    ddp__bytes_t frame = {0};
+    ddp__store_request_t req = {.op = DDP__STORE_OP_AUTH,
+                                .value = (const uint8_t *)(tc->token ? tc->token : ""),
+                                .value_len = tc->token ? strlen(tc->token) : 0};
+    ddp__store_request_encode(&frame, &req);
+    uint8_t *body = NULL;
+    size_t body_len = 0;
+    int in_sync = 0;
+    ddp_status_t s = frame.failed ? DDP_ERR_NO_MEMORY
+                                  : roundtrip(tc, fd, &frame, deadline_ns, &body, &body_len,
+                                              &in_sync);
+    ddp__bytes_free(&frame);
+    free(body);
+    return s;
+}
+
+/* Connects and authenticates, retrying with backoff while nothing listens or while the server
+ * closes the connection before answering AUTH: a server flooded with unauthenticated connections
+ * evicts the oldest ones, and an honest client caught in that must try again, not give up. A
+ * wrong token is answered with an error reply and is not retried. */
 static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, int *out_fd)
 {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", tc->port);
     int64_t backoff_ms = 10;
     int last_err = 0;
-    const char *last_what = "connect";
+    int evicted = 0; /* the last attempt connected but was closed before the AUTH reply */
     for (;;) {
         struct addrinfo hints, *res = NULL;
         memset(&hints, 0, sizeof hints);
@@ -197,15 +219,32 @@ static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, 
                 else
                     errno = r == 1 ? soerr : ETIMEDOUT;
             }
-            if (rc == 0) {
-                int one = 1;
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            if (rc != 0) {
+                last_err = errno;
+                close(fd);
+                continue;
+            }
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            ddp_status_t s = authenticate(tc, fd, deadline_ns);
+            if (s == DDP_OK) {
                 freeaddrinfo(res);
                 *out_fd = fd;
-                goto authenticate;
+                return DDP_OK;
             }
-            last_err = errno;
             close(fd);
+            /* Out of time after earlier evictions: the message below says why. */
+            if (s == DDP_ERR_TIMEOUT && evicted) break;
+            if (s != DDP_ERR_REMOTE) {
+                freeaddrinfo(res);
+                if (s == DDP_ERR_PROTOCOL)
+                    return ddp__error_context(DDP_ERR_PROTOCOL,
+                                              "TCP store %s:%d refused the connection (wrong "
+                                              "token?)",
+                                              tc->host, tc->port);
+                return s;
+            }
+            evicted = 1;
         }
         if (res) freeaddrinfo(res);
         if (ddp__now_ns() >= deadline_ns) break;
@@ -213,34 +252,15 @@ static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, 
         ddp__sleep_us((backoff_ms < left ? backoff_ms : left) * 1000);
         if (backoff_ms < 500) backoff_ms *= 2;
     }
+    if (evicted)
+        return ddp__error(DDP_ERR_TIMEOUT,
+                          "TCP store %s:%d: the server kept closing the connection before "
+                          "answering AUTH until the timeout (flooded by unauthenticated "
+                          "connections, or not a libddp store)",
+                          tc->host, tc->port);
     return ddp__error_errno(DDP_ERR_TIMEOUT, last_err ? last_err : ETIMEDOUT,
-                            "TCP store: could not %s to %s:%d before the timeout", last_what,
-                            tc->host, tc->port);
-
-authenticate:;
-    ddp__bytes_t frame = {0};
-    ddp__store_request_t req = {.op = DDP__STORE_OP_AUTH,
-                                .value = (const uint8_t *)(tc->token ? tc->token : ""),
-                                .value_len = tc->token ? strlen(tc->token) : 0};
-    ddp__store_request_encode(&frame, &req);
-    uint8_t *body = NULL;
-    size_t body_len = 0;
-    int in_sync = 0;
-    ddp_status_t s = frame.failed ? DDP_ERR_NO_MEMORY
-                                  : roundtrip(tc, *out_fd, &frame, deadline_ns, &body, &body_len,
-                                              &in_sync);
-    ddp__bytes_free(&frame);
-    free(body);
-    if (s != DDP_OK) {
-        close(*out_fd);
-        *out_fd = -1;
-        if (s == DDP_ERR_PROTOCOL || s == DDP_ERR_REMOTE)
-            return ddp__error_context(DDP_ERR_PROTOCOL,
-                                      "TCP store %s:%d refused the connection (wrong token?)",
-                                      tc->host, tc->port);
-        return s;
-    }
-    return DDP_OK;
+                            "TCP store: could not connect to %s:%d before the timeout", tc->host,
+                            tc->port);
 }
 
 /* Takes an idle pooled connection or opens a new one. */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,8 +23,18 @@
 #include "store/tcp_frame.h"
 
 #define MAX_CONNECTIONS 4096
-/* A connection that has not authenticated within this time is closed. */
-#define AUTH_DEADLINE_MS 60000
+/* A connection that has not authenticated within this time is closed. An honest client sends AUTH
+ * right after connecting, so a few seconds is generous, and junk connections do not linger. */
+#define AUTH_DEADLINE_MS 5000
+/* At most this many unauthenticated connections are kept (fewer when the descriptor limit is low,
+ * see unauthenticated_limit); beyond it the oldest is evicted for the newcomer. Each one costs at
+ * most UNAUTH_BUFFER bytes of input plus its struct, so together they stay below 4.5 MiB. */
+#define MAX_UNAUTHENTICATED 1024
+/* An unauthenticated connection's input buffer holds exactly one AUTH frame of the largest size. */
+#define UNAUTH_BUFFER (DDP__STORE_FRAME_HEADER + DDP__STORE_MAX_AUTH_FRAME)
+/* Connections accepted per loop turn, so a flood of connects cannot keep the loop from serving
+ * the connections it has. */
+#define ACCEPT_BATCH 64
 /* Bytes read from one connection per loop turn, so one fast sender cannot starve the others. */
 #define READ_BUDGET (4u << 20)
 
@@ -53,6 +64,9 @@ struct ddp_store_server {
     struct conn **conns;
     size_t nconns, conns_cap;
     int64_t accept_paused_until_ns; /* out of file descriptors: stop polling the listener */
+    size_t unauth_limit;            /* unauthenticated connections kept at once */
+    uint64_t evicted;               /* unauthenticated connections evicted, not yet logged */
+    int64_t evictions_logged_ns;    /* when the last summary of evictions was logged */
 };
 
 /* ---- connections ------------------------------------------------------------------------- */
@@ -65,7 +79,7 @@ static void conn_close(struct conn *c, const char *reason)
 
 static void conn_free(struct conn *c)
 {
-    close(c->fd);
+    if (c->fd >= 0) close(c->fd);
     free(c->in);
     ddp__bytes_free(&c->out);
     ddp__store_request_free(&c->wait);
@@ -325,10 +339,62 @@ static void process(struct ddp_store_server *srv, struct conn *c)
     }
 }
 
-/* Reads what the socket has (up to READ_BUDGET). The buffer grows only as bytes actually arrive,
- * never to the size a length prefix merely claims. */
+/* Reads the first frame of a connection that has not authenticated: the 4-byte header alone
+ * first, which is checked against the 4101-byte limit at once, then exactly the frame it announces,
+ * into a buffer of UNAUTH_BUFFER bytes. Nothing beyond that frame is read before the AUTH is
+ * handled, so a connection that sends megabytes costs the server no more than one that sends the
+ * AUTH it should. */
+static void conn_read_unauthenticated(struct conn *c)
+{
+    if (!c->in) {
+        c->in = malloc(UNAUTH_BUFFER);
+        if (!c->in) {
+            conn_close(c, "out of memory for the input buffer");
+            return;
+        }
+        c->in_cap = UNAUTH_BUFFER;
+    }
+    while (!c->dead) {
+        size_t want = DDP__STORE_FRAME_HEADER;
+        if (c->in_len >= DDP__STORE_FRAME_HEADER) {
+            size_t payload_len = 0;
+            const char *why = NULL;
+            int r = ddp__store_frame_split(c->in, c->in_len, DDP__STORE_MAX_AUTH_FRAME,
+                                           &payload_len, &why);
+            if (r == DDP__FRAME_BAD) {
+                char text[160];
+                snprintf(text, sizeof text, "%s (before authentication, limit %u bytes)", why,
+                         DDP__STORE_MAX_AUTH_FRAME);
+                conn_close(c, text);
+                return;
+            }
+            if (r == DDP__FRAME_READY) return; /* process() handles it */
+            want = DDP__STORE_FRAME_HEADER + ddp__load_u32(c->in);
+        }
+        ssize_t n = recv(c->fd, c->in + c->in_len, want - c->in_len, MSG_DONTWAIT);
+        if (n > 0) {
+            c->in_len += (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            conn_close(c, c->in_len > 0 ? "peer closed the connection in the middle of a frame"
+                                        : NULL);
+            return;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) conn_close(c, strerror(errno));
+        return;
+    }
+}
+
+/* Reads what the socket of an authenticated connection has (up to READ_BUDGET). The buffer grows
+ * only as bytes actually arrive, never to the size a length prefix merely claims. */
 static void conn_read(struct conn *c)
 {
+    if (!c->authenticated) {
+        conn_read_unauthenticated(c);
+        return;
+    }
     size_t budget = READ_BUDGET;
     while (!c->dead && budget > 0) {
         /* An honest client has at most one request in flight, so the buffer holds at most one
@@ -338,7 +404,7 @@ static void conn_read(struct conn *c)
             return;
         }
         if (c->in_cap - c->in_len < 65536) {
-            size_t cap = c->in_cap ? c->in_cap * 2 : 65536;
+            size_t cap = c->in_cap * 2 > 65536 ? c->in_cap * 2 : 65536;
             uint8_t *p = realloc(c->in, cap);
             if (!p) {
                 conn_close(c, "out of memory for the input buffer");
@@ -368,15 +434,80 @@ static void conn_read(struct conn *c)
     }
 }
 
+/* How many unauthenticated connections the server keeps: MAX_UNAUTHENTICATED, or a quarter of the
+ * process's descriptor limit when that is lower, so that hostile connections can never take the
+ * descriptors that authenticated clients and the rest of the process (a rank's own transport, for
+ * one) need. Read once at start; at least 8 so a burst of honest ranks is not evicted early. */
+static size_t unauthenticated_limit(void)
+{
+    struct rlimit rl;
+    size_t limit = MAX_UNAUTHENTICATED;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 4 < limit)
+        limit = (size_t)(rl.rlim_cur / 4);
+    return limit < 8 ? 8 : limit;
+}
+
+/* Closes the oldest connection that has not authenticated yet, at once (its descriptor is needed
+ * now, not at the end of the turn). Only connections accepted in an earlier turn are candidates
+ * (indexes below `end`): every connection gets one turn to present its AUTH, which an honest
+ * client has sent by then. The connection array is in accept order, so the first live
+ * unauthenticated entry from *cursor on is the oldest; the cursor only moves forward within one
+ * accept_all call, which keeps a flood linear. Returns 0 when there is none. */
+static int evict_oldest_unauthenticated(struct ddp_store_server *srv, size_t *cursor, size_t end)
+{
+    for (; *cursor < end; (*cursor)++) {
+        struct conn *c = srv->conns[*cursor];
+        if (c->dead || c->authenticated) continue;
+        close(c->fd);
+        c->fd = -1;
+        c->dead = 1;
+        srv->evicted++;
+        (*cursor)++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Accepts up to ACCEPT_BATCH waiting connections. A newcomer beyond the unauthenticated limit, or
+ * beyond MAX_CONNECTIONS, first evicts the oldest unauthenticated connection: idle or trickling
+ * connections then hold the server's slots only until newer ones arrive, and an honest client
+ * (which authenticates right after connecting) is always among the newest. When accept fails for
+ * lack of descriptors, the oldest unauthenticated connection is evicted and the accept retried.
+ * When nothing can be evicted yet (the only unauthenticated connections arrived in this turn),
+ * the rest wait in the listen queue for the next turn; when nothing can be evicted at all,
+ * accepting pauses briefly, because the listener stays readable and polling it would spin. */
 static void accept_all(struct ddp_store_server *srv)
 {
-    for (;;) {
+    size_t live = 0, unauthenticated = 0, cursor = 0, evictable_end = srv->nconns;
+    for (size_t i = 0; i < srv->nconns; i++) {
+        if (srv->conns[i]->dead) continue;
+        live++;
+        unauthenticated += !srv->conns[i]->authenticated;
+    }
+    for (size_t accepted = 0; accepted < ACCEPT_BATCH;) {
+        int full = unauthenticated >= srv->unauth_limit || live >= MAX_CONNECTIONS;
+        if (full && evict_oldest_unauthenticated(srv, &cursor, evictable_end)) {
+            live--;
+            unauthenticated--;
+            full = 0;
+        }
+        /* Full of connections that arrived in this turn: they get their turn first. */
+        if (full && unauthenticated > 0) return;
         struct sockaddr_storage addr;
         socklen_t alen = sizeof addr;
         int fd = accept4(srv->listen_fd, (struct sockaddr *)&addr, &alen,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE) {
+                if (evict_oldest_unauthenticated(srv, &cursor, evictable_end)) {
+                    live--;
+                    unauthenticated--;
+                    continue;
+                }
+                if (unauthenticated > 0) return; /* evictable next turn */
+            }
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 /* The pending connection stays queued and the listener stays readable: polling
                  * it now would spin. Serve the existing connections and try again shortly. */
@@ -388,8 +519,12 @@ static void accept_all(struct ddp_store_server *srv)
             }
             return;
         }
-        if (srv->nconns >= MAX_CONNECTIONS) {
-            DDP_LOG(DDP_LOG_WARN, "TCP store server: refusing a connection: %d already open",
+        accepted++;
+        if (full) {
+            /* Every one of MAX_CONNECTIONS is authenticated: this client hears a close now rather
+             * than waiting in the queue. */
+            DDP_LOG(DDP_LOG_WARN,
+                    "TCP store server: refusing a connection: %d authenticated ones open",
                     MAX_CONNECTIONS);
             close(fd);
             continue;
@@ -418,6 +553,8 @@ static void accept_all(struct ddp_store_server *srv)
             srv->conns_cap = cap;
         }
         srv->conns[srv->nconns++] = c;
+        live++;
+        unauthenticated++;
         DDP_LOG(DDP_LOG_DEBUG, "TCP store server: connection from %s", c->peer);
     }
 }
@@ -491,6 +628,15 @@ static void *serve(void *arg)
                 conn_close(c, "did not authenticate in time");
         }
         if (n > 0 && (fds[1].revents & POLLIN)) accept_all(srv);
+        /* One line a second at most: a flood would otherwise write one per connection. */
+        if (srv->evicted > 0 && now - srv->evictions_logged_ns >= 1000 * 1000000LL) {
+            DDP_LOG(DDP_LOG_WARN,
+                    "TCP store server: evicted %llu unauthenticated connection%s to make room "
+                    "for newer ones (a connection flood?)",
+                    (unsigned long long)srv->evicted, srv->evicted == 1 ? "" : "s");
+            srv->evicted = 0;
+            srv->evictions_logged_ns = now;
+        }
         reap(srv);
     }
     free(fds);
@@ -517,6 +663,7 @@ ddp_status_t ddp_store_server_start(const char *bind_addr, int port, const char 
     if (!srv) return s;
     srv->listen_fd = -1;
     srv->wake[0] = srv->wake[1] = -1;
+    srv->unauth_limit = unauthenticated_limit();
     if (token && *token) {
         srv->token_len = strlen(token);
         srv->token = (uint8_t *)ddp__strdup(token, "store token");
