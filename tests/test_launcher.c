@@ -1,6 +1,6 @@
 /* ddprun end to end: runs the real build/ddprun with this program as the worker. Each ctest entry
- * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, signals, output,
- * options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
+ * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, blame, signals,
+ * output, options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -338,6 +339,40 @@ static int worker_late_fail(const char *d, int fail_rank)
     return 7;
 }
 
+/* worker-peer-kill DIR VICTIM: the TCP failure in small. Rank VICTIM listens on a Unix socket,
+ * accepts one connection from every other rank and then dies by SIGKILL; the others block reading
+ * their connection and exit 1 the moment it resets, as a libddp rank exits on DDP_ERR_REMOTE.
+ * VICTIM is the last rank, started last, so when ddprun finds both a survivor and the victim
+ * exited, waitpid(-1) (oldest child first) reports the survivor first. */
+static int worker_peer_kill(const char *d, int victim)
+{
+    int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s/peer.sock", d);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    if (rank == victim) {
+        CHECK(bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+        CHECK(listen(fd, world) == 0);
+        int peers[64];
+        CHECK(world - 1 <= 64);
+        for (int i = 0; i < world - 1; i++) CHECK((peers[i] = accept(fd, NULL, NULL)) >= 0);
+        kill(getpid(), SIGKILL);
+        return 0;
+    }
+    double until = now_s() + 20.0;
+    while (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        CHECK_MSG(now_s() < until, "rank %d could not reach the victim", rank);
+        sleep_ms(5);
+    }
+    char byte;
+    while (read(fd, &byte, 1) < 0 && errno == EINTR) {
+    }
+    _exit(1); /* "the connection to the victim was reset" */
+}
+
 /* worker-sleep DIR IGNORE_TERM: waits to be stopped. */
 static int worker_sleep(const char *d, int ignore_term)
 {
@@ -608,6 +643,62 @@ static void scenario_failure(void)
     CHECK(strstr(err, "cannot run '/nonexistent/ddprun-test-program'"));
     CHECK(strstr(err, "exited with status 127"));
     free(err);
+}
+
+/* The first line in which ddprun names a failed rank (the start of its stderr line), or NULL. */
+static const char *first_blame(const char *err)
+{
+    for (const char *line = err; line && *line;) {
+        if (strncmp(line, "ddprun: rank ", 13) == 0) return line + 8;
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    return NULL;
+}
+
+/* One rank is SIGKILLed and the others exit 1 the moment they see it (worker-peer-kill): ddprun
+ * names the killed rank and exits 128 + 9, every time. Run directly and through a shell that
+ * reports its child's death as exit status 137, as `ddprun sh -c 'trainer ...'` does. */
+static void scenario_blame(void)
+{
+    const int runs = 20;
+    for (int shell = 0; shell < 2; shell++) {
+        int wrong = 0;
+        char first_wrong[512] = "";
+        for (int i = 0; i < runs; i++) {
+            make_dir();
+            int n = 2 + i % 2;
+            char nproc[16], victim[16];
+            snprintf(nproc, sizeof nproc, "%d", n);
+            snprintf(victim, sizeof victim, "%d", n - 1);
+            const char *direct[] = {"-n", nproc, "--grace", "3", self_path, "worker-peer-kill",
+                                    dir, victim, NULL};
+            const char *wrapped[] = {"-n", nproc, "--grace", "3", "sh", "-c",
+                                     "\"$0\" worker-peer-kill \"$1\" \"$2\"; exit $?",
+                                     self_path, dir, victim, NULL};
+            run_t r = start_ddprun("blame", NULL, shell ? wrapped : direct);
+            int code = exit_code(wait_ddprun(&r, 25, NULL));
+            char *err = read_text(r.err_path);
+            CHECK(err);
+            const char *blamed = first_blame(err);
+            char want[64];
+            snprintf(want, sizeof want, "rank %d (pid ", n - 1);
+            const char *how = shell ? "exited with status 137" : "killed by signal 9 (SIGKILL)";
+            const char *eol = blamed ? strchr(blamed, '\n') : NULL;
+            int right = blamed && eol && strncmp(blamed, want, strlen(want)) == 0 &&
+                        strstr(blamed, how) && strstr(blamed, how) < eol &&
+                        code == 128 + SIGKILL;
+            if (!right) {
+                if (!wrong++) {
+                    snprintf(first_wrong, sizeof first_wrong, "n=%d: exit %d, %.*s", n, code,
+                             blamed && eol ? (int)(eol - blamed) : 6, blamed ? blamed : "(none)");
+                }
+            }
+            free(err);
+        }
+        CHECK_MSG(wrong == 0, "%s: blamed the wrong rank in %d of %d runs; first: %s",
+                  shell ? "through sh" : "direct", wrong, runs, first_wrong);
+    }
 }
 
 static void scenario_multinode_failure(void)
@@ -1070,6 +1161,8 @@ int main(int argc, char **argv)
     if (strcmp(mode, "worker-late-fail") == 0 && argc == 4)
         return worker_late_fail(argv[2], atoi(argv[3]));
     if (strcmp(mode, "worker-sleep") == 0 && argc == 4) return worker_sleep(argv[2], atoi(argv[3]));
+    if (strcmp(mode, "worker-peer-kill") == 0 && argc == 4)
+        return worker_peer_kill(argv[2], atoi(argv[3]));
     if (strcmp(mode, "worker-output") == 0) return worker_output();
 
     signal(SIGPIPE, SIG_IGN);
@@ -1079,12 +1172,13 @@ int main(int argc, char **argv)
     else if (strcmp(mode, "multinode") == 0) scenario_multinode();
     else if (strcmp(mode, "failure") == 0) scenario_failure();
     else if (strcmp(mode, "multinode-failure") == 0) scenario_multinode_failure();
+    else if (strcmp(mode, "blame") == 0) scenario_blame();
     else if (strcmp(mode, "signals") == 0) scenario_signals();
     else if (strcmp(mode, "output") == 0) scenario_output();
     else if (strcmp(mode, "options") == 0) scenario_options();
     else if (strcmp(mode, "bind") == 0) scenario_bind();
     else {
-        fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|signals|"
+        fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|blame|signals|"
                         "output|options|bind\n");
         return 2;
     }

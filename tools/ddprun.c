@@ -33,6 +33,9 @@ extern char **environ;
 #define WATCH_INTERVAL_MS 200
 #define STORE_CALL_TIMEOUT_MS 5000
 #define FAILURE_TEXT_MAX 512
+/* How long a first failure that may be a consequence (a non-zero exit) waits for a more likely
+ * cause to be reaped before ddprun names a rank; see choose_culprit. */
+#define BLAME_WINDOW_S 1.0
 
 /* ---- options ------------------------------------------------------------------------------- */
 
@@ -100,8 +103,12 @@ static const char usage_text[] =
     "failures: SIGINT, SIGTERM and SIGHUP are forwarded to every worker (a second one sends\n"
     "SIGKILL). When a worker exits non-zero or is killed, ddprun reports its rank, stops the\n"
     "others (SIGTERM, then SIGKILL after the grace period) on every node, and exits 1, or 128+N\n"
-    "when the worker or ddprun was killed by signal N. A node that fails marks the store key\n"
-    "job/failed; the other nodes see it and stop too.\n"
+    "when the worker or ddprun was killed by signal N. The rank named is the cause, not a\n"
+    "casualty: after a non-zero exit ddprun waits up to 1 s for the other workers, then names\n"
+    "a worker killed by a signal before one whose shell reported a signal (status 128+N), and\n"
+    "that before one that exited non-zero (a peer's failure makes ranks exit 1); the first\n"
+    "reaped within each. A node that fails marks the store key job/failed; the other nodes\n"
+    "see it and stop too.\n"
     "\n"
     "exit status: 0 when every worker exited 0; 1 or 128+N on failure; 2 for bad options.\n";
 
@@ -369,6 +376,7 @@ typedef struct worker {
     pid_t pid;    /* also its process-group id */
     int running;  /* not reaped yet */
     int status;   /* wait status once reaped */
+    int reaped;   /* 1, 2, ...: the order in which ddprun reaped the workers; 0 while running */
     stream_t out;
     stream_t err;
 } worker_t;
@@ -477,6 +485,8 @@ typedef struct job {
     int *cpus; /* worker i runs on cpus[i % ncpus]; NULL: not bound */
     int ncpus;
     int running;
+    int reaped;           /* workers reaped so far */
+    double blame_until;   /* > 0: a worker failed; name the culprit by then at the latest */
     /* how the job ends */
     int stopping;         /* teardown started */
     int killed;           /* SIGKILL already sent */
@@ -971,28 +981,92 @@ static void describe_exit(char *out, size_t size, const worker_t *w, int node, i
     }
 }
 
+/* How sure ddprun is that a failed worker is the cause rather than a casualty, strongest first.
+ * A worker that a peer's failure reached (a libddp rank returns DDP_ERR_REMOTE or
+ * DDP_ERR_ABORTED and its program exits 1) dies by its own exit; a worker that ddprun did not
+ * signal and that nevertheless died by a signal was killed from outside (the OOM killer, kill -9,
+ * a crash) and cannot be anyone's casualty. A shell reports its child's signal death as exit
+ * status 128+N, so a worker running `sh -c 'trainer ...'` ranks with the signal deaths. */
+enum { FAILURE_NONE, FAILURE_SIGNAL, FAILURE_SHELL_SIGNAL, FAILURE_EXIT };
+
+static int failure_kind(const worker_t *w)
+{
+    if (w->running || !w->reaped) return FAILURE_NONE;
+    if (WIFSIGNALED(w->status)) return FAILURE_SIGNAL;
+    int code = WIFEXITED(w->status) ? WEXITSTATUS(w->status) : 1;
+    if (code == 0) return FAILURE_NONE;
+    if (code > 128 && code <= 128 + 64) return FAILURE_SHELL_SIGNAL;
+    return FAILURE_EXIT;
+}
+
+/* The culprit among the failed workers: the strongest kind, and among those the first reaped. */
+static worker_t *choose_culprit(job_t *job)
+{
+    worker_t *best = NULL;
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        int kind = failure_kind(w);
+        if (kind == FAILURE_NONE) continue;
+        if (!best || kind < failure_kind(best) ||
+            (kind == failure_kind(best) && w->reaped < best->reaped))
+            best = w;
+    }
+    return best;
+}
+
+/* Names the culprit (and, after it, the workers that failed with it), tells the other nodes and
+ * stops the rest of the job. ddprun exits with the culprit's status: 128+N for a signal death
+ * (also one its shell reported), 1 for any other failure. */
+static void blame(job_t *job)
+{
+    worker_t *culprit = choose_culprit(job);
+    job->blame_until = 0;
+    if (!culprit || job->stopping) return;
+    char text[FAILURE_TEXT_MAX];
+    describe_exit(text, sizeof text, culprit, job->opt.node_rank, job->opt.nnodes);
+    fprintf(stderr, "ddprun: %s\n", text);
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        if (w == culprit || failure_kind(w) == FAILURE_NONE) continue;
+        char other[FAILURE_TEXT_MAX];
+        describe_exit(other, sizeof other, w, job->opt.node_rank, job->opt.nnodes);
+        fprintf(stderr, "ddprun: after it, %s\n", other);
+    }
+    publish_failure(job, text);
+    int code = 1;
+    if (WIFSIGNALED(culprit->status)) code = 128 + WTERMSIG(culprit->status);
+    else if (failure_kind(culprit) == FAILURE_SHELL_SIGNAL) code = WEXITSTATUS(culprit->status);
+    begin_stop(job, code);
+}
+
+/* Reaps the workers that exited. The first failure does not end the job at once: over TCP a
+ * SIGKILLed rank's peers see the connection reset and exit 1 within microseconds, sometimes
+ * before ddprun reaps the killed rank, and waitpid then reports the casualty first (6 of 48 kills
+ * named the wrong rank). So a failure opens a window of BLAME_WINDOW_S in which the others may
+ * be reaped too, and ddprun names the culprit (choose_culprit) once the window closes, once a
+ * signal death settles it, or once no worker is left. The workers still running get their SIGTERM
+ * that much later; they are blocked in a collective or exiting on the failure anyway. */
 static void reap(job_t *job)
 {
     for (;;) {
         int status = 0;
         pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) return;
+        if (pid <= 0) break;
         for (int i = 0; i < job->nworkers; i++) {
             worker_t *w = &job->workers[i];
             if (w->pid != pid || !w->running) continue;
             w->running = 0;
             w->status = status;
+            w->reaped = ++job->reaped;
             job->running--;
-            int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-            if (failed && !job->stopping) {
-                char text[FAILURE_TEXT_MAX];
-                describe_exit(text, sizeof text, w, job->opt.node_rank, job->opt.nnodes);
-                fprintf(stderr, "ddprun: %s\n", text);
-                publish_failure(job, text);
-                begin_stop(job, WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1);
-            }
+            if (failure_kind(w) != FAILURE_NONE && !job->stopping && job->blame_until == 0)
+                job->blame_until = now_s() + BLAME_WINDOW_S;
         }
     }
+    if (job->blame_until == 0 || job->stopping) return;
+    worker_t *culprit = choose_culprit(job);
+    if (failure_kind(culprit) == FAILURE_SIGNAL || job->running == 0 || now_s() >= job->blame_until)
+        blame(job);
 }
 
 static int streams_open(const job_t *job)
@@ -1040,6 +1114,8 @@ static void run_event_loop(job_t *job)
         unsigned char sigs[16];
         ssize_t got;
         while ((got = read(signal_pipe[0], sigs, sizeof sigs)) > 0) {
+            /* A failure awaiting its culprit is named before the signal changes the job's end. */
+            if (job->blame_until > 0) blame(job);
             for (ssize_t k = 0; k < got; k++) {
                 int sig = sigs[k];
                 if (!job->stopping) {
@@ -1078,6 +1154,8 @@ static void run_event_loop(job_t *job)
         watcher_done = job->watcher_done;
         pthread_mutex_unlock(&job->lock);
         double now = now_s();
+        /* Another node's failure or --timeout: a local failure already reaped is named first. */
+        if (job->blame_until > 0 && (remote[0] || (deadline > 0 && now > deadline))) blame(job);
         if (remote[0] && !job->stopping) {
             fprintf(stderr, "ddprun: stopping the job: %s\n", remote);
             begin_stop(job, 1);
