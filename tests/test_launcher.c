@@ -1,6 +1,7 @@
 /* ddprun end to end: runs the real build/ddprun with this program as the worker. Each ctest entry
  * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, blame, signals,
  * output, options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -136,6 +137,44 @@ static void check_processes_gone(int nfiles, int may_be_none)
 }
 
 static void check_no_process_left(int nfiles) { check_processes_gone(nfiles, 0); }
+
+/* Whether the NUL-separated file (an environ or cmdline in /proc) holds the entry `want`. */
+static int proc_list_has(const char *path, const char *want)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return 0;
+    static char buf[1 << 18];
+    ssize_t len = 0, n;
+    while (len < (ssize_t)sizeof buf - 1 && (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+        len += n;
+    close(fd);
+    buf[len < 0 ? 0 : len] = '\0';
+    for (ssize_t at = 0; at < len; at += (ssize_t)strlen(buf + at) + 1) {
+        if (strcmp(buf + at, want) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Live processes (not zombies) whose environment holds `env_entry` or whose argv holds `arg`. */
+static int count_marked(const char *env_entry, const char *arg)
+{
+    DIR *proc = opendir("/proc");
+    CHECK(proc);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(proc))) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0 || pid == getpid()) continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        int marked = proc_list_has(path, env_entry);
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+        if (!marked) marked = proc_list_has(path, arg);
+        if (marked && process_alive(pid)) n++;
+    }
+    closedir(proc);
+    return n;
+}
 
 /* Waits until dir/pids.0 .. pids.(n-1) all exist. */
 static void wait_for_pid_files(int n)
@@ -782,14 +821,8 @@ static void scenario_multinode_failure(void)
         CHECK_MSG(exit_code(status) == 1, "node %d exited with %d", survivor, exit_code(status));
         CHECK(strstr(err, victim == 1 ? "node 1's ddprun has been silent" : "lost the store"));
         free(err);
-        /* The survivor's worker and child, and the victim's worker (PR_SET_PDEATHSIG). */
-        char path[700];
-        snprintf(path, sizeof path, "%s/pids.%d", dir, victim);
-        char *text = read_text(path);
-        CHECK(text);
-        pid_t orphan = (pid_t)atoi(strchr(text, ' ') + 1);
-        kill(orphan, SIGKILL); /* the victim worker's own child: nobody is left to stop it */
-        free(text);
+        /* The survivor's worker and child (stopped by the survivor), the victim's worker and
+         * its child (by the victim's watchdog). */
         check_no_process_left(2);
     }
 }
@@ -826,7 +859,7 @@ static void scenario_signals(void)
     CHECK(exit_code(status) == 128 + SIGTERM);
     check_no_process_left(2);
 
-    /* ddprun killed outright: the workers die with it (PR_SET_PDEATHSIG). */
+    /* ddprun killed outright: the workers and their children die with it. */
     make_dir();
     const char *args[] = {"-n", "2", self_path, "worker-sleep", dir, "0", NULL};
     r = start_ddprun("kill9", NULL, args);
@@ -834,19 +867,32 @@ static void scenario_signals(void)
     CHECK(kill(r.pid, SIGKILL) == 0);
     status = wait_ddprun(&r, 20, NULL);
     CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-    /* Only the workers themselves are covered; their own children are orphans by design. */
-    for (int k = 0; k < 2; k++) {
-        char path[700];
-        snprintf(path, sizeof path, "%s/pids.%d", dir, k);
-        char *text = read_text(path);
-        CHECK(text);
-        pid_t worker = (pid_t)atoi(text), child = (pid_t)atoi(strchr(text, ' ') + 1);
-        double until = now_s() + 5.0;
-        while (process_alive(worker) && now_s() < until) sleep_ms(20);
-        CHECK_MSG(!process_alive(worker), "worker %d outlived a SIGKILLed ddprun", (int)worker);
-        kill(child, SIGKILL);
-        free(text);
+    check_no_process_left(2);
+
+    /* The same with shells for workers, whose trees also escape the process group: a setsid
+     * in a double fork (keeps the environment) and a child under `env -i` (keeps the process
+     * group). Each is found by a marker of this run: in the environment or in sleep's argument. */
+    make_dir();
+    char env_marker[600], arg_marker[32], script[512];
+    snprintf(env_marker, sizeof env_marker, "DDPRUN_TEST_TREE=%s", dir);
+    snprintf(arg_marker, sizeof arg_marker, "59.%d", (int)getpid());
+    snprintf(script, sizeof script,
+             "sleep 60 & (setsid sleep 60 &); env -i sleep %s & wait; echo done", arg_marker);
+    const char *tree[] = {"--no-prefix", "-n", "2", "env", env_marker, "sh", "-c", script, NULL};
+    r = start_ddprun("kill9-tree", NULL, tree);
+    /* Per rank: sh, sleep, the setsid sleep and the env -i sleep. */
+    double until = now_s() + 20.0;
+    int marked;
+    while ((marked = count_marked(env_marker, arg_marker)) < 8) {
+        CHECK_MSG(now_s() < until, "only %d of the 8 processes of the job started", marked);
+        sleep_ms(20);
     }
+    CHECK(kill(r.pid, SIGKILL) == 0);
+    status = wait_ddprun(&r, 20, NULL);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    until = now_s() + 10.0;
+    while ((marked = count_marked(env_marker, arg_marker)) > 0 && now_s() < until) sleep_ms(50);
+    CHECK_MSG(marked == 0, "%d processes of the job outlived a SIGKILLed ddprun by 10 s", marked);
 }
 
 static void check_output_lines(const char *text, int world, const char *stream_word)
