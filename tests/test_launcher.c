@@ -1,10 +1,11 @@
 /* ddprun end to end: runs the real build/ddprun with this program as the worker. Each ctest entry
  * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, blame, signals,
- * output, options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
+ * output, tty, options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -986,6 +987,108 @@ static void scenario_output(void)
               exit_code(status));
 }
 
+/* Runs ddprun with `args` and its stdout (and its stderr when `stderr_too`; else dir/tty.err) on
+ * the slave side of a new pseudo-terminal; returns everything the terminal showed. Caller frees. */
+static char *run_on_pty(const char *const *args, int stderr_too)
+{
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    CHECK(master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0);
+    const char *slave_name = ptsname(master);
+    CHECK(slave_name);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = DDPRUN_PATH;
+    for (int i = 0; args[i]; i++) {
+        CHECK(n < 31);
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    char err_path[700];
+    snprintf(err_path, sizeof err_path, "%s/tty.err", dir);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int slave = open(slave_name, O_RDWR | O_NOCTTY);
+        int err = stderr_too ? slave : open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (slave < 0 || err < 0) _exit(126);
+        close(master);
+        dup2(slave, 1);
+        dup2(err, 2);
+        execv(DDPRUN_PATH, (char *const *)argv);
+        _exit(126);
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    CHECK(text);
+    double until = now_s() + 20.0;
+    for (;;) {
+        struct pollfd p = {master, POLLIN, 0};
+        CHECK_MSG(now_s() < until, "ddprun on a terminal ran past 20 s");
+        if (poll(&p, 1, 100) <= 0) continue;
+        if (len + 1 == cap) {
+            cap *= 2;
+            text = realloc(text, cap);
+            CHECK(text);
+        }
+        ssize_t got = read(master, text + len, cap - 1 - len);
+        if (got <= 0) break; /* EIO: the last holder of the slave closed it */
+        len += (size_t)got;
+    }
+    text[len] = '\0';
+    close(master);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(exit_code(status) == 0, "ddprun on a terminal exited %d: %s", exit_code(status),
+              text);
+    return text;
+}
+
+/* On a terminal, rank 0 writes to it itself, so a program drawing on a terminal (the trainer's
+ * progress bar) still does; the other ranks stay prefixed through pipes. Each stream is handed
+ * over only when it is a terminal; with --no-prefix every rank has ddprun's streams. */
+static void scenario_tty(void)
+{
+    make_dir();
+    const char *probe = "for s in 1 2; do if [ -t $s ]; then w=tty; else w=pipe; fi; "
+                        "echo \"fd$s $w rank $RANK\" >&$s; done";
+    const char *args[] = {"-n", "2", "sh", "-c", probe, NULL};
+    char *shown = run_on_pty(args, 0);
+    char path[700];
+    snprintf(path, sizeof path, "%s/tty.err", dir);
+    char *err = read_text(path);
+    CHECK(err);
+    CHECK_MSG(strstr(shown, "fd1 tty rank 0") && !strstr(shown, "[0] "),
+              "rank 0 did not get the terminal: '%s'", shown);
+    CHECK_MSG(strstr(shown, "[1] fd1 pipe rank 1"), "rank 1 is not prefixed: '%s'", shown);
+    CHECK_MSG(strstr(err, "[0] fd2 pipe rank 0") && strstr(err, "[1] fd2 pipe rank 1"),
+              "stderr (a file) is not prefixed: '%s'", err);
+    free(shown);
+    free(err);
+
+    shown = run_on_pty(args, 1);
+    CHECK_MSG(strstr(shown, "fd1 tty rank 0") && strstr(shown, "fd2 tty rank 0") &&
+                  strstr(shown, "[1] fd1 pipe rank 1") && strstr(shown, "[1] fd2 pipe rank 1"),
+              "stdout and stderr on a terminal: '%s'", shown);
+    free(shown);
+
+    const char *plain[] = {"--no-prefix", "-n", "2", "sh", "-c", probe, NULL};
+    shown = run_on_pty(plain, 1);
+    CHECK_MSG(strstr(shown, "fd1 tty rank 0") && strstr(shown, "fd1 tty rank 1") &&
+                  strstr(shown, "fd2 tty rank 1") && !strstr(shown, "["),
+              "--no-prefix on a terminal: '%s'", shown);
+    free(shown);
+
+    /* Not a terminal: every rank prefixed, as before. */
+    run_t r = start_ddprun("no-tty", NULL, args);
+    CHECK(exit_code(wait_ddprun(&r, 20, NULL)) == 0);
+    char *out = read_text(r.out_path);
+    CHECK_MSG(strstr(out, "[0] fd1 pipe rank 0") && strstr(out, "[1] fd1 pipe rank 1"),
+              "without a terminal: '%s'", out);
+    free(out);
+}
+
 static void scenario_options(void)
 {
     make_dir();
@@ -1221,11 +1324,12 @@ int main(int argc, char **argv)
     else if (strcmp(mode, "blame") == 0) scenario_blame();
     else if (strcmp(mode, "signals") == 0) scenario_signals();
     else if (strcmp(mode, "output") == 0) scenario_output();
+    else if (strcmp(mode, "tty") == 0) scenario_tty();
     else if (strcmp(mode, "options") == 0) scenario_options();
     else if (strcmp(mode, "bind") == 0) scenario_bind();
     else {
         fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|blame|signals|"
-                        "output|options|bind\n");
+                        "output|tty|options|bind\n");
         return 2;
     }
     printf("test_launcher %s: ok\n", mode);

@@ -12,6 +12,8 @@
 #   blocks      --grad-blocks K (row blocks handed to the Reducer as computed, tiny pieces): the
 #               same bits for K = 1, 3, 8 on 1-3 ranks, with --accumulate, --hook fp16, --zero 1
 #               and --sync legacy too; K = 9 is refused
+#   progress    under ddprun on a terminal (script(1)) rank 0 draws its progress bar, and
+#               rank 1 stays prefixed; into a pipe, plain lines
 # Small subsets keep each case well under 30 s on two busy cores.
 set -u
 CASE=$1
@@ -232,6 +234,24 @@ errors)
     # a subset smaller than one step
     run 1 --subset 10 --batch 64
     [ "$RC" = 1 ] && grep -q 'fewer than one optimizer step' "$WORK/err" || fail "subset < batch"
+    ;;
+progress)
+    # README: rank 0 draws a progress bar when stdout is a terminal - under ddprun too, which
+    # hands rank 0 its terminal; into a pipe it prints plain lines.
+    if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ] || ! command -v script >/dev/null; then
+        echo "SKIP: needs ddprun and script(1)" >&2
+        exit 77
+    fi
+    args="$COMMON --batch 48 --max-steps 6"
+    script -qec "'$DDPRUN' -n 2 '$FM' $args" /dev/null >"$WORK/tty" 2>&1
+    [ $? = 0 ] || { fail "ddprun on a terminal"; cat "$WORK/tty" >&2; }
+    grep -q 'epoch 1/[0-9]* \[[#.]*\] step' "$WORK/tty" ||
+        { fail "no progress bar under ddprun on a terminal:"; cat "$WORK/tty" >&2; }
+    grep -q '^\[1\] ' "$WORK/tty" || fail "rank 1's lines are not prefixed on a terminal"
+    run 2 $args
+    [ "$RC" = 0 ] || fail "ddprun into a pipe"
+    grep -q 'epoch 1/[0-9]* step [0-9]*/25 loss' "$WORK/out" || fail "no plain progress lines into a pipe"
+    grep -q '\[[#.]*\] step' "$WORK/raw" && fail "a progress bar drawn into a pipe"
     ;;
 zero)
     if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ]; then

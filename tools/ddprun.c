@@ -76,7 +76,9 @@ static const char usage_text[] =
     "                          random token is generated unless --token is given.\n"
     "  --no-prefix             pass the workers' output through untouched (default: each line\n"
     "                          starts with \"[RANK] \"; stdout and stderr stay apart; lines\n"
-    "                          longer than 64 KiB are split)\n"
+    "                          longer than 64 KiB are split). Either way, when ddprun's stdout\n"
+    "                          or stderr is a terminal, rank 0 writes to it directly and\n"
+    "                          unprefixed, so it sees a terminal (progress bars draw)\n"
     "  --timeout S             stop the job if it runs longer than S seconds (default: no limit);\n"
     "                          joining the other nodes waits at most DDP_TIMEOUT seconds\n"
     "  --grace S               seconds between SIGTERM and SIGKILL when stopping workers\n"
@@ -690,6 +692,8 @@ typedef struct job {
     int *cpus; /* worker i runs on cpus[i % ncpus]; NULL: not bound */
     int ncpus;
     int running;
+    int stdout_tty;       /* ddprun's stdout is a terminal: rank 0 gets it (writes_directly) */
+    int stderr_tty;       /* the same for stderr */
     int reaped;           /* workers reaped so far */
     double blame_until;   /* > 0: a worker failed; name the culprit by then at the latest */
     /* how the job ends */
@@ -792,15 +796,24 @@ static int choose_cpus(job_t *job)
     return 0;
 }
 
+/* Whether worker w writes straight into ddprun's stream fd (1 or 2) instead of a pipe ddprun
+ * prefixes. With --no-prefix every worker does. Otherwise rank 0 does when the stream is a
+ * terminal: a program that draws on a terminal when it has one (the trainer's progress bar) can
+ * then draw under ddprun too, and the other ranks' lines stay prefixed. */
+static int writes_directly(const job_t *job, const worker_t *w, int fd)
+{
+    if (!job->opt.prefix) return 1;
+    return w->rank == 0 && (fd == 1 ? job->stdout_tty : job->stderr_tty);
+}
+
 static int start_worker(job_t *job, worker_t *w)
 {
     int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (job->opt.prefix) {
-        if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-            perror("ddprun: pipe");
-            close_pair(out);
-            return -1;
-        }
+    int piped_out = !writes_directly(job, w, 1), piped_err = !writes_directly(job, w, 2);
+    if ((piped_out && pipe2(out, O_CLOEXEC) != 0) || (piped_err && pipe2(err, O_CLOEXEC) != 0)) {
+        perror("ddprun: pipe");
+        close_pair(out);
+        return -1;
     }
     char **envp = worker_environment(job, w);
     pid_t parent = getpid();
@@ -837,9 +850,7 @@ static int start_worker(job_t *job, worker_t *w)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        if (job->opt.prefix) {
-            if (dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
-        }
+        if ((piped_out && dup2(out[1], 1) < 0) || (piped_err && dup2(err[1], 2) < 0)) _exit(127);
         if (job->cpus) {
             cpu_set_t one;
             CPU_ZERO(&one);
@@ -856,12 +867,14 @@ static int start_worker(job_t *job, worker_t *w)
     free_environment(envp);
     w->pid = pid;
     w->running = 1;
-    if (job->opt.prefix) {
+    if (piped_out) {
         close(out[1]);
-        close(err[1]);
         w->out.fd = out[0];
-        w->err.fd = err[0];
         fcntl(out[0], F_SETFL, O_NONBLOCK);
+    }
+    if (piped_err) {
+        close(err[1]);
+        w->err.fd = err[0];
         fcntl(err[0], F_SETFL, O_NONBLOCK);
     }
     return 0;
@@ -1438,6 +1451,8 @@ int main(int argc, char **argv)
     }
 
     job.nworkers = job.opt.nproc;
+    job.stdout_tty = isatty(STDOUT_FILENO);
+    job.stderr_tty = isatty(STDERR_FILENO);
     job.workers = calloc((size_t)job.nworkers, sizeof *job.workers);
     if (job.workers && choose_cpus(&job) != 0) {
         free(job.workers);
