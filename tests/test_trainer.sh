@@ -3,7 +3,8 @@
 #   worlds      1, 2, 3 and 4 ranks with the same global batch: same loss per step (1e-5), and every
 #               rank ends with bitwise identical parameters
 #   resume      an interrupted run resumed from its checkpoint ends bitwise identical to an
-#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary)
+#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary); a save
+#               or resume removes the temporaries of killed saves, and only those
 #   accumulate  --accumulate 4 with batch B/4 equals batch B; --sync legacy equals the Reducer
 #   errors      missing/corrupt/truncated data, bad options, mismatching checkpoints
 #   zero        --zero 1, --zero-overlap and --zero 2 (SGD, Adam; 2 and 3 ranks): one checksum
@@ -151,6 +152,35 @@ resume)
     printf '\377' | dd of="$WORK/flip" bs=1 seek=9000 conv=notrunc 2>/dev/null
     run 1 $COMMON --optim adam --batch 48 --resume "$WORK/flip"
     [ "$RC" = 1 ] && grep -q 'corrupt' "$WORK/err" || fail "corrupt checkpoint not reported"
+    # A save killed half-way leaves CK.tmp.<pid>. The next save and a resume remove those whose
+    # writer is gone, and keep those of a live process (by pid, or holding the file locked, as a
+    # writer whose pid means nothing here - another host or container - does) and other files.
+    mkdir "$WORK/stale"
+    ck="$WORK/stale/ck"
+    dead=$(sh -c 'echo $$')
+    dead_locked=$(sh -c 'echo $$')
+    sleep 60 &
+    live=$!
+    # the lock holder execs sleep, so $! is the process holding the lock and killing it ends both
+    sh -c 'flock 9 && exec sleep 60' 9>"$ck.tmp.$dead_locked" &
+    locker=$!
+    while flock -n "$ck.tmp.$dead_locked" true; do sleep 0.05; done
+    for f in "$ck.tmp.$dead" "$ck.tmp.$live" "$ck.tmp.x$dead" "$ck.tmp.$dead.x" \
+             "$WORK/stale/other.tmp.$dead"; do
+        echo partial >"$f"
+    done
+    keep="$ck.tmp.$live $ck.tmp.$dead_locked $ck.tmp.x$dead $ck.tmp.$dead.x $WORK/stale/other.tmp.$dead"
+    run 1 $COMMON --optim adam --batch 48 --max-steps 3 --checkpoint "$ck"
+    [ "$RC" = 0 ] || fail "save next to stale temporaries"
+    [ -e "$ck.tmp.$dead" ] && fail "a save left the temporary of a dead writer"
+    for f in $keep; do [ -e "$f" ] || fail "a save removed $f"; done
+    echo partial >"$ck.tmp.$dead"
+    run 1 $COMMON --optim adam --batch 48 --max-steps 4 --resume "$ck"
+    [ "$RC" = 0 ] || fail "resume next to stale temporaries"
+    [ -e "$ck.tmp.$dead" ] && fail "a resume left the temporary of a dead writer"
+    for f in $keep; do [ -e "$f" ] || fail "a resume removed $f"; done
+    kill $live $locker 2>/dev/null
+    wait 2>/dev/null
     ;;
 accumulate)
     base="$COMMON --optim sgd --max-steps 20"
