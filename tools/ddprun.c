@@ -487,7 +487,10 @@ static void watchdog_main(int fd)
         dup2(devnull, 1);
         dup2(devnull, 2);
     }
-    for (int k = 4; k < 65536; k++) close(k); /* close_range is not in every libc we build on */
+    if (close_range(4, ~0u, 0) != 0) { /* a kernel before 5.9: one by one */
+        long max = sysconf(_SC_OPEN_MAX);
+        for (long k = 4; k < (max > 0 ? max : 65536); k++) close((int)k);
+    }
     fd = 3;
 
     char mark[128];
