@@ -1328,8 +1328,8 @@ int main(int argc, char **argv)
     else if (strcmp(mode, "options") == 0) scenario_options();
     else if (strcmp(mode, "bind") == 0) scenario_bind();
     else {
-        fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|blame|signals|"
-                        "output|tty|options|bind\n");
+        fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|blame|"
+                        "signals|output|tty|options|bind\n");
         return 2;
     }
     printf("test_launcher %s: ok\n", mode);
