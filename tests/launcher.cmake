@@ -4,7 +4,7 @@ ddp_add_test(NAME test_env SOURCES test_env.c TIMEOUT 30)
 
 # ddprun scenarios: only where ddprun itself is built (it needs the TCP store).
 if(TARGET ddprun)
-  foreach(scenario env multinode failure multinode-failure signals output options bind)
+  foreach(scenario env multinode failure multinode-failure blame signals output tty options bind)
     ddp_add_test(NAME test_launcher SOURCES test_launcher.c ARGS ${scenario} TIMEOUT 90)
   endforeach()
   target_compile_definitions(test_launcher PRIVATE DDPRUN_PATH="$<TARGET_FILE:ddprun>")

@@ -1,14 +1,17 @@
 /* ddprun end to end: runs the real build/ddprun with this program as the worker. Each ctest entry
- * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, signals, output,
- * options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
+ * runs one scenario (argv[1]): env, multinode, failure, multinode-failure, blame, signals,
+ * output, tty, options, bind. Worker modes (argv[1] = worker-*) are what ddprun starts. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -135,6 +138,44 @@ static void check_processes_gone(int nfiles, int may_be_none)
 }
 
 static void check_no_process_left(int nfiles) { check_processes_gone(nfiles, 0); }
+
+/* Whether the NUL-separated file (an environ or cmdline in /proc) holds the entry `want`. */
+static int proc_list_has(const char *path, const char *want)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return 0;
+    static char buf[1 << 18];
+    ssize_t len = 0, n;
+    while (len < (ssize_t)sizeof buf - 1 && (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+        len += n;
+    close(fd);
+    buf[len < 0 ? 0 : len] = '\0';
+    for (ssize_t at = 0; at < len; at += (ssize_t)strlen(buf + at) + 1) {
+        if (strcmp(buf + at, want) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Live processes (not zombies) whose environment holds `env_entry` or whose argv holds `arg`. */
+static int count_marked(const char *env_entry, const char *arg)
+{
+    DIR *proc = opendir("/proc");
+    CHECK(proc);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(proc))) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0 || pid == getpid()) continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        int marked = proc_list_has(path, env_entry);
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+        if (!marked) marked = proc_list_has(path, arg);
+        if (marked && process_alive(pid)) n++;
+    }
+    closedir(proc);
+    return n;
+}
 
 /* Waits until dir/pids.0 .. pids.(n-1) all exist. */
 static void wait_for_pid_files(int n)
@@ -336,6 +377,40 @@ static int worker_late_fail(const char *d, int fail_rank)
     if (env_int("RANK") != fail_rank) return 0;
     sleep_ms(1000);
     return 7;
+}
+
+/* worker-peer-kill DIR VICTIM: the TCP failure in small. Rank VICTIM listens on a Unix socket,
+ * accepts one connection from every other rank and then dies by SIGKILL; the others block reading
+ * their connection and exit 1 the moment it resets, as a libddp rank exits on DDP_ERR_REMOTE.
+ * VICTIM is the last rank, started last, so when ddprun finds both a survivor and the victim
+ * exited, waitpid(-1) (oldest child first) reports the survivor first. */
+static int worker_peer_kill(const char *d, int victim)
+{
+    int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s/peer.sock", d);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    if (rank == victim) {
+        CHECK(bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+        CHECK(listen(fd, world) == 0);
+        int peers[64];
+        CHECK(world - 1 <= 64);
+        for (int i = 0; i < world - 1; i++) CHECK((peers[i] = accept(fd, NULL, NULL)) >= 0);
+        kill(getpid(), SIGKILL);
+        return 0;
+    }
+    double until = now_s() + 20.0;
+    while (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        CHECK_MSG(now_s() < until, "rank %d could not reach the victim", rank);
+        sleep_ms(5);
+    }
+    char byte;
+    while (read(fd, &byte, 1) < 0 && errno == EINTR) {
+    }
+    _exit(1); /* "the connection to the victim was reset" */
 }
 
 /* worker-sleep DIR IGNORE_TERM: waits to be stopped. */
@@ -610,6 +685,62 @@ static void scenario_failure(void)
     free(err);
 }
 
+/* The first line in which ddprun names a failed rank (the start of its stderr line), or NULL. */
+static const char *first_blame(const char *err)
+{
+    for (const char *line = err; line && *line;) {
+        if (strncmp(line, "ddprun: rank ", 13) == 0) return line + 8;
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    return NULL;
+}
+
+/* One rank is SIGKILLed and the others exit 1 the moment they see it (worker-peer-kill): ddprun
+ * names the killed rank and exits 128 + 9, every time. Run directly and through a shell that
+ * reports its child's death as exit status 137, as `ddprun sh -c 'trainer ...'` does. */
+static void scenario_blame(void)
+{
+    const int runs = 20;
+    for (int shell = 0; shell < 2; shell++) {
+        int wrong = 0;
+        char first_wrong[512] = "";
+        for (int i = 0; i < runs; i++) {
+            make_dir();
+            int n = 2 + i % 2;
+            char nproc[16], victim[16];
+            snprintf(nproc, sizeof nproc, "%d", n);
+            snprintf(victim, sizeof victim, "%d", n - 1);
+            const char *direct[] = {"-n", nproc, "--grace", "3", self_path, "worker-peer-kill",
+                                    dir, victim, NULL};
+            const char *wrapped[] = {"-n", nproc, "--grace", "3", "sh", "-c",
+                                     "\"$0\" worker-peer-kill \"$1\" \"$2\"; exit $?",
+                                     self_path, dir, victim, NULL};
+            run_t r = start_ddprun("blame", NULL, shell ? wrapped : direct);
+            int code = exit_code(wait_ddprun(&r, 25, NULL));
+            char *err = read_text(r.err_path);
+            CHECK(err);
+            const char *blamed = first_blame(err);
+            char want[64];
+            snprintf(want, sizeof want, "rank %d (pid ", n - 1);
+            const char *how = shell ? "exited with status 137" : "killed by signal 9 (SIGKILL)";
+            const char *eol = blamed ? strchr(blamed, '\n') : NULL;
+            int right = blamed && eol && strncmp(blamed, want, strlen(want)) == 0 &&
+                        strstr(blamed, how) && strstr(blamed, how) < eol &&
+                        code == 128 + SIGKILL;
+            if (!right) {
+                if (!wrong++) {
+                    snprintf(first_wrong, sizeof first_wrong, "n=%d: exit %d, %.*s", n, code,
+                             blamed && eol ? (int)(eol - blamed) : 6, blamed ? blamed : "(none)");
+                }
+            }
+            free(err);
+        }
+        CHECK_MSG(wrong == 0, "%s: blamed the wrong rank in %d of %d runs; first: %s",
+                  shell ? "through sh" : "direct", wrong, runs, first_wrong);
+    }
+}
+
 static void scenario_multinode_failure(void)
 {
     /* 2 nodes x 2 workers; rank 3 (node 1) exits 7: both ddprun stop everything and exit 1. */
@@ -691,14 +822,8 @@ static void scenario_multinode_failure(void)
         CHECK_MSG(exit_code(status) == 1, "node %d exited with %d", survivor, exit_code(status));
         CHECK(strstr(err, victim == 1 ? "node 1's ddprun has been silent" : "lost the store"));
         free(err);
-        /* The survivor's worker and child, and the victim's worker (PR_SET_PDEATHSIG). */
-        char path[700];
-        snprintf(path, sizeof path, "%s/pids.%d", dir, victim);
-        char *text = read_text(path);
-        CHECK(text);
-        pid_t orphan = (pid_t)atoi(strchr(text, ' ') + 1);
-        kill(orphan, SIGKILL); /* the victim worker's own child: nobody is left to stop it */
-        free(text);
+        /* The survivor's worker and child (stopped by the survivor), the victim's worker and
+         * its child (by the victim's watchdog). */
         check_no_process_left(2);
     }
 }
@@ -735,7 +860,7 @@ static void scenario_signals(void)
     CHECK(exit_code(status) == 128 + SIGTERM);
     check_no_process_left(2);
 
-    /* ddprun killed outright: the workers die with it (PR_SET_PDEATHSIG). */
+    /* ddprun killed outright: the workers and their children die with it. */
     make_dir();
     const char *args[] = {"-n", "2", self_path, "worker-sleep", dir, "0", NULL};
     r = start_ddprun("kill9", NULL, args);
@@ -743,19 +868,32 @@ static void scenario_signals(void)
     CHECK(kill(r.pid, SIGKILL) == 0);
     status = wait_ddprun(&r, 20, NULL);
     CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-    /* Only the workers themselves are covered; their own children are orphans by design. */
-    for (int k = 0; k < 2; k++) {
-        char path[700];
-        snprintf(path, sizeof path, "%s/pids.%d", dir, k);
-        char *text = read_text(path);
-        CHECK(text);
-        pid_t worker = (pid_t)atoi(text), child = (pid_t)atoi(strchr(text, ' ') + 1);
-        double until = now_s() + 5.0;
-        while (process_alive(worker) && now_s() < until) sleep_ms(20);
-        CHECK_MSG(!process_alive(worker), "worker %d outlived a SIGKILLed ddprun", (int)worker);
-        kill(child, SIGKILL);
-        free(text);
+    check_no_process_left(2);
+
+    /* The same with shells for workers, whose trees also escape the process group: a setsid
+     * in a double fork (keeps the environment) and a child under `env -i` (keeps the process
+     * group). Each is found by a marker of this run: in the environment or in sleep's argument. */
+    make_dir();
+    char env_marker[600], arg_marker[32], script[512];
+    snprintf(env_marker, sizeof env_marker, "DDPRUN_TEST_TREE=%s", dir);
+    snprintf(arg_marker, sizeof arg_marker, "59.%d", (int)getpid());
+    snprintf(script, sizeof script,
+             "sleep 60 & (setsid sleep 60 &); env -i sleep %s & wait; echo done", arg_marker);
+    const char *tree[] = {"--no-prefix", "-n", "2", "env", env_marker, "sh", "-c", script, NULL};
+    r = start_ddprun("kill9-tree", NULL, tree);
+    /* Per rank: sh, sleep, the setsid sleep and the env -i sleep. */
+    double until = now_s() + 20.0;
+    int marked;
+    while ((marked = count_marked(env_marker, arg_marker)) < 8) {
+        CHECK_MSG(now_s() < until, "only %d of the 8 processes of the job started", marked);
+        sleep_ms(20);
     }
+    CHECK(kill(r.pid, SIGKILL) == 0);
+    status = wait_ddprun(&r, 20, NULL);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    until = now_s() + 10.0;
+    while ((marked = count_marked(env_marker, arg_marker)) > 0 && now_s() < until) sleep_ms(50);
+    CHECK_MSG(marked == 0, "%d processes of the job outlived a SIGKILLed ddprun by 10 s", marked);
 }
 
 static void check_output_lines(const char *text, int world, const char *stream_word)
@@ -847,6 +985,108 @@ static void scenario_output(void)
     int status = wait_ddprun(&yes_run, 20, NULL);
     CHECK_MSG(exit_code(status) == 128 + SIGPIPE, "ddprun | (closed) exited with %d",
               exit_code(status));
+}
+
+/* Runs ddprun with `args` and its stdout (and its stderr when `stderr_too`; else dir/tty.err) on
+ * the slave side of a new pseudo-terminal; returns everything the terminal showed. Caller frees. */
+static char *run_on_pty(const char *const *args, int stderr_too)
+{
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    CHECK(master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0);
+    const char *slave_name = ptsname(master);
+    CHECK(slave_name);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = DDPRUN_PATH;
+    for (int i = 0; args[i]; i++) {
+        CHECK(n < 31);
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    char err_path[700];
+    snprintf(err_path, sizeof err_path, "%s/tty.err", dir);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int slave = open(slave_name, O_RDWR | O_NOCTTY);
+        int err = stderr_too ? slave : open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (slave < 0 || err < 0) _exit(126);
+        close(master);
+        dup2(slave, 1);
+        dup2(err, 2);
+        execv(DDPRUN_PATH, (char *const *)argv);
+        _exit(126);
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    CHECK(text);
+    double until = now_s() + 20.0;
+    for (;;) {
+        struct pollfd p = {master, POLLIN, 0};
+        CHECK_MSG(now_s() < until, "ddprun on a terminal ran past 20 s");
+        if (poll(&p, 1, 100) <= 0) continue;
+        if (len + 1 == cap) {
+            cap *= 2;
+            text = realloc(text, cap);
+            CHECK(text);
+        }
+        ssize_t got = read(master, text + len, cap - 1 - len);
+        if (got <= 0) break; /* EIO: the last holder of the slave closed it */
+        len += (size_t)got;
+    }
+    text[len] = '\0';
+    close(master);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(exit_code(status) == 0, "ddprun on a terminal exited %d: %s", exit_code(status),
+              text);
+    return text;
+}
+
+/* On a terminal, rank 0 writes to it itself, so a program drawing on a terminal (the trainer's
+ * progress bar) still does; the other ranks stay prefixed through pipes. Each stream is handed
+ * over only when it is a terminal; with --no-prefix every rank has ddprun's streams. */
+static void scenario_tty(void)
+{
+    make_dir();
+    const char *probe = "for s in 1 2; do if [ -t $s ]; then w=tty; else w=pipe; fi; "
+                        "echo \"fd$s $w rank $RANK\" >&$s; done";
+    const char *args[] = {"-n", "2", "sh", "-c", probe, NULL};
+    char *shown = run_on_pty(args, 0);
+    char path[700];
+    snprintf(path, sizeof path, "%s/tty.err", dir);
+    char *err = read_text(path);
+    CHECK(err);
+    CHECK_MSG(strstr(shown, "fd1 tty rank 0") && !strstr(shown, "[0] "),
+              "rank 0 did not get the terminal: '%s'", shown);
+    CHECK_MSG(strstr(shown, "[1] fd1 pipe rank 1"), "rank 1 is not prefixed: '%s'", shown);
+    CHECK_MSG(strstr(err, "[0] fd2 pipe rank 0") && strstr(err, "[1] fd2 pipe rank 1"),
+              "stderr (a file) is not prefixed: '%s'", err);
+    free(shown);
+    free(err);
+
+    shown = run_on_pty(args, 1);
+    CHECK_MSG(strstr(shown, "fd1 tty rank 0") && strstr(shown, "fd2 tty rank 0") &&
+                  strstr(shown, "[1] fd1 pipe rank 1") && strstr(shown, "[1] fd2 pipe rank 1"),
+              "stdout and stderr on a terminal: '%s'", shown);
+    free(shown);
+
+    const char *plain[] = {"--no-prefix", "-n", "2", "sh", "-c", probe, NULL};
+    shown = run_on_pty(plain, 1);
+    CHECK_MSG(strstr(shown, "fd1 tty rank 0") && strstr(shown, "fd1 tty rank 1") &&
+                  strstr(shown, "fd2 tty rank 1") && !strstr(shown, "["),
+              "--no-prefix on a terminal: '%s'", shown);
+    free(shown);
+
+    /* Not a terminal: every rank prefixed, as before. */
+    run_t r = start_ddprun("no-tty", NULL, args);
+    CHECK(exit_code(wait_ddprun(&r, 20, NULL)) == 0);
+    char *out = read_text(r.out_path);
+    CHECK_MSG(strstr(out, "[0] fd1 pipe rank 0") && strstr(out, "[1] fd1 pipe rank 1"),
+              "without a terminal: '%s'", out);
+    free(out);
 }
 
 static void scenario_options(void)
@@ -1070,6 +1310,8 @@ int main(int argc, char **argv)
     if (strcmp(mode, "worker-late-fail") == 0 && argc == 4)
         return worker_late_fail(argv[2], atoi(argv[3]));
     if (strcmp(mode, "worker-sleep") == 0 && argc == 4) return worker_sleep(argv[2], atoi(argv[3]));
+    if (strcmp(mode, "worker-peer-kill") == 0 && argc == 4)
+        return worker_peer_kill(argv[2], atoi(argv[3]));
     if (strcmp(mode, "worker-output") == 0) return worker_output();
 
     signal(SIGPIPE, SIG_IGN);
@@ -1079,13 +1321,15 @@ int main(int argc, char **argv)
     else if (strcmp(mode, "multinode") == 0) scenario_multinode();
     else if (strcmp(mode, "failure") == 0) scenario_failure();
     else if (strcmp(mode, "multinode-failure") == 0) scenario_multinode_failure();
+    else if (strcmp(mode, "blame") == 0) scenario_blame();
     else if (strcmp(mode, "signals") == 0) scenario_signals();
     else if (strcmp(mode, "output") == 0) scenario_output();
+    else if (strcmp(mode, "tty") == 0) scenario_tty();
     else if (strcmp(mode, "options") == 0) scenario_options();
     else if (strcmp(mode, "bind") == 0) scenario_bind();
     else {
-        fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|signals|"
-                        "output|options|bind\n");
+        fprintf(stderr, "usage: test_launcher env|multinode|failure|multinode-failure|blame|"
+                        "signals|output|tty|options|bind\n");
         return 2;
     }
     printf("test_launcher %s: ok\n", mode);

@@ -3,7 +3,8 @@
 #   worlds      1, 2, 3 and 4 ranks with the same global batch: same loss per step (1e-5), and every
 #               rank ends with bitwise identical parameters
 #   resume      an interrupted run resumed from its checkpoint ends bitwise identical to an
-#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary)
+#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary); a save
+#               or resume removes the temporaries of killed saves, and only those
 #   accumulate  --accumulate 4 with batch B/4 equals batch B; --sync legacy equals the Reducer
 #   errors      missing/corrupt/truncated data, bad options, mismatching checkpoints
 #   zero        --zero 1, --zero-overlap and --zero 2 (SGD, Adam; 2 and 3 ranks): one checksum
@@ -12,6 +13,8 @@
 #   blocks      --grad-blocks K (row blocks handed to the Reducer as computed, tiny pieces): the
 #               same bits for K = 1, 3, 8 on 1-3 ranks, with --accumulate, --hook fp16, --zero 1
 #               and --sync legacy too; K = 9 is refused
+#   progress    under ddprun on a terminal (script(1)) rank 0 draws its progress bar, and
+#               rank 1 stays prefixed; into a pipe, plain lines
 # Small subsets keep each case well under 30 s on two busy cores.
 set -u
 CASE=$1
@@ -149,6 +152,35 @@ resume)
     printf '\377' | dd of="$WORK/flip" bs=1 seek=9000 conv=notrunc 2>/dev/null
     run 1 $COMMON --optim adam --batch 48 --resume "$WORK/flip"
     [ "$RC" = 1 ] && grep -q 'corrupt' "$WORK/err" || fail "corrupt checkpoint not reported"
+    # A save killed half-way leaves CK.tmp.<pid>. The next save and a resume remove those whose
+    # writer is gone, and keep those of a live process (by pid, or holding the file locked, as a
+    # writer whose pid means nothing here - another host or container - does) and other files.
+    mkdir "$WORK/stale"
+    ck="$WORK/stale/ck"
+    dead=$(sh -c 'echo $$')
+    dead_locked=$(sh -c 'echo $$')
+    sleep 60 &
+    live=$!
+    # the lock holder execs sleep, so $! is the process holding the lock and killing it ends both
+    sh -c 'flock 9 && exec sleep 60' 9>"$ck.tmp.$dead_locked" &
+    locker=$!
+    while flock -n "$ck.tmp.$dead_locked" true; do sleep 0.05; done
+    for f in "$ck.tmp.$dead" "$ck.tmp.$live" "$ck.tmp.x$dead" "$ck.tmp.$dead.x" \
+             "$WORK/stale/other.tmp.$dead"; do
+        echo partial >"$f"
+    done
+    keep="$ck.tmp.$live $ck.tmp.$dead_locked $ck.tmp.x$dead $ck.tmp.$dead.x $WORK/stale/other.tmp.$dead"
+    run 1 $COMMON --optim adam --batch 48 --max-steps 3 --checkpoint "$ck"
+    [ "$RC" = 0 ] || fail "save next to stale temporaries"
+    [ -e "$ck.tmp.$dead" ] && fail "a save left the temporary of a dead writer"
+    for f in $keep; do [ -e "$f" ] || fail "a save removed $f"; done
+    echo partial >"$ck.tmp.$dead"
+    run 1 $COMMON --optim adam --batch 48 --max-steps 4 --resume "$ck"
+    [ "$RC" = 0 ] || fail "resume next to stale temporaries"
+    [ -e "$ck.tmp.$dead" ] && fail "a resume left the temporary of a dead writer"
+    for f in $keep; do [ -e "$f" ] || fail "a resume removed $f"; done
+    kill $live $locker 2>/dev/null
+    wait 2>/dev/null
     ;;
 accumulate)
     base="$COMMON --optim sgd --max-steps 20"
@@ -232,6 +264,24 @@ errors)
     # a subset smaller than one step
     run 1 --subset 10 --batch 64
     [ "$RC" = 1 ] && grep -q 'fewer than one optimizer step' "$WORK/err" || fail "subset < batch"
+    ;;
+progress)
+    # README: rank 0 draws a progress bar when stdout is a terminal - under ddprun too, which
+    # hands rank 0 its terminal; into a pipe it prints plain lines.
+    if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ] || ! command -v script >/dev/null; then
+        echo "SKIP: needs ddprun and script(1)" >&2
+        exit 77
+    fi
+    args="$COMMON --batch 48 --max-steps 6"
+    script -qec "'$DDPRUN' -n 2 '$FM' $args" /dev/null >"$WORK/tty" 2>&1
+    [ $? = 0 ] || { fail "ddprun on a terminal"; cat "$WORK/tty" >&2; }
+    grep -q 'epoch 1/[0-9]* \[[#.]*\] step' "$WORK/tty" ||
+        { fail "no progress bar under ddprun on a terminal:"; cat "$WORK/tty" >&2; }
+    grep -q '^\[1\] ' "$WORK/tty" || fail "rank 1's lines are not prefixed on a terminal"
+    run 2 $args
+    [ "$RC" = 0 ] || fail "ddprun into a pipe"
+    grep -q 'epoch 1/[0-9]* step [0-9]*/25 loss' "$WORK/out" || fail "no plain progress lines into a pipe"
+    grep -q '\[[#.]*\] step' "$WORK/raw" && fail "a progress bar drawn into a pipe"
     ;;
 zero)
     if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ]; then

@@ -5,6 +5,7 @@
  *
  * One thread runs an event loop over the workers' output pipes and a self-pipe fed by signal
  * handlers; in multi-node jobs a second thread watches the store for another node's failure. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -33,6 +34,9 @@ extern char **environ;
 #define WATCH_INTERVAL_MS 200
 #define STORE_CALL_TIMEOUT_MS 5000
 #define FAILURE_TEXT_MAX 512
+/* How long a first failure that may be a consequence (a non-zero exit) waits for a more likely
+ * cause to be reaped before ddprun names a rank; see choose_culprit. */
+#define BLAME_WINDOW_S 1.0
 
 /* ---- options ------------------------------------------------------------------------------- */
 
@@ -72,7 +76,9 @@ static const char usage_text[] =
     "                          random token is generated unless --token is given.\n"
     "  --no-prefix             pass the workers' output through untouched (default: each line\n"
     "                          starts with \"[RANK] \"; stdout and stderr stay apart; lines\n"
-    "                          longer than 64 KiB are split)\n"
+    "                          longer than 64 KiB are split). Either way, when ddprun's stdout\n"
+    "                          or stderr is a terminal, rank 0 writes to it directly and\n"
+    "                          unprefixed, so it sees a terminal (progress bars draw)\n"
     "  --timeout S             stop the job if it runs longer than S seconds (default: no limit);\n"
     "                          joining the other nodes waits at most DDP_TIMEOUT seconds\n"
     "  --grace S               seconds between SIGTERM and SIGKILL when stopping workers\n"
@@ -95,13 +101,20 @@ static const char usage_text[] =
     "  RANK=K*N+i  WORLD_SIZE=M*N  LOCAL_RANK=i  LOCAL_WORLD_SIZE=N  GROUP_RANK=K\n"
     "  MASTER_ADDR, MASTER_PORT   where the store listens\n"
     "  DDP_STORE_TOKEN            the store's secret\n"
-    "Workers run in their own process groups and receive SIGKILL if ddprun dies.\n"
+    "  DDPRUN_JOB_ID              marks every process of this run (random per run)\n"
+    "Workers run in their own process groups. If ddprun dies (even by SIGKILL), or the job\n"
+    "fails, a watchdog process kills everything of the job: the workers' process groups and\n"
+    "every process whose environment holds this run's DDPRUN_JOB_ID.\n"
     "\n"
     "failures: SIGINT, SIGTERM and SIGHUP are forwarded to every worker (a second one sends\n"
     "SIGKILL). When a worker exits non-zero or is killed, ddprun reports its rank, stops the\n"
     "others (SIGTERM, then SIGKILL after the grace period) on every node, and exits 1, or 128+N\n"
-    "when the worker or ddprun was killed by signal N. A node that fails marks the store key\n"
-    "job/failed; the other nodes see it and stop too.\n"
+    "when the worker or ddprun was killed by signal N. The rank named is the cause, not a\n"
+    "casualty: after a non-zero exit ddprun waits up to 1 s for the other workers, then names\n"
+    "a worker killed by a signal before one whose shell reported a signal (status 128+N), and\n"
+    "that before one that exited non-zero (a peer's failure makes ranks exit 1); the first\n"
+    "reaped within each. A node that fails marks the store key job/failed; the other nodes\n"
+    "see it and stop too.\n"
     "\n"
     "exit status: 0 when every worker exited 0; 1 or 128+N on failure; 2 for bad options.\n";
 
@@ -354,6 +367,210 @@ static void block_forwarded_signals(int block, sigset_t *old)
     else pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
+/* ---- the watchdog: nothing of the job outlives ddprun ------------------------------------ */
+
+/* PR_SET_PDEATHSIG reaches only a worker itself; what it started (`sh -c 'trainer ...'`, data
+ * loaders) would live on with parent 1 if ddprun were SIGKILLed. So before anything else ddprun
+ * forks a watchdog into a session of its own. It holds the read end of a pipe whose only writer
+ * is ddprun and learns each worker's process group through it; when the pipe reaches end of file
+ * without a stand-down (ddprun died, or it ends a failed job), the watchdog kills every process
+ * of the job and exits. A process belongs to the job when it is in a worker's process group or
+ * carries this run's DDPRUN_JOB_ID in its environment: the group catches children that cleared
+ * their environment, the mark catches those that left the group (setsid, double forks), and
+ * a mark is random per run, so another job's processes never match.
+ * Why not PR_SET_CHILD_SUBREAPER in ddprun: it adopts the orphans only while ddprun lives; once
+ * ddprun dies they go to init all the same. The watchdog needs no privileges and works under any
+ * init; what it cannot see is a process that both left the group and cleared its environment,
+ * or one whose /proc entry another user owns. */
+
+#define WATCHDOG_STAND_DOWN 0 /* message: the job ended well, exit without killing anything */
+#define WATCHDOG_ROUNDS 500   /* each round scans /proc once; then it gives up (about 5 s) */
+
+static char job_id[64];         /* this run's DDPRUN_JOB_ID, 48 hex digits */
+static pid_t watchdog_pid = -1; /* ddprun's child */
+static int watchdog_fd = -1;    /* ddprun's write end of the watchdog's pipe */
+
+/* Reads a small /proc file of `pid` into buf (NUL-terminated); the number of bytes or -1. */
+static ssize_t read_proc(pid_t pid, const char *what, char *buf, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, what);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t len = 0;
+    ssize_t n;
+    while (len + 1 < size && (n = read(fd, buf + len, size - 1 - len)) != 0) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    return (ssize_t)len;
+}
+
+/* Whether `pid`'s initial environment holds `mark` ("DDPRUN_JOB_ID=..."). An environment larger
+ * than the buffer is searched in pieces that overlap by the length of the mark. */
+static int environment_has(pid_t pid, const char *mark)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    static char buf[65536 + 1];
+    size_t mlen = strlen(mark) + 1; /* with its terminating NUL */
+    size_t len = 1;
+    buf[0] = '\0'; /* so the first entry, too, follows a NUL */
+    int found = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        len += (size_t)n;
+        for (size_t at = 0; !found && at + mlen + 1 <= len; at++)
+            found = buf[at] == '\0' && memcmp(buf + at + 1, mark, mlen) == 0;
+        if (found) break;
+        if (len > mlen + 1) { /* keep the tail: a mark may straddle two reads */
+            memmove(buf, buf + len - (mlen + 1), mlen + 1);
+            len = mlen + 1;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+/* One pass over /proc: SIGKILL every live process of the job; returns how many it signalled. */
+static int kill_job_once(const pid_t *groups, int ngroups, const char *mark)
+{
+    for (int g = 0; g < ngroups; g++) kill(-groups[g], SIGKILL);
+    DIR *proc = opendir("/proc");
+    if (!proc) return 0;
+    int signalled = 0;
+    struct dirent *e;
+    while ((e = readdir(proc))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || pid <= 1 || pid == getpid()) continue;
+        char stat[512];
+        if (read_proc((pid_t)pid, "stat", stat, sizeof stat) <= 0) continue;
+        /* "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses. */
+        const char *after = strrchr(stat, ')');
+        char state = 0;
+        int ppid = 0, pgrp = 0;
+        if (!after || sscanf(after + 1, " %c %d %d", &state, &ppid, &pgrp) != 3) continue;
+        if (state == 'Z' || state == 'X') continue; /* dead already */
+        int ours = 0;
+        for (int g = 0; g < ngroups && !ours; g++) ours = pgrp == groups[g];
+        if (!ours) ours = environment_has((pid_t)pid, mark);
+        if (ours && kill((pid_t)pid, SIGKILL) == 0) signalled++;
+    }
+    closedir(proc);
+    return signalled;
+}
+
+static void watchdog_main(int fd)
+{
+    /* Its own session: a terminal's Ctrl-C or hang-up, and kill(-pgid) aimed at ddprun's group,
+     * must not take the watchdog along. It ignores the termination signals for the same reason:
+     * ddprun's own death is what ends it. */
+    setsid();
+    prctl(PR_SET_NAME, "ddprun-watchdog");
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    /* Keep no other descriptor of ddprun's open: a reader of ddprun's output waits for EOF. */
+    if (dup2(fd, 3) < 0) _exit(1);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+    }
+    if (close_range(4, ~0u, 0) != 0) { /* a kernel before 5.9: one by one */
+        long max = sysconf(_SC_OPEN_MAX);
+        for (long k = 4; k < (max > 0 ? max : 65536); k++) close((int)k);
+    }
+    fd = 3;
+
+    char mark[128];
+    snprintf(mark, sizeof mark, "DDPRUN_JOB_ID=%s", job_id);
+    pid_t groups[MAX_LOCAL_WORKERS];
+    int ngroups = 0;
+    unsigned char msg[sizeof(int32_t)];
+    size_t have = 0;
+    for (;;) {
+        ssize_t n = read(fd, msg + have, sizeof msg - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break; /* ddprun is gone, or it ends a failed job */
+        have += (size_t)n;
+        if (have < sizeof msg) continue;
+        have = 0;
+        int32_t group;
+        memcpy(&group, msg, sizeof group);
+        if (group == WATCHDOG_STAND_DOWN) _exit(0);
+        if (ngroups < MAX_LOCAL_WORKERS) groups[ngroups++] = (pid_t)group;
+    }
+    /* SIGKILLed processes take a moment to become zombies, and one may fork while we scan:
+     * repeat until a pass finds nobody alive. */
+    for (int round = 0; round < WATCHDOG_ROUNDS; round++) {
+        if (kill_job_once(groups, ngroups, mark) == 0) break;
+        sleep_ms(10);
+    }
+    _exit(0);
+}
+
+/* Forks the watchdog. Called before ddprun starts any thread, so the child may use the C library
+ * freely. Without a watchdog the job still runs, protected by PR_SET_PDEATHSIG alone. */
+static void start_watchdog(void)
+{
+    make_token(job_id, sizeof job_id);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        perror("ddprun: pipe (the watchdog is not started)");
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[1]);
+        watchdog_main(fds[0]);
+    }
+    close(fds[0]);
+    if (pid < 0) {
+        perror("ddprun: fork (the watchdog is not started)");
+        close(fds[1]);
+        return;
+    }
+    watchdog_pid = pid;
+    watchdog_fd = fds[1];
+}
+
+static void watchdog_send(int32_t message)
+{
+    if (watchdog_fd < 0) return;
+    /* Four bytes: one atomic pipe write. A watchdog that died gives EPIPE (SIGPIPE is ignored). */
+    ssize_t ignored = write(watchdog_fd, &message, sizeof message);
+    (void)ignored;
+}
+
+/* At ddprun's exit: a job that ended well leaves what its workers left running (as without the
+ * watchdog); after a failure or a signal the watchdog sweeps the job, and ddprun waits for it so
+ * that nothing of the job is left when ddprun returns. */
+static void finish_watchdog(int job_failed)
+{
+    if (watchdog_fd < 0) return;
+    if (!job_failed) watchdog_send(WATCHDOG_STAND_DOWN);
+    close(watchdog_fd);
+    watchdog_fd = -1;
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms += 10) {
+        pid_t got = waitpid(watchdog_pid, NULL, WNOHANG);
+        if (got == watchdog_pid || (got < 0 && errno != EINTR)) return;
+        sleep_ms(10);
+    }
+}
+
 /* ---- workers and their output -------------------------------------------------------------- */
 
 typedef struct stream {
@@ -369,6 +586,7 @@ typedef struct worker {
     pid_t pid;    /* also its process-group id */
     int running;  /* not reaped yet */
     int status;   /* wait status once reaped */
+    int reaped;   /* 1, 2, ...: the order in which ddprun reaped the workers; 0 while running */
     stream_t out;
     stream_t err;
 } worker_t;
@@ -455,7 +673,7 @@ static char *env_entry(const char *name, const char *fmt, ...)
 
 static const char *const set_names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                         "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                        "DDP_STORE_TOKEN"};
+                                        "DDP_STORE_TOKEN", "DDPRUN_JOB_ID"};
 #define NUM_SET_NAMES (sizeof set_names / sizeof set_names[0])
 
 static int is_set_name(const char *entry)
@@ -477,6 +695,10 @@ typedef struct job {
     int *cpus; /* worker i runs on cpus[i % ncpus]; NULL: not bound */
     int ncpus;
     int running;
+    int stdout_tty;       /* ddprun's stdout is a terminal: rank 0 gets it (writes_directly) */
+    int stderr_tty;       /* the same for stderr */
+    int reaped;           /* workers reaped so far */
+    double blame_until;   /* > 0: a worker failed; name the culprit by then at the latest */
     /* how the job ends */
     int stopping;         /* teardown started */
     int killed;           /* SIGKILL already sent */
@@ -519,6 +741,7 @@ static char **worker_environment(const job_t *job, const worker_t *w)
     envp[k++] = env_entry("MASTER_ADDR", "%s", job->master_addr);
     envp[k++] = env_entry("MASTER_PORT", "%d", job->master_port);
     envp[k++] = env_entry("DDP_STORE_TOKEN", "%s", job->token);
+    envp[k++] = env_entry("DDPRUN_JOB_ID", "%s", job_id);
     envp[k] = NULL;
     return envp;
 }
@@ -576,15 +799,24 @@ static int choose_cpus(job_t *job)
     return 0;
 }
 
+/* Whether worker w writes straight into ddprun's stream fd (1 or 2) instead of a pipe ddprun
+ * prefixes. With --no-prefix every worker does. Otherwise rank 0 does when the stream is a
+ * terminal: a program that draws on a terminal when it has one (the trainer's progress bar) can
+ * then draw under ddprun too, and the other ranks' lines stay prefixed. */
+static int writes_directly(const job_t *job, const worker_t *w, int fd)
+{
+    if (!job->opt.prefix) return 1;
+    return w->rank == 0 && (fd == 1 ? job->stdout_tty : job->stderr_tty);
+}
+
 static int start_worker(job_t *job, worker_t *w)
 {
     int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (job->opt.prefix) {
-        if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-            perror("ddprun: pipe");
-            close_pair(out);
-            return -1;
-        }
+    int piped_out = !writes_directly(job, w, 1), piped_err = !writes_directly(job, w, 2);
+    if ((piped_out && pipe2(out, O_CLOEXEC) != 0) || (piped_err && pipe2(err, O_CLOEXEC) != 0)) {
+        perror("ddprun: pipe");
+        close_pair(out);
+        return -1;
     }
     char **envp = worker_environment(job, w);
     pid_t parent = getpid();
@@ -621,9 +853,7 @@ static int start_worker(job_t *job, worker_t *w)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        if (job->opt.prefix) {
-            if (dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0) _exit(127);
-        }
+        if ((piped_out && dup2(out[1], 1) < 0) || (piped_err && dup2(err[1], 2) < 0)) _exit(127);
         if (job->cpus) {
             cpu_set_t one;
             CPU_ZERO(&one);
@@ -636,15 +866,18 @@ static int start_worker(job_t *job, worker_t *w)
         _exit(127);
     }
     setpgid(pid, pid); /* also here: no race with a kill(-pid) right after fork */
+    watchdog_send((int32_t)pid);
     free_environment(envp);
     w->pid = pid;
     w->running = 1;
-    if (job->opt.prefix) {
+    if (piped_out) {
         close(out[1]);
-        close(err[1]);
         w->out.fd = out[0];
-        w->err.fd = err[0];
         fcntl(out[0], F_SETFL, O_NONBLOCK);
+    }
+    if (piped_err) {
+        close(err[1]);
+        w->err.fd = err[0];
         fcntl(err[0], F_SETFL, O_NONBLOCK);
     }
     return 0;
@@ -971,28 +1204,92 @@ static void describe_exit(char *out, size_t size, const worker_t *w, int node, i
     }
 }
 
+/* How sure ddprun is that a failed worker is the cause rather than a casualty, strongest first.
+ * A worker that a peer's failure reached (a libddp rank returns DDP_ERR_REMOTE or
+ * DDP_ERR_ABORTED and its program exits 1) dies by its own exit; a worker that ddprun did not
+ * signal and that nevertheless died by a signal was killed from outside (the OOM killer, kill -9,
+ * a crash) and cannot be anyone's casualty. A shell reports its child's signal death as exit
+ * status 128+N, so a worker running `sh -c 'trainer ...'` ranks with the signal deaths. */
+enum { FAILURE_NONE, FAILURE_SIGNAL, FAILURE_SHELL_SIGNAL, FAILURE_EXIT };
+
+static int failure_kind(const worker_t *w)
+{
+    if (w->running || !w->reaped) return FAILURE_NONE;
+    if (WIFSIGNALED(w->status)) return FAILURE_SIGNAL;
+    int code = WIFEXITED(w->status) ? WEXITSTATUS(w->status) : 1;
+    if (code == 0) return FAILURE_NONE;
+    if (code > 128 && code <= 128 + 64) return FAILURE_SHELL_SIGNAL;
+    return FAILURE_EXIT;
+}
+
+/* The culprit among the failed workers: the strongest kind, and among those the first reaped. */
+static worker_t *choose_culprit(job_t *job)
+{
+    worker_t *best = NULL;
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        int kind = failure_kind(w);
+        if (kind == FAILURE_NONE) continue;
+        if (!best || kind < failure_kind(best) ||
+            (kind == failure_kind(best) && w->reaped < best->reaped))
+            best = w;
+    }
+    return best;
+}
+
+/* Names the culprit (and, after it, the workers that failed with it), tells the other nodes and
+ * stops the rest of the job. ddprun exits with the culprit's status: 128+N for a signal death
+ * (also one its shell reported), 1 for any other failure. */
+static void blame(job_t *job)
+{
+    worker_t *culprit = choose_culprit(job);
+    job->blame_until = 0;
+    if (!culprit || job->stopping) return;
+    char text[FAILURE_TEXT_MAX];
+    describe_exit(text, sizeof text, culprit, job->opt.node_rank, job->opt.nnodes);
+    fprintf(stderr, "ddprun: %s\n", text);
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        if (w == culprit || failure_kind(w) == FAILURE_NONE) continue;
+        char other[FAILURE_TEXT_MAX];
+        describe_exit(other, sizeof other, w, job->opt.node_rank, job->opt.nnodes);
+        fprintf(stderr, "ddprun: after it, %s\n", other);
+    }
+    publish_failure(job, text);
+    int code = 1;
+    if (WIFSIGNALED(culprit->status)) code = 128 + WTERMSIG(culprit->status);
+    else if (failure_kind(culprit) == FAILURE_SHELL_SIGNAL) code = WEXITSTATUS(culprit->status);
+    begin_stop(job, code);
+}
+
+/* Reaps the workers that exited. The first failure does not end the job at once: over TCP a
+ * SIGKILLed rank's peers see the connection reset and exit 1 within microseconds, sometimes
+ * before ddprun reaps the killed rank, and waitpid then reports the casualty first (6 of 48 kills
+ * named the wrong rank). So a failure opens a window of BLAME_WINDOW_S in which the others may
+ * be reaped too, and ddprun names the culprit (choose_culprit) once the window closes, once a
+ * signal death settles it, or once no worker is left. The workers still running get their SIGTERM
+ * that much later; they are blocked in a collective or exiting on the failure anyway. */
 static void reap(job_t *job)
 {
     for (;;) {
         int status = 0;
         pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) return;
+        if (pid <= 0) break;
         for (int i = 0; i < job->nworkers; i++) {
             worker_t *w = &job->workers[i];
             if (w->pid != pid || !w->running) continue;
             w->running = 0;
             w->status = status;
+            w->reaped = ++job->reaped;
             job->running--;
-            int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-            if (failed && !job->stopping) {
-                char text[FAILURE_TEXT_MAX];
-                describe_exit(text, sizeof text, w, job->opt.node_rank, job->opt.nnodes);
-                fprintf(stderr, "ddprun: %s\n", text);
-                publish_failure(job, text);
-                begin_stop(job, WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1);
-            }
+            if (failure_kind(w) != FAILURE_NONE && !job->stopping && job->blame_until == 0)
+                job->blame_until = now_s() + BLAME_WINDOW_S;
         }
     }
+    if (job->blame_until == 0 || job->stopping) return;
+    worker_t *culprit = choose_culprit(job);
+    if (failure_kind(culprit) == FAILURE_SIGNAL || job->running == 0 || now_s() >= job->blame_until)
+        blame(job);
 }
 
 static int streams_open(const job_t *job)
@@ -1040,6 +1337,8 @@ static void run_event_loop(job_t *job)
         unsigned char sigs[16];
         ssize_t got;
         while ((got = read(signal_pipe[0], sigs, sizeof sigs)) > 0) {
+            /* A failure awaiting its culprit is named before the signal changes the job's end. */
+            if (job->blame_until > 0) blame(job);
             for (ssize_t k = 0; k < got; k++) {
                 int sig = sigs[k];
                 if (!job->stopping) {
@@ -1078,6 +1377,8 @@ static void run_event_loop(job_t *job)
         watcher_done = job->watcher_done;
         pthread_mutex_unlock(&job->lock);
         double now = now_s();
+        /* Another node's failure or --timeout: a local failure already reaped is named first. */
+        if (job->blame_until > 0 && (remote[0] || (deadline > 0 && now > deadline))) blame(job);
         if (remote[0] && !job->stopping) {
             fprintf(stderr, "ddprun: stopping the job: %s\n", remote);
             begin_stop(job, 1);
@@ -1138,6 +1439,7 @@ int main(int argc, char **argv)
     job.notify_pipe[0] = job.notify_pipe[1] = -1;
     pthread_mutex_init(&job.lock, NULL);
     parse_options(argc, argv, &job.opt);
+    start_watchdog(); /* before the store's threads: see start_watchdog */
     install_signal_handlers();
 
     if (setup_store(&job) != 0) {
@@ -1152,6 +1454,8 @@ int main(int argc, char **argv)
     }
 
     job.nworkers = job.opt.nproc;
+    job.stdout_tty = isatty(STDOUT_FILENO);
+    job.stderr_tty = isatty(STDERR_FILENO);
     job.workers = calloc((size_t)job.nworkers, sizeof *job.workers);
     if (job.workers && choose_cpus(&job) != 0) {
         free(job.workers);
@@ -1206,5 +1510,6 @@ int main(int argc, char **argv)
     free(job.cpus);
     ddp_store_destroy(job.store);
     ddp_store_server_stop(job.server);
+    finish_watchdog(code != 0);
     return code;
 }

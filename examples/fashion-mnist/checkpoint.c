@@ -3,13 +3,17 @@
  *   "FMNISTCK" | u32 version | u32 header bytes | fm_hyper_t fields | fm_progress_t fields |
  *   u64 optimizer steps | u64 numel[6] | parameters | optimizer state1 | [state2] | u32 crc32
  * The permutation of an epoch is a function of (seed, epoch), so seed + progress is the RNG state.
- * Saving never leaves a torn file: temp file, fsync, rename, fsync of the directory. */
+ * Saving never leaves a torn file: temp file, fsync, rename, fsync of the directory. A save that is
+ * killed leaves its temp file behind; the next save or load of the same checkpoint removes it. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -65,6 +69,46 @@ static int write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+/* Removes PATH.tmp.<pid> files whose writer is gone: a save killed between creating its temp
+ * file and renaming it. A writer holds an exclusive flock on its temp file while it writes, so a
+ * temp file is removed only when (1) no process with its pid is alive here (a live one may be
+ * writing; a pid reused by an unrelated process only keeps a stale file, never loses a live one)
+ * and (2) nobody holds its lock - a writer on another host or in another container sharing the
+ * directory has a pid that means nothing here, but its lock still does. Our own pid counts as
+ * gone: this process writes no temp file now, so one with its pid is from a dead process whose pid
+ * it inherited. Other files of the directory, other checkpoints' temps included, are left alone.
+ * Failures are ignored: a stale temp file wastes space, it does not make a checkpoint wrong. */
+static void remove_stale_temporaries(const char *path)
+{
+    char dir_buf[4096], base_buf[4096];
+    snprintf(dir_buf, sizeof dir_buf, "%s", path);
+    snprintf(base_buf, sizeof base_buf, "%s", path);
+    const char *dir = dirname(dir_buf), *base = basename(base_buf);
+    size_t base_len = strlen(base);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        if (strncmp(name, base, base_len) != 0 || strncmp(name + base_len, ".tmp.", 5) != 0)
+            continue;
+        const char *digits = name + base_len + 5;
+        if (*digits < '1' || *digits > '9') continue;
+        char *end;
+        errno = 0;
+        long pid = strtol(digits, &end, 10);
+        if (*end != '\0' || errno != 0 || pid <= 0 || (long)(pid_t)pid != pid) continue;
+        if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue;
+        char file[8192];
+        snprintf(file, sizeof file, "%s/%s", dir, name);
+        int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(file);
+        close(fd);
+    }
+    closedir(d);
+}
+
 int fm_checkpoint_save(const char *path, const fm_hyper_t *hyper, const fm_progress_t *progress,
                        const fm_mlp_t *model, const fm_optim_t *opt, char *err, size_t errlen)
 {
@@ -97,11 +141,17 @@ int fm_checkpoint_save(const char *path, const fm_hyper_t *hyper, const fm_progr
         goto out;
     }
 
+    remove_stale_temporaries(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
         goto out;
+    }
+    /* Held until the file is renamed or we die: tells remove_stale_temporaries a writer is here. */
+    if (flock(fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "cannot lock %s: %s", tmp, strerror(errno));
+        goto out_unlink;
     }
     if (write_all(fd, b.data, b.len) || fsync(fd)) {
         snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
@@ -178,6 +228,7 @@ int fm_checkpoint_load(const char *path, const fm_hyper_t *hyper, fm_progress_t 
 {
     int rc = -1;
     unsigned char *data = NULL;
+    remove_stale_temporaries(path);
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "cannot open checkpoint %s: %s", path, strerror(errno));
