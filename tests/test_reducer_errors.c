@@ -1,5 +1,6 @@
 /* Reducer errors: each one on every rank, with the parameter's name in the text, and never a
- * hang: model mismatch at create (numel, name, count, dtype, sparsity), a local create failure,
+ * hang: model mismatch at create (numel, name, count, dtype, sparsity, shape with the same
+ * numel), a local create failure,
  * grad_ready twice, finalize with unmarked parameters, prepare without finalize, a comm hook
  * that makes ranks disagree on a bucket, and bad arguments.
  *
@@ -42,7 +43,7 @@ static int case_mismatch(ddp_group_t *group, void *arg)
     (void)arg;
     CHECK(ddp_group_size(group) >= 2);
     ddp_reducer_t *r = NULL;
-    for (int variant = 0; variant < 5; variant++) {
+    for (int variant = 0; variant < 6; variant++) {
         model_t m;
         model_make(&m);
         size_t n = NP;
@@ -54,6 +55,8 @@ static int case_mismatch(ddp_group_t *group, void *arg)
             case 2: n = NP + 1; mention1 = "extra"; mention2 = "registers 6"; break;
             case 3: m.p[2].dtype = DDP_F64; mention2 = "f64"; break;
             case 4: m.p[2].sparse = 1; m.p[2].rows = 7; mention2 = "sparse"; break;
+            /* Same numel, another shape: rank 0's bytes would land in the wrong layout. */
+            case 5: m.p[0].rows = 2; mention1 = "shape 4 x 3"; mention2 = "shape 2 x 6"; break;
             }
         } else if (variant == 1) {
             mention2 = "l2.weight";
@@ -64,11 +67,16 @@ static int case_mismatch(ddp_group_t *group, void *arg)
             mention2 = "f64";
         } else if (variant == 4) {
             mention2 = "sparse";
+        } else if (variant == 5) {
+            mention1 = "shape 4 x 3";
+            mention2 = "shape 2 x 6";
         }
+        if (variant == 5 && !last(group)) m.p[0].rows = 4;
         CHECK_STATUS(ddp_reducer_create(group, m.p, n, NULL, 0, NULL, &r), DDP_ERR_MISMATCH);
         CHECK_ERROR_MENTIONS(mention1);
         CHECK_ERROR_MENTIONS(mention2);
         CHECK_ERROR_MENTIONS("rank 0");
+        if (variant == 5) CHECK_ERROR_MENTIONS("'l1.w'");
         CHECK(r == NULL);
     }
     /* The group is still healthy: a matching model now works. */

@@ -105,8 +105,8 @@ typedef struct ddp_reducer_config {
 typedef struct ddp_reducer ddp_reducer_t;
 
 /* Collective. Deduplicates parameters registered twice (same data pointer), verifies count,
- * names, numel, dtype and sparsity across ranks (a mismatch names the first differing parameter
- * and both sides, on every rank), broadcasts parameters and buffers from rank 0 in coalesced
+ * names, numel, shape (rows), dtype and sparsity across ranks (a mismatch names the first
+ * differing parameter and both sides, on every rank), broadcasts parameters and buffers from rank 0 in coalesced
  * buckets, and assigns gradient buckets. params/buffers arrays are copied; data pointers must
  * outlive the reducer. */
 DDP_API ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params,

@@ -451,6 +451,7 @@ typedef struct signature {
     char name[SIG_NAME]; /* truncated; the hash covers the whole name */
     uint64_t name_hash;
     uint64_t numel;
+    uint64_t rows; /* matrix view rows (0: a vector): c10d compares sizes, not only numel */
     uint32_t dtype;
     uint32_t sparse;
 } signature_t;
@@ -464,15 +465,22 @@ static uint64_t hash_name(const char *s)
 
 static void describe(const signature_t *s, char *out, size_t cap)
 {
-    snprintf(out, cap, "'%.*s' (%s, %llu elements, %s)", SIG_NAME, s->name,
-             ddp_dtype_name((ddp_dtype_t)s->dtype), (unsigned long long)s->numel,
+    char shape[64];
+    if (s->rows)
+        snprintf(shape, sizeof shape, "shape %llu x %llu", (unsigned long long)s->rows,
+                 (unsigned long long)(s->numel / s->rows));
+    else
+        snprintf(shape, sizeof shape, "shape %llu", (unsigned long long)s->numel);
+    snprintf(out, cap, "'%.*s' (%s, %llu elements, %s, %s)", SIG_NAME, s->name,
+             ddp_dtype_name((ddp_dtype_t)s->dtype), (unsigned long long)s->numel, shape,
              s->sparse ? "sparse" : "dense");
 }
 
 static int same_signature(const signature_t *a, const signature_t *b)
 {
-    return a->name_hash == b->name_hash && a->numel == b->numel && a->dtype == b->dtype &&
-           a->sparse == b->sparse && memcmp(a->name, b->name, SIG_NAME) == 0;
+    return a->name_hash == b->name_hash && a->numel == b->numel && a->rows == b->rows &&
+           a->dtype == b->dtype && a->sparse == b->sparse &&
+           memcmp(a->name, b->name, SIG_NAME) == 0;
 }
 
 /* Collective. Every rank states whether it could build its reducer and how many parameters and
@@ -546,6 +554,7 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
         memcpy(s.name, params[i].name, strnlen(params[i].name, SIG_NAME));
         s.name_hash = hash_name(params[i].name);
         s.numel = params[i].numel;
+        s.rows = params[i].rows;
         s.dtype = (uint32_t)params[i].dtype;
         s.sparse = (uint32_t)params[i].sparse;
         memcpy(mine + i * rec, &s, rec);
@@ -563,7 +572,7 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
             signature_t a, b;
             memcpy(&a, all + i * rec, rec);
             memcpy(&b, all + ((size_t)q * maxn + i) * rec, rec);
-            char da[160], db[160];
+            char da[200], db[200];
             describe(&a, da, sizeof da);
             describe(&b, db, sizeof db);
             if (i >= n0 || i >= nq) {
