@@ -421,8 +421,8 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
             rev.starts = ddp__malloc((nb + 1) * sizeof(size_t), "buckets");
             rev.indices = ddp__malloc((r->nparams ? r->nparams : 1) * sizeof(size_t), "buckets");
             if (!rev.starts || !rev.indices) {
-                ddp_bucket_assignment_free(&rev);
-                ddp_bucket_assignment_free(out);
+                ddp__bucket_assignment_free(&rev);
+                ddp__bucket_assignment_free(out);
                 status = DDP_ERR_NO_MEMORY;
             } else {
                 size_t n = 0;
@@ -434,7 +434,7 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
                     n += len;
                 }
                 rev.starts[nb] = n;
-                ddp_bucket_assignment_free(out);
+                ddp__bucket_assignment_free(out);
                 *out = rev;
             }
         }
@@ -724,7 +724,9 @@ static ddp_status_t dedup(ddp_reducer_t *r, const ddp_param_t *params, size_t np
     return DDP_OK;
 }
 
-void ddp_reducer_destroy(ddp_reducer_t *r)
+/* Waits for reductions in flight and frees everything; may leave a failed wait's text (create's
+ * failure path restores its own). */
+static void destroy_reducer(ddp_reducer_t *r)
 {
     if (!r) return;
     for (size_t b = 0; b < r->nbuckets; b++) {
@@ -766,10 +768,17 @@ void ddp_reducer_destroy(ddp_reducer_t *r)
     free(r);
 }
 
+void ddp_reducer_destroy(ddp_reducer_t *r)
+{
+    destroy_reducer(r);
+    ddp__clear_error(); /* status.h: a failed wait for a reduction in flight leaves no text */
+}
+
 ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                                 const ddp_buffer_t *buffers, size_t nbuffers,
                                 const ddp_reducer_config_t *config, ddp_reducer_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group is NULL");
     ddp_reducer_config_t defaults = DDP_REDUCER_CONFIG_INIT;
     const ddp_reducer_config_t *c = config ? config : &defaults;
@@ -849,7 +858,7 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
     if (status != DDP_OK) goto fail;
     status = make_buckets(r, &a, &r->buckets);
     if (status == DDP_OK) r->nbuckets = a.nbuckets;
-    ddp_bucket_assignment_free(&a);
+    ddp__bucket_assignment_free(&a);
     if (status != DDP_OK) goto fail;
     place_params(r);
 
@@ -879,7 +888,7 @@ fail:
     if (r) {
         char text[DDP_ERROR_TEXT_MAX];
         snprintf(text, sizeof text, "%s", ddp_last_error());
-        ddp_reducer_destroy(r);
+        destroy_reducer(r);
         ddp__set_error_text(text);
     }
     return status;
@@ -917,11 +926,16 @@ ddp_status_t ddp_reducer_grad(ddp_reducer_t *r, size_t index, void **grad)
     return DDP_OK;
 }
 
-size_t ddp_reducer_bucket_count(const ddp_reducer_t *r) { return r ? r->nbuckets : 0; }
+size_t ddp_reducer_bucket_count(const ddp_reducer_t *r)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    return r ? r->nbuckets : 0;
+}
 
 ddp_status_t ddp_reducer_bucket_params(const ddp_reducer_t *r, size_t bucket,
                                        const size_t **params, size_t *nparams)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (!params) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "params is NULL");
     if (!nparams) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "nparams is NULL");
@@ -935,6 +949,7 @@ ddp_status_t ddp_reducer_bucket_params(const ddp_reducer_t *r, size_t bucket,
 
 ddp_status_t ddp_reducer_stats(const ddp_reducer_t *r, ddp_reducer_stats_t *out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
     if (!r->have_stats)
@@ -946,6 +961,7 @@ ddp_status_t ddp_reducer_stats(const ddp_reducer_t *r, ddp_reducer_stats_t *out)
 
 ddp_status_t ddp_reducer_set_sync(ddp_reducer_t *r, int enabled)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     r->sync_enabled = enabled ? 1 : 0;
     return DDP_OK;
@@ -958,6 +974,7 @@ static int in_flight(const ddp_reducer_t *r)
 
 ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *r)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (in_flight(r))
         return ddp__error(DDP_ERR_INVALID_USAGE,
@@ -1045,7 +1062,7 @@ static ddp_status_t rebuild(ddp_reducer_t *r)
             }
         }
     }
-    ddp_bucket_assignment_free(&a);
+    ddp__bucket_assignment_free(&a);
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d rebuilt buckets in arrival order (%zu buckets%s)",
             r->rank, r->nbuckets, same ? ", unchanged" : "");
 done:
@@ -1059,6 +1076,7 @@ done:
 
 ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (r->active && r->iter_sync)
         return ddp__error(DDP_ERR_INVALID_USAGE,
@@ -1597,6 +1615,7 @@ static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *o
 
 ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     ddp_status_t s = check_active(r, "ddp_reducer_finalize");
     if (s != DDP_OK) return s;
