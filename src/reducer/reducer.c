@@ -27,6 +27,12 @@
 #include "reducer/reducer_internal.h"
 
 #define COMM_LANE 2 /* trace lane ("tid") of bucket reductions */
+
+/* What DDP_BUCKET_LAYOUT_DEFAULT stands for. A build may override it (-D) so that a program which
+ * leaves the field at its default, such as the trainer, can be measured with either rule. */
+#ifndef DDP__DEFAULT_BUCKET_LAYOUT
+#define DDP__DEFAULT_BUCKET_LAYOUT DDP_BUCKET_LAYOUT_LAST_FIRST
+#endif
 #define ERROR_TWICE 1LL
 #define ERROR_UNMARKED 2LL
 #define ERROR_ROWS_TWICE 3LL
@@ -386,8 +392,9 @@ static void place_params(ddp_reducer_t *r)
     }
 }
 
-/* Assignment over kept parameters: `order` NULL means c10d's initial one (reverse registration
- * order, list reversed); otherwise arrival order, sorted by arrival position. */
+/* Assignment over kept parameters: `order` NULL means the initial one of config.bucket_layout
+ * (visited in reverse registration order, or for c10d's rule in registration order; either way
+ * the list is then reversed); otherwise arrival order, sorted by arrival position. */
 static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_assignment_t *out)
 {
     ddp_param_t *desc = ddp__calloc(r->nparams ? r->nparams : 1, sizeof(ddp_param_t), "buckets");
@@ -411,7 +418,8 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
         status = ddp__bucket_assignment(desc, r->nparams, limits, 2, order,
                                         DDP__SORT_BY_POSITION, out);
     } else {
-        status = ddp__bucket_assignment(desc, r->nparams, limits, 2, reverse, DDP__SORT_BY_INDEX,
+        const size_t *visit = r->config.bucket_layout == DDP_BUCKET_LAYOUT_C10D ? NULL : reverse;
+        status = ddp__bucket_assignment(desc, r->nparams, limits, 2, visit, DDP__SORT_BY_INDEX,
                                         out);
         if (status == DDP_OK) {
             /* Reverse the bucket list so that the last layers (ready first) are bucket 0. */
@@ -486,16 +494,20 @@ static int same_signature(const signature_t *a, const signature_t *b)
 /* Collective. Every rank states whether it could build its reducer and how many parameters and
  * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
  * 0's on every rank, so all ranks report the same first difference. */
+#define HEADER_FIELDS 5
+
 static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const rparam_t *params,
-                                 size_t nparams, size_t nbuffers, size_t piece_bytes)
+                                 size_t nparams, size_t nbuffers, size_t piece_bytes,
+                                 int bucket_layout)
 {
     int world = ddp_group_size(group), rank = ddp_group_rank(group);
     char local_text[DDP_ERROR_TEXT_MAX];
     snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
-    int64_t header[4] = {local, (int64_t)nparams, (int64_t)nbuffers, (int64_t)piece_bytes};
+    int64_t header[HEADER_FIELDS] = {local, (int64_t)nparams, (int64_t)nbuffers,
+                                     (int64_t)piece_bytes, bucket_layout};
     int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
     if (!headers) return DDP_ERR_NO_MEMORY;
-    ddp_status_t status = ddp_group_allgather(group, header, headers, 4, DDP_I64);
+    ddp_status_t status = ddp_group_allgather(group, header, headers, HEADER_FIELDS, DDP_I64);
     if (status != DDP_OK) {
         free(headers);
         return ddp__error_context(status, "verifying the model across ranks");
@@ -507,8 +519,8 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
         return local;
     }
     for (int q = 0; q < world; q++) {
-        if (headers[4 * q] != DDP_OK) {
-            ddp_status_t s = (ddp_status_t)headers[4 * q];
+        if (headers[HEADER_FIELDS * q] != DDP_OK) {
+            ddp_status_t s = (ddp_status_t)headers[HEADER_FIELDS * q];
             free(headers);
             if (q == rank) {
                 ddp__set_error_text(local_text);
@@ -518,19 +530,27 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
                               "rank %d failed to create its reducer (%s); see that rank's error",
                               q, ddp_status_string(s));
         }
-        if ((size_t)headers[4 * q + 1] > maxn) maxn = (size_t)headers[4 * q + 1];
+        if ((size_t)headers[HEADER_FIELDS * q + 1] > maxn) maxn = (size_t)headers[HEADER_FIELDS * q + 1];
     }
     for (int q = 1; q < world; q++) {
-        if (headers[4 * q + 3] != headers[3]) {
-            long long a = headers[3], b = headers[4 * q + 3];
+        if (headers[HEADER_FIELDS * q + 3] != headers[3]) {
+            long long a = headers[3], b = headers[HEADER_FIELDS * q + 3];
             free(headers);
             return ddp__error(DDP_ERR_MISMATCH,
                               "reducer config mismatch: rank 0 has piece_bytes %lld but rank %d "
                               "has %lld (pieces must be the same on every rank)",
                               a, q, b);
         }
-        if (headers[4 * q + 2] != headers[2]) {
-            long long a = headers[2], b = headers[4 * q + 2];
+        if (headers[HEADER_FIELDS * q + 4] != headers[4]) {
+            long long a = headers[4], b = headers[HEADER_FIELDS * q + 4];
+            free(headers);
+            return ddp__error(DDP_ERR_MISMATCH,
+                              "reducer config mismatch: rank 0 has bucket_layout %lld but rank %d "
+                              "has %lld (the bucket layout must be the same on every rank)",
+                              a, q, b);
+        }
+        if (headers[HEADER_FIELDS * q + 2] != headers[2]) {
+            long long a = headers[2], b = headers[HEADER_FIELDS * q + 2];
             free(headers);
             return ddp__error(DDP_ERR_MISMATCH,
                               "model mismatch: rank 0 registers %lld buffers but rank %d "
@@ -567,7 +587,7 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
     for (size_t i = 0; i < maxn && status == DDP_OK; i++) {
         size_t n0 = (size_t)headers[1];
         for (int q = 1; q < world; q++) {
-            size_t nq = (size_t)headers[4 * q + 1];
+            size_t nq = (size_t)headers[HEADER_FIELDS * q + 1];
             if (i >= n0 && i >= nq) continue;
             signature_t a, b;
             memcpy(&a, all + i * rec, rec);
@@ -623,6 +643,12 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "config->first_bucket_bytes is 0");
     if (c->broadcast_bucket_bytes == 0)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "config->broadcast_bucket_bytes is 0");
+    if (c->bucket_layout != DDP_BUCKET_LAYOUT_DEFAULT &&
+        c->bucket_layout != DDP_BUCKET_LAYOUT_LAST_FIRST && c->bucket_layout != DDP_BUCKET_LAYOUT_C10D)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->bucket_layout is %d (expected DDP_BUCKET_LAYOUT_DEFAULT, "
+                          "_LAST_FIRST or _C10D)",
+                          c->bucket_layout);
     size_t total_bytes = 0;
     for (size_t i = 0; i < nparams; i++) {
         const ddp_param_t *p = &params[i];
@@ -799,6 +825,8 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         r->rank = ddp_group_rank(group);
         r->world = ddp_group_size(group);
         r->config = *c;
+        if (r->config.bucket_layout == DDP_BUCKET_LAYOUT_DEFAULT)
+            r->config.bucket_layout = DDP__DEFAULT_BUCKET_LAYOUT;
         r->sync_enabled = 1;
         r->nregistered = nparams;
         r->kept_of = ddp__malloc(nparams * sizeof(size_t), "reducer");
@@ -829,7 +857,8 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
 
     if (verify) {
         ddp_status_t v = verify_model(group, status, r ? r->params : NULL, r ? r->nparams : 0,
-                                      r ? r->nbuffers : 0, c->piece_bytes);
+                                      r ? r->nbuffers : 0, c->piece_bytes,
+                                      r ? r->config.bucket_layout : c->bucket_layout);
         if (status == DDP_OK) status = v;
     }
     if (status != DDP_OK) goto fail;
