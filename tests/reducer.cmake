@@ -11,7 +11,8 @@ endforeach()
 ddp_add_test(NAME test_reducer_equivalence SOURCES test_reducer_equivalence.c
              ARGS 3 f32 default TIMEOUT 90)
 
-foreach(case unused nosync rebuild sparse usergrads hook half dup_buffers large noinit empty)
+foreach(case unused nosync rebuild sparse usergrads hook half dup_buffers large noinit empty
+             layout)
   foreach(world 1 2 3 4)
     ddp_add_test(NAME test_reducer_features SOURCES test_reducer_features.c
                  ARGS ${case} ${world} TIMEOUT 90)
