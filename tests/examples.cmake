@@ -5,7 +5,15 @@ if(TARGET hello_ddp AND TARGET ddprun)
             $<TARGET_FILE:hello_ddp>)
   set_tests_properties(test_examples.hello PROPERTIES TIMEOUT 120)
 endif()
+# A sanitized libddp needs a consumer built with the same sanitizer (ASan's runtime must come
+# first, TSan's must see every thread): the consumer gets the flags the tree was built with.
+set(DDP_CONSUMER_FLAGS "")
+if(DDP_SANITIZE)
+  set(DDP_CONSUMER_FLAGS "-fsanitize=address,undefined -fno-omit-frame-pointer")
+elseif(DDP_TSAN)
+  set(DDP_CONSUMER_FLAGS "-fsanitize=thread -fno-omit-frame-pointer")
+endif()
 add_test(NAME test_examples.install
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_examples.sh install ${PROJECT_SOURCE_DIR}
-          ${PROJECT_BINARY_DIR})
+          ${PROJECT_BINARY_DIR} "${DDP_CONSUMER_FLAGS}")
 set_tests_properties(test_examples.install PROPERTIES TIMEOUT 300)

@@ -11,7 +11,8 @@ endforeach()
 ddp_add_test(NAME test_reducer_equivalence SOURCES test_reducer_equivalence.c
              ARGS 3 f32 default TIMEOUT 90)
 
-foreach(case unused nosync rebuild sparse usergrads hook half dup_buffers large noinit empty)
+foreach(case unused nosync rebuild sparse usergrads hook half dup_buffers large noinit empty
+             layout)
   foreach(world 1 2 3 4)
     ddp_add_test(NAME test_reducer_features SOURCES test_reducer_features.c
                  ARGS ${case} ${world} TIMEOUT 90)
@@ -20,7 +21,7 @@ endforeach()
 
 foreach(spec mismatch:2 mismatch:3 local_create:2 local_create:4 twice:1 twice:3 unmarked:1
              unmarked:2 unmarked:4 prepare_twice:2 hook_mismatch:2 hook_mismatch:3 args:1 args:3
-             peer_exit:2 peer_exit:3)
+             peer_exit:2 peer_exit:3 stale_text:1 stale_text:2 stale_text:3)
   string(REPLACE ":" ";" parts ${spec})
   ddp_add_test(NAME test_reducer_errors SOURCES test_reducer_errors.c ARGS ${parts} TIMEOUT 90)
 endforeach()

@@ -1,6 +1,8 @@
 /* ddp-bench smoke test: under ddprun, every collective with checking on reports wrong = 0 for
  * sizes 0, 1 element, odd, prime and large counts on 1-3 ranks (user and segment buffers, in place
  * and not); a spoiled element is counted and fails the run; bad options exit 2 naming the option.
+ * For `-o reducer`: --help exits 0, only PowerSGD reports a compression rate, and both bucket
+ * layouts run interleaved.
  * No timing is asserted (the machine is shared): the bench runs with one short round per size. */
 #include <string.h>
 #include <sys/wait.h>
@@ -139,6 +141,52 @@ int main(void)
               out_text);
     CHECK_MSG(strstr(out_text, "[1]") == NULL, "rank 1 printed:\n%s", out_text);
 
+    /* `-o reducer --help` prints the reducer benchmark's options and exits 0 (it used to stop at
+     * "option needs a value" with exit code 2). */
+    rc = run(DDP_BENCH_PATH " -o reducer --help");
+    CHECK_MSG(rc == 0, "-o reducer --help exited %d: %s", rc, err_text);
+    CHECK_MSG(strstr(out_text, "--preset") && strstr(out_text, "--layout"),
+              "-o reducer --help printed:\n%s", out_text);
+
+    /* The hook line: only PowerSGD has a compression rate to report. */
+    static const char *const half_hooks[2] = {"fp16", "bf16"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s -o reducer --preset mlp -n 1 -w 0 --compute-us 0 --hook %s", DDP_BENCH_PATH,
+                 half_hooks[k]);
+        rc = run(cmd);
+        CHECK_MSG(rc == 0, "'%s' exited %d: %s", cmd, rc, err_text);
+        char want[32];
+        snprintf(want, sizeof want, "# hook %s: wire", half_hooks[k]);
+        CHECK_MSG(strstr(out_text, want), "'%s' printed no hook line:\n%s", cmd, out_text);
+        CHECK_MSG(strstr(out_text, "PowerSGD") == NULL, "'%s' mentions PowerSGD:\n%s", cmd,
+                  out_text);
+    }
+    snprintf(cmd, sizeof cmd, "%s -o reducer --preset mlp -n 1 -w 0 --compute-us 0 --hook powersgd:1",
+             DDP_BENCH_PATH);
+    rc = run(cmd);
+    if (rc == 2 && strstr(err_text, "not built with PowerSGD")) {
+        printf("test_bench: ddp-bench has no PowerSGD (no CBLAS): its hook line is not checked\n");
+    } else {
+        CHECK_MSG(rc == 0, "'%s' exited %d: %s", cmd, rc, err_text);
+        CHECK_MSG(strstr(out_text, "PowerSGD compression rate"), "'%s' printed:\n%s", cmd,
+                  out_text);
+    }
+
+    /* Both initial bucket layouts, interleaved, with the rebuild off: one JSON row per run. */
+    snprintf(cmd, sizeof cmd,
+             "%s -n 2 --no-prefix %s -o reducer --preset mlp -n 1 -w 0 --compute-us 0 "
+             "--layout both --no-rebuild --repeat 2 --json",
+             DDPRUN_PATH, DDP_BENCH_PATH);
+    rc = run(cmd);
+    CHECK_MSG(rc == 0, "'%s' exited %d: %s", cmd, rc, err_text);
+    static const char *const layout_rows[2] = {"\"layout\":\"last-first\",\"rebuild\":0",
+                                               "\"layout\":\"c10d\",\"rebuild\":0"};
+    int rows[2] = {0, 0};
+    for (int k = 0; k < 2; k++)
+        for (const char *at = out_text; (at = strstr(at, layout_rows[k])) != NULL; at++) rows[k]++;
+    CHECK_MSG(rows[0] == 2 && rows[1] == 2, "expected 2 runs per layout:\n%s", out_text);
+
     /* Bad options: exit 2 with the option named, before any group exists. */
     bad_option("--bogus", "--bogus");
     bad_option("-o allreduce_all", "-o");
@@ -151,6 +199,8 @@ int main(void)
     bad_option("-c 2", "-c");
     bad_option("--segment", "--segment");
     bad_option("-n 3 -o reducer", "-o reducer");
+    bad_option("-o reducer --layout sideways", "--layout");
+    bad_option("-o reducer --repeat 0", "--repeat");
     snprintf(cmd, sizeof cmd, "%s -n 2 %s --bogus", DDPRUN_PATH, DDP_BENCH_PATH);
     rc = run(cmd);
     CHECK_MSG(rc != 0 && strstr(err_text, "--bogus"), "under ddprun --bogus exited %d: %s", rc,

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Examples and packaging, the way a user meets them.
 #   hello DDPRUN HELLO: the README's example trains to the same weights on 1, 2, 3 and 4 ranks.
-#   install SOURCE BUILD: `cmake --install` into a temporary prefix, then a program outside the
-#   tree builds against it with find_package(ddp) and with pkg-config, and runs.
+#   install SOURCE BUILD [FLAGS]: `cmake --install` into a temporary prefix, then a program
+#   outside the tree builds against it with find_package(ddp) and with pkg-config, and runs.
+#   FLAGS (compile and link) are the sanitizer flags of a sanitized BUILD: its libddp needs a
+#   consumer built with the same sanitizer.
 set -u
 case "$1" in
 hello)
@@ -22,7 +24,7 @@ hello)
   done
   ;;
 install)
-  src=$2 build=$3
+  src=$2 build=$3 flags=${4:-}
   tmp=$(mktemp -d) || exit 1
   trap 'rm -rf "$tmp"' EXIT
   cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
@@ -55,12 +57,15 @@ find_package(ddp REQUIRED)
 add_executable(consumer main.c)
 target_link_libraries(consumer PRIVATE ddp::ddp)
 C
-  cmake -S "$tmp/app" -B "$tmp/app/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/app.log" 2>&1 \
+  cmake -S "$tmp/app" -B "$tmp/app/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" > "$tmp/app.log" 2>&1 \
     && cmake --build "$tmp/app/build" >> "$tmp/app.log" 2>&1 || { cat "$tmp/app.log"; exit 1; }
   LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/build/consumer" || { echo "find_package consumer failed"; exit 1; }
   if command -v pkg-config > /dev/null; then
-    flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp) || exit 1
-    cc "$tmp/app/main.c" -o "$tmp/app/pc" $flags || { echo "pkg-config build failed ($flags)"; exit 1; }
+    pc_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp) || exit 1
+    # shellcheck disable=SC2086 # the flags are words
+    cc $flags "$tmp/app/main.c" -o "$tmp/app/pc" $pc_flags \
+      || { echo "pkg-config build failed ($flags $pc_flags)"; exit 1; }
     LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/pc" || { echo "pkg-config consumer failed"; exit 1; }
   fi
   ;;

@@ -1,7 +1,8 @@
 /* Reducer errors: each one on every rank, with the parameter's name in the text, and never a
- * hang: model mismatch at create (numel, name, count, dtype, sparsity), a local create failure,
- * grad_ready twice, finalize with unmarked parameters, prepare without finalize, a comm hook
- * that makes ranks disagree on a bucket, and bad arguments.
+ * hang: model mismatch at create (numel, name, count, dtype, sparsity, a shape with the same
+ * numel), a local create failure, grad_ready twice, finalize with unmarked parameters, prepare
+ * without finalize, a comm hook that makes ranks disagree on a bucket, and bad arguments. Also
+ * the other side: no call that succeeds leaves an earlier failure's text behind.
  *
  * usage: test_reducer_errors CASE WORLD */
 #include <string.h>
@@ -42,7 +43,7 @@ static int case_mismatch(ddp_group_t *group, void *arg)
     (void)arg;
     CHECK(ddp_group_size(group) >= 2);
     ddp_reducer_t *r = NULL;
-    for (int variant = 0; variant < 5; variant++) {
+    for (int variant = 0; variant < 6; variant++) {
         model_t m;
         model_make(&m);
         size_t n = NP;
@@ -54,6 +55,8 @@ static int case_mismatch(ddp_group_t *group, void *arg)
             case 2: n = NP + 1; mention1 = "extra"; mention2 = "registers 6"; break;
             case 3: m.p[2].dtype = DDP_F64; mention2 = "f64"; break;
             case 4: m.p[2].sparse = 1; m.p[2].rows = 7; mention2 = "sparse"; break;
+            /* Same numel, another shape: rank 0's bytes would land in the wrong layout. */
+            case 5: m.p[0].rows = 2; mention1 = "shape 4 x 3"; mention2 = "shape 2 x 6"; break;
             }
         } else if (variant == 1) {
             mention2 = "l2.weight";
@@ -64,11 +67,16 @@ static int case_mismatch(ddp_group_t *group, void *arg)
             mention2 = "f64";
         } else if (variant == 4) {
             mention2 = "sparse";
+        } else if (variant == 5) {
+            mention1 = "shape 4 x 3";
+            mention2 = "shape 2 x 6";
         }
+        if (variant == 5 && !last(group)) m.p[0].rows = 4;
         CHECK_STATUS(ddp_reducer_create(group, m.p, n, NULL, 0, NULL, &r), DDP_ERR_MISMATCH);
         CHECK_ERROR_MENTIONS(mention1);
         CHECK_ERROR_MENTIONS(mention2);
         CHECK_ERROR_MENTIONS("rank 0");
+        if (variant == 5) CHECK_ERROR_MENTIONS("'l1.w'");
         CHECK(r == NULL);
     }
     /* The group is still healthy: a matching model now works. */
@@ -335,6 +343,108 @@ static int case_args(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* status.h: after a call succeeds, ddp_last_error() is empty. Each call below runs right after a
+ * failure left text behind (issue 12: set_sync, zero_grad and prepare kept the old text). */
+static void leave_stale_text(void)
+{
+    void *g = NULL;
+    CHECK_STATUS(ddp_reducer_grad(NULL, 0, &g), DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ddp_last_error()[0] != '\0');
+}
+
+#define CHECK_OK_CLEARS(expr)                                                                     \
+    do {                                                                                          \
+        leave_stale_text();                                                                       \
+        CHECK_OK(expr);                                                                           \
+        CHECK_MSG(ddp_last_error()[0] == '\0', "%s succeeded but left the error text '%s'",     \
+                  #expr, ddp_last_error());                                                       \
+    } while (0)
+
+/* The same for calls that return no status (a query, a destroy). */
+#define CHECK_CLEARS(stmt)                                                                        \
+    do {                                                                                          \
+        leave_stale_text();                                                                       \
+        stmt;                                                                                     \
+        CHECK_MSG(ddp_last_error()[0] == '\0', "%s left the error text '%s'", #stmt,            \
+                  ddp_last_error());                                                              \
+    } while (0)
+
+static int case_stale_text(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    m.p[2].rows = 7;
+    m.p[4].sparse = 1;
+    m.p[4].rows = 29;
+    float buffer_data[4] = {0};
+    ddp_buffer_t buffer = {"running_mean", buffer_data, 4, DDP_F32};
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    c.broadcast_buffers = 0; /* prepare then makes no group call that would clear the text */
+    ddp_reducer_t *r = NULL;
+    for (int sync_at_create = 0; sync_at_create < 2; sync_at_create++) {
+        c.sync_at_create = sync_at_create;
+        CHECK_OK_CLEARS(ddp_reducer_create(group, m.p, NP, &buffer, 1, &c, &r));
+        if (!sync_at_create) CHECK_CLEARS(ddp_reducer_destroy(r));
+    }
+    void *g = NULL;
+    int64_t rows[1] = {3};
+    float values[1] = {1};
+    /* Two synchronised iterations (the second prepare rebuilds the buckets), then a no_sync
+     * one. */
+    for (int iteration = 0; iteration < 3; iteration++) {
+        int sync = iteration < 2;
+        CHECK_OK_CLEARS(ddp_reducer_set_sync(r, sync));
+        CHECK_OK_CLEARS(ddp_reducer_zero_grad(r));
+        CHECK_OK_CLEARS(ddp_reducer_prepare(r));
+        CHECK_OK_CLEARS(ddp_reducer_grad(r, 0, &g));
+        CHECK_OK_CLEARS(ddp_reducer_sparse_grad(r, 4, rows, values, 1));
+        CHECK_OK_CLEARS(ddp_reducer_grad_ready(r, 3));
+        CHECK_OK_CLEARS(ddp_reducer_grad_ready_rows(r, 2, 0, 3));
+        CHECK_OK_CLEARS(ddp_reducer_grad_ready_rows(r, 2, 3, 7));
+        CHECK_OK_CLEARS(ddp_reducer_grad_ready(r, 1));
+        CHECK_OK_CLEARS(ddp_reducer_grad_ready(r, 0));
+        CHECK_OK_CLEARS(ddp_reducer_finalize(r));
+    }
+    const int64_t *ri;
+    const void *rv;
+    size_t rn;
+    CHECK_OK(ddp_reducer_set_sync(r, 1));
+    CHECK_OK(ddp_reducer_prepare(r));
+    CHECK_OK(ddp_reducer_sparse_grad(r, 4, rows, values, 1));
+    for (int i = 3; i >= 0; i--) CHECK_OK(ddp_reducer_grad_ready(r, (size_t)i));
+    CHECK_OK(ddp_reducer_finalize(r));
+    CHECK_OK_CLEARS(ddp_reducer_sparse_result(r, 4, &ri, &rv, &rn));
+    const size_t *ps;
+    size_t np;
+    CHECK_OK_CLEARS(ddp_reducer_bucket_params(r, 0, &ps, &np));
+    ddp_reducer_stats_t st;
+    CHECK_OK_CLEARS(ddp_reducer_stats(r, &st));
+    size_t nb = 0;
+    CHECK_CLEARS(nb = ddp_reducer_bucket_count(r));
+    CHECK(nb > 0);
+    CHECK_CLEARS(ddp_reducer_destroy(r));
+
+    ddp_bucket_assignment_t a;
+    size_t limits[1] = {16};
+    CHECK_OK_CLEARS(ddp_compute_bucket_assignment(m.p, NP, limits, 1, NULL, &a));
+    CHECK_CLEARS(ddp_bucket_assignment_free(&a));
+
+    float grads[NP][32];
+    memset(grads, 0, sizeof grads);
+    model_make(&m);
+    for (int i = 0; i < NP; i++) m.p[i].grad = grads[i];
+    ddp_legacy_t *l = NULL;
+    CHECK_OK_CLEARS(ddp_legacy_create(group, m.p, NP, 16, &l));
+    CHECK_OK_CLEARS(ddp_legacy_allreduce(l, NULL));
+    CHECK_OK_CLEARS(ddp_legacy_set_sync(l, 0));
+    CHECK_OK_CLEARS(ddp_legacy_allreduce(l, NULL));
+    CHECK_CLEARS(ddp_legacy_destroy(l));
+    return 0;
+}
+
 /* A rank that dies in the middle of backward: the others' finalize fails (the group notices the
  * dead peer or times out) instead of hanging. */
 static int case_peer_exit(ddp_group_t *group, void *arg)
@@ -378,7 +488,8 @@ int main(int argc, char **argv)
                  {"prepare_twice", case_prepare_twice},
                  {"hook_mismatch", case_hook_mismatch},
                  {"args", case_args},
-                 {"peer_exit", case_peer_exit}};
+                 {"peer_exit", case_peer_exit},
+                 {"stale_text", case_stale_text}};
     ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
     options.timeout_ms = 20000;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1,7 +1,8 @@
 /* Reducer behaviours over real rank processes, each checked against values computed the simple
  * way: unused parameters (find_unused_parameters), no_sync accumulation, the one-time rebuild in
  * rank 0's arrival order, sparse gradients, user_grads, comm hooks, statistics and traces,
- * half-precision buckets, duplicate parameters, and buffer broadcast.
+ * half-precision buckets, duplicate parameters, buffer broadcast, and the two initial bucket
+ * layouts (config.bucket_layout).
  *
  * usage: test_reducer_features CASE WORLD */
 #include <math.h>
@@ -682,6 +683,77 @@ static int case_empty(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* ---- initial bucket layout ------------------------------------------------------------------- */
+static void expect_layout(ddp_reducer_t *r, size_t nbuckets, const size_t *starts,
+                          const size_t *params, const char *what)
+{
+    CHECK_MSG(ddp_reducer_bucket_count(r) == nbuckets, "%s: %zu buckets, expected %zu", what,
+              ddp_reducer_bucket_count(r), nbuckets);
+    for (size_t b = 0; b < nbuckets; b++) {
+        const size_t *ps;
+        size_t np;
+        CHECK_OK(ddp_reducer_bucket_params(r, b, &ps, &np));
+        CHECK_MSG(np == starts[b + 1] - starts[b], "%s: bucket %zu has %zu parameters", what, b,
+                  np);
+        for (size_t j = 0; j < np; j++)
+            CHECK_MSG(ps[j] == params[starts[b] + j], "%s: bucket %zu[%zu] = %zu, expected %zu",
+                      what, b, j, ps[j], params[starts[b] + j]);
+    }
+}
+
+static int case_layout(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    int rank = ddp_group_rank(group), world = ddp_group_size(group);
+    /* Three layers registered weight then bias: 16 and 4 bytes (f32). Limits 16 then 32 bytes. */
+    size_t numel[6] = {4, 1, 4, 1, 4, 1};
+    model_t m;
+    model_make(&m, 6, numel, DDP_F32, 0);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    c.rebuild_buckets = 0; /* the initial layout stays */
+    /* last-first: visited 5 4 | 3 2 1 0, list reversed: the small bucket {5, 4} (the last layer)
+     * is reduced first. c10d: visited 0 | 1 2 3 4 | 5, list reversed: the small bucket {0} (the
+     * first weight) is reduced last and the previous layer's bias opens the middle bucket. */
+    static const size_t last_first_starts[3] = {0, 2, 6}, last_first[6] = {5, 4, 3, 2, 1, 0};
+    static const size_t c10d_starts[4] = {0, 1, 5, 6}, c10d[6] = {5, 1, 2, 3, 4, 0};
+    static const int layouts[3] = {DDP_BUCKET_LAYOUT_DEFAULT, DDP_BUCKET_LAYOUT_LAST_FIRST,
+                                   DDP_BUCKET_LAYOUT_C10D};
+    for (int k = 0; k < 3; k++) {
+        c.bucket_layout = layouts[k];
+        ddp_reducer_t *r = NULL;
+        CHECK_OK(ddp_reducer_create(group, m.p, 6, NULL, 0, &c, &r));
+        if (layouts[k] == DDP_BUCKET_LAYOUT_C10D)
+            expect_layout(r, 3, c10d_starts, c10d, "c10d");
+        else
+            expect_layout(r, 2, last_first_starts, last_first, "last-first");
+        /* Either way every gradient is the average, step after step (marked last layer first). */
+        for (int s = 0; s < 3; s++) {
+            CHECK_OK(ddp_reducer_zero_grad(r));
+            CHECK_OK(ddp_reducer_prepare(r));
+            for (size_t i = 6; i-- > 0;) produce(r, &m, i, rank, s);
+            CHECK_OK(ddp_reducer_finalize(r));
+            step_ctx_t sc = {world, s};
+            for (size_t i = 0; i < 6; i++) expect_grad(r, &m, i, want_mean, &sc, 1e-6, "layout");
+        }
+        ddp_reducer_destroy(r);
+    }
+    /* A value outside the enum, and (with peers) ranks that disagree: every rank fails. */
+    c.bucket_layout = 7;
+    ddp_reducer_t *r = NULL;
+    CHECK_STATUS(ddp_reducer_create(group, m.p, 6, NULL, 0, &c, &r), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("bucket_layout");
+    if (world > 1) {
+        c.bucket_layout = rank == world - 1 ? DDP_BUCKET_LAYOUT_C10D : DDP_BUCKET_LAYOUT_DEFAULT;
+        CHECK_STATUS(ddp_reducer_create(group, m.p, 6, NULL, 0, &c, &r), DDP_ERR_MISMATCH);
+        CHECK_ERROR_MENTIONS("bucket_layout");
+        CHECK(r == NULL);
+    }
+    model_free(&m);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "unused";
@@ -693,7 +765,8 @@ int main(int argc, char **argv)
                  {"sparse", case_sparse},     {"usergrads", case_usergrads},
                  {"hook", case_hook},         {"half", case_half},
                  {"dup_buffers", case_dup_buffers}, {"large", case_large},
-                 {"noinit", case_noinit}, {"empty", case_empty}};
+                 {"noinit", case_noinit}, {"empty", case_empty},
+                 {"layout", case_layout}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(cases[i].name, which) != 0) continue;
         int rc = ddp_test_run_group(world, 60, NULL, cases[i].fn, NULL);

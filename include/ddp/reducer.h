@@ -2,9 +2,9 @@
  *
  * C has no autograd, so the caller's backward pass reports each gradient as it is finished
  * (ddp_reducer_grad_ready is the autograd hook). Parameters are grouped into buckets (1 MiB for the
- * first, then bucket_cap, per dtype, in reverse registration order); the moment a bucket's last
- * gradient is ready its averaging allreduce starts on the group's progress thread, overlapping
- * communication with the rest of backward.
+ * first, then bucket_cap, per dtype; config.bucket_layout says which parameters the first one
+ * holds); the moment a bucket's last gradient is ready its averaging allreduce starts on the
+ * group's progress thread, overlapping communication with the rest of backward.
  *
  *     ddp_reducer_create(group, params, n, buffers, nb, &config, &reducer);  // verify + broadcast
  *     for each step:
@@ -97,16 +97,35 @@ typedef struct ddp_reducer_config {
     /* 0: a comm_hook gets the bucket prescaled by 1/world and sums; 1: it gets the local sum
      * and averages itself (ddp_zero_hook honours both; see ddp_comm_hook_fn). */
     int comm_hook_averages;
+    /* The initial bucket layout (kept for good with rebuild_buckets 0 or find_unused_parameters),
+     * one of ddp_bucket_layout_t. Must be the same on every rank (checked at create with
+     * sync_at_create). */
+    int bucket_layout;
 } ddp_reducer_config_t;
 
+/* Which parameters the small first bucket (first_bucket_bytes) holds before any rebuild.
+ * docs/reducer.md ("Differences from c10d") has the measurements behind the default. */
+typedef enum ddp_bucket_layout {
+    DDP_BUCKET_LAYOUT_DEFAULT = 0, /* the library's choice: DDP_BUCKET_LAYOUT_LAST_FIRST */
+    /* Parameters assigned in reverse registration order: the small bucket holds the
+     * last-defined parameters (whose gradients backward finishes first) and is reduced first;
+     * the leftover bucket holds the first-defined ones and is reduced last. */
+    DDP_BUCKET_LAYOUT_LAST_FIRST = 1,
+    /* c10d's (_ddp_init_helper): assigned in registration order, then the bucket list
+     * reversed: the small bucket holds the first-defined parameters and is reduced last; the
+     * leftover bucket holds the last-defined ones and is reduced first. */
+    DDP_BUCKET_LAYOUT_C10D = 2
+} ddp_bucket_layout_t;
+
 #define DDP_REDUCER_CONFIG_INIT                                                                   \
-    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL, 0, 0}
+    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL, 0, 0, \
+     DDP_BUCKET_LAYOUT_DEFAULT}
 
 typedef struct ddp_reducer ddp_reducer_t;
 
 /* Collective. Deduplicates parameters registered twice (same data pointer), verifies count,
- * names, numel, dtype and sparsity across ranks (a mismatch names the first differing parameter
- * and both sides, on every rank), broadcasts parameters and buffers from rank 0 in coalesced
+ * names, numel, shape (rows), dtype and sparsity across ranks (a mismatch names the first
+ * differing parameter and both sides, on every rank), broadcasts parameters and buffers from rank 0 in coalesced
  * buckets, and assigns gradient buckets. params/buffers arrays are copied; data pointers must
  * outlive the reducer. */
 DDP_API ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params,
@@ -211,7 +230,8 @@ DDP_API ddp_status_t ddp_reducer_stats(const ddp_reducer_t *reducer, ddp_reducer
  * grouped per dtype; a bucket closes when it reaches the current limit (limits[0] for the first
  * bucket of each dtype, then the next limit, the last one repeating); sparse tensors get a bucket
  * each. Buckets are sorted by their smallest tensor index. The Reducer passes the parameters in
- * reverse order and reverses the result. */
+ * reverse order and reverses the result (DDP_BUCKET_LAYOUT_LAST_FIRST), or in index order and
+ * reverses the result (DDP_BUCKET_LAYOUT_C10D). */
 typedef struct ddp_bucket_assignment {
     size_t nbuckets;
     size_t *starts;  /* nbuckets + 1 offsets into indices */

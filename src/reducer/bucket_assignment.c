@@ -175,7 +175,7 @@ ddp_status_t ddp_compute_bucket_assignment(const ddp_param_t *params, size_t npa
                                   out);
 }
 
-void ddp_bucket_assignment_free(ddp_bucket_assignment_t *assignment)
+void ddp__bucket_assignment_free(ddp_bucket_assignment_t *assignment)
 {
     if (!assignment) return;
     free(assignment->starts);
@@ -183,4 +183,10 @@ void ddp_bucket_assignment_free(ddp_bucket_assignment_t *assignment)
     assignment->starts = NULL;
     assignment->indices = NULL;
     assignment->nbuckets = 0;
+}
+
+void ddp_bucket_assignment_free(ddp_bucket_assignment_t *assignment)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    ddp__bucket_assignment_free(assignment);
 }

@@ -57,13 +57,20 @@ static void divide(void *data, size_t n, ddp_dtype_t dtype, int world)
     }
 }
 
-void ddp_legacy_destroy(ddp_legacy_t *legacy)
+/* Frees without touching the error text (create's failure paths keep theirs). */
+static void free_legacy(ddp_legacy_t *legacy)
 {
     if (!legacy) return;
     for (size_t i = 0; i < legacy->nparams; i++) free(legacy->params[i].name);
     free(legacy->params);
     free(legacy->buffer);
     free(legacy);
+}
+
+void ddp_legacy_destroy(ddp_legacy_t *legacy)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    free_legacy(legacy);
 }
 
 ddp_status_t ddp_legacy_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
@@ -114,14 +121,14 @@ ddp_status_t ddp_legacy_create(ddp_group_t *group, const ddp_param_t *params, si
     l->params = ddp__calloc(nparams, sizeof *l->params, "legacy reducer");
     l->buffer = ddp__malloc(buffer_numel ? buffer_numel * widest : 1, "legacy buffer");
     if (!l->params || !l->buffer) {
-        ddp_legacy_destroy(l);
+        free_legacy(l);
         return DDP_ERR_NO_MEMORY;
     }
     for (size_t i = 0; i < nparams; i++) {
         legacy_param_t *q = &l->params[i];
         q->name = ddp__strdup(params[i].name ? params[i].name : "(unnamed)", "legacy reducer");
         if (!q->name) {
-            ddp_legacy_destroy(l);
+            free_legacy(l);
             return DDP_ERR_NO_MEMORY;
         }
         q->grad = params[i].grad;
@@ -135,6 +142,7 @@ ddp_status_t ddp_legacy_create(ddp_group_t *group, const ddp_param_t *params, si
 
 ddp_status_t ddp_legacy_set_sync(ddp_legacy_t *legacy, int enabled)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!legacy) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "legacy is NULL");
     legacy->sync = enabled ? 1 : 0;
     return DDP_OK;
@@ -167,6 +175,7 @@ static ddp_status_t flush(ddp_legacy_t *l, const size_t *members, size_t n)
 
 ddp_status_t ddp_legacy_allreduce(ddp_legacy_t *l, const unsigned char *has_grad)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!l) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "legacy is NULL");
     if (!l->sync) return DDP_OK;
     for (size_t i = 0; i < l->nparams; i++)

@@ -27,6 +27,12 @@
 #include "reducer/reducer_internal.h"
 
 #define COMM_LANE 2 /* trace lane ("tid") of bucket reductions */
+
+/* What DDP_BUCKET_LAYOUT_DEFAULT stands for. A build may override it (-D) so that a program which
+ * leaves the field at its default, such as the trainer, can be measured with either rule. */
+#ifndef DDP__DEFAULT_BUCKET_LAYOUT
+#define DDP__DEFAULT_BUCKET_LAYOUT DDP_BUCKET_LAYOUT_LAST_FIRST
+#endif
 #define ERROR_TWICE 1LL
 #define ERROR_UNMARKED 2LL
 #define ERROR_ROWS_TWICE 3LL
@@ -386,8 +392,9 @@ static void place_params(ddp_reducer_t *r)
     }
 }
 
-/* Assignment over kept parameters: `order` NULL means c10d's initial one (reverse registration
- * order, list reversed); otherwise arrival order, sorted by arrival position. */
+/* Assignment over kept parameters: `order` NULL means the initial one of config.bucket_layout
+ * (visited in reverse registration order, or for c10d's rule in registration order; either way
+ * the list is then reversed); otherwise arrival order, sorted by arrival position. */
 static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_assignment_t *out)
 {
     ddp_param_t *desc = ddp__calloc(r->nparams ? r->nparams : 1, sizeof(ddp_param_t), "buckets");
@@ -411,7 +418,8 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
         status = ddp__bucket_assignment(desc, r->nparams, limits, 2, order,
                                         DDP__SORT_BY_POSITION, out);
     } else {
-        status = ddp__bucket_assignment(desc, r->nparams, limits, 2, reverse, DDP__SORT_BY_INDEX,
+        const size_t *visit = r->config.bucket_layout == DDP_BUCKET_LAYOUT_C10D ? NULL : reverse;
+        status = ddp__bucket_assignment(desc, r->nparams, limits, 2, visit, DDP__SORT_BY_INDEX,
                                         out);
         if (status == DDP_OK) {
             /* Reverse the bucket list so that the last layers (ready first) are bucket 0. */
@@ -421,8 +429,8 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
             rev.starts = ddp__malloc((nb + 1) * sizeof(size_t), "buckets");
             rev.indices = ddp__malloc((r->nparams ? r->nparams : 1) * sizeof(size_t), "buckets");
             if (!rev.starts || !rev.indices) {
-                ddp_bucket_assignment_free(&rev);
-                ddp_bucket_assignment_free(out);
+                ddp__bucket_assignment_free(&rev);
+                ddp__bucket_assignment_free(out);
                 status = DDP_ERR_NO_MEMORY;
             } else {
                 size_t n = 0;
@@ -434,7 +442,7 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
                     n += len;
                 }
                 rev.starts[nb] = n;
-                ddp_bucket_assignment_free(out);
+                ddp__bucket_assignment_free(out);
                 *out = rev;
             }
         }
@@ -451,6 +459,7 @@ typedef struct signature {
     char name[SIG_NAME]; /* truncated; the hash covers the whole name */
     uint64_t name_hash;
     uint64_t numel;
+    uint64_t rows; /* matrix view rows (0: a vector): c10d compares sizes, not only numel */
     uint32_t dtype;
     uint32_t sparse;
 } signature_t;
@@ -464,30 +473,41 @@ static uint64_t hash_name(const char *s)
 
 static void describe(const signature_t *s, char *out, size_t cap)
 {
-    snprintf(out, cap, "'%.*s' (%s, %llu elements, %s)", SIG_NAME, s->name,
-             ddp_dtype_name((ddp_dtype_t)s->dtype), (unsigned long long)s->numel,
+    char shape[64];
+    if (s->rows)
+        snprintf(shape, sizeof shape, "shape %llu x %llu", (unsigned long long)s->rows,
+                 (unsigned long long)(s->numel / s->rows));
+    else
+        snprintf(shape, sizeof shape, "shape %llu", (unsigned long long)s->numel);
+    snprintf(out, cap, "'%.*s' (%s, %llu elements, %s, %s)", SIG_NAME, s->name,
+             ddp_dtype_name((ddp_dtype_t)s->dtype), (unsigned long long)s->numel, shape,
              s->sparse ? "sparse" : "dense");
 }
 
 static int same_signature(const signature_t *a, const signature_t *b)
 {
-    return a->name_hash == b->name_hash && a->numel == b->numel && a->dtype == b->dtype &&
-           a->sparse == b->sparse && memcmp(a->name, b->name, SIG_NAME) == 0;
+    return a->name_hash == b->name_hash && a->numel == b->numel && a->rows == b->rows &&
+           a->dtype == b->dtype && a->sparse == b->sparse &&
+           memcmp(a->name, b->name, SIG_NAME) == 0;
 }
 
 /* Collective. Every rank states whether it could build its reducer and how many parameters and
  * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
  * 0's on every rank, so all ranks report the same first difference. */
+#define HEADER_FIELDS 5
+
 static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const rparam_t *params,
-                                 size_t nparams, size_t nbuffers, size_t piece_bytes)
+                                 size_t nparams, size_t nbuffers, size_t piece_bytes,
+                                 int bucket_layout)
 {
     int world = ddp_group_size(group), rank = ddp_group_rank(group);
     char local_text[DDP_ERROR_TEXT_MAX];
     snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
-    int64_t header[4] = {local, (int64_t)nparams, (int64_t)nbuffers, (int64_t)piece_bytes};
+    int64_t header[HEADER_FIELDS] = {local, (int64_t)nparams, (int64_t)nbuffers,
+                                     (int64_t)piece_bytes, bucket_layout};
     int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
     if (!headers) return DDP_ERR_NO_MEMORY;
-    ddp_status_t status = ddp_group_allgather(group, header, headers, 4, DDP_I64);
+    ddp_status_t status = ddp_group_allgather(group, header, headers, HEADER_FIELDS, DDP_I64);
     if (status != DDP_OK) {
         free(headers);
         return ddp__error_context(status, "verifying the model across ranks");
@@ -499,8 +519,8 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
         return local;
     }
     for (int q = 0; q < world; q++) {
-        if (headers[4 * q] != DDP_OK) {
-            ddp_status_t s = (ddp_status_t)headers[4 * q];
+        if (headers[HEADER_FIELDS * q] != DDP_OK) {
+            ddp_status_t s = (ddp_status_t)headers[HEADER_FIELDS * q];
             free(headers);
             if (q == rank) {
                 ddp__set_error_text(local_text);
@@ -510,19 +530,27 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
                               "rank %d failed to create its reducer (%s); see that rank's error",
                               q, ddp_status_string(s));
         }
-        if ((size_t)headers[4 * q + 1] > maxn) maxn = (size_t)headers[4 * q + 1];
+        if ((size_t)headers[HEADER_FIELDS * q + 1] > maxn) maxn = (size_t)headers[HEADER_FIELDS * q + 1];
     }
     for (int q = 1; q < world; q++) {
-        if (headers[4 * q + 3] != headers[3]) {
-            long long a = headers[3], b = headers[4 * q + 3];
+        if (headers[HEADER_FIELDS * q + 3] != headers[3]) {
+            long long a = headers[3], b = headers[HEADER_FIELDS * q + 3];
             free(headers);
             return ddp__error(DDP_ERR_MISMATCH,
                               "reducer config mismatch: rank 0 has piece_bytes %lld but rank %d "
                               "has %lld (pieces must be the same on every rank)",
                               a, q, b);
         }
-        if (headers[4 * q + 2] != headers[2]) {
-            long long a = headers[2], b = headers[4 * q + 2];
+        if (headers[HEADER_FIELDS * q + 4] != headers[4]) {
+            long long a = headers[4], b = headers[HEADER_FIELDS * q + 4];
+            free(headers);
+            return ddp__error(DDP_ERR_MISMATCH,
+                              "reducer config mismatch: rank 0 has bucket_layout %lld but rank %d "
+                              "has %lld (the bucket layout must be the same on every rank)",
+                              a, q, b);
+        }
+        if (headers[HEADER_FIELDS * q + 2] != headers[2]) {
+            long long a = headers[2], b = headers[HEADER_FIELDS * q + 2];
             free(headers);
             return ddp__error(DDP_ERR_MISMATCH,
                               "model mismatch: rank 0 registers %lld buffers but rank %d "
@@ -546,6 +574,7 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
         memcpy(s.name, params[i].name, strnlen(params[i].name, SIG_NAME));
         s.name_hash = hash_name(params[i].name);
         s.numel = params[i].numel;
+        s.rows = params[i].rows;
         s.dtype = (uint32_t)params[i].dtype;
         s.sparse = (uint32_t)params[i].sparse;
         memcpy(mine + i * rec, &s, rec);
@@ -558,12 +587,12 @@ static ddp_status_t verify_model(ddp_group_t *group, ddp_status_t local, const r
     for (size_t i = 0; i < maxn && status == DDP_OK; i++) {
         size_t n0 = (size_t)headers[1];
         for (int q = 1; q < world; q++) {
-            size_t nq = (size_t)headers[4 * q + 1];
+            size_t nq = (size_t)headers[HEADER_FIELDS * q + 1];
             if (i >= n0 && i >= nq) continue;
             signature_t a, b;
             memcpy(&a, all + i * rec, rec);
             memcpy(&b, all + ((size_t)q * maxn + i) * rec, rec);
-            char da[160], db[160];
+            char da[200], db[200];
             describe(&a, da, sizeof da);
             describe(&b, db, sizeof db);
             if (i >= n0 || i >= nq) {
@@ -614,6 +643,12 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "config->first_bucket_bytes is 0");
     if (c->broadcast_bucket_bytes == 0)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "config->broadcast_bucket_bytes is 0");
+    if (c->bucket_layout != DDP_BUCKET_LAYOUT_DEFAULT &&
+        c->bucket_layout != DDP_BUCKET_LAYOUT_LAST_FIRST && c->bucket_layout != DDP_BUCKET_LAYOUT_C10D)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->bucket_layout is %d (expected DDP_BUCKET_LAYOUT_DEFAULT, "
+                          "_LAST_FIRST or _C10D)",
+                          c->bucket_layout);
     size_t total_bytes = 0;
     for (size_t i = 0; i < nparams; i++) {
         const ddp_param_t *p = &params[i];
@@ -715,7 +750,9 @@ static ddp_status_t dedup(ddp_reducer_t *r, const ddp_param_t *params, size_t np
     return DDP_OK;
 }
 
-void ddp_reducer_destroy(ddp_reducer_t *r)
+/* Waits for reductions in flight and frees everything; may leave a failed wait's text (create's
+ * failure path restores its own). */
+static void destroy_reducer(ddp_reducer_t *r)
 {
     if (!r) return;
     for (size_t b = 0; b < r->nbuckets; b++) {
@@ -757,10 +794,17 @@ void ddp_reducer_destroy(ddp_reducer_t *r)
     free(r);
 }
 
+void ddp_reducer_destroy(ddp_reducer_t *r)
+{
+    destroy_reducer(r);
+    ddp__clear_error(); /* status.h: a failed wait for a reduction in flight leaves no text */
+}
+
 ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                                 const ddp_buffer_t *buffers, size_t nbuffers,
                                 const ddp_reducer_config_t *config, ddp_reducer_t **out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group is NULL");
     ddp_reducer_config_t defaults = DDP_REDUCER_CONFIG_INIT;
     const ddp_reducer_config_t *c = config ? config : &defaults;
@@ -781,6 +825,8 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         r->rank = ddp_group_rank(group);
         r->world = ddp_group_size(group);
         r->config = *c;
+        if (r->config.bucket_layout == DDP_BUCKET_LAYOUT_DEFAULT)
+            r->config.bucket_layout = DDP__DEFAULT_BUCKET_LAYOUT;
         r->sync_enabled = 1;
         r->nregistered = nparams;
         r->kept_of = ddp__malloc(nparams * sizeof(size_t), "reducer");
@@ -811,7 +857,8 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
 
     if (verify) {
         ddp_status_t v = verify_model(group, status, r ? r->params : NULL, r ? r->nparams : 0,
-                                      r ? r->nbuffers : 0, c->piece_bytes);
+                                      r ? r->nbuffers : 0, c->piece_bytes,
+                                      r ? r->config.bucket_layout : c->bucket_layout);
         if (status == DDP_OK) status = v;
     }
     if (status != DDP_OK) goto fail;
@@ -840,7 +887,7 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
     if (status != DDP_OK) goto fail;
     status = make_buckets(r, &a, &r->buckets);
     if (status == DDP_OK) r->nbuckets = a.nbuckets;
-    ddp_bucket_assignment_free(&a);
+    ddp__bucket_assignment_free(&a);
     if (status != DDP_OK) goto fail;
     place_params(r);
 
@@ -870,7 +917,7 @@ fail:
     if (r) {
         char text[DDP_ERROR_TEXT_MAX];
         snprintf(text, sizeof text, "%s", ddp_last_error());
-        ddp_reducer_destroy(r);
+        destroy_reducer(r);
         ddp__set_error_text(text);
     }
     return status;
@@ -908,11 +955,16 @@ ddp_status_t ddp_reducer_grad(ddp_reducer_t *r, size_t index, void **grad)
     return DDP_OK;
 }
 
-size_t ddp_reducer_bucket_count(const ddp_reducer_t *r) { return r ? r->nbuckets : 0; }
+size_t ddp_reducer_bucket_count(const ddp_reducer_t *r)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    return r ? r->nbuckets : 0;
+}
 
 ddp_status_t ddp_reducer_bucket_params(const ddp_reducer_t *r, size_t bucket,
                                        const size_t **params, size_t *nparams)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (!params) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "params is NULL");
     if (!nparams) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "nparams is NULL");
@@ -926,6 +978,7 @@ ddp_status_t ddp_reducer_bucket_params(const ddp_reducer_t *r, size_t bucket,
 
 ddp_status_t ddp_reducer_stats(const ddp_reducer_t *r, ddp_reducer_stats_t *out)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "out is NULL");
     if (!r->have_stats)
@@ -937,6 +990,7 @@ ddp_status_t ddp_reducer_stats(const ddp_reducer_t *r, ddp_reducer_stats_t *out)
 
 ddp_status_t ddp_reducer_set_sync(ddp_reducer_t *r, int enabled)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     r->sync_enabled = enabled ? 1 : 0;
     return DDP_OK;
@@ -949,6 +1003,7 @@ static int in_flight(const ddp_reducer_t *r)
 
 ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *r)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (in_flight(r))
         return ddp__error(DDP_ERR_INVALID_USAGE,
@@ -1036,7 +1091,7 @@ static ddp_status_t rebuild(ddp_reducer_t *r)
             }
         }
     }
-    ddp_bucket_assignment_free(&a);
+    ddp__bucket_assignment_free(&a);
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d rebuilt buckets in arrival order (%zu buckets%s)",
             r->rank, r->nbuckets, same ? ", unchanged" : "");
 done:
@@ -1050,6 +1105,7 @@ done:
 
 ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     if (r->active && r->iter_sync)
         return ddp__error(DDP_ERR_INVALID_USAGE,
@@ -1588,6 +1644,7 @@ static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *o
 
 ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
 {
+    ddp__clear_error(); /* status.h: no stale text after a success */
     if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
     ddp_status_t s = check_active(r, "ddp_reducer_finalize");
     if (s != DDP_OK) return s;

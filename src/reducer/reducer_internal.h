@@ -18,6 +18,9 @@ ddp_status_t ddp__bucket_assignment(const ddp_param_t *params, size_t nparams,
                                     const size_t *limits, size_t nlimits, const size_t *order,
                                     int sort_key, ddp_bucket_assignment_t *out);
 
+/* ddp_bucket_assignment_free without clearing the error text, for failure paths. */
+void ddp__bucket_assignment_free(ddp_bucket_assignment_t *assignment);
+
 /* One tensor taking part in a coalesced broadcast. */
 typedef struct ddp__tensor_ref {
     void *data;

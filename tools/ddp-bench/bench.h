@@ -5,6 +5,7 @@
 #define DDP_BENCH_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "ddp/ddp.h"
 
@@ -51,5 +52,8 @@ int ddp_bench_collectives(ddp_group_t *group, const ddp_bench_options_t *options
  * argv[argc] is NULL). Called on every rank with the launcher's group; returns the process exit
  * code (0 success, 1 failure, 2 bad arguments). */
 int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv);
+
+/* The help text of `ddp-bench -o reducer` (what -h/--help after it prints). */
+void ddp_bench_reducer_usage(FILE *out);
 
 #endif

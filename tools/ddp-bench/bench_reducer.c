@@ -214,96 +214,329 @@ static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t
     return 0;
 }
 
+void ddp_bench_reducer_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ddprun -n N ddp-bench -o reducer [--preset mlp|resnet50]\n"
+            "         [--compute-us US per layer | --compute-ratio R] [--sleep] [-n iters]\n"
+            "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
+            "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K]\n"
+            "         [--piece-mb MB] [--layout last-first|c10d|both] [--no-rebuild]\n"
+            "         [--repeat R] [--trace FILE]\n"
+            "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
+            "  --compute-ratio R: backward computes R times the communication time measured\n"
+            "                     with no compute (spread evenly over the layers; default 1.5)\n"
+            "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
+            "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
+            "                  with grad_ready_rows (default 1: whole tensors)\n"
+            "  --piece-mb MB: the reducer's piece size (0: whole buckets; default 4 with\n"
+            "                 --row-blocks > 1, else 0 as the library)\n"
+            "  --layout L: the initial bucket layout (config.bucket_layout): last-first (the\n"
+            "              small first bucket holds the last layers), c10d (it holds the first\n"
+            "              layers and is reduced last), or both, interleaved run by run\n"
+            "              (default: the library's default)\n"
+            "  --no-rebuild: keep the initial layout (config.rebuild_buckets = 0)\n"
+            "  --repeat R: R runs per layout, each with a fresh reducer, interleaved with the\n"
+            "              other layout's; the compute time is fixed by the first run\n"
+            "  --trace FILE: Chrome trace of every iteration (FILE.rankR.json per rank)\n"
+            "  -h, --help: this text\n");
+}
+
 static int usage(int rank, const char *msg, const char *arg)
 {
     if (rank == 0) {
         fprintf(stderr, "ddp-bench -o reducer: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
-        fprintf(stderr,
-                "usage: ddprun -n N ddp-bench -o reducer [--preset mlp|resnet50]\n"
-                "         [--compute-us US per layer | --compute-ratio R] [--sleep] [-n iters]\n"
-                "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
-                "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K]\n"
-                "         [--piece-mb MB] [--trace FILE]\n"
-                "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
-                "  --compute-ratio R: backward computes R times the communication time measured\n"
-                "                     with no compute (spread evenly over the layers)\n"
-                "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
-                "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
-                "                  with grad_ready_rows (default 1: whole tensors)\n"
-                "  --piece-mb MB: the reducer's piece size (0: whole buckets; default 4 with\n"
-                "                 --row-blocks > 1, else 0 as the library)\n"
-                "  --trace FILE: Chrome trace of every iteration (FILE.rankR.json per rank)\n");
+        ddp_bench_reducer_usage(stderr);
     }
     return DDP_BENCH_EXIT_USAGE;
 }
 
-int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
+typedef struct reducer_options {
+    const char *preset;
+    double compute_us, ratio, bucket_mb, first_mb, piece_mb;
+    int iters, warmup, sleep_mode, json, row_blocks, rebuild, repeat;
+    const char *trace_path;
+    const char *hook;
+    int layouts[2]; /* DDP_BUCKET_LAYOUT_*, run in turn */
+    int nlayouts;
+} reducer_options_t;
+
+static const char *layout_name(int layout)
 {
-    int rank = ddp_group_rank(group), world = ddp_group_size(group);
-    const char *preset = "mlp";
-    double compute_us = -1, ratio = -1, bucket_mb = 25, first_mb = 1, piece_mb = -1;
-    int iters = 10, warmup = 2, sleep_mode = 0, json = 0, row_blocks = 1;
-    const char *trace_path = NULL;
-    const char *hook = "allreduce";
+    return layout == DDP_BUCKET_LAYOUT_C10D         ? "c10d"
+           : layout == DDP_BUCKET_LAYOUT_LAST_FIRST ? "last-first"
+                                                    : "default";
+}
+
+/* Parses the options after `-o reducer`. Returns -1 when they are good, else an exit code (0 for
+ * --help). */
+static int parse_reducer_options(int rank, int argc, char **argv, reducer_options_t *o)
+{
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            if (rank == 0) ddp_bench_reducer_usage(stdout);
+            return DDP_BENCH_EXIT_OK;
+        }
         if (!strcmp(a, "--sleep")) {
-            sleep_mode = 1;
+            o->sleep_mode = 1;
             continue;
         }
         if (!strcmp(a, "--json")) {
-            json = 1;
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-rebuild")) {
+            o->rebuild = 0;
             continue;
         }
         if (!v) return usage(rank, "option needs a value", a);
         i++;
         if (!strcmp(a, "--preset")) {
             if (strcmp(v, "mlp") && strcmp(v, "resnet50")) return usage(rank, "unknown preset", v);
-            preset = v;
+            o->preset = v;
         } else if (!strcmp(a, "--compute-us")) {
-            compute_us = strtod(v, &end);
-            if (*end || compute_us < 0) return usage(rank, "bad --compute-us", v);
+            o->compute_us = strtod(v, &end);
+            if (*end || o->compute_us < 0) return usage(rank, "bad --compute-us", v);
         } else if (!strcmp(a, "--compute-ratio")) {
-            ratio = strtod(v, &end);
-            if (*end || ratio < 0) return usage(rank, "bad --compute-ratio", v);
+            o->ratio = strtod(v, &end);
+            if (*end || o->ratio < 0) return usage(rank, "bad --compute-ratio", v);
         } else if (!strcmp(a, "-n")) {
-            iters = (int)strtol(v, &end, 10);
-            if (*end || iters < 1 || iters > 100000) return usage(rank, "bad -n", v);
+            o->iters = (int)strtol(v, &end, 10);
+            if (*end || o->iters < 1 || o->iters > 100000) return usage(rank, "bad -n", v);
         } else if (!strcmp(a, "-w")) {
-            warmup = (int)strtol(v, &end, 10);
-            if (*end || warmup < 0 || warmup > 1000) return usage(rank, "bad -w", v);
+            o->warmup = (int)strtol(v, &end, 10);
+            if (*end || o->warmup < 0 || o->warmup > 1000) return usage(rank, "bad -w", v);
         } else if (!strcmp(a, "--bucket-mb")) {
-            bucket_mb = strtod(v, &end);
-            if (*end || bucket_mb <= 0) return usage(rank, "bad --bucket-mb", v);
+            o->bucket_mb = strtod(v, &end);
+            if (*end || o->bucket_mb <= 0) return usage(rank, "bad --bucket-mb", v);
         } else if (!strcmp(a, "--hook")) {
             if (strcmp(v, "allreduce") && strcmp(v, "fp16") && strcmp(v, "bf16") &&
                 strncmp(v, "powersgd:", 9))
                 return usage(rank, "unknown hook", v);
-            hook = v;
+            o->hook = v;
         } else if (!strcmp(a, "--trace")) {
-            trace_path = v;
+            o->trace_path = v;
         } else if (!strcmp(a, "--row-blocks")) {
-            row_blocks = (int)strtol(v, &end, 10);
-            if (*end || row_blocks < 1 || row_blocks > 4096)
+            o->row_blocks = (int)strtol(v, &end, 10);
+            if (*end || o->row_blocks < 1 || o->row_blocks > 4096)
                 return usage(rank, "bad --row-blocks", v);
         } else if (!strcmp(a, "--piece-mb")) {
-            piece_mb = strtod(v, &end);
-            if (*end || piece_mb < 0) return usage(rank, "bad --piece-mb", v);
+            o->piece_mb = strtod(v, &end);
+            if (*end || o->piece_mb < 0) return usage(rank, "bad --piece-mb", v);
         } else if (!strcmp(a, "--first-bucket-mb")) {
-            first_mb = strtod(v, &end);
-            if (*end || first_mb <= 0) return usage(rank, "bad --first-bucket-mb", v);
+            o->first_mb = strtod(v, &end);
+            if (*end || o->first_mb <= 0) return usage(rank, "bad --first-bucket-mb", v);
+        } else if (!strcmp(a, "--layout")) {
+            if (!strcmp(v, "last-first")) {
+                o->layouts[0] = DDP_BUCKET_LAYOUT_LAST_FIRST;
+                o->nlayouts = 1;
+            } else if (!strcmp(v, "c10d")) {
+                o->layouts[0] = DDP_BUCKET_LAYOUT_C10D;
+                o->nlayouts = 1;
+            } else if (!strcmp(v, "both")) {
+                o->layouts[0] = DDP_BUCKET_LAYOUT_LAST_FIRST;
+                o->layouts[1] = DDP_BUCKET_LAYOUT_C10D;
+                o->nlayouts = 2;
+            } else {
+                return usage(rank, "unknown --layout (last-first, c10d or both)", v);
+            }
+        } else if (!strcmp(a, "--repeat")) {
+            o->repeat = (int)strtol(v, &end, 10);
+            if (*end || o->repeat < 1 || o->repeat > 1000) return usage(rank, "bad --repeat", v);
         } else {
             return usage(rank, "unknown option", a);
         }
     }
-    if (compute_us >= 0 && ratio >= 0)
+    if (o->compute_us >= 0 && o->ratio >= 0)
         return usage(rank, "give --compute-us or --compute-ratio, not both", NULL);
-    if (compute_us < 0 && ratio < 0) ratio = 1.5;
+    if (o->compute_us < 0 && o->ratio < 0) o->ratio = 1.5;
+    return -1;
+}
+
+/* One run: a fresh reducer with `layout`, its anchor (communication with no compute), warm-up
+ * and timed iterations, and rank 0's report. *compute_us < 0 is set from this run's anchor (every
+ * rank takes rank 0's), so that later runs compute exactly as long. */
+static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *model,
+                    ddp_param_t *params, size_t nparams, ddp_trace_t *trace, int layout, int run,
+                    int nruns, double *compute_us)
+{
+    int rank = ddp_group_rank(group), world = ddp_group_size(group);
+    ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
+    config.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+    config.first_bucket_bytes = (size_t)(o->first_mb * 1048576.0);
+    double piece_mb = o->piece_mb;
+    if (piece_mb < 0) piece_mb = o->row_blocks > 1 ? 4 : (double)config.piece_bytes / 1048576.0;
+    config.piece_bytes = (size_t)(piece_mb * 1048576.0);
+    config.rebuild_buckets = o->rebuild;
+    config.bucket_layout = layout;
+    config.trace = trace;
+    const char *hook = o->hook;
+    ddp_half_hook_state_t *half = NULL;
+    void *psgd = NULL;
+    if (!strcmp(hook, "fp16") || !strcmp(hook, "bf16")) {
+        ddp_half_hook_state_create(!strcmp(hook, "fp16") ? DDP_F16 : DDP_BF16, &half);
+        config.comm_hook = !strcmp(hook, "fp16") ? ddp_hook_fp16 : ddp_hook_bf16;
+        config.comm_hook_state = half;
+    }
+#ifdef DDP_BENCH_HAVE_POWERSGD
+    if (!strncmp(hook, "powersgd:", 9)) {
+        ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
+        pc.matrix_approximation_rank = atoi(hook + 9) > 0 ? atoi(hook + 9) : 1;
+        pc.start_powersgd_iter = 0;
+        ddp_powersgd_state_t *ps = NULL;
+        ddp_powersgd_state_create(&pc, &ps);
+        psgd = ps;
+        config.comm_hook = ddp_powersgd_hook;
+        config.comm_hook_state = ps;
+    }
+#endif
+    if (!strncmp(hook, "powersgd:", 9) && !psgd) return usage(rank, "not built with PowerSGD", hook);
+    bench_t b = {group, NULL, model, nparams, rank, o->row_blocks, 0, trace};
+    int rc = DDP_BENCH_EXIT_OK;
+    sample_t *samples = NULL;
+    ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
+    if (s != DDP_OK) {
+        fprintf(stderr, "ddp-bench: rank %d: ddp_reducer_create: %s: %s\n", rank,
+                ddp_status_string(s), ddp_last_error());
+        rc = DDP_BENCH_EXIT_FAILED;
+        goto done;
+    }
+
+    /* Anchor: communication alone (no compute), after a warm-up that also triggers the rebuild
+     * (unless --no-rebuild). */
+    samples = calloc((size_t)o->iters + 3, sizeof *samples);
+    for (int i = 0; i < o->warmup + 1 && rc == 0; i++) rc = one_iteration(&b, 0, 0, &samples[0]);
+    sample_t alone[3];
+    for (int i = 0; i < 3 && rc == 0; i++) rc = one_iteration(&b, 0, 0, &alone[i]);
+    double comm_alone = rc == 0 ? median_of(alone, 3, 1) : 0;
+    /* Every rank must use the same compute time: take rank 0's. */
+    double agreed[1] = {comm_alone};
+    if (rc == 0 && ddp_group_broadcast(group, agreed, 1, DDP_F64, 0) != DDP_OK) rc = 1;
+    comm_alone = agreed[0];
+    if (*compute_us < 0) *compute_us = o->ratio * comm_alone / (double)model->nlayers;
+    double compute_total = *compute_us * (double)model->nlayers;
+    int table = nruns == 1; /* several runs: their summaries only */
+
+    if (rc == 0 && rank == 0 && !o->json) {
+        if (nruns > 1) printf("# run %d of %d: layout %s\n", run + 1, nruns, layout_name(layout));
+        printf("# reducer benchmark: preset %s, %zu layers, %zu parameters (%.1f MiB f32), "
+               "%d ranks, transport %s\n",
+               o->preset, model->nlayers, model->total, (double)model->total * 4 / 1048576.0,
+               world, ddp_group_transport(group));
+        printf("# buckets: %zu (first %.2g MiB, cap %.3g MiB, layout %s, rebuild %s); compute "
+               "%.1f us per layer (%.2f ms per step, %s)\n",
+               ddp_reducer_bucket_count(b.reducer), o->first_mb, o->bucket_mb,
+               layout_name(layout), o->rebuild ? "on" : "off", *compute_us,
+               compute_total / 1000.0, o->sleep_mode ? "sleep" : "busy loop");
+        printf("# bucket sizes in reduction order (MiB):");
+        for (size_t k = 0; k < ddp_reducer_bucket_count(b.reducer); k++) {
+            const size_t *ps;
+            size_t np, bytes = 0;
+            if (ddp_reducer_bucket_params(b.reducer, k, &ps, &np) != DDP_OK) break;
+            for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
+            printf(" %.2f", (double)bytes / 1048576.0);
+        }
+        printf("\n# row blocks %d per weight; pieces of %.3g MiB%s (%zu reductions per step)\n",
+               o->row_blocks, piece_mb,
+               config.comm_hook ? " unused: a hook gets whole buckets" : "", b.npieces);
+        printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
+               "can only start when backward ends\n",
+               comm_alone / 1000.0);
+        if (table)
+            printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms",
+                   "exposed_ms", "comm_sum_ms", "overlap_%");
+    }
+    for (int i = 0; i < o->warmup && rc == 0; i++)
+        rc = one_iteration(&b, *compute_us, o->sleep_mode, &samples[0]);
+    for (int i = 0; i < o->iters && rc == 0; i++) {
+        rc = one_iteration(&b, *compute_us, o->sleep_mode, &samples[i]);
+        if (rc == 0 && rank == 0 && !o->json && table)
+            printf("%6d %12.3f %12.3f %12.3f %12.3f %10.1f\n", i, samples[i].backward / 1000.0,
+                   samples[i].comm / 1000.0, samples[i].exposed / 1000.0,
+                   samples[i].comm_sum / 1000.0, samples[i].overlap);
+    }
+    if (rc == 0 && rank == 0) {
+        size_t n = (size_t)o->iters;
+        double bw = median_of(samples, n, 0), cm = median_of(samples, n, 1);
+        double ex = median_of(samples, n, 2);
+        double ex_min = median_of(samples, n, 5);
+        double ratio_exposed = cm > 0 ? ex / cm : 0;
+        if (o->json) {
+            printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
+                   "\"layout\":\"%s\",\"rebuild\":%d,\"run\":%d,"
+                   "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
+                   "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
+                   "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
+                   "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
+                   o->preset, world, model->total, ddp_reducer_bucket_count(b.reducer),
+                   layout_name(layout), o->rebuild, run, *compute_us, o->sleep_mode,
+                   o->row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0,
+                   cm / 1000.0, ex / 1000.0, ex_min / 1000.0, ratio_exposed);
+        } else {
+            printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
+                   "exposed/comm %.1f%% (target <= 15%% when compute >= comm: compute %.2f ms "
+                   "%s comm %.2f ms)\n",
+                   bw / 1000.0, cm / 1000.0, ex / 1000.0, 100.0 * (1 - ratio_exposed),
+                   100.0 * ratio_exposed, compute_total / 1000.0,
+                   compute_total >= cm ? ">=" : "<", cm / 1000.0);
+            printf("# smallest finalize wait over the ranks (skew removed): median %.3f ms, "
+                   "%.1f%% of comm\n",
+                   ex_min / 1000.0, cm > 0 ? 100.0 * ex_min / cm : 0.0);
+        }
+    }
+    if (rc == 0 && rank == 0 && !o->json && (half || psgd)) {
+        ddp_hook_stats_t hs = {0, 0, 0, 0};
+        double steps = (double)(o->warmup + 4 + o->warmup + o->iters);
+        if (half) ddp_half_hook_stats(half, &hs);
+        printf("# hook %s: ", hook);
+#ifdef DDP_BENCH_HAVE_POWERSGD
+        if (psgd) {
+            ddp_powersgd_stats_t ps;
+            ddp_powersgd_stats(psgd, &ps);
+            hs = ps.wire;
+            printf("PowerSGD compression rate %.2f; ", ps.compression_rate);
+        }
+#endif
+        printf("wire %.3f MiB per step, %.3f MiB uncompressed (x%.2f)\n",
+               (double)hs.bytes_after / 1048576.0 / steps,
+               (double)hs.bytes_before / 1048576.0 / steps,
+               hs.bytes_after ? (double)hs.bytes_before / (double)hs.bytes_after : 0);
+    }
+done:
+    free(samples);
+    ddp_reducer_destroy(b.reducer);
+    ddp_half_hook_state_destroy(half);
+#ifdef DDP_BENCH_HAVE_POWERSGD
+    ddp_powersgd_state_destroy(psgd);
+#endif
+    return rc;
+}
+
+int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
+{
+    int rank = ddp_group_rank(group);
+    reducer_options_t o = {.preset = "mlp",
+                           .compute_us = -1,
+                           .ratio = -1,
+                           .bucket_mb = 25,
+                           .first_mb = 1,
+                           .piece_mb = -1,
+                           .iters = 10,
+                           .warmup = 2,
+                           .row_blocks = 1,
+                           .rebuild = 1,
+                           .repeat = 1,
+                           .hook = "allreduce",
+                           .layouts = {DDP_BUCKET_LAYOUT_DEFAULT, DDP_BUCKET_LAYOUT_DEFAULT},
+                           .nlayouts = 1};
+    int parsed = parse_reducer_options(rank, argc, argv, &o);
+    if (parsed >= 0) return parsed;
 
     model_t model = {0};
-    if (!strcmp(preset, "mlp")) preset_mlp(&model);
+    if (!strcmp(o.preset, "mlp")) preset_mlp(&model);
     else preset_resnet50(&model);
 
     /* Parameters in registration (forward) order. */
@@ -327,154 +560,30 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
             params[p].rows = k == 0 ? model.layers[l].numel[1] : 0; /* out features/channels */
             p++;
         }
-    ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
-    config.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
-    config.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
-    if (piece_mb < 0) piece_mb = row_blocks > 1 ? 4 : (double)config.piece_bytes / 1048576.0;
-    config.piece_bytes = (size_t)(piece_mb * 1048576.0);
     ddp_trace_t *trace = NULL;
-    if (trace_path) {
+    int rc = DDP_BENCH_EXIT_OK;
+    if (o.trace_path) {
         char path[1024];
-        snprintf(path, sizeof path, "%s.rank%d.json", trace_path, rank);
+        snprintf(path, sizeof path, "%s.rank%d.json", o.trace_path, rank);
         if (ddp_trace_open(path, rank, &trace) != DDP_OK) {
             fprintf(stderr, "ddp-bench: rank %d: cannot open trace %s: %s\n", rank, path,
                     ddp_last_error());
-            return DDP_BENCH_EXIT_FAILED;
-        }
-        ddp_trace_name_lane(trace, 0, "compute");
-        ddp_trace_name_lane(trace, 1, "reducer calls");
-        config.trace = trace;
-    }
-    ddp_half_hook_state_t *half = NULL;
-    void *psgd = NULL;
-    if (!strcmp(hook, "fp16") || !strcmp(hook, "bf16")) {
-        ddp_half_hook_state_create(!strcmp(hook, "fp16") ? DDP_F16 : DDP_BF16, &half);
-        config.comm_hook = !strcmp(hook, "fp16") ? ddp_hook_fp16 : ddp_hook_bf16;
-        config.comm_hook_state = half;
-    }
-#ifdef DDP_BENCH_HAVE_POWERSGD
-    if (!strncmp(hook, "powersgd:", 9)) {
-        ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
-        pc.matrix_approximation_rank = atoi(hook + 9) > 0 ? atoi(hook + 9) : 1;
-        pc.start_powersgd_iter = 0;
-        ddp_powersgd_state_t *ps = NULL;
-        ddp_powersgd_state_create(&pc, &ps);
-        psgd = ps;
-        config.comm_hook = ddp_powersgd_hook;
-        config.comm_hook_state = ps;
-    }
-#endif
-    if (!strncmp(hook, "powersgd:", 9) && !psgd) return usage(rank, "not built with PowerSGD", hook);
-    bench_t b = {group, NULL, &model, nparams, rank, row_blocks, 0, trace};
-    int rc = DDP_BENCH_EXIT_OK;
-    ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
-    if (s != DDP_OK) {
-        fprintf(stderr, "ddp-bench: rank %d: ddp_reducer_create: %s: %s\n", rank,
-                ddp_status_string(s), ddp_last_error());
-        rc = DDP_BENCH_EXIT_FAILED;
-        goto done;
-    }
-
-    /* Anchor: communication alone (no compute), after a warm-up that also triggers the rebuild. */
-    sample_t *samples = calloc((size_t)iters + 3, sizeof *samples);
-    for (int i = 0; i < warmup + 1 && rc == 0; i++) rc = one_iteration(&b, 0, 0, &samples[0]);
-    sample_t alone[3];
-    for (int i = 0; i < 3 && rc == 0; i++) rc = one_iteration(&b, 0, 0, &alone[i]);
-    double comm_alone = rc == 0 ? median_of(alone, 3, 1) : 0;
-    /* Every rank must use the same compute time: take rank 0's. */
-    double agreed[1] = {comm_alone};
-    if (rc == 0 && ddp_group_broadcast(group, agreed, 1, DDP_F64, 0) != DDP_OK) rc = 1;
-    comm_alone = agreed[0];
-    if (compute_us < 0) compute_us = ratio * comm_alone / (double)model.nlayers;
-    double compute_total = compute_us * (double)model.nlayers;
-
-    if (rc == 0 && rank == 0 && !json) {
-        printf("# reducer benchmark: preset %s, %zu layers, %zu parameters (%.1f MiB f32), "
-               "%d ranks, transport %s\n",
-               preset, model.nlayers, model.total, (double)model.total * 4 / 1048576.0, world,
-               ddp_group_transport(group));
-        printf("# buckets: %zu (first %.2g MiB, cap %.3g MiB); compute %.1f us per layer "
-               "(%.2f ms per step, %s)\n",
-               ddp_reducer_bucket_count(b.reducer), first_mb, bucket_mb, compute_us,
-               compute_total / 1000.0, sleep_mode ? "sleep" : "busy loop");
-        printf("# bucket sizes in reduction order (MiB):");
-        for (size_t k = 0; k < ddp_reducer_bucket_count(b.reducer); k++) {
-            const size_t *ps;
-            size_t np, bytes = 0;
-            if (ddp_reducer_bucket_params(b.reducer, k, &ps, &np) != DDP_OK) break;
-            for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
-            printf(" %.2f", (double)bytes / 1048576.0);
-        }
-        printf("\n# row blocks %d per weight; pieces of %.3g MiB%s (%zu reductions per step)\n",
-               row_blocks, piece_mb, config.comm_hook ? " unused: a hook gets whole buckets" : "",
-               b.npieces);
-        printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
-               "can only start when backward ends\n",
-               comm_alone / 1000.0);
-        printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms", "exposed_ms",
-               "comm_sum_ms", "overlap_%");
-    }
-    for (int i = 0; i < warmup && rc == 0; i++)
-        rc = one_iteration(&b, compute_us, sleep_mode, &samples[0]);
-    for (int i = 0; i < iters && rc == 0; i++) {
-        rc = one_iteration(&b, compute_us, sleep_mode, &samples[i]);
-        if (rc == 0 && rank == 0 && !json)
-            printf("%6d %12.3f %12.3f %12.3f %12.3f %10.1f\n", i, samples[i].backward / 1000.0,
-                   samples[i].comm / 1000.0, samples[i].exposed / 1000.0,
-                   samples[i].comm_sum / 1000.0, samples[i].overlap);
-    }
-    if (rc == 0 && rank == 0) {
-        double bw = median_of(samples, (size_t)iters, 0), cm = median_of(samples, (size_t)iters, 1);
-        double ex = median_of(samples, (size_t)iters, 2);
-        double ex_min = median_of(samples, (size_t)iters, 5);
-        double ratio_exposed = cm > 0 ? ex / cm : 0;
-        if (json) {
-            printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
-                   "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
-                   "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
-                   "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
-                   "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
-                   preset, world, model.total, ddp_reducer_bucket_count(b.reducer), compute_us,
-                   sleep_mode, row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0,
-                   cm / 1000.0, ex / 1000.0, ex_min / 1000.0, ratio_exposed);
+            rc = DDP_BENCH_EXIT_FAILED;
         } else {
-            printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
-                   "exposed/comm %.1f%% (target <= 15%% when compute >= comm: compute %.2f ms "
-                   "%s comm %.2f ms)\n",
-                   bw / 1000.0, cm / 1000.0, ex / 1000.0, 100.0 * (1 - ratio_exposed),
-                   100.0 * ratio_exposed, compute_total / 1000.0,
-                   compute_total >= cm ? ">=" : "<", cm / 1000.0);
-            printf("# smallest finalize wait over the ranks (skew removed): median %.3f ms, "
-                   "%.1f%% of comm\n",
-                   ex_min / 1000.0, cm > 0 ? 100.0 * ex_min / cm : 0.0);
+            ddp_trace_name_lane(trace, 0, "compute");
+            ddp_trace_name_lane(trace, 1, "reducer calls");
         }
     }
-    free(samples);
-    if (rc == 0 && rank == 0 && !json && (half || psgd)) {
-        ddp_hook_stats_t hs = {0, 0, 0, 0};
-        double rate = 1;
-        if (half) ddp_half_hook_stats(half, &hs);
-#ifdef DDP_BENCH_HAVE_POWERSGD
-        if (psgd) {
-            ddp_powersgd_stats_t ps;
-            ddp_powersgd_stats(psgd, &ps);
-            hs = ps.wire;
-            rate = ps.compression_rate;
-        }
-#endif
-        printf("# hook %s: wire %.3f MiB per step, %.3f MiB uncompressed (x%.2f); "
-               "PowerSGD compression rate %.2f\n", hook,
-               (double)hs.bytes_after / 1048576.0 / (double)(warmup + 4 + warmup + iters),
-               (double)hs.bytes_before / 1048576.0 / (double)(warmup + 4 + warmup + iters),
-               hs.bytes_after ? (double)hs.bytes_before / (double)hs.bytes_after : 0, rate);
+    /* Runs interleave the layouts, and the first layout alternates from one repeat to the next
+     * (A B, B A, A B, ...) so that a drift in the machine's load does not favour one of them. */
+    int nruns = o.repeat * o.nlayouts;
+    double compute_us = o.compute_us;
+    for (int run = 0; run < nruns && rc == DDP_BENCH_EXIT_OK; run++) {
+        int round = run / o.nlayouts, j = run % o.nlayouts;
+        int layout = o.layouts[round % 2 ? o.nlayouts - 1 - j : j];
+        rc = run_once(group, &o, &model, params, nparams, trace, layout, run, nruns, &compute_us);
     }
-    ddp_reducer_destroy(b.reducer);
     ddp_trace_close(trace);
-    ddp_half_hook_state_destroy(half);
-#ifdef DDP_BENCH_HAVE_POWERSGD
-    ddp_powersgd_state_destroy(psgd);
-#endif
-done:
     for (size_t i = 0; i < nparams; i++) free(data[i]);
     free(data);
     free(names);

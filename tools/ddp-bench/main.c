@@ -239,6 +239,13 @@ int main(int argc, char **argv)
     if (reducer_at > 1)
         USAGE_ERROR("options before -o reducer (here '%s') are not read; put them after it",
                     argv[1]);
+    /* `-o reducer --help` needs no group: print the reducer's options and stop. */
+    for (int i = reducer_at + 1; reducer_at && i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            if (launcher_rank() == 0) ddp_bench_reducer_usage(stdout);
+            return DDP_BENCH_EXIT_OK;
+        }
+    }
 
     ddp_bench_options_t options = {
         .collective = DDP_BENCH_ALLREDUCE,
