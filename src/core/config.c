@@ -239,17 +239,6 @@ const char *ddp__env(const char *name)
     return v && *v ? v : NULL;
 }
 
-long long ddp__env_int(const char *name, long long fallback)
-{
-    const char *v = ddp__env(name);
-    if (!v) return fallback;
-    char *end = NULL;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0') return fallback;
-    return x;
-}
-
 ddp_status_t ddp_config_check(void)
 {
     ddp__clear_error();

@@ -51,8 +51,6 @@ ddp_status_t ddp__env_seconds_ms(const char *name, int *out_ms);
 /* The raw value or the table's default, NULL when neither: only for TEXT rows (addresses,
  * names, tokens), which have no rule to check. */
 const char *ddp__env(const char *name);
-/* Integer value of an env variable; `fallback` when unset; *ok = 0 (if given) when malformed. */
-long long ddp__env_int(const char *name, long long fallback);
 
 /* Clocks. */
 double ddp__now_us(void);    /* monotonic */
