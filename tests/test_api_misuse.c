@@ -209,12 +209,14 @@ static void check_core(void)
     QUIET(nvars = ddp_env_vars(NULL));
     CHECK(nvars > 0);
     EXPECT_BAD(ddp_config_print(NULL), "out");
+    EXPECT_BAD(ddp_config_timeout_ms(NULL), "timeout_ms");
     static const char *bad_timeouts[] = {"abc", "-5", "0", "1e400", "nan", "", "99999999999"};
     for (size_t i = 0; i < sizeof bad_timeouts / sizeof bad_timeouts[0]; i++) {
         setenv("DDP_TIMEOUT", bad_timeouts[i], 1);
         int ms = 0;
         QUIET(ms = ddp_default_timeout_ms());
         CHECK_MSG(ms > 0, "DDP_TIMEOUT='%s' gave a timeout of %d ms", bad_timeouts[i], ms);
+        if (bad_timeouts[i][0]) EXPECT_BAD(ddp_config_timeout_ms(&ms), "DDP_TIMEOUT");
     }
     unsetenv("DDP_TIMEOUT");
 

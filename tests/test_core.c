@@ -68,16 +68,51 @@ static void test_env_table(void)
     for (size_t i = 0; i < n; i++) {
         CHECK(strncmp(table[i].name, "DDP_", 4) == 0 || strchr(table[i].name, '_') || 1);
         CHECK(table[i].help && table[i].help[0]);
-        if (strcmp(table[i].name, "DDP_TIMEOUT") == 0) found = 1;
+        CHECK(table[i].accepted != NULL);
+        if (strcmp(table[i].name, "DDP_TIMEOUT") == 0) {
+            found = 1;
+            CHECK(strstr(table[i].accepted, "2000000"));
+        }
+        if (strncmp(table[i].name, "DDP_", 4) == 0) CHECK(table[i].accepted[0]);
     }
     CHECK(found);
     unsetenv("DDP_TIMEOUT");
+    int ms = 0;
     CHECK(ddp_default_timeout_ms() == 300000);
+    CHECK_OK(ddp_config_timeout_ms(&ms));
+    CHECK(ms == 300000);
+    CHECK_OK(ddp_config_check());
     setenv("DDP_TIMEOUT", "2.5", 1);
     CHECK(ddp_default_timeout_ms() == 2500);
+    CHECK_OK(ddp_config_timeout_ms(&ms));
+    CHECK(ms == 2500);
+    setenv("DDP_TIMEOUT", "0.0001", 1); /* below a millisecond: 1 ms, as before */
+    CHECK_OK(ddp_config_timeout_ms(&ms));
+    CHECK(ms == 1);
+    setenv("DDP_TIMEOUT", "1e3", 1);
+    CHECK_OK(ddp_config_timeout_ms(&ms));
+    CHECK(ms == 1000000);
+    /* A bad value: the unchecked call gives the default and leaves the last error alone; the
+     * checked ones name the variable, the value and what is accepted. */
     setenv("DDP_TIMEOUT", "garbage", 1);
+    ddp__error(DDP_ERR_TIMEOUT, "an earlier error");
     CHECK(ddp_default_timeout_ms() == 300000);
+    CHECK_ERROR_MENTIONS("an earlier error");
+    ms = 7;
+    CHECK_STATUS(ddp_config_timeout_ms(&ms), DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ms == 7);
+    CHECK_ERROR_MENTIONS("DDP_TIMEOUT='garbage'");
+    CHECK_ERROR_MENTIONS("seconds");
+    CHECK_STATUS(ddp_config_check(), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("DDP_TIMEOUT='garbage'");
     unsetenv("DDP_TIMEOUT");
+    setenv("DDP_LOG_LEVEL", "loud", 1);
+    CHECK_STATUS(ddp_config_check(), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("DDP_LOG_LEVEL='loud'");
+    CHECK_ERROR_MENTIONS("none|error|warn|info|debug");
+    setenv("DDP_LOG_LEVEL", "", 1); /* empty is unset */
+    CHECK_OK(ddp_config_check());
+    unsetenv("DDP_LOG_LEVEL");
 }
 
 static void test_trace(void)

@@ -93,7 +93,8 @@ static const char usage_text[] =
     "                          thread too) share its CPU. Jobs side by side on one machine:\n"
     "                          start each under taskset with its own CPUs (ddprun binds\n"
     "                          within the CPUs it may use) or give --bind none\n"
-    "  --print-config          print libddp's environment variables and exit\n"
+    "  --print-config          print libddp's environment variables, their values and what\n"
+    "                          they accept, and exit\n"
     "  -h, --help              print this help and exit\n"
     "  Options may also be written --option=VALUE; \"--\" ends the options.\n"
     "\n"
@@ -116,7 +117,8 @@ static const char usage_text[] =
     "reaped within each. A node that fails marks the store key job/failed; the other nodes\n"
     "see it and stop too.\n"
     "\n"
-    "exit status: 0 when every worker exited 0; 1 or 128+N on failure; 2 for bad options.\n";
+    "exit status: 0 when every worker exited 0; 1 or 128+N on failure; 2 for bad options or a\n"
+    "bad value of a DDP_* variable (see --print-config).\n";
 
 static void usage_error(const char *fmt, ...)
 {
@@ -1439,6 +1441,14 @@ int main(int argc, char **argv)
     job.notify_pipe[0] = job.notify_pipe[1] = -1;
     pthread_mutex_init(&job.lock, NULL);
     parse_options(argc, argv, &job.opt);
+    /* A bad DDP_* value would fail every worker's group creation (and ddprun's own reads of
+     * DDP_TIMEOUT below): refuse once, before anything starts. */
+    if (ddp_config_check() != DDP_OK) {
+        fprintf(stderr, "ddprun: %s\n'ddprun --print-config' lists every variable and what it "
+                        "accepts.\n",
+                ddp_last_error());
+        return 2;
+    }
     start_watchdog(); /* before the store's threads: see start_watchdog */
     install_signal_handlers();
 

@@ -31,18 +31,24 @@ typedef struct ddp_work ddp_work_t;
 
 typedef struct ddp_group_options {
     int timeout_ms;        /* 0: DDP_TIMEOUT (default 300 s) */
-    const char *transport; /* NULL or "auto", "shm", "tcp", "mpi"; DDP_TRANSPORT overrides auto */
+    const char *transport; /* NULL or "auto", "shm", "tcp", "mpi", "hierarchical"; DDP_TRANSPORT
+                              overrides auto */
     const char *name;      /* distinguishes groups created on one store; NULL: "default" */
 } ddp_group_options_t;
 
 #define DDP_GROUP_OPTIONS_INIT {0, NULL, NULL}
 
-/* Collective over all `world_size` ranks. The store must stay valid until ddp_group_destroy. */
+/* Collective over all `world_size` ranks. The store must stay valid until ddp_group_destroy.
+ * First, on every rank and before the store is used, checks every DDP_* variable
+ * (ddp_config_check): a bad value - DDP_TIMEOUT, DDP_TRANSPORT, DDP_HIERARCHICAL, DDP_LOG_LEVEL,
+ * any DDP_SHM_* - returns DDP_ERR_INVALID_ARGUMENT naming the variable, the value and what it
+ * accepts, even when the options or the transport chosen would not use it. */
 DDP_API ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
                                       const ddp_group_options_t *options, ddp_group_t **out);
 
 /* Reads the launcher's environment (see ddp/env.h), connects to its TCP store and creates the
- * group; the group owns that store and closes it on destroy. */
+ * group; the group owns that store and closes it on destroy. Checks the DDP_* variables first,
+ * as ddp_group_create does. */
 DDP_API ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options,
                                                ddp_group_t **out);
 

@@ -7,7 +7,9 @@
  *
  * Thread-safety: a store handle may be used from several threads at once.
  * Timeouts: every blocking call waits at most the store's timeout (ddp_store_set_timeout; default
- * DDP_TIMEOUT). A timeout returns DDP_ERR_TIMEOUT and ddp_last_error() names the missing keys. */
+ * DDP_TIMEOUT). A timeout returns DDP_ERR_TIMEOUT and ddp_last_error() names the missing keys.
+ * A creation that needs DDP_TIMEOUT (hash, file, and TCP with timeout_ms 0; a prefix store takes
+ * its base's timeout) fails with DDP_ERR_INVALID_ARGUMENT when its value is bad (ddp/config.h). */
 #ifndef DDP_STORE_H
 #define DDP_STORE_H
 

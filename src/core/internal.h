@@ -38,11 +38,19 @@ void ddp__log(int level, const char *fmt, ...) DDP_PRINTF(2, 3);
         if (ddp__log_level() >= (level)) ddp__log((level), __VA_ARGS__);                          \
     } while (0)
 
-/* Environment: the variable must be in the table (src/core/config.c); returns its value or the
- * table's default (NULL when neither). */
+/* Environment: the variable must be in the table (src/core/config.c). The checked readers check
+ * the value against the row's rule; a bad one returns DDP_ERR_INVALID_ARGUMENT with text naming
+ * the variable, the value and what is accepted, and leaves *out alone. Unset or empty means the
+ * table's default. */
+/* The value, or the table's default, or NULL when neither (any rule). */
+ddp_status_t ddp__env_text(const char *name, const char **out);
+/* An INTEGER row's value, or its default, or `unset` when it has neither. */
+ddp_status_t ddp__env_integer(const char *name, long long unset, long long *out);
+/* A SECONDS row's value (or its default) in milliseconds, at least 1. */
+ddp_status_t ddp__env_seconds_ms(const char *name, int *out_ms);
+/* The raw value or the table's default, NULL when neither: only for TEXT rows (addresses,
+ * names, tokens), which have no rule to check. */
 const char *ddp__env(const char *name);
-/* Integer value of an env variable; `fallback` when unset; *ok = 0 (if given) when malformed. */
-long long ddp__env_int(const char *name, long long fallback);
 
 /* Clocks. */
 double ddp__now_us(void);    /* monotonic */

@@ -883,12 +883,17 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
     pthread_cond_init(&g->done_cv, NULL);
     atomic_store(&g->last_progress_ns, ddp__now_ns());
 
-    /* Which transport was asked for: the options, else DDP_TRANSPORT, else auto. */
+    /* Which transport was asked for: the options, else DDP_TRANSPORT, else auto. Both variables
+     * are read before the store is touched, so a bad value fails every rank at once. */
     const char *asked = options && options->transport ? options->transport : NULL;
-    if (!asked || strcmp(asked, "auto") == 0) {
-        const char *env = ddp__env("DDP_TRANSPORT");
-        asked = env ? env : "auto";
+    const char *env = NULL;
+    const char *hierarchical = NULL;
+    if ((s = ddp__env_text("DDP_TRANSPORT", &env)) != DDP_OK ||
+        (s = ddp__env_text("DDP_HIERARCHICAL", &hierarchical)) != DDP_OK) {
+        ddp__error_context(s, "group_create");
+        goto fail;
     }
+    if (!asked || strcmp(asked, "auto") == 0) asked = env ? env : "auto";
     if (strcmp(asked, "auto") && strcmp(asked, "shm") && strcmp(asked, "tcp") &&
         strcmp(asked, "mpi") && strcmp(asked, "hierarchical")) {
         s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
@@ -974,7 +979,7 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
             /* Several hosts: shared memory inside each, TCP between them, unless
              * DDP_HIERARCHICAL=0 asks for flat TCP. */
             chosen = same_host ? "shm"
-                               : (ddp__env_int("DDP_HIERARCHICAL", 1) != 0 ? "hierarchical" : "tcp");
+                               : (strcmp(hierarchical, "0") != 0 ? "hierarchical" : "tcp");
         } else if (strcmp(asked, "shm") == 0 && !same_host) {
             s = ddp__error(DDP_ERR_UNSUPPORTED,
                            "group_create: transport shm needs every rank on one host, but rank "
@@ -1033,6 +1038,21 @@ static ddp_status_t check_options(const ddp_group_options_t *options, const char
     return DDP_OK;
 }
 
+/* Checks every DDP_* variable before anything else (so a bad value fails each rank at once, before
+ * a rank that read it in a transport leaves its peers waiting, and a value read only on some
+ * paths - several hosts, several ranks on one host - is caught on the first small run too), then
+ * gives the group's timeout: the options', else DDP_TIMEOUT. */
+static ddp_status_t checked_timeout(const ddp_group_options_t *options, const char *fn,
+                                   int *timeout_ms)
+{
+    ddp_status_t s = ddp_config_check();
+    if (s == DDP_OK && !(options && options->timeout_ms > 0))
+        s = ddp__env_seconds_ms("DDP_TIMEOUT", timeout_ms);
+    else if (s == DDP_OK)
+        *timeout_ms = options->timeout_ms;
+    return s == DDP_OK ? DDP_OK : ddp__error_context(s, "%s", fn);
+}
+
 ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
                               const ddp_group_options_t *options, ddp_group_t **out)
 {
@@ -1049,8 +1069,8 @@ ddp_status_t ddp_group_create(ddp_store_t *store, int rank, int world_size,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                           "group_create: rank %d is out of range [0, %d)", rank, world_size);
     TRY(check_options(options, "group_create"));
-    int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
-                                                        : ddp_default_timeout_ms();
+    int timeout_ms = 0;
+    TRY(checked_timeout(options, "group_create", &timeout_ms));
     const char *name = options && options->name ? options->name : "default";
     return create_internal(store, 0, rank, world_size, options, name, timeout_ms, NULL, out);
 }
@@ -1060,18 +1080,19 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
     ddp__clear_error();
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_create_from_env: out is NULL");
     TRY(check_options(options, "group_create_from_env"));
+    int timeout_ms = 0;
+    TRY(checked_timeout(options, "group_create_from_env", &timeout_ms));
     ddp_env_t env;
     ddp_status_t s = ddp_env_read(&env);
     if (s != DDP_OK) return ddp__error_context(s, "group_create_from_env");
-    int timeout_ms = options && options->timeout_ms > 0 ? options->timeout_ms
-                                                        : ddp_default_timeout_ms();
     const char *name = options && options->name ? options->name : "default";
     ddp_store_t *store = NULL;
     /* Under mpirun without MASTER_ADDR (or when transport mpi is asked for without one) the
      * group is MPI_COMM_WORLD over the MPI transport, with no store. */
     const char *asked = options && options->transport && strcmp(options->transport, "auto")
                             ? options->transport
-                            : ddp__env("DDP_TRANSPORT");
+                            : NULL;
+    if (!asked) TRY(ddp__env_text("DDP_TRANSPORT", &asked));
     int mpi_launcher = strcmp(env.source, "openmpi") == 0 || strcmp(env.source, "pmi") == 0;
     int storeless = env.master_addr[0] == '\0' &&
                     ((asked && strcmp(asked, "mpi") == 0) ||

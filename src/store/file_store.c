@@ -419,7 +419,10 @@ ddp_status_t ddp_store_file_create(const char *path, ddp_store_t **out)
     if (!*path) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "ddp_store_file_create: path is empty");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "ddp_store_file_create: out is NULL");
     ddp__clear_error();
-    ddp_status_t s = DDP_ERR_NO_MEMORY;
+    int timeout_ms = 0;
+    ddp_status_t s = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
+    if (s != DDP_OK) return ddp__error_context(s, "ddp_store_file_create");
+    s = DDP_ERR_NO_MEMORY;
     struct file_store *fs = ddp__calloc(1, sizeof *fs, "file store");
     if (!fs) return s;
     fs->path = ddp__strdup(path, "file store path");
@@ -434,7 +437,7 @@ ddp_status_t ddp_store_file_create(const char *path, ddp_store_t **out)
     }
     fs->pid = getpid();
     pthread_mutex_init(&fs->mutex, NULL);
-    ddp_store_t *store = ddp__store_new(&file_ops, fs);
+    ddp_store_t *store = ddp__store_new(&file_ops, fs, timeout_ms);
     if (!store) {
         s = DDP_ERR_NO_MEMORY;
         goto close_fd;

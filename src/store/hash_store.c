@@ -189,6 +189,9 @@ ddp_status_t ddp_store_hash_create(ddp_store_t **out)
 {
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "ddp_store_hash_create: out is NULL");
     ddp__clear_error();
+    int timeout_ms = 0;
+    ddp_status_t s = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
+    if (s != DDP_OK) return ddp__error_context(s, "ddp_store_hash_create");
     struct hash_store *hs = ddp__calloc(1, sizeof *hs, "hash store");
     if (!hs) return DDP_ERR_NO_MEMORY;
     if (ddp__kv_init(&hs->table) != DDP_OK) goto free_hs;
@@ -198,7 +201,7 @@ ddp_status_t ddp_store_hash_create(ddp_store_t **out)
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&hs->changed, &attr);
     pthread_condattr_destroy(&attr);
-    ddp_store_t *store = ddp__store_new(&hash_ops, hs);
+    ddp_store_t *store = ddp__store_new(&hash_ops, hs, timeout_ms);
     if (!store) goto destroy_sync;
     *out = store;
     return DDP_OK;

@@ -177,13 +177,14 @@ ddp_status_t ddp_store_prefix_create(ddp_store_t *base, const char *prefix, ddp_
     ps->base = base;
     ps->prefix = ddp__strdup(prefix, "store prefix");
     ps->prefix_len = n;
-    ddp_store_t *store = ps->prefix ? ddp__store_new(&prefix_ops, ps) : NULL;
+    /* The base's timeout, not DDP_TIMEOUT: a prefix store is a view of its base. */
+    ddp_store_t *store =
+        ps->prefix ? ddp__store_new(&prefix_ops, ps, atomic_load(&base->timeout_ms)) : NULL;
     if (!store) {
         free(ps->prefix);
         free(ps);
         return DDP_ERR_NO_MEMORY;
     }
-    atomic_store(&store->timeout_ms, atomic_load(&base->timeout_ms));
     *out = store;
     return DDP_OK;
 }

@@ -11,13 +11,13 @@
 
 #include "store/store_impl.h"
 
-ddp_store_t *ddp__store_new(const ddp__store_ops_t *ops, void *impl)
+ddp_store_t *ddp__store_new(const ddp__store_ops_t *ops, void *impl, int timeout_ms)
 {
     ddp_store_t *store = ddp__calloc(1, sizeof *store, "store handle");
     if (!store) return NULL;
     store->ops = ops;
     store->impl = impl;
-    atomic_store(&store->timeout_ms, ddp_default_timeout_ms());
+    atomic_store(&store->timeout_ms, timeout_ms);
     return store;
 }
 

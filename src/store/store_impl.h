@@ -38,8 +38,9 @@ struct ddp_store {
     void *impl;
 };
 
-/* Allocates a store handle with the default timeout (DDP_TIMEOUT). */
-ddp_store_t *ddp__store_new(const ddp__store_ops_t *ops, void *impl);
+/* Allocates a store handle whose blocking calls wait at most `timeout_ms` (> 0; the public
+ * creators pass DDP_TIMEOUT, read with ddp__env_seconds_ms so that a bad value fails them). */
+ddp_store_t *ddp__store_new(const ddp__store_ops_t *ops, void *impl, int timeout_ms);
 
 /* ---- a key -> value table (not thread-safe: callers lock) -------------------------------- */
 

@@ -500,7 +500,10 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
                           "%s: timeout_ms must be >= 0 (0: DDP_TIMEOUT), got %d", fn, timeout_ms);
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     ddp__clear_error();
-    if (timeout_ms == 0) timeout_ms = ddp_default_timeout_ms();
+    if (timeout_ms == 0) {
+        ddp_status_t s = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
+        if (s != DDP_OK) return ddp__error_context(s, "%s: timeout_ms 0 asks for DDP_TIMEOUT", fn);
+    }
 
     ddp_status_t s = DDP_ERR_NO_MEMORY;
     struct tcp_client *tc = ddp__calloc(1, sizeof *tc, "TCP store client");
@@ -518,13 +521,12 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
     int fd = -1;
     s = open_connection(tc, deadline_after(timeout_ms), &fd);
     if (s != DDP_OK) goto free_client;
-    ddp_store_t *store = ddp__store_new(&tcp_ops, tc);
+    ddp_store_t *store = ddp__store_new(&tcp_ops, tc, timeout_ms);
     if (!store) {
         close(fd);
         s = DDP_ERR_NO_MEMORY;
         goto free_client;
     }
-    atomic_store(&store->timeout_ms, timeout_ms);
     release(store, fd, 1);
     *out = store;
     return DDP_OK;

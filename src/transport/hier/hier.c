@@ -316,7 +316,11 @@ static ddp_status_t hier_create(ddp_store_t *store, const char *group_name, int 
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "hierarchical transport: rank %d of world "
                           "%d", rank, world);
     if (!state) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "hierarchical transport: state is NULL");
-    if (timeout_ms <= 0) timeout_ms = ddp_default_timeout_ms();
+    if (timeout_ms <= 0) {
+        ddp_status_t timeout_status = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
+        if (timeout_status != DDP_OK)
+            return ddp__error_context(timeout_status, "hierarchical transport");
+    }
     int64_t deadline = ddp__now_ns() + (int64_t)timeout_ms * 1000000LL;
 
     hier_t *h = calloc(1, sizeof *h);

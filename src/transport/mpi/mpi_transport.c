@@ -1090,7 +1090,10 @@ static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int r
     if (rank < 0 || rank >= world)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: rank %d outside 0..%d", rank,
                           world - 1);
-    if (timeout_ms <= 0) timeout_ms = ddp_default_timeout_ms();
+    if (timeout_ms <= 0) {
+        ddp_status_t timeout_status = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
+        if (timeout_status != DDP_OK) return ddp__error_context(timeout_status, "MPI transport");
+    }
     if (!group_name) group_name = "default";
 
     ddp_status_t status = ensure_mpi();

@@ -7,6 +7,7 @@
  * anyone reads a byte of someone else's data. Waiting spins briefly, yields, then sleeps on a
  * futex in the segment; while asleep it wakes every 100 ms to check deadlines, peers' abort
  * flags and whether the ranks it waits for are still alive. */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -1099,14 +1100,42 @@ static ddp_status_t create_memfd(size_t bytes, const char *name, int *fd, char *
 
 static void shm_destroy(void *state);
 
-/* A size knob from the environment (rank 0 only: it publishes the value in the header), clamped
- * to [lo, hi]. */
-static size_t tuned_bytes(const char *name, size_t fallback, size_t lo, size_t hi)
+/* The environment's tuning knobs (src/core/config.c has their defaults and bounds). Every rank
+ * reads them all, so that a bad value fails every rank here rather than rank 0 alone while the
+ * others wait for its segment; the sizes used are rank 0's (it publishes them in the header). A
+ * wait budget of -1 means unset. */
+typedef struct {
+    long long round_bytes, allreduce_round_bytes, oneshot_bytes;
+    long long yield_ns, spin_ns;
+} shm_tuning_t;
+
+/* One byte-count knob; `built_in` is the default documented above, which the config table must
+ * give too (checked when the variable is unset, in builds with asserts). */
+static ddp_status_t tuned_bytes(const char *name, size_t built_in, long long *out)
 {
-    long long v = ddp__env_int(name, (long long)fallback);
-    if (v < (long long)lo) v = (long long)lo;
-    if (v > (long long)hi) v = (long long)hi;
-    return (size_t)v;
+    ddp_status_t s = ddp__env_integer(name, -1, out);
+    if (s != DDP_OK) return s;
+    const char *set = getenv(name);
+    assert((set && *set) || *out == (long long)built_in);
+    (void)set;
+    (void)built_in;
+    /* The table's bounds keep a round inside one stage. */
+    assert(*out >= 0 && (size_t)*out <= STAGE_BYTES);
+    return DDP_OK;
+}
+
+static ddp_status_t read_tuning(shm_tuning_t *t)
+{
+    ddp_status_t s;
+    if ((s = tuned_bytes("DDP_SHM_ROUND_BYTES", ROUND_BYTES_DEFAULT, &t->round_bytes)) != DDP_OK ||
+        (s = tuned_bytes("DDP_SHM_ALLREDUCE_ROUND_BYTES", ALLREDUCE_ROUND_BYTES_DEFAULT,
+                         &t->allreduce_round_bytes)) != DDP_OK ||
+        (s = tuned_bytes("DDP_SHM_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT, &t->oneshot_bytes)) !=
+            DDP_OK ||
+        (s = ddp__env_integer("DDP_SHM_YIELD_NS", -1, &t->yield_ns)) != DDP_OK ||
+        (s = ddp__env_integer("DDP_SHM_SPIN_NS", -1, &t->spin_ns)) != DDP_OK)
+        return ddp__error_context(s, "shm");
+    return DDP_OK;
 }
 
 static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int rank, int world,
@@ -1115,6 +1144,9 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     if (world > DDP__SHM_MAX_WORLD)
         return ddp__error(DDP_ERR_UNSUPPORTED, "shm: world size %d exceeds the maximum %d", world,
                           DDP__SHM_MAX_WORLD);
+    shm_tuning_t tuning;
+    ddp_status_t s = read_tuning(&tuning);
+    if (s != DDP_OK) return s;
     shm_state_t *S = ddp__calloc(1, sizeof *S, "the shm transport");
     if (!S) return DDP_ERR_NO_MEMORY;
     S->rank = rank;
@@ -1138,12 +1170,8 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     }
     S->spin_min_ns = 1000;
     S->progress_yield_ns = 20000000;
-    /* At most 100 ms: the yield loops do not look at deadlines or peers' deaths. */
-    long long yield = ddp__env_int("DDP_SHM_YIELD_NS", -1);
-    if (yield > 100000000LL) yield = 100000000LL;
-    if (yield >= 0) S->yield_ns = S->progress_yield_ns = yield;
-    long long spin = ddp__env_int("DDP_SHM_SPIN_NS", -1);
-    if (spin >= 0) S->spin_ns = S->spin_max_ns = S->spin_min_ns = spin;
+    if (tuning.yield_ns >= 0) S->yield_ns = S->progress_yield_ns = tuning.yield_ns;
+    if (tuning.spin_ns >= 0) S->spin_ns = S->spin_max_ns = S->spin_min_ns = tuning.spin_ns;
 
     size_t header = sizeof(shm_header_t) + (size_t)world * sizeof(shm_rank_t);
     size_t stage_off = round_up(header, PAGE);
@@ -1151,7 +1179,6 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
 
     char key[700];
     snprintf(key, sizeof key, "%s/segment", S->prefix);
-    ddp_status_t s;
     if (rank == 0) {
         s = create_memfd(S->size, "ddp-shm-group", &S->fd, &S->base);
         if (s != DDP_OK) goto fail;
@@ -1160,10 +1187,9 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         hdr->world = (uint32_t)world;
         hdr->stage_bytes = STAGE_BYTES;
         hdr->segment_bytes = S->size;
-        hdr->round_bytes = tuned_bytes("DDP_SHM_ROUND_BYTES", ROUND_BYTES_DEFAULT, 4096, STAGE_BYTES);
-        hdr->oneshot_bytes = tuned_bytes("DDP_SHM_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT, 0, STAGE_BYTES);
-        hdr->allreduce_round_bytes = tuned_bytes("DDP_SHM_ALLREDUCE_ROUND_BYTES",
-                                                 ALLREDUCE_ROUND_BYTES_DEFAULT, 4096, STAGE_BYTES);
+        hdr->round_bytes = (uint64_t)tuning.round_bytes;
+        hdr->oneshot_bytes = (uint64_t)tuning.oneshot_bytes;
+        hdr->allreduce_round_bytes = (uint64_t)tuning.allreduce_round_bytes;
         shm_rank_t *ranks = (shm_rank_t *)(S->base + sizeof(shm_header_t));
         for (int j = 0; j < world; j++) atomic_store(&ranks[j].cpu, -1);
         char value[128];
