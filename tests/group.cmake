@@ -26,3 +26,10 @@ ddp_add_test(NAME test_group_reduce SOURCES test_group_reduce.c TIMEOUT 60 LIBS 
 foreach(world 2 4)
   ddp_add_test(NAME test_shm_wakeup SOURCES test_shm_wakeup.c ARGS ${world} TIMEOUT 100)
 endforeach()
+# Splitting a parent that failed: DDP_ERR_ABORTED at once with the cause (mismatch, dead rank).
+foreach(world 2 3)
+  foreach(mode mismatch dead)
+    ddp_add_test(NAME test_group_split_errors SOURCES test_group_split_errors.c
+                 ARGS ${world} ${mode} TIMEOUT 100)
+  endforeach()
+endforeach()

@@ -1146,6 +1146,16 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
                                   ranks[i], j, i);
         if (ranks[i] == parent->rank) my_index = i;
     }
+    /* A broken parent fails at once, quoting its cause, on every rank (its failure reached every
+     * rank). A parent that is not broken here may still have lost a rank: a barrier on it finds
+     * a dead or missing peer within the transport's liveness checks, where the member lists'
+     * comparison through the store below would wait the whole timeout for the dead rank's key. */
+    if (atomic_load(&parent->broken)) return aborted_error(parent, "group_split");
+    if (parent->world > 1) {
+        ddp_status_t b = ddp_group_barrier(parent);
+        if (b != DDP_OK)
+            return atomic_load(&parent->broken) ? aborted_error(parent, "group_split") : b;
+    }
     int k = ++parent->splits;
     char name[400];
     snprintf(name, sizeof name, "%s/split%d%s%s", parent->prefix + strlen("ddp/group/"), k,
