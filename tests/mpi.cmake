@@ -109,3 +109,11 @@ echo "identical"
   set_target_properties(test_mpi_fingerprint_cost PROPERTIES
                         RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 endif()
+
+if(DDP_HAVE_MPI)
+  # Every rank agrees on every outcome over MPI: a late rank, and a rank stopped at random.
+  ddp_add_mpi_test(NAME test_mpi_agreement SOURCES test_mpi_agreement.c NP 2 3 ARGS late
+                   TIMEOUT 120)
+  ddp_add_mpi_test(NAME test_mpi_agreement SOURCES test_mpi_agreement.c NP 2 3 ARGS stop
+                   TIMEOUT 120)
+endif()

@@ -41,6 +41,9 @@ enum {
 
 /* Starts an abort notice sent after a mismatch, followed by the sequence number and "\n". */
 #define MISMATCH_MARK "\001mismatch at seq "
+/* Starts every other abort notice: the sequence number of the collective the sender gave up on
+ * (0: between collectives), then "\n" and the reason (see confirm). */
+#define FAILED_MARK "\002failed at seq "
 
 /* The record every collective starts with: fingerprint, its complement, a small payload. */
 enum { INLINE_BYTES = 512 };
@@ -91,6 +94,8 @@ typedef struct mpi_state {
     MPI_Request abort_sends[64]; /* notices go to the first 64 peers only */
     int nabort_sends;
     char abort_notice[ABORT_TEXT_MAX];
+    int notice_kept;   /* abort_notice holds a notice received early by confirm (see there) */
+    int notice_source; /* its sender */
 
     int inject_fault;
 } mpi_state_t;
@@ -295,9 +300,15 @@ static MPI_Datatype faulty(mpi_state_t *s, MPI_Datatype type)
 
 /* ---- waiting ----------------------------------------------------------------------------- */
 
-/* Receives a pending abort notice from a peer, if any: DDP_ERR_REMOTE naming it, else DDP_OK. */
-static ddp_status_t check_abort_notice(mpi_state_t *s)
+/* Receives a pending abort notice into s->abort_notice (or takes the one confirm kept): 1 and its
+ * sender in *source, 0 when there is none, <0 on an MPI error (status in *error). */
+static int receive_notice(mpi_state_t *s, int *source, ddp_status_t *error)
 {
+    if (s->notice_kept) {
+        s->notice_kept = 0;
+        *source = s->notice_source;
+        return 1;
+    }
     int flag = 0;
     MPI_Status st;
     enter_mpi();
@@ -311,25 +322,50 @@ static ddp_status_t check_abort_notice(mpi_state_t *s)
         s->abort_notice[len] = '\0';
     }
     leave_mpi();
-    if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, "MPI transport: receiving an abort notice");
-    if (!flag) return DDP_OK;
+    if (rc != MPI_SUCCESS) {
+        *error = ddp__mpi_error(rc, "MPI transport: receiving an abort notice");
+        return -1;
+    }
+    *source = flag ? st.MPI_SOURCE : -1;
+    return flag;
+}
+
+/* The reason of the notice in s->abort_notice, past its mark; its sequence number in *seq and
+ * whether it follows a mismatch in *mismatch. */
+static const char *parse_notice(mpi_state_t *s, unsigned long long *seq, int *mismatch)
+{
     const char *text = s->abort_notice;
-    unsigned long long mismatch_seq = 0;
     int skip = 0;
-    if (sscanf(text, MISMATCH_MARK "%llu%n", &mismatch_seq, &skip) == 1) {
-        text += skip;
-        if (*text == '\n') text++;
-        /* The peer found a mismatch in the exchange we are in: every record (or contribution)
-         * reached it, so ours will complete too and name the mismatch itself. Keep waiting, so
-         * that every rank reports DDP_ERR_MISMATCH rather than some DDP_ERR_REMOTE. */
-        if (mismatch_seq == (unsigned long long)atomic_load(&s->current_seq)) {
-            DDP_LOG(DDP_LOG_DEBUG, "MPI transport, group '%s': rank %d saw the mismatch at seq %llu "
-                    "first", s->name, st.MPI_SOURCE, mismatch_seq);
-            return DDP_OK;
-        }
+    *seq = 0;
+    *mismatch = 0;
+    if (sscanf(text, MISMATCH_MARK "%llu%n", seq, &skip) == 1) *mismatch = 1;
+    else if (sscanf(text, FAILED_MARK "%llu%n", seq, &skip) != 1) skip = 0;
+    text += skip;
+    if (*text == '\n') text++;
+    return text;
+}
+
+/* Receives a pending abort notice from a peer, if any: DDP_ERR_REMOTE naming it, else DDP_OK. */
+static ddp_status_t check_abort_notice(mpi_state_t *s)
+{
+    int source = -1;
+    ddp_status_t error = DDP_OK;
+    int got = receive_notice(s, &source, &error);
+    if (got < 0) return error;
+    if (!got) return DDP_OK;
+    unsigned long long seq = 0;
+    int mismatch = 0;
+    const char *text = parse_notice(s, &seq, &mismatch);
+    /* The peer found a mismatch in the exchange we are in: every record (or contribution)
+     * reached it, so ours will complete too and name the mismatch itself. Keep waiting, so
+     * that every rank reports DDP_ERR_MISMATCH rather than some DDP_ERR_REMOTE. */
+    if (mismatch && seq == (unsigned long long)atomic_load(&s->current_seq)) {
+        DDP_LOG(DDP_LOG_DEBUG, "MPI transport, group '%s': rank %d saw the mismatch at seq %llu "
+                "first", s->name, source, seq);
+        return DDP_OK;
     }
     return ddp__error(DDP_ERR_REMOTE, "MPI transport, group '%s': rank %d aborted the group: %s",
-                      s->name, st.MPI_SOURCE, text);
+                      s->name, source, text);
 }
 
 /* Polls the n requests until all complete, the deadline passes, this group is aborted or a
@@ -918,6 +954,61 @@ static ddp_status_t validate(const mpi_state_t *s, const ddp__collective_t *c)
     return DDP_OK;
 }
 
+static ddp_status_t run_data(mpi_state_t *s, const ddp__collective_t *c)
+{
+    if (c->kind == DDP__BARRIER || c->count == 0) return DDP_OK;
+    switch (c->kind) {
+    case DDP__ALLREDUCE: return run_allreduce(s, c);
+    case DDP__BROADCAST: return run_broadcast(s, c);
+    case DDP__REDUCE_SCATTER: return run_reduce_scatter(s, c);
+    case DDP__ALLGATHER: return run_allgather(s, c);
+    default: return DDP_OK;
+    }
+}
+
+/* ---- agreement ------------------------------------------------------------------------------
+ * A rank that gives up (timeout, abort) sends every peer an abort notice carrying the sequence
+ * number it gave up on. MPI completes a collective on one rank before others (a late rank finds
+ * the others' contributions waiting; in a multi-step algorithm some ranks finish while another
+ * still waits), so, as the TCP transport does (docs/tcp-transport.md, "Agreement"):
+ * - a collective that moved data after the fingerprint exchange ends with a commit round, an
+ *   MPI_Ibarrier polled like every request: no rank reports success before every rank finished
+ *   its part, and a rank that gave up sends its notice instead;
+ * - before reporting success a rank probes for a notice about this very collective (a late rank
+ *   finds the notice of the rank that gave up on it). A notice about a later collective, from a
+ *   peer that finished this one and failed the next, is kept for the next wait. */
+static ddp_status_t commit(mpi_state_t *s, const ddp__collective_t *c)
+{
+    MPI_Request req;
+    enter_mpi();
+    int rc = MPI_Ibarrier(s->comm, &req);
+    leave_mpi();
+    if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Ibarrier (commit round)");
+    return wait_request(s, &req, c, "commit round (MPI_Ibarrier)");
+}
+
+static ddp_status_t confirm(mpi_state_t *s, const ddp__collective_t *c)
+{
+    int source = -1;
+    ddp_status_t error = DDP_OK;
+    int got = receive_notice(s, &source, &error);
+    if (got < 0) return break_state(s, error);
+    if (!got) return DDP_OK;
+    unsigned long long seq = 0;
+    int mismatch = 0;
+    const char *text = parse_notice(s, &seq, &mismatch);
+    if (seq != (unsigned long long)c->seq) {
+        s->notice_kept = 1;
+        s->notice_source = source;
+        return DDP_OK;
+    }
+    char fp[256];
+    describe(c, fp, sizeof fp);
+    return break_state(s, ddp__error(DDP_ERR_REMOTE, "MPI transport, group '%s', rank %d, %s: "
+                                     "rank %d gave up on it before this rank finished: %s",
+                                     s->name, s->rank, fp, source, text));
+}
+
 static ddp_status_t mpi_run(void *state, const ddp__collective_t *c)
 {
     mpi_state_t *s = state;
@@ -932,20 +1023,18 @@ static ddp_status_t mpi_run(void *state, const ddp__collective_t *c)
     atomic_store(&s->current_seq, c->seq);
     ddp_status_t status = validate(s, c);
     if (status != DDP_OK) return status;
-    if (s->world > 1) {
-        int done = 0;
-        status = exchange_fingerprint(s, c, &done);
-        if (status != DDP_OK || done) return status;
+    if (s->world == 1) return run_data(s, c);
+    int done = 0;
+    status = exchange_fingerprint(s, c, &done);
+    if (status != DDP_OK) return status;
+    /* The fingerprint exchange synchronised every rank: a barrier, an empty collective or one
+     * whose data rode in the exchange is done, and was one all-to-all step. */
+    if (!done && c->kind != DDP__BARRIER && c->count != 0) {
+        status = run_data(s, c);
+        if (status == DDP_OK) status = commit(s, c);
+        if (status != DDP_OK) return status;
     }
-    /* The fingerprint exchange synchronised every rank: a barrier or empty collective is done. */
-    if (c->kind == DDP__BARRIER || c->count == 0) return DDP_OK;
-    switch (c->kind) {
-    case DDP__ALLREDUCE: return run_allreduce(s, c);
-    case DDP__BROADCAST: return run_broadcast(s, c);
-    case DDP__REDUCE_SCATTER: return run_reduce_scatter(s, c);
-    case DDP__ALLGATHER: return run_allgather(s, c);
-    default: return DDP_OK;
-    }
+    return confirm(s, c);
 }
 
 /* ---- creation ------------------------------------------------------------------------------ */
@@ -1268,7 +1357,8 @@ static void mpi_abort(void *state, const char *reason)
         snprintf(s->abort_wire, sizeof s->abort_wire, MISMATCH_MARK "%llu\n%s",
                  (unsigned long long)atomic_load(&s->current_seq), s->abort_reason);
     else
-        snprintf(s->abort_wire, sizeof s->abort_wire, "%s", s->abort_reason);
+        snprintf(s->abort_wire, sizeof s->abort_wire, FAILED_MARK "%llu\n%s",
+                 (unsigned long long)atomic_load(&s->current_seq), s->abort_reason);
     int len = (int)strlen(s->abort_wire) + 1;
     enter_mpi();
     for (int r = 0; r < s->world && s->nabort_sends < 64; r++) {

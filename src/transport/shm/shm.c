@@ -33,6 +33,7 @@
 #include "core/reduce.h"
 #include "group/registry.h"
 #include "group/transport.h"
+#include "transport/shm/shm.h"
 
 #define SHM_MAGIC 0x3130746d68737064ULL /* "dpshmt01" */
 #define LINE 64
@@ -534,6 +535,10 @@ static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
     return sleep_until(S, target, mailbox, c, deadline_ns);
 }
 
+static _Atomic int64_t nap_override_ns;
+
+void ddp__shm_set_nap_ns(int64_t nap_ns) { atomic_store(&nap_override_ns, nap_ns); }
+
 /* The futex part of a wait, after the spinning and yielding. */
 static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, int mailbox,
                                 const ddp__collective_t *c, int64_t deadline_ns)
@@ -569,7 +574,9 @@ static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, int mailbox,
             atomic_fetch_add(&S->hdr->sleepers, 1);
             nap = 1000000LL;
         }
-        if (nap > 100000000LL) nap = 100000000LL;
+        int64_t nap_max = atomic_load_explicit(&nap_override_ns, memory_order_relaxed);
+        if (nap_max <= 0) nap_max = 100000000LL;
+        if (nap > nap_max) nap = nap_max;
         if (nap < 1000000LL) nap = 1000000LL;
         futex_wait(&S->hdr->wake, w, nap);
         atomic_fetch_sub(&S->hdr->sleepers, 1);

@@ -1,0 +1,13 @@
+/* Test hooks of the shared-memory transport (the transport itself is reached through its ops
+ * table, ddp__transport_shm in group/registry.h). */
+#ifndef DDP_TRANSPORT_SHM_H
+#define DDP_TRANSPORT_SHM_H
+
+#include <stdint.h>
+
+/* How long a sleeping waiter naps before it looks again on its own (0: 100 ms, which bounds how
+ * late a deadline, an abort flag or a dead peer is noticed). tests/test_shm_wakeup sets it
+ * beyond the group's timeout, so that a lost wake-up is a hang, not a delay. */
+void ddp__shm_set_nap_ns(int64_t nap_ns);
+
+#endif
