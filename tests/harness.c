@@ -153,3 +153,35 @@ int ddp_test_run_group(int world, int timeout_s, const ddp_group_options_t *opti
     struct group_run run = {options, fn, arg};
     return ddp_test_run_ranks(world, timeout_s, run_with_group, &run);
 }
+
+int ddp_test_stopper_start(int stop_ms, int *orders)
+{
+    int cmd[2];
+    if (pipe(cmd) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(cmd[0]);
+        close(cmd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(cmd[1]);
+        int order[2];
+        while (read(cmd[0], order, sizeof order) == (ssize_t)sizeof order) {
+            sleep_ms(order[1]);
+            kill(order[0], SIGSTOP);
+            sleep_ms(stop_ms);
+            kill(order[0], SIGCONT);
+        }
+        _exit(0);
+    }
+    close(cmd[0]);
+    *orders = cmd[1];
+    return (int)pid;
+}
+
+int ddp_test_stopper_order(int orders, int pid, int delay_ms)
+{
+    int order[2] = {pid, delay_ms};
+    return write(orders, order, sizeof order) == (ssize_t)sizeof order ? 0 : -1;
+}

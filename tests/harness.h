@@ -73,6 +73,14 @@ int ddp_test_run_group(int world, int timeout_s, const ddp_group_options_t *opti
  * copy it if needed), or NULL. */
 const char *ddp_test_tmpdir(void);
 
+/* A stopper: a process forked now (before the caller starts any thread, or MPI) that, for every
+ * order sent with ddp_test_stopper_order, waits the order's delay, SIGSTOPs its pid, waits
+ * stop_ms and SIGCONTs it. Returns its pid (-1 on failure) and the write end of its order pipe in
+ * *orders; closing that ends it (then waitpid the pid). */
+int ddp_test_stopper_start(int stop_ms, int *orders);
+/* Sends the stopper one order; returns 0, or -1 if it could not be written. */
+int ddp_test_stopper_order(int orders, int pid, int delay_ms);
+
 /* Deterministic pseudo-random doubles in [-1, 1) from a seed (splitmix64). */
 double ddp_test_random(unsigned long long *state);
 

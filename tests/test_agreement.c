@@ -178,24 +178,10 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
 {
     (void)arg;
     /* The stopper is forked before any thread exists; it gets a pid and a delay per round. */
-    int cmd[2] = {-1, -1};
-    pid_t stopper = -1;
+    int orders = -1, stopper = -1;
     if (rank == 0) {
-        CHECK(pipe(cmd) == 0);
-        stopper = fork();
-        CHECK(stopper >= 0);
-        if (stopper == 0) {
-            close(cmd[1]);
-            int order[2];
-            while (read(cmd[0], order, sizeof order) == (ssize_t)sizeof order) {
-                sleep_ms(order[1]);
-                kill(order[0], SIGSTOP);
-                sleep_ms(TIMEOUT_MS * 2);
-                kill(order[0], SIGCONT);
-            }
-            _exit(0);
-        }
-        close(cmd[0]);
+        stopper = ddp_test_stopper_start(TIMEOUT_MS * 2, &orders);
+        CHECK(stopper > 0);
     }
     float *a = calloc(300000 * 4, sizeof(float)), *b = calloc(300000 * 4, sizeof(float));
     CHECK(a && b);
@@ -215,9 +201,9 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
             void *v = NULL;
             size_t len = 0;
             CHECK_OK(ddp_store_get(store, key, &v, &len));
-            int order[2] = {*(int *)v, (int)((ddp_test_random(&seed) + 1.0) * 40.0)};
+            CHECK(ddp_test_stopper_order(orders, *(int *)v,
+                                         (int)((ddp_test_random(&seed) + 1.0) * 40.0)) == 0);
             ddp_free(v);
-            CHECK(write(cmd[1], order, sizeof order) == (ssize_t)sizeof order);
         }
         unsigned i = 0;
         ddp_status_t s;
@@ -267,7 +253,7 @@ static int stop_rank(int rank, int world, ddp_store_t *store, void *arg)
         ddp_group_destroy(g);
     }
     if (rank == 0) {
-        close(cmd[1]);
+        close(orders);
         waitpid(stopper, NULL, 0);
     }
     free(a);
