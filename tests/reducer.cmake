@@ -21,7 +21,8 @@ endforeach()
 
 foreach(spec mismatch:2 mismatch:3 local_create:2 local_create:4 twice:1 twice:3 unmarked:1
              unmarked:2 unmarked:4 prepare_twice:2 hook_mismatch:2 hook_mismatch:3 args:1 args:3
-             peer_exit:2 peer_exit:3 stale_text:1 stale_text:2 stale_text:3)
+             peer_exit:2 peer_exit:3 stale_text:1 stale_text:2 stale_text:3 late_finalize:2
+             late_finalize:3)
   string(REPLACE ":" ";" parts ${spec})
   ddp_add_test(NAME test_reducer_errors SOURCES test_reducer_errors.c ARGS ${parts} TIMEOUT 90)
 endforeach()

@@ -6,6 +6,7 @@
  *
  * usage: test_reducer_errors CASE WORLD */
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -474,6 +475,40 @@ static int case_peer_exit(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* A rank that reaches finalize after the others gave up on it (the group's timeout is 1 s here)
+ * must fail too: before, its finalize's status exchange found every peer's status waiting and
+ * returned DDP_OK while every other rank's finalize of that iteration failed. */
+#define LATE_FINALIZE_TIMEOUT_MS 1000
+static int case_late_finalize(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    model_t m;
+    model_make(&m);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    CHECK_OK(ddp_reducer_finalize(r)); /* one good iteration */
+    CHECK_OK(ddp_reducer_prepare(r));
+    mark_all(r, -1);
+    if (last(group)) {
+        struct timespec ts = {0, 500000000L};
+        struct timespec late = {LATE_FINALIZE_TIMEOUT_MS / 1000, 0};
+        nanosleep(&late, NULL);
+        nanosleep(&ts, NULL);
+    }
+    ddp_status_t s = ddp_reducer_finalize(r);
+    CHECK_MSG(s != DDP_OK, "rank %d (%s) finalized with DDP_OK although the others failed",
+              ddp_group_rank(group), last(group) ? "late" : "on time");
+    CHECK_MSG(s == DDP_ERR_TIMEOUT || s == DDP_ERR_REMOTE || s == DDP_ERR_ABORTED,
+              "finalize returned %s: %s", ddp_status_string(s), ddp_last_error());
+    ddp_reducer_destroy(r);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "args";
@@ -489,9 +524,10 @@ int main(int argc, char **argv)
                  {"hook_mismatch", case_hook_mismatch},
                  {"args", case_args},
                  {"peer_exit", case_peer_exit},
-                 {"stale_text", case_stale_text}};
+                 {"stale_text", case_stale_text},
+                 {"late_finalize", case_late_finalize}};
     ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
-    options.timeout_ms = 20000;
+    options.timeout_ms = strcmp(which, "late_finalize") == 0 ? LATE_FINALIZE_TIMEOUT_MS : 20000;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(cases[i].name, which) != 0) continue;
         int rc = ddp_test_run_group(world, 60, &options, cases[i].fn, NULL);
