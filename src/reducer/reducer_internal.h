@@ -1,10 +1,14 @@
 /* Internals shared by the Reducer's files: the bucket assignment with a choice of sort key (the
- * rebuild sorts by arrival position), the initial/buffer broadcast and model verification. */
+ * rebuild sorts by arrival position), the initial/buffer broadcast, and the Reducer's state with
+ * the calls its files make to one another. */
 #ifndef DDP_REDUCER_INTERNAL_H
 #define DDP_REDUCER_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "core/internal.h"
 #include "ddp/ddp.h"
 
 /* How finished buckets are ordered. */
@@ -32,5 +36,222 @@ typedef struct ddp__tensor_ref {
  * of at most bucket_bytes (a larger tensor goes alone, in place), at most two chunks in flight. */
 ddp_status_t ddp__broadcast_coalesced(ddp_group_t *group, const ddp__tensor_ref_t *tensors,
                                       size_t ntensors, size_t bucket_bytes);
+
+/* ---- the Reducer's state, shared by its files ----------------------------------------------
+ * reducer.c creates, destroys and answers queries; buckets.c lays out and rebuilds buckets;
+ * verify.c checks that every rank registers the same model; iteration.c runs prepare, the
+ * launches and grad_ready; sparse.c reduces sparse gradients; finalize.c ends an iteration. */
+
+#define DDP__COMM_LANE 2 /* trace lane ("tid") of bucket reductions */
+
+/* Usage errors a rank reports in finalize's status vector: kind << 32 | (kept index + 1). */
+#define DDP__ERROR_TWICE 1LL
+#define DDP__ERROR_UNMARKED 2LL
+#define DDP__ERROR_ROWS_TWICE 3LL
+
+
+typedef struct rparam {
+    char *name;
+    size_t registered; /* index as registered (the first of any duplicates) */
+    void *data;
+    size_t numel;
+    ddp_dtype_t dtype;
+    size_t rows;
+    int sparse;
+    void *user_grad;
+    size_t bucket, slot, offset; /* where its gradient lives */
+    /* sparse gradient: pending rows (accumulated since zero_grad) and the averaged result */
+    int64_t *pending_index;
+    unsigned char *pending_values;
+    size_t pending_rows, pending_cap;
+    int64_t *result_index;
+    unsigned char *result_values;
+    size_t result_rows;
+    int contribute; /* sparse: rows take part in this reduction */
+    /* row readiness (dense): a byte per row at row_marks + row_base, rows_marked of them set */
+    size_t row_base, rows_marked;
+} rparam_t;
+
+/* A fixed slice of a dense bucket, reduced on its own as soon as all its elements are marked. */
+typedef struct piece {
+    struct bucket *bucket;
+    size_t index;
+    size_t begin, numel; /* element range within the bucket */
+    size_t pending;      /* elements not yet marked this iteration */
+    ddp_work_t *work;
+    double launch_us;
+    _Atomic uint64_t done_bits;
+    _Atomic int done_set;
+} piece_t;
+
+typedef struct bucket {
+    struct ddp_reducer *owner;
+    size_t index;
+    size_t nparams;
+    size_t *params;     /* kept parameter indices */
+    size_t *registered; /* the same, as registered indices (what users see) */
+    size_t *offsets, *numels, *rows;
+    ddp_dtype_t dtype;
+    size_t numel;
+    int sparse;
+    void *data; /* from ddp_group_alloc_buffer; NULL when empty or sparse */
+    size_t pending; /* parameters not yet marked this iteration */
+    int launched;
+    ddp_work_t *work;
+    double ready_us, launch_us;
+    _Atomic uint64_t done_bits; /* done time (double bits) written by the completion callback */
+    _Atomic int done_set;
+    char trace_name[40];
+    ddp_comm_bucket_t view;
+    /* Piece-wise launch (default hook and piece_bytes > 0): npieces > 0. */
+    piece_t *pieces;
+    size_t npieces, next_piece;
+} bucket_t;
+
+struct ddp_reducer {
+    ddp_group_t *group;
+    int rank, world;
+    ddp_reducer_config_t config;
+    size_t nregistered;
+    size_t *kept_of; /* registered index -> kept index */
+    size_t nparams;
+    rparam_t *params;
+    size_t nbuffers;
+    ddp__tensor_ref_t *buffers;
+    bucket_t *buckets;
+    size_t nbuckets;
+    size_t next_launch;
+
+    unsigned char *marked;          /* this iteration */
+    unsigned char *row_marks;       /* per row of every dense parameter, this iteration;
+                                     * allocated by the first grad_ready_rows */
+    size_t total_rows;
+    size_t launches;                /* reductions started this iteration */
+    unsigned char *used_since_sync; /* marked in any iteration since the last synchronised one */
+    int active, iter_sync, sync_enabled;
+    uint64_t iteration; /* synchronised iterations completed */
+    int64_t local_error; /* ERROR_TWICE << 32 | (param + 1) for this iteration, 0 if none */
+    char local_error_text[DDP_ERROR_TEXT_MAX];
+    double first_ready_us;
+
+    int rebuilt, rebuild_due, recording;
+    size_t *arrival;
+    size_t narrival;
+
+    unsigned char *saved; /* slots of locally unused parameters, restored if globally unused */
+    int64_t *status_vector;
+    _Atomic int callbacks_pending;
+
+    int have_stats;
+    ddp_reducer_stats_t stats;
+    ddp_bucket_stats_t *bucket_stats;
+};
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static inline double load(ddp_dtype_t d, const void *p, size_t i)
+{
+    switch (d) {
+    case DDP_F32: return ((const float *)p)[i];
+    case DDP_F64: return ((const double *)p)[i];
+    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)p)[i]);
+    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return 0.0;
+    }
+}
+
+static inline void store(ddp_dtype_t d, void *p, size_t i, double v)
+{
+    switch (d) {
+    case DDP_F32: ((float *)p)[i] = (float)v; break;
+    case DDP_F64: ((double *)p)[i] = v; break;
+    case DDP_F16: ((uint16_t *)p)[i] = ddp_f32_to_f16((float)v); break;
+    case DDP_BF16: ((uint16_t *)p)[i] = ddp_f32_to_bf16((float)v); break;
+    default: break;
+    }
+}
+
+
+static inline unsigned char *slot_of(ddp_reducer_t *r, const rparam_t *p)
+{
+    bucket_t *b = &r->buckets[p->bucket];
+    if (!b->data) return NULL; /* an empty bucket (only empty parameters) has no memory */
+    return (unsigned char *)b->data + p->offset * ddp_dtype_size(p->dtype);
+}
+
+static inline size_t param_bytes(const rparam_t *p) { return p->numel * ddp_dtype_size(p->dtype); }
+
+static inline size_t row_bytes(const rparam_t *p)
+{
+    return p->rows ? p->numel / p->rows * ddp_dtype_size(p->dtype) : 0;
+}
+
+/* Rows of the matrix view for row readiness: a vector is numel rows of one element. */
+static inline size_t ready_rows(const rparam_t *p) { return p->rows ? p->rows : p->numel; }
+
+static inline size_t row_numel(const rparam_t *p)
+{
+    size_t n = ready_rows(p);
+    return n ? p->numel / n : 0;
+}
+
+/* Looks up a registered index: the kept parameter and its index. */
+static inline ddp_status_t ddp__reducer_lookup(ddp_reducer_t *r, size_t index, const char *what,
+                                               rparam_t **p, size_t *kept)
+{
+    if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: reducer is NULL", what);
+    if (index >= r->nregistered)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s: index %zu is out of range (%zu parameters registered)", what, index,
+                          r->nregistered);
+    *kept = r->kept_of[index];
+    *p = &r->params[*kept];
+    return DDP_OK;
+}
+
+static inline ddp_status_t ddp__reducer_check_active(ddp_reducer_t *r, const char *what)
+{
+    if (!r->active)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "%s outside an iteration: call ddp_reducer_prepare first", what);
+    return DDP_OK;
+}
+
+/* buckets.c: the initial layout (config.bucket_layout) with its memory, allocated collectively. */
+ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r);
+
+/* buckets.c: frees every bucket's memory (collectively) and descriptors. */
+void ddp__reducer_free_buckets(ddp_reducer_t *r);
+
+/* buckets.c, collective, at prepare: reassigns buckets in rank 0's arrival order. */
+ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r);
+
+/* verify.c, collective: every rank's creation status, counts, config and parameter signatures
+ * are compared with rank 0's; `local` is this rank's status so far (a failure is reported on
+ * every rank). */
+ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
+                                       const rparam_t *params, size_t nparams, size_t nbuffers,
+                                       size_t piece_bytes, int bucket_layout);
+
+/* iteration.c: waits (bounded by the group's timeout) for every completion callback. */
+void ddp__reducer_wait_callbacks(ddp_reducer_t *r);
+
+/* iteration.c: launches ready buckets (or pieces) strictly in bucket order. */
+ddp_status_t ddp__reducer_launch_in_order(ddp_reducer_t *r);
+
+/* iteration.c: marks kept parameter k ready (the twice error if it already is). */
+ddp_status_t ddp__reducer_mark_ready(ddp_reducer_t *r, size_t k);
+
+/* iteration.c: the rows of p not marked in this iteration become final. */
+void ddp__reducer_unmarked_rows_final(ddp_reducer_t *r, rparam_t *p);
+
+/* iteration.c: elements [begin, end) of bucket b are final (counted off its pieces). */
+void ddp__reducer_count_off(bucket_t *b, size_t begin, size_t end);
+
+/* sparse.c: the progress-thread task reducing a sparse bucket (arg is the bucket_t). */
+ddp_status_t ddp__reducer_sparse_task(ddp_group_t *group, void *arg);
+
+/* sparse.c: after a synchronised finalize, the averaged rows become p's accumulated gradient. */
+ddp_status_t ddp__reducer_keep_sparse_result(rparam_t *p);
 
 #endif

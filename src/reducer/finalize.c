@@ -1,0 +1,333 @@
+/* ddp_reducer_finalize: the end of a synchronised iteration. It settles the parameters nobody
+ * marked, launches what is left, exchanges one status vector so that every rank learns of every
+ * rank's usage error (and, with find_unused_parameters, which parameters any rank used), waits,
+ * then keeps or copies out the results and records the iteration's statistics. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reducer/reducer_internal.h"
+
+/* The first failure of an iteration and its error text, kept while later steps run (and may
+ * overwrite the thread's last error). */
+typedef struct outcome {
+    ddp_status_t status;
+    char text[DDP_ERROR_TEXT_MAX];
+} outcome_t;
+
+/* Records `status` (whose text is ddp_last_error()) unless an earlier failure was recorded. */
+static void note_failure(outcome_t *o, ddp_status_t status)
+{
+    if (status == DDP_OK || o->status != DDP_OK) return;
+    o->status = status;
+    snprintf(o->text, sizeof o->text, "%s", ddp_last_error());
+}
+
+/* Step 1. Parameters never marked: zeros (or their accumulated no_sync gradient) with
+ * find_unused_parameters, an error otherwise. Either way their buckets become ready so that
+ * every rank issues the same collectives. A zeroed slot's gradient is first saved, in kept order,
+ * so that a parameter no rank used keeps it (keep_results). */
+static void settle_unmarked(ddp_reducer_t *r, int find_unused)
+{
+    char names[512];
+    size_t nunmarked = 0, nl = 0;
+    names[0] = '\0';
+    size_t saved_off = 0;
+    for (size_t k = 0; k < r->nparams; k++) {
+        rparam_t *p = &r->params[k];
+        size_t esize = param_bytes(p);
+        if (r->marked[k]) continue;
+        if (!find_unused) {
+            if (nunmarked == 0 && !r->local_error)
+                r->local_error = (DDP__ERROR_UNMARKED << 32) | (int64_t)(k + 1);
+            if (nunmarked < 8 && nl + 1 < sizeof names) {
+                int w = snprintf(names + nl, sizeof names - nl, "%s'%s'", nunmarked ? ", " : "",
+                                 p->name);
+                nl = w < 0 ? nl : nl + (size_t)w < sizeof names ? nl + (size_t)w : sizeof names;
+            }
+            nunmarked++;
+        }
+        if (p->sparse) {
+            p->contribute = r->used_since_sync[k];
+        } else if (p->numel > 0) {
+            if (r->used_since_sync[k]) {
+                /* Rows marked with grad_ready_rows were copied in already (and may be in a
+                 * piece in flight): take only the others. */
+                ddp__reducer_unmarked_rows_final(r, p);
+            } else {
+                if (r->saved) memcpy(r->saved + saved_off, slot_of(r, p), esize);
+                memset(slot_of(r, p), 0, esize);
+                ddp__reducer_count_off(&r->buckets[p->bucket], p->offset, p->offset + p->numel);
+            }
+        }
+        if (!r->used_since_sync[k]) saved_off += esize;
+        bucket_t *b = &r->buckets[p->bucket];
+        if (--b->pending == 0) b->ready_us = ddp__now_us();
+    }
+    if (nunmarked > 0 && r->local_error >> 32 == DDP__ERROR_UNMARKED) {
+        ddp__error(DDP_ERR_INVALID_USAGE,
+                   "%zu parameter(s) were not marked ready in this iteration (after %llu "
+                   "synchronised iterations): %s%s. Every parameter must get its gradient "
+                   "reported with ddp_reducer_grad_ready before ddp_reducer_finalize; if some "
+                   "parameters legitimately get no gradient in some iterations, enable "
+                   "find_unused_parameters in the reducer config",
+                   nunmarked, (unsigned long long)r->iteration, names,
+                   nunmarked > 8 ? ", ..." : "");
+        snprintf(r->local_error_text, sizeof r->local_error_text, "%s", ddp_last_error());
+    }
+}
+
+/* Step 2. The status vector: nu "used" flags, then one error code per rank (only this rank's
+ * set). It is known now, so it is queued right behind the last bucket instead of after the
+ * waits (one round trip less on the exposed path). */
+static ddp_work_t *start_status_exchange(ddp_reducer_t *r, size_t nu, outcome_t *o)
+{
+    int64_t *v = r->status_vector;
+    for (size_t k = 0; k < nu; k++) v[k] = r->used_since_sync[k];
+    for (int q = 0; q < r->world; q++) v[nu + (size_t)q] = q == r->rank ? r->local_error : 0;
+    if (o->status != DDP_OK) return NULL;
+    ddp_work_t *work = NULL;
+    ddp_status_t s = ddp_group_allreduce_async(r->group, v, v, nu + (size_t)r->world, DDP_I64,
+                                               DDP_MAX, &work);
+    if (s != DDP_OK)
+        note_failure(o, ddp__error_context(s, "exchanging the status of iteration %llu",
+                                           (unsigned long long)r->iteration));
+    return work;
+}
+
+/* Step 3. Waits for every bucket and piece, then for the status exchange, and for the
+ * completion callbacks (statistics read their times). */
+static void wait_all(ddp_reducer_t *r, ddp_work_t *status_work, outcome_t *o)
+{
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        for (size_t i = 0; i <= k->npieces; i++) {
+            ddp_work_t **work = i < k->npieces ? &k->pieces[i].work : &k->work;
+            if (!*work) continue;
+            ddp_status_t w = ddp_work_wait(*work);
+            if (w != DDP_OK && o->status == DDP_OK) {
+                if (i < k->npieces)
+                    ddp__error_context(w,
+                                       "reduction of gradient bucket %zu piece %zu of %zu "
+                                       "(iteration %llu)",
+                                       b, i, k->npieces, (unsigned long long)r->iteration);
+                else
+                    ddp__error_context(w, "reduction of gradient bucket %zu (iteration %llu)", b,
+                                       (unsigned long long)r->iteration);
+                note_failure(o, w);
+            }
+            ddp_work_free(*work);
+            *work = NULL;
+        }
+    }
+    if (status_work) {
+        ddp_status_t s = ddp_work_wait(status_work);
+        ddp_work_free(status_work);
+        if (s != DDP_OK && o->status == DDP_OK) {
+            ddp__error_context(s, "exchanging the status of iteration %llu",
+                               (unsigned long long)r->iteration);
+            note_failure(o, s);
+        }
+    }
+    ddp__reducer_wait_callbacks(r);
+}
+
+/* Text for an error code another rank reported in the status vector. */
+static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *out, size_t cap)
+{
+    int64_t kind = code >> 32;
+    size_t k = (size_t)(code & 0xffffffff) - 1;
+    const char *name = k < r->nparams ? r->params[k].name : "?";
+    size_t reg = k < r->nparams ? r->params[k].registered : 0;
+    if (kind == DDP__ERROR_ROWS_TWICE)
+        snprintf(out, cap,
+                 "rank %d: parameter '%s' (index %zu) had rows marked ready twice in one "
+                 "iteration (overlapping ddp_reducer_grad_ready_rows ranges)",
+                 q, name, reg);
+    else if (kind == DDP__ERROR_TWICE)
+        snprintf(out, cap,
+                 "rank %d: parameter '%s' (index %zu) was marked ready twice in one iteration "
+                 "(a reused module or shared weights?)",
+                 q, name, reg);
+    else
+        snprintf(out, cap,
+                 "rank %d: parameter '%s' (index %zu) was not marked ready in this iteration; "
+                 "if some parameters legitimately get no gradient, enable "
+                 "find_unused_parameters",
+                 q, name, reg);
+}
+
+/* Step 4. The outcome every rank agrees on: a failed collective, then this rank's own usage
+ * error, then the first other rank's. */
+static ddp_status_t agreed_outcome(ddp_reducer_t *r, size_t nu, const outcome_t *o)
+{
+    const int64_t *v = r->status_vector;
+    if (o->status != DDP_OK) {
+        ddp__set_error_text(o->text);
+        return o->status;
+    }
+    if (v[nu + (size_t)r->rank]) {
+        ddp__set_error_text(r->local_error_text);
+        return DDP_ERR_INVALID_USAGE;
+    }
+    for (int q = 0; q < r->world; q++) {
+        int64_t code = v[nu + (size_t)q];
+        if (!code) continue;
+        char text[600];
+        describe_remote_error(r, q, code, text, sizeof text);
+        return ddp__error(DDP_ERR_INVALID_USAGE, "%s", text);
+    }
+    return DDP_OK;
+}
+
+/* Step 5. Globally unused parameters keep their gradient (restored from r->saved, in step 1's
+ * order); the others' results are copied out in user_grads mode, and sparse results become the
+ * accumulated gradient. */
+static ddp_status_t keep_results(ddp_reducer_t *r, int find_unused)
+{
+    const int64_t *v = r->status_vector;
+    size_t saved_off = 0;
+    for (size_t k = 0; k < r->nparams; k++) {
+        rparam_t *p = &r->params[k];
+        size_t esize = param_bytes(p);
+        int globally_unused = find_unused && v[k] == 0;
+        int saved_here = !r->marked[k] && !r->used_since_sync[k];
+        if (p->sparse) {
+            if (!globally_unused) {
+                ddp_status_t s = ddp__reducer_keep_sparse_result(p);
+                if (s != DDP_OK) return s;
+            }
+        } else if (p->numel > 0) {
+            if (globally_unused) {
+                if (saved_here && r->saved) memcpy(slot_of(r, p), r->saved + saved_off, esize);
+            } else if (r->config.user_grads) {
+                memcpy(p->user_grad, slot_of(r, p), esize);
+            }
+        }
+        if (saved_here) saved_off += esize;
+        p->contribute = 0;
+    }
+    return DDP_OK;
+}
+
+static double piece_done_time(piece_t *q)
+{
+    if (!atomic_load(&q->done_set)) return ddp__now_us();
+    uint64_t bits = atomic_load(&q->done_bits);
+    double t;
+    memcpy(&t, &bits, sizeof t);
+    return t;
+}
+
+static double done_time(bucket_t *b)
+{
+    if (b->npieces) {
+        double t = 0;
+        for (size_t i = 0; i < b->npieces; i++) {
+            double d = piece_done_time(&b->pieces[i]);
+            if (d > t) t = d;
+        }
+        return t;
+    }
+    if (!atomic_load(&b->done_set)) return ddp__now_us();
+    uint64_t bits = atomic_load(&b->done_bits);
+    double t;
+    memcpy(&t, &bits, sizeof t);
+    return t;
+}
+
+/* Step 6. Statistics of the iteration: times relative to the first gradient (or finalize's
+ * entry), bytes, and how long the network was busy. */
+static void record_stats(ddp_reducer_t *r, double enter, double backward_end)
+{
+    double exit_us = ddp__now_us();
+    double t0 = r->first_ready_us ? r->first_ready_us : enter;
+    ddp_reducer_stats_t *st = &r->stats;
+    st->iteration = r->iteration;
+    st->backward_us = backward_end - t0;
+    st->exposed_us = exit_us - enter;
+    st->comm_us = 0;
+    st->bytes = 0;
+    st->nbuckets = r->nbuckets;
+    st->npieces = 0;
+    st->busy_us = 0;
+    /* Reductions are issued in order (buckets, and pieces within them), so their launch times
+     * are sorted and the union of their intervals is one sweep. */
+    double busy_start = 0, busy_end = -1e300;
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        for (size_t i = 0; i < (k->npieces ? k->npieces : 1); i++) {
+            double l = k->npieces ? k->pieces[i].launch_us : k->launch_us;
+            double d = k->npieces ? piece_done_time(&k->pieces[i]) : done_time(k);
+            st->npieces++;
+            if (k->npieces) st->comm_us += d - l;
+            if (l > busy_end) {
+                if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
+                busy_start = l;
+                busy_end = d;
+            } else if (d > busy_end) {
+                busy_end = d;
+            }
+        }
+    }
+    if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        ddp_bucket_stats_t *bs = &r->bucket_stats[b];
+        double done = done_time(k);
+        if (k->sparse) {
+            const rparam_t *p = &r->params[k->params[0]];
+            bs->bytes = p->pending_rows * (row_bytes(p) + sizeof(int64_t));
+        } else {
+            bs->bytes = k->numel * ddp_dtype_size(k->dtype);
+        }
+        bs->ready_us = k->ready_us - t0;
+        bs->launch_us = k->launch_us - t0;
+        bs->done_us = done - t0;
+        if (!k->npieces) st->comm_us += done - k->launch_us;
+        st->bytes += bs->bytes;
+    }
+    st->buckets = r->bucket_stats;
+    r->have_stats = 1;
+}
+
+ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
+    ddp_status_t s = ddp__reducer_check_active(r, "ddp_reducer_finalize");
+    if (s != DDP_OK) return s;
+    if (!r->iter_sync) {
+        r->active = 0; /* no_sync: gradients stay local and accumulate */
+        return DDP_OK;
+    }
+    double enter = ddp__now_us();
+    int find_unused = r->config.find_unused_parameters;
+    size_t nu = find_unused ? r->nparams : 0;
+    outcome_t o;
+    o.status = DDP_OK;
+    o.text[0] = '\0';
+
+    settle_unmarked(r, find_unused);
+    double backward_end = enter;
+    note_failure(&o, ddp__reducer_launch_in_order(r));
+    ddp_work_t *status_work = start_status_exchange(r, nu, &o);
+    wait_all(r, status_work, &o);
+    s = agreed_outcome(r, nu, &o);
+    if (s == DDP_OK) s = keep_results(r, find_unused);
+    if (s != DDP_OK) {
+        r->active = 0;
+        return s;
+    }
+    record_stats(r, enter, backward_end);
+
+    memset(r->used_since_sync, 0, r->nparams);
+    if (r->recording) {
+        r->recording = 0;
+        r->rebuild_due = !r->rebuilt && r->narrival == r->nparams;
+    }
+    r->iteration++;
+    r->active = 0;
+    return DDP_OK;
+}
