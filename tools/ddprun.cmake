@@ -1,22 +1,6 @@
 # ddprun, the launcher: build/ddprun. It links the static library so it runs from the build tree
-# without LD_LIBRARY_PATH. It hosts and joins the TCP store, so it is built once src/store defines
-# ddp_store_server_start and ddp_store_tcp_connect (store and launcher were written side by side).
-set(DDPRUN_HAVE_SERVER OFF)
-set(DDPRUN_HAVE_CLIENT OFF)
-file(GLOB DDPRUN_STORE_SOURCES ${PROJECT_SOURCE_DIR}/src/store/*.c)
-foreach(f ${DDPRUN_STORE_SOURCES})
-  file(STRINGS ${f} DDPRUN_DEFINES REGEX "^ddp_status_t ddp_store_(server_start|tcp_connect)\\(")
-  if(DDPRUN_DEFINES MATCHES "server_start")
-    set(DDPRUN_HAVE_SERVER ON)
-  endif()
-  if(DDPRUN_DEFINES MATCHES "tcp_connect")
-    set(DDPRUN_HAVE_CLIENT ON)
-  endif()
-endforeach()
-if(DDPRUN_HAVE_SERVER AND DDPRUN_HAVE_CLIENT)
-  add_executable(ddprun ${CMAKE_CURRENT_LIST_DIR}/ddprun.c)
-  target_link_libraries(ddprun PRIVATE ddp_static)
-  install(TARGETS ddprun RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-else()
-  message(STATUS "ddprun: not built until src/store defines ddp_store_server_start and ddp_store_tcp_connect")
-endif()
+# without LD_LIBRARY_PATH; it hosts and joins the TCP store (ddp_store_server_start,
+# ddp_store_tcp_connect), which every build of the library has.
+add_executable(ddprun ${CMAKE_CURRENT_LIST_DIR}/ddprun.c)
+target_link_libraries(ddprun PRIVATE ddp_static)
+install(TARGETS ddprun RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -20,6 +20,9 @@ typedef enum ddp_bench_collective {
     DDP_BENCH_BARRIER,
 } ddp_bench_collective_t;
 
+/* How many collectives there are (outside the enum, so that switches need not handle it). */
+enum { DDP_BENCH_COLLECTIVE_COUNT = DDP_BENCH_BARRIER + 1 };
+
 /* Everything `ddp-bench -o <collective>` was asked to do (see usage() in main.c). */
 typedef struct ddp_bench_options {
     ddp_bench_collective_t collective;
@@ -40,7 +43,9 @@ typedef struct ddp_bench_options {
     int corrupt;          /* --test-corrupt: rank 0 spoils one checked element (tests the check) */
 } ddp_bench_options_t;
 
-/* Name as written after -o ("allreduce", ...). */
+/* Name as written after -o ("allreduce", ...); "invalid" for anything else. Defined in
+ * bench_collectives.c, beside the code that runs them: main.c only calls down into the
+ * benchmarks, and nothing calls back up into main.c. */
 const char *ddp_bench_collective_name(ddp_bench_collective_t collective);
 
 /* Runs the sweep on every rank of `group` (rank 0 prints). Returns an exit code: 0, or 1 when a

@@ -15,7 +15,16 @@
 #include <string.h>
 
 #include "bench.h"
-#include "core/internal.h"
+
+static const char *const collective_names[] = {"allreduce", "broadcast", "reduce_scatter",
+                                               "allgather", "barrier"};
+
+const char *ddp_bench_collective_name(ddp_bench_collective_t collective)
+{
+    return (unsigned)collective < sizeof collective_names / sizeof collective_names[0]
+               ? collective_names[collective]
+               : "invalid";
+}
 
 typedef struct bench {
     ddp_group_t *group;

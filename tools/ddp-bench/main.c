@@ -63,16 +63,6 @@ static int launcher_rank(void)
         return DDP_BENCH_EXIT_USAGE;                                                              \
     } while (0)
 
-static const char *const collective_names[] = {"allreduce", "broadcast", "reduce_scatter",
-                                               "allgather", "barrier"};
-
-const char *ddp_bench_collective_name(ddp_bench_collective_t collective)
-{
-    return (unsigned)collective < sizeof collective_names / sizeof collective_names[0]
-               ? collective_names[collective]
-               : "invalid";
-}
-
 /* "8", "64K", "1M", "2G" (powers of 1024, optional trailing B) -> bytes. */
 static int parse_size(const char *text, size_t *out)
 {
@@ -152,8 +142,8 @@ static int parse_options(int argc, char **argv, ddp_bench_options_t *o)
 #define OPTION(s, l) match(argc, argv, &i, s, l, &v, &missing)
         if (OPTION("-o", "--op")) {
             int found = 0;
-            for (int k = 0; k < (int)(sizeof collective_names / sizeof collective_names[0]); k++)
-                if (!strcmp(v, collective_names[k])) {
+            for (int k = 0; k < DDP_BENCH_COLLECTIVE_COUNT; k++)
+                if (!strcmp(v, ddp_bench_collective_name((ddp_bench_collective_t)k))) {
                     o->collective = (ddp_bench_collective_t)k;
                     found = 1;
                 }
