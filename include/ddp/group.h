@@ -36,7 +36,23 @@ typedef struct ddp_group_options {
     const char *name;      /* distinguishes groups created on one store; NULL: "default" */
 } ddp_group_options_t;
 
-#define DDP_GROUP_OPTIONS_INIT {0, NULL, NULL}
+/* `ddp_group_options_t o = DDP_GROUP_OPTIONS_INIT;` Every default is 0/NULL. In C, designated
+ * initializers (adding a field cannot shift the others); in C++, value-initialization, which
+ * zeroes every field by name. */
+#ifndef __cplusplus
+#define DDP_GROUP_OPTIONS_INIT {.timeout_ms = 0, .transport = NULL, .name = NULL}
+#else
+#define DDP_GROUP_OPTIONS_INIT (ddp_group_options_t())
+#endif
+
+/* Fills *options with the defaults (all 0/NULL), from C or C++. NULL is ignored. */
+static inline void ddp_group_options_init(ddp_group_options_t *options)
+{
+    if (!options) return;
+    options->timeout_ms = 0;
+    options->transport = NULL;
+    options->name = NULL;
+}
 
 /* Collective over all `world_size` ranks. The store must stay valid until ddp_group_destroy.
  * First, on every rank and before the store is used, checks every DDP_* variable

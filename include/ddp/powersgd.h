@@ -45,7 +45,29 @@ typedef struct ddp_powersgd_config {
     uint64_t random_seed;          /* same on every rank (0) */
 } ddp_powersgd_config_t;
 
-#define DDP_POWERSGD_CONFIG_INIT {1, 1000, 2.0, 1, 1, 0.0, 0}
+/* Fills *config with the defaults written beside each field above (DDP_POWERSGD_CONFIG_INIT's),
+ * from C or C++. NULL is ignored. */
+DDP_API void ddp_powersgd_config_init(ddp_powersgd_config_t *config);
+
+/* In C, designated initializers (adding a field cannot shift the others); in C++, the same
+ * values from ddp_powersgd_config_init. */
+#ifndef __cplusplus
+#define DDP_POWERSGD_CONFIG_INIT                                                                  \
+    {.matrix_approximation_rank = 1,                                                              \
+     .start_powersgd_iter = 1000,                                                                 \
+     .min_compression_rate = 2.0,                                                                 \
+     .use_error_feedback = 1,                                                                     \
+     .warm_start = 1,                                                                             \
+     .orthogonalization_epsilon = 0.0,                                                            \
+     .random_seed = 0}
+#else
+#define DDP_POWERSGD_CONFIG_INIT                                                                  \
+    ([] {                                                                                         \
+        ddp_powersgd_config_t ddp_config_;                                                        \
+        ddp_powersgd_config_init(&ddp_config_);                                                   \
+        return ddp_config_;                                                                       \
+    }())
+#endif
 
 typedef struct ddp_powersgd_state ddp_powersgd_state_t;
 

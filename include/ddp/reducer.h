@@ -117,9 +117,37 @@ typedef enum ddp_bucket_layout {
     DDP_BUCKET_LAYOUT_C10D = 2
 } ddp_bucket_layout_t;
 
+/* Fills *config with the defaults written beside each field above (what DDP_REDUCER_CONFIG_INIT
+ * gives). Works from C and C++ alike; fields added later get their defaults here, so code that
+ * starts from it and sets fields by name keeps compiling and meaning the same. NULL is ignored. */
+DDP_API void ddp_reducer_config_init(ddp_reducer_config_t *config);
+
+/* `ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;` In C, designated initializers (adding a
+ * field cannot shift the others); in C++, the same values from ddp_reducer_config_init. */
+#ifndef __cplusplus
 #define DDP_REDUCER_CONFIG_INIT                                                                   \
-    {(size_t)25 << 20, (size_t)1 << 20, (size_t)250 << 20, 0, 0, 1, 1, 1, NULL, NULL, NULL, 0, 0, \
-     DDP_BUCKET_LAYOUT_DEFAULT}
+    {.bucket_cap_bytes = (size_t)25 << 20,                                                        \
+     .first_bucket_bytes = (size_t)1 << 20,                                                       \
+     .broadcast_bucket_bytes = (size_t)250 << 20,                                                 \
+     .find_unused_parameters = 0,                                                                 \
+     .user_grads = 0,                                                                             \
+     .broadcast_buffers = 1,                                                                      \
+     .rebuild_buckets = 1,                                                                        \
+     .sync_at_create = 1,                                                                         \
+     .comm_hook = NULL,                                                                           \
+     .comm_hook_state = NULL,                                                                     \
+     .trace = NULL,                                                                               \
+     .piece_bytes = 0,                                                                            \
+     .comm_hook_averages = 0,                                                                     \
+     .bucket_layout = DDP_BUCKET_LAYOUT_DEFAULT}
+#else
+#define DDP_REDUCER_CONFIG_INIT                                                                   \
+    ([] {                                                                                         \
+        ddp_reducer_config_t ddp_config_;                                                         \
+        ddp_reducer_config_init(&ddp_config_);                                                    \
+        return ddp_config_;                                                                       \
+    }())
+#endif
 
 typedef struct ddp_reducer ddp_reducer_t;
 

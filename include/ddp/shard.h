@@ -123,7 +123,30 @@ typedef struct ddp_optim_config {
     double weight_decay;
 } ddp_optim_config_t;
 
-#define DDP_OPTIM_CONFIG_INIT {DDP_OPTIM_SGD, 0.01, 0.0, 0, 0.9, 0.999, 1e-8, 0.0}
+/* Fills *config with the defaults (DDP_OPTIM_CONFIG_INIT's), from C or C++. NULL is ignored. */
+DDP_API void ddp_optim_config_init(ddp_optim_config_t *config);
+
+/* In C, designated initializers (adding a field cannot shift the others); in C++, the same
+ * values from ddp_optim_config_init. Defaults: SGD, lr 0.01, no momentum, Adam's betas
+ * 0.9/0.999 and eps 1e-8, no weight decay. */
+#ifndef __cplusplus
+#define DDP_OPTIM_CONFIG_INIT                                                                     \
+    {.kind = DDP_OPTIM_SGD,                                                                       \
+     .lr = 0.01,                                                                                  \
+     .momentum = 0.0,                                                                             \
+     .nesterov = 0,                                                                               \
+     .beta1 = 0.9,                                                                                \
+     .beta2 = 0.999,                                                                              \
+     .eps = 1e-8,                                                                                 \
+     .weight_decay = 0.0}
+#else
+#define DDP_OPTIM_CONFIG_INIT                                                                     \
+    ([] {                                                                                         \
+        ddp_optim_config_t ddp_config_;                                                           \
+        ddp_optim_config_init(&ddp_config_);                                                      \
+        return ddp_config_;                                                                       \
+    }())
+#endif
 
 /* The plain optimizer: every parameter's state on this rank (for single-process training and as
  * the reference ZeRO is compared with). Parameters: data, numel, dtype (f32 or f64) of each
@@ -147,7 +170,25 @@ typedef struct ddp_zero_config {
     int overlap;              /* stage 1 only: driven by ddp_zero_hook (see below) */
 } ddp_zero_config_t;
 
-#define DDP_ZERO_CONFIG_INIT {1, DDP_OPTIM_CONFIG_INIT, (size_t)25 << 20, 0}
+/* Fills *config with the defaults (DDP_ZERO_CONFIG_INIT's), from C or C++. NULL is ignored. */
+DDP_API void ddp_zero_config_init(ddp_zero_config_t *config);
+
+/* In C, designated initializers; in C++, the same values from ddp_zero_config_init. Defaults:
+ * stage 1, DDP_OPTIM_CONFIG_INIT, a 25 MiB bucketer cap, no overlap. */
+#ifndef __cplusplus
+#define DDP_ZERO_CONFIG_INIT                                                                      \
+    {.stage = 1,                                                                                  \
+     .optim = DDP_OPTIM_CONFIG_INIT,                                                              \
+     .bucket_cap_bytes = (size_t)25 << 20,                                                        \
+     .overlap = 0}
+#else
+#define DDP_ZERO_CONFIG_INIT                                                                      \
+    ([] {                                                                                         \
+        ddp_zero_config_t ddp_config_;                                                            \
+        ddp_zero_config_init(&ddp_config_);                                                       \
+        return ddp_config_;                                                                       \
+    }())
+#endif
 
 typedef struct ddp_zero ddp_zero_t;
 

@@ -211,6 +211,14 @@ void ddp_reducer_destroy(ddp_reducer_t *r)
     ddp__clear_error(); /* status.h: a failed wait for a reduction in flight leaves no text */
 }
 
+void ddp_reducer_config_init(ddp_reducer_config_t *config)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    if (!config) return;
+    ddp_reducer_config_t defaults = DDP_REDUCER_CONFIG_INIT;
+    *config = defaults;
+}
+
 ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                                 const ddp_buffer_t *buffers, size_t nbuffers,
                                 const ddp_reducer_config_t *config, ddp_reducer_t **out)

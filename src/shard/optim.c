@@ -208,6 +208,14 @@ void ddp_optim_destroy(ddp_optim_t *o)
     free(o);
 }
 
+void ddp_optim_config_init(ddp_optim_config_t *config)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    if (!config) return;
+    ddp_optim_config_t defaults = DDP_OPTIM_CONFIG_INIT;
+    *config = defaults;
+}
+
 ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
                               const ddp_optim_config_t *config, ddp_optim_t **out)
 {

@@ -165,6 +165,14 @@ static ddp_status_t check_config(const ddp_zero_config_t *c, int world)
     return ddp__optim_check_config(&c->optim, "zero create");
 }
 
+void ddp_zero_config_init(ddp_zero_config_t *config)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    if (!config) return;
+    ddp_zero_config_t defaults = DDP_ZERO_CONFIG_INIT;
+    *config = defaults;
+}
+
 ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                              const ddp_zero_config_t *config, ddp_zero_t **out)
 {

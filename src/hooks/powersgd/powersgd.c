@@ -105,6 +105,14 @@ int ddp_powersgd_should_compress(size_t n, size_t m, int rank, double min_compre
     return compressed * min_compression_rate < uncompressed;
 }
 
+void ddp_powersgd_config_init(ddp_powersgd_config_t *config)
+{
+    clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    if (!config) return;
+    ddp_powersgd_config_t defaults = DDP_POWERSGD_CONFIG_INIT;
+    *config = defaults;
+}
+
 ddp_status_t ddp_powersgd_state_create(const ddp_powersgd_config_t *config,
                                        ddp_powersgd_state_t **out)
 {
