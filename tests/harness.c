@@ -19,6 +19,46 @@ const char *ddp_test_tmpdir(void)
     return path;
 }
 
+void ddp_test_put(ddp_dtype_t dt, void *buf, size_t i, double v)
+{
+    switch (dt) {
+    case DDP_F32: ((float *)buf)[i] = (float)v; break;
+    case DDP_F64: ((double *)buf)[i] = v; break;
+    case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
+    case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
+    case DDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+double ddp_test_get(ddp_dtype_t dt, const void *buf, size_t i)
+{
+    switch (dt) {
+    case DDP_F32: return ((const float *)buf)[i];
+    case DDP_F64: return ((const double *)buf)[i];
+    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DDP_I32: return ((const int32_t *)buf)[i];
+    case DDP_I64: return (double)((const int64_t *)buf)[i];
+    case DDP_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+double ddp_test_fold(ddp_reduce_op_t op, double acc, double x)
+{
+    switch (op) {
+    case DDP_SUM:
+    case DDP_AVG: return acc + x;
+    case DDP_PROD: return acc * x;
+    case DDP_MIN: return x < acc ? x : acc;
+    case DDP_MAX: return x > acc ? x : acc;
+    default: return acc;
+    }
+}
+
 double ddp_test_random(unsigned long long *state)
 {
     unsigned long long z = (*state += 0x9e3779b97f4a7c15ULL);

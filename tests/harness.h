@@ -84,4 +84,13 @@ int ddp_test_stopper_order(int orders, int pid, int delay_ms);
 /* Deterministic pseudo-random doubles in [-1, 1) from a seed (splitmix64). */
 double ddp_test_random(unsigned long long *state);
 
+/* Element i of a buffer of dtype dt, written from and read as a double (f16/bf16 through f32,
+ * integers truncated), for tests that fill inputs and check results in every dtype. */
+void ddp_test_put(ddp_dtype_t dt, void *buf, size_t i, double v);
+double ddp_test_get(ddp_dtype_t dt, const void *buf, size_t i);
+
+/* One step of a float64 reference reduction: acc op x (SUM and AVG add; AVG's division by the
+ * number of values is the caller's). */
+double ddp_test_fold(ddp_reduce_op_t op, double acc, double x);
+
 #endif

@@ -37,34 +37,6 @@ static double input_value(int rank, size_t i, ddp_dtype_t dt, ddp_reduce_op_t op
     return dt == DDP_U8 ? (double)v : (double)(v - 8);
 }
 
-static void put(void *buf, ddp_dtype_t dt, size_t i, double v)
-{
-    switch (dt) {
-    case DDP_F32: ((float *)buf)[i] = (float)v; break;
-    case DDP_F64: ((double *)buf)[i] = v; break;
-    case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
-    case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
-    case DDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *buf, ddp_dtype_t dt, size_t i)
-{
-    switch (dt) {
-    case DDP_F32: return ((const float *)buf)[i];
-    case DDP_F64: return ((const double *)buf)[i];
-    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
-    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DDP_I32: return ((const int32_t *)buf)[i];
-    case DDP_I64: return (double)((const int64_t *)buf)[i];
-    case DDP_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 static int is_float(ddp_dtype_t dt) { return dt == DDP_F32 || dt == DDP_F64 || dt == DDP_F16 || dt == DDP_BF16; }
 
 /* Reference for element i: op over ranks of input_value, in float64. */
@@ -72,15 +44,7 @@ static double reference(int world, size_t i, ddp_dtype_t dt, ddp_reduce_op_t op)
 {
     double acc = input_value(0, i, dt, op);
     for (int r = 1; r < world; r++) {
-        double x = input_value(r, i, dt, op);
-        switch (op) {
-        case DDP_SUM:
-        case DDP_AVG: acc += x; break;
-        case DDP_MIN: acc = x < acc ? x : acc; break;
-        case DDP_MAX: acc = x > acc ? x : acc; break;
-        case DDP_PROD: acc *= x; break;
-        default: break;
-        }
+        acc = ddp_test_fold(op, acc, input_value(r, i, dt, op));
     }
     if (op == DDP_AVG) acc = is_float(dt) ? acc / world : trunc(acc / world);
     return acc;
@@ -139,7 +103,7 @@ static void test_allreduce(ddp_group_t *g)
                 for (int in_place = 0; in_place < 2; in_place++) {
                     char *send = malloc(n * es + 1), *recv = malloc(n * es + 1);
                     CHECK(send && recv);
-                    for (size_t i = 0; i < n; i++) put(send, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
+                    for (size_t i = 0; i < n; i++) ddp_test_put((ddp_dtype_t)dt, send, i, input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
                     memset(recv, 0x5a, n * es);
                     char *out = in_place ? send : recv;
                     CHECK_OK(ddp_group_allreduce(g, send, out, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
@@ -147,14 +111,14 @@ static void test_allreduce(ddp_group_t *g)
                     reference_table(world, (ddp_dtype_t)dt, (ddp_reduce_op_t)op, table);
                     for (size_t i = 0; i < n; i++) {
                         double want = table[i % PERIOD];
-                        double got = get(out, (ddp_dtype_t)dt, i);
+                        double got = ddp_test_get((ddp_dtype_t)dt, out, i);
                         CHECK_MSG(close_enough(got, want, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
                                   "allreduce %s %s n=%zu in_place=%d world=%d: element %zu is %g, want %g",
                                   ddp_dtype_name((ddp_dtype_t)dt), ddp_reduce_op_name((ddp_reduce_op_t)op), n, in_place, world, i, got, want);
                     }
                     if (!in_place) {
                         for (size_t i = 0; i < n; i++)
-                            CHECK_MSG(get(send, (ddp_dtype_t)dt, i) == input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
+                            CHECK_MSG(ddp_test_get((ddp_dtype_t)dt, send, i) == input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
                                       "allreduce modified send at %zu", i);
                     }
                     check_same_everywhere(g, out, n * es, "allreduce");
@@ -177,10 +141,10 @@ static void test_broadcast(ddp_group_t *g)
                 size_t n = sizes[si];
                 char *buf = malloc(n * es + 1);
                 CHECK(buf);
-                for (size_t i = 0; i < n; i++) put(buf, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, DDP_SUM));
+                for (size_t i = 0; i < n; i++) ddp_test_put((ddp_dtype_t)dt, buf, i, input_value(rank, i, (ddp_dtype_t)dt, DDP_SUM));
                 CHECK_OK(ddp_group_broadcast(g, buf, n, (ddp_dtype_t)dt, root));
                 for (size_t i = 0; i < n; i++)
-                    CHECK_MSG(get(buf, (ddp_dtype_t)dt, i) == input_value(root, i, (ddp_dtype_t)dt, DDP_SUM),
+                    CHECK_MSG(ddp_test_get((ddp_dtype_t)dt, buf, i) == input_value(root, i, (ddp_dtype_t)dt, DDP_SUM),
                               "broadcast %s root %d n=%zu: element %zu wrong", ddp_dtype_name((ddp_dtype_t)dt), root, n, i);
                 check_same_everywhere(g, buf, n * es, "broadcast");
                 free(buf);
@@ -204,14 +168,14 @@ static void test_reduce_scatter(ddp_group_t *g)
                     char *send = malloc(total * es + 1), *recv = malloc(n * es + 1);
                     CHECK(send && recv);
                     /* Element i of the whole array, rank r's contribution: input_value(r, i). */
-                    for (size_t i = 0; i < total; i++) put(send, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
+                    for (size_t i = 0; i < total; i++) ddp_test_put((ddp_dtype_t)dt, send, i, input_value(rank, i, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
                     char *out = in_place ? send + (size_t)rank * n * es : recv;
                     CHECK_OK(ddp_group_reduce_scatter(g, send, out, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op));
                     double table[PERIOD];
                     reference_table(world, (ddp_dtype_t)dt, (ddp_reduce_op_t)op, table);
                     for (size_t i = 0; i < n; i++) {
                         double want = table[((size_t)rank * n + i) % PERIOD];
-                        double got = get(out, (ddp_dtype_t)dt, i);
+                        double got = ddp_test_get((ddp_dtype_t)dt, out, i);
                         CHECK_MSG(close_enough(got, want, (ddp_dtype_t)dt, (ddp_reduce_op_t)op),
                                   "reduce_scatter %s %s n=%zu in_place=%d world=%d: element %zu is %g, want %g",
                                   ddp_dtype_name((ddp_dtype_t)dt), ddp_reduce_op_name((ddp_reduce_op_t)op), n, in_place, world, i, got, want);
@@ -237,11 +201,11 @@ static void test_allgather(ddp_group_t *g)
                 CHECK(send && recv);
                 memset(recv, 0x33, n * (size_t)world * es);
                 char *src = in_place ? recv + (size_t)rank * n * es : send;
-                for (size_t i = 0; i < n; i++) put(src, (ddp_dtype_t)dt, i, input_value(rank, i, (ddp_dtype_t)dt, DDP_SUM));
+                for (size_t i = 0; i < n; i++) ddp_test_put((ddp_dtype_t)dt, src, i, input_value(rank, i, (ddp_dtype_t)dt, DDP_SUM));
                 CHECK_OK(ddp_group_allgather(g, src, recv, n, (ddp_dtype_t)dt));
                 for (int r = 0; r < world; r++)
                     for (size_t i = 0; i < n; i++)
-                        CHECK_MSG(get(recv, (ddp_dtype_t)dt, (size_t)r * n + i) == input_value(r, i, (ddp_dtype_t)dt, DDP_SUM),
+                        CHECK_MSG(ddp_test_get((ddp_dtype_t)dt, recv, (size_t)r * n + i) == input_value(r, i, (ddp_dtype_t)dt, DDP_SUM),
                                   "allgather %s n=%zu in_place=%d: block %d element %zu wrong", ddp_dtype_name((ddp_dtype_t)dt), n, in_place, r, i);
                 check_same_everywhere(g, recv, n * (size_t)world * es, "allgather");
                 free(send);

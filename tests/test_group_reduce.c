@@ -71,20 +71,6 @@ static void test_rounded_once(void)
     CHECK(wsum == INT32_MIN); /* wraps, no undefined behaviour */
 }
 
-static double as_double(const void *buf, ddp_dtype_t dt, size_t i)
-{
-    switch (dt) {
-    case DDP_F32: return ((const float *)buf)[i];
-    case DDP_F64: return ((const double *)buf)[i];
-    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
-    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DDP_I32: return ((const int32_t *)buf)[i];
-    case DDP_I64: return (double)((const int64_t *)buf)[i];
-    case DDP_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 /* Float types, finite values: compare with a float64 reference within the rounding of the type. */
 static void test_against_reference(void)
 {
@@ -106,19 +92,16 @@ static void test_against_reference(void)
                     ddp__reduce(out, (const void *const *)src, k, n, dt, (ddp_reduce_op_t)op);
                     double rel = dt == DDP_F16 ? 2e-3 : dt == DDP_BF16 ? 1.6e-2 : dt == DDP_F32 ? 1e-6 : 1e-14;
                     for (size_t i = 0; i < n; i++) {
-                        double acc = as_double(src[0], dt, i);
+                        double acc = ddp_test_get(dt, src[0], i);
                         double mag = fabs(acc);
                         for (int s = 1; s < k; s++) {
-                            double x = as_double(src[s], dt, i);
+                            double x = ddp_test_get(dt, src[s], i);
                             mag += fabs(x);
-                            if (op == DDP_SUM || op == DDP_AVG) acc += x;
-                            else if (op == DDP_MIN) acc = x < acc ? x : acc;
-                            else if (op == DDP_MAX) acc = x > acc ? x : acc;
-                            else acc *= x;
+                            acc = ddp_test_fold((ddp_reduce_op_t)op, acc, x);
                         }
                         if (op == DDP_AVG) acc /= k, mag /= k;
                         if (op == DDP_PROD) mag = fabs(acc);
-                        double got = as_double(out, dt, i);
+                        double got = ddp_test_get(dt, out, i);
                         double tol = rel * (mag > 1e-3 ? mag : 1e-3) * (op == DDP_PROD ? k : 1);
                         CHECK_MSG(fabs(got - acc) <= tol, "%s %s k=%d n=%zu [%zu]: %.9g vs %.9g",
                                   ddp_dtype_name(dt), ddp_reduce_op_name((ddp_reduce_op_t)op), k, n, i, got, acc);

@@ -28,34 +28,6 @@ static double tcp_test_value(ddp_dtype_t dt, int rank, size_t i, unsigned salt)
     }
 }
 
-static void tcp_test_store(ddp_dtype_t dt, void *buf, size_t i, double v)
-{
-    switch (dt) {
-    case DDP_F32: ((float *)buf)[i] = (float)v; break;
-    case DDP_F64: ((double *)buf)[i] = v; break;
-    case DDP_F16: ((uint16_t *)buf)[i] = ddp_f32_to_f16((float)v); break;
-    case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16((float)v); break;
-    case DDP_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case DDP_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case DDP_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double tcp_test_load(ddp_dtype_t dt, const void *buf, size_t i)
-{
-    switch (dt) {
-    case DDP_F32: return ((const float *)buf)[i];
-    case DDP_F64: return ((const double *)buf)[i];
-    case DDP_F16: return ddp_f16_to_f32(((const uint16_t *)buf)[i]);
-    case DDP_BF16: return ddp_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DDP_I32: return ((const int32_t *)buf)[i];
-    case DDP_I64: return (double)((const int64_t *)buf)[i];
-    case DDP_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 static int tcp_test_is_int(ddp_dtype_t dt) { return dt == DDP_I32 || dt == DDP_I64 || dt == DDP_U8; }
 
 /* Reference reduction over the ranks' values of element i: float64 for floating types; for
@@ -83,17 +55,7 @@ static double tcp_test_reference(ddp_dtype_t dt, ddp_reduce_op_t op, int world, 
         return (double)acc;
     }
     double acc = tcp_test_value(dt, 0, i, salt);
-    for (int r = 1; r < world; r++) {
-        double v = tcp_test_value(dt, r, i, salt);
-        switch (op) {
-        case DDP_SUM:
-        case DDP_AVG: acc += v; break;
-        case DDP_PROD: acc *= v; break;
-        case DDP_MIN: acc = v < acc ? v : acc; break;
-        case DDP_MAX: acc = v > acc ? v : acc; break;
-        default: break;
-        }
-    }
+    for (int r = 1; r < world; r++) acc = ddp_test_fold(op, acc, tcp_test_value(dt, r, i, salt));
     if (op == DDP_AVG) acc = acc / world;
     return acc;
 }

@@ -62,11 +62,11 @@ static void one_size(ctx_t *x, ddp_dtype_t dt, size_t count, unsigned *salt)
         if (count > 5000 && op == DDP_PROD) continue;
         unsigned s = (*salt)++;
         int in_place = (int)(s & 1);
-        for (size_t i = 0; i < count; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, x->rank, i, s));
+        for (size_t i = 0; i < count; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, x->rank, i, s));
         if (in_place) memcpy(b, a, count * es);
         CHECK_OK(run(x, DDP__ALLREDUCE, in_place ? b : a, b, count, dt, (ddp_reduce_op_t)op, 0));
         for (size_t i = 0; i < count; i++)
-            close_enough(dt, tcp_test_load(dt, b, i),
+            close_enough(dt, ddp_test_get(dt, b, i),
                          tcp_test_reference(dt, (ddp_reduce_op_t)op, x->world, i, s), "allreduce", i);
         hash(x, b, count * es);
     }
@@ -74,29 +74,29 @@ static void one_size(ctx_t *x, ddp_dtype_t dt, size_t count, unsigned *salt)
     for (int root = 0; root < x->world; root++) {
         if (count > 5000 && root != 0 && root != x->world - 1) continue;
         unsigned s = (*salt)++;
-        for (size_t i = 0; i < count; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, x->rank, i, s));
+        for (size_t i = 0; i < count; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, x->rank, i, s));
         CHECK_OK(run(x, DDP__BROADCAST, a, a, count, dt, 0, root));
         for (size_t i = 0; i < count; i++)
-            CHECK_MSG(tcp_test_load(dt, a, i) == tcp_test_value(dt, root, i, s), "broadcast from "
+            CHECK_MSG(ddp_test_get(dt, a, i) == tcp_test_value(dt, root, i, s), "broadcast from "
                       "%d element %zu", root, i);
         hash(x, a, count * es);
     }
     /* allgather (in place) */
     unsigned s = (*salt)++;
     char *mine = a + count * (size_t)x->rank * es;
-    for (size_t i = 0; i < count; i++) tcp_test_store(dt, mine, i, tcp_test_value(dt, x->rank, i, s));
+    for (size_t i = 0; i < count; i++) ddp_test_put(dt, mine, i, tcp_test_value(dt, x->rank, i, s));
     CHECK_OK(run(x, DDP__ALLGATHER, mine, a, count, dt, 0, 0));
     for (int r = 0; r < x->world; r++)
         for (size_t i = 0; i < count; i++)
-            CHECK_MSG(tcp_test_load(dt, a, (size_t)r * count + i) == tcp_test_value(dt, r, i, s),
+            CHECK_MSG(ddp_test_get(dt, a, (size_t)r * count + i) == tcp_test_value(dt, r, i, s),
                       "allgather block %d element %zu", r, i);
     hash(x, a, total * es);
     /* reduce_scatter (not in place) */
     s = (*salt)++;
-    for (size_t i = 0; i < total; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, x->rank, i, s));
+    for (size_t i = 0; i < total; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, x->rank, i, s));
     CHECK_OK(run(x, DDP__REDUCE_SCATTER, a, b, count, dt, DDP_SUM, 0));
     for (size_t i = 0; i < count; i++)
-        close_enough(dt, tcp_test_load(dt, b, i),
+        close_enough(dt, ddp_test_get(dt, b, i),
                      tcp_test_reference(dt, DDP_SUM, x->world, count * (size_t)x->rank + i, s),
                      "reduce_scatter", i);
     free(a);

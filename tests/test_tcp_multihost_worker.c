@@ -82,23 +82,23 @@ static uint64_t exercise(runner_fn run, void *ctx, int rank, int world)
             ddp_reduce_op_t ops[2] = {DDP_SUM, large ? DDP_MAX : (ddp_reduce_op_t)(salt % 5)};
             for (int o = 0; o < 2; o++) {
                 unsigned s = salt++;
-                for (size_t i = 0; i < count; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, rank, i, s));
+                for (size_t i = 0; i < count; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, rank, i, s));
                 CHECK_OK(run(ctx, DDP__ALLREDUCE, a, b, count, dt, ops[o], 0));
                 for (size_t i = 0; i < count; i += large ? 97 : 1) {
                     double want = tcp_test_reference(dt, ops[o], world, i, s);
-                    CHECK_MSG(fabs(tcp_test_load(dt, b, i) - want) <= tcp_test_tolerance(dt),
+                    CHECK_MSG(fabs(ddp_test_get(dt, b, i) - want) <= tcp_test_tolerance(dt),
                               "rank %d allreduce %s %s count %zu element %zu: %.9g vs %.9g", rank,
                               ddp_reduce_op_name(ops[o]), ddp_dtype_name(dt), count, i,
-                              tcp_test_load(dt, b, i), want);
+                              ddp_test_get(dt, b, i), want);
                 }
                 h = mix(h, tcp_test_hash(b, count * es));
             }
             unsigned s = salt++;
             int root = (int)(s % (unsigned)world);
-            for (size_t i = 0; i < count; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, rank, i, s));
+            for (size_t i = 0; i < count; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, rank, i, s));
             CHECK_OK(run(ctx, DDP__BROADCAST, a, a, count, dt, 0, root));
             for (size_t i = 0; i < count; i += large ? 97 : 1)
-                CHECK_MSG(tcp_test_load(dt, a, i) == tcp_test_value(dt, root, i, s),
+                CHECK_MSG(ddp_test_get(dt, a, i) == tcp_test_value(dt, root, i, s),
                           "rank %d broadcast element %zu", rank, i);
             h = mix(h, tcp_test_hash(a, count * es));
             if (large) { /* keep the job short: gather and scatter on the smaller sizes */
@@ -107,19 +107,19 @@ static uint64_t exercise(runner_fn run, void *ctx, int rank, int world)
                 continue;
             }
             s = salt++;
-            for (size_t i = 0; i < count; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, rank, i, s));
+            for (size_t i = 0; i < count; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, rank, i, s));
             CHECK_OK(run(ctx, DDP__ALLGATHER, a, b, count, dt, 0, 0));
             for (int r = 0; r < world; r++)
                 for (size_t i = 0; i < count; i++)
-                    CHECK_MSG(tcp_test_load(dt, b, (size_t)r * count + i) == tcp_test_value(dt, r, i, s),
+                    CHECK_MSG(ddp_test_get(dt, b, (size_t)r * count + i) == tcp_test_value(dt, r, i, s),
                               "rank %d allgather block %d element %zu", rank, r, i);
             h = mix(h, tcp_test_hash(b, total * es));
             s = salt++;
-            for (size_t i = 0; i < total; i++) tcp_test_store(dt, a, i, tcp_test_value(dt, rank, i, s));
+            for (size_t i = 0; i < total; i++) ddp_test_put(dt, a, i, tcp_test_value(dt, rank, i, s));
             CHECK_OK(run(ctx, DDP__REDUCE_SCATTER, a, b, count, dt, DDP_SUM, 0));
             for (size_t i = 0; i < count; i++) {
                 double want = tcp_test_reference(dt, DDP_SUM, world, count * (size_t)rank + i, s);
-                CHECK_MSG(fabs(tcp_test_load(dt, b, i) - want) <= tcp_test_tolerance(dt),
+                CHECK_MSG(fabs(ddp_test_get(dt, b, i) - want) <= tcp_test_tolerance(dt),
                           "rank %d reduce_scatter element %zu", rank, i);
             }
             free(a);

@@ -69,16 +69,16 @@ static void test_allreduce(ctx_t *x, ddp_dtype_t dt, ddp_reduce_op_t op, size_t 
     size_t es = ddp_dtype_size(dt);
     char *send = malloc(count * es + 1), *recv = malloc(count * es + 1);
     CHECK(send && recv);
-    for (size_t i = 0; i < count; i++) tcp_test_store(dt, send, i, tcp_test_value(dt, x->rank, i, salt));
+    for (size_t i = 0; i < count; i++) ddp_test_put(dt, send, i, tcp_test_value(dt, x->rank, i, salt));
     if (in_place) memcpy(recv, send, count * es);
     CHECK_OK(run(x, DDP__ALLREDUCE, in_place ? recv : send, recv, count, dt, op, 0));
     for (size_t i = 0; i < count; i++)
         if (sampled(i, count))
-        check_value(dt, tcp_test_load(dt, recv, i), tcp_test_reference(dt, op, x->world, i, salt),
+        check_value(dt, ddp_test_get(dt, recv, i), tcp_test_reference(dt, op, x->world, i, salt),
                     ddp_reduce_op_name(op), i, count, x->rank);
     if (!in_place)
         for (size_t i = 0; i < count; i++)
-            CHECK_MSG(!sampled(i, count) || tcp_test_load(dt, send, i) == tcp_test_value(dt, x->rank, i, salt),
+            CHECK_MSG(!sampled(i, count) || ddp_test_get(dt, send, i) == tcp_test_value(dt, x->rank, i, salt),
                       "allreduce modified its input at %zu", i);
     record_hash(x, recv, count * es);
     free(send);
@@ -90,10 +90,10 @@ static void test_broadcast(ctx_t *x, ddp_dtype_t dt, size_t count, int root, uns
     size_t es = ddp_dtype_size(dt);
     char *buf = malloc(count * es + 1);
     CHECK(buf);
-    for (size_t i = 0; i < count; i++) tcp_test_store(dt, buf, i, tcp_test_value(dt, x->rank, i, salt));
+    for (size_t i = 0; i < count; i++) ddp_test_put(dt, buf, i, tcp_test_value(dt, x->rank, i, salt));
     CHECK_OK(run(x, DDP__BROADCAST, buf, buf, count, dt, 0, root));
     for (size_t i = 0; i < count; i++)
-        CHECK_MSG(!sampled(i, count) || tcp_test_load(dt, buf, i) == tcp_test_value(dt, root, i, salt),
+        CHECK_MSG(!sampled(i, count) || ddp_test_get(dt, buf, i) == tcp_test_value(dt, root, i, salt),
                   "rank %d broadcast from %d %s count %zu: element %zu wrong", x->rank, root,
                   ddp_dtype_name(dt), count, i);
     record_hash(x, buf, count * es);
@@ -106,13 +106,13 @@ static void test_reduce_scatter(ctx_t *x, ddp_dtype_t dt, ddp_reduce_op_t op, si
     size_t es = ddp_dtype_size(dt), total = count * (size_t)x->world;
     char *send = malloc(total * es + 1), *own = malloc(count * es + 1);
     CHECK(send && own);
-    for (size_t i = 0; i < total; i++) tcp_test_store(dt, send, i, tcp_test_value(dt, x->rank, i, salt));
+    for (size_t i = 0; i < total; i++) ddp_test_put(dt, send, i, tcp_test_value(dt, x->rank, i, salt));
     char *recv = in_place ? send + count * (size_t)x->rank * es : own;
     CHECK_OK(run(x, DDP__REDUCE_SCATTER, send, recv, count, dt, op, 0));
     size_t base = count * (size_t)x->rank;
     for (size_t i = 0; i < count; i++)
         if (sampled(i, count))
-        check_value(dt, tcp_test_load(dt, recv, i),
+        check_value(dt, ddp_test_get(dt, recv, i),
                     tcp_test_reference(dt, op, x->world, base + i, salt), "reduce_scatter", i,
                     count, x->rank);
     free(send);
@@ -126,11 +126,11 @@ static void test_allgather(ctx_t *x, ddp_dtype_t dt, size_t count, int in_place,
     CHECK(recv && mine);
     memset(recv, 0xAB, total * es);
     char *send = in_place ? recv + count * (size_t)x->rank * es : mine;
-    for (size_t i = 0; i < count; i++) tcp_test_store(dt, send, i, tcp_test_value(dt, x->rank, i, salt));
+    for (size_t i = 0; i < count; i++) ddp_test_put(dt, send, i, tcp_test_value(dt, x->rank, i, salt));
     CHECK_OK(run(x, DDP__ALLGATHER, send, recv, count, dt, 0, 0));
     for (int r = 0; r < x->world; r++)
         for (size_t i = 0; i < count; i++)
-            CHECK_MSG(!sampled(i, count) || tcp_test_load(dt, recv, (size_t)r * count + i) == tcp_test_value(dt, r, i, salt),
+            CHECK_MSG(!sampled(i, count) || ddp_test_get(dt, recv, (size_t)r * count + i) == tcp_test_value(dt, r, i, salt),
                       "rank %d allgather %s count %zu: block %d element %zu wrong", x->rank,
                       ddp_dtype_name(dt), count, r, i);
     record_hash(x, recv, total * es);
