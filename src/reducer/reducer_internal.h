@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "ddp/ddp.h"
+#include "group/group_internal.h"
 
 /* How finished buckets are ordered. */
 enum {
