@@ -1,4 +1,4 @@
-/* The MPI transport driven directly through its ops table (src/group/transport.h), run under
+/* The MPI transport driven directly through its ops table (src/transport/transport.h), run under
  * mpirun with 1-4 processes: every op x dtype x size against a float64 reference with bitwise
  * identical results on every rank, in place and out of place, every broadcast root, subgroups
  * and reorderings through a file store, fingerprint mismatches, a timeout, a peer's abort, an

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "group/registry.h"
+#include "transport/transport.h"
 #include "harness.h"
 #include "test_tcp_common.h"
 #include "transport/hier/hier.h"

@@ -31,8 +31,9 @@ typedef struct ddp_work ddp_work_t;
 
 typedef struct ddp_group_options {
     int timeout_ms;        /* 0: DDP_TIMEOUT (default 300 s) */
-    const char *transport; /* NULL or "auto", "shm", "tcp", "mpi", "hierarchical"; DDP_TRANSPORT
-                              overrides auto */
+    const char *transport; /* NULL or "auto", or a transport's name: the accepted values of
+                              DDP_TRANSPORT (`ddprun --print-config` or ddp_env_vars() list them
+                              with a line of help each); DDP_TRANSPORT overrides auto */
     const char *name;      /* distinguishes groups created on one store; NULL: "default" */
 } ddp_group_options_t;
 

@@ -1,5 +1,5 @@
-/* The one table of DDP_* environment variables (and the launcher variables libddp reads), the
- * log level, and clocks. Add a row here for every variable any part of libddp reads. */
+/* The one table of DDP_* environment variables (and the launcher variables libddp reads). Add a
+ * row here for every variable any part of libddp reads. The log is in log.c, clocks in clock.c. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "core/internal.h"
+#include "core/transports.h"
 
 /* Every variable is one row: X(name, default, rule, low, high, choices, help). The rule says how
  * a value is checked by the readers below, and the "accepted" column of the public table is made
@@ -23,8 +24,9 @@
       "seconds any collective, store wait or rendezvous may block")                               \
     X("DDP_LOG_LEVEL", "none", CHOICE, 0, 0, "none|error|warn|info|debug",                         \
       "what libddp prints to stderr")                                                              \
-    X("DDP_TRANSPORT", "auto", CHOICE, 0, 0, "auto|shm|tcp|mpi|hierarchical",                      \
-      "the process-group transport")                                                               \
+    X("DDP_TRANSPORT", "auto", CHOICE, 0, 0, DDP_TRANSPORT_CHOICES,                                \
+      "the process-group transport; auto: shm on one host, else hierarchical"                     \
+      DDP_TRANSPORT_HELP)                                                                          \
     X("DDP_STORE_TOKEN", "", TEXT, 0, 0, "any text",                                               \
       "shared secret every TCP store connection presents (set by ddprun)")                        \
     X("DDP_SOCKET_IFNAME", "", TEXT, 0, 0, "an interface name",                                    \
@@ -265,63 +267,3 @@ int ddp_default_timeout_ms(void)
     const char *v = value_of(row_of("DDP_TIMEOUT"));
     return is_valid(row_of("DDP_TIMEOUT"), v, NULL, &ms) ? ms : 300 * 1000;
 }
-
-int ddp__log_level(void)
-{
-    static _Atomic int cached = -1;
-    int level = cached;
-    if (level >= 0) return level;
-    const char *v = getenv("DDP_LOG_LEVEL");
-    level = DDP_LOG_NONE;
-    if (v) {
-        if (!strcmp(v, "error")) level = DDP_LOG_ERROR;
-        else if (!strcmp(v, "warn")) level = DDP_LOG_WARN;
-        else if (!strcmp(v, "info")) level = DDP_LOG_INFO;
-        else if (!strcmp(v, "debug")) level = DDP_LOG_DEBUG;
-    }
-    cached = level;
-    return level;
-}
-
-void ddp__log(int level, const char *fmt, ...)
-{
-    static const char *const names[] = {"", "error", "warn", "info", "debug"};
-    char line[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[libddp %s] %s\n", names[level < 0 || level > 4 ? 0 : level], line);
-}
-
-static int64_t clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-int64_t ddp__now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
-
-int64_t ddp__coarse_now_ns(void) { return clock_ns(CLOCK_MONOTONIC_COARSE); }
-
-int64_t ddp__deadline_ns(int timeout_ms)
-{
-    /* The coarse clock lags the precise one by up to a tick and the tick's own lateness (6.9
-     * ms measured with 4 ms ticks): two resolutions of slack keep a deadline from coming early
-     * (it may come that much late instead). */
-    static _Atomic int64_t slack_ns = -1;
-    int64_t slack = atomic_load_explicit(&slack_ns, memory_order_relaxed);
-    if (slack < 0) {
-        struct timespec res;
-        slack = clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0
-                    ? 2 * ((int64_t)res.tv_sec * 1000000000LL + res.tv_nsec)
-                    : 20000000LL;
-        atomic_store_explicit(&slack_ns, slack, memory_order_relaxed);
-    }
-    return ddp__coarse_now_ns() + (int64_t)timeout_ms * 1000000LL + slack;
-}
-
-double ddp__now_us(void) { return (double)ddp__now_ns() / 1000.0; }
-
-double ddp_time_us(void) { return ddp__now_us(); }

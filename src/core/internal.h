@@ -1,5 +1,5 @@
 /* Internal helpers every part of libddp uses: error recording, logging, environment look-ups,
- * clocks. Not installed. */
+ * clocks, sleeping. The ground floor: it declares nothing of a layer above. Not installed. */
 #ifndef DDP_CORE_INTERNAL_H
 #define DDP_CORE_INTERNAL_H
 
@@ -61,17 +61,15 @@ int64_t ddp__coarse_now_ns(void);
 /* A deadline `timeout_ms` from now on the ddp__now_ns clock, from the coarse clock plus slack
  * for its lag: never early, up to ~8 ms late. */
 int64_t ddp__deadline_ns(int timeout_ms);
+/* Whole milliseconds left until `deadline_ns` (rounded up, so 0 only once it has passed), at
+ * most `cap_ms`: the timeout argument of poll() and of store waits. */
+int ddp__ms_left(int64_t deadline_ns, int cap_ms);
+/* Sleeps `us` microseconds (resumed across signals); nothing for us <= 0. */
+void ddp__sleep_us(int64_t us);
 
 /* Checked allocation helpers returning NULL and setting DDP_ERR_NO_MEMORY text. */
 void *ddp__malloc(size_t bytes, const char *what);
 void *ddp__calloc(size_t n, size_t size, const char *what);
 char *ddp__strdup(const char *s, const char *what);
-
-/* Hint for a buffer from ddp_group_alloc_buffer: collective results written into it are read
- * later, after other work, not right away (see advise_cold_results in group/transport.h). */
-void ddp__group_advise_cold_results(ddp_group_t *group, void *buffer);
-/* Whether the calling thread is a group's progress thread (which shares its rank's CPU with the
- * user's thread when the rank is pinned: a wait there should not spin). */
-int ddp__on_progress_thread(void);
 
 #endif

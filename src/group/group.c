@@ -4,7 +4,7 @@
  * Each group has one FIFO of works and one progress thread that runs them in issue order. A
  * collective gets its sequence number when it starts running (not when it is issued), so the
  * blocking collectives a task runs inline take the next numbers exactly as on every other rank.
- * The thread hands each collective to the transport (src/group/transport.h) with an absolute
+ * The thread hands each collective to the transport (src/transport/transport.h) with an absolute
  * deadline; the first failure breaks the group: it is recorded, the transport is told (so peers
  * fail fast) and every queued or later work fails with DDP_ERR_ABORTED quoting the cause.
  *
@@ -20,11 +20,8 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "group/registry.h"
-#if defined(DDP_HAVE_MPI)
-#include "transport/mpi/mpi_internal.h"
-#endif
-#include "group/transport.h"
+#include "group/group_internal.h"
+#include "transport/transport.h"
 
 #define GROUP_MAX_WORLD 4096
 
@@ -84,27 +81,6 @@ struct ddp_group {
 
 /* The group whose progress thread this is (NULL on other threads). */
 static _Thread_local ddp_group_t *progress_group;
-
-int ddp__on_progress_thread(void) { return progress_group != NULL; }
-
-static const char *kind_name(ddp__collective_kind_t kind)
-{
-    switch (kind) {
-    case DDP__ALLREDUCE: return "allreduce";
-    case DDP__BROADCAST: return "broadcast";
-    case DDP__REDUCE_SCATTER: return "reduce_scatter";
-    case DDP__ALLGATHER: return "allgather";
-    case DDP__BARRIER: return "barrier";
-    }
-    return "unknown";
-}
-
-void ddp__fingerprint_describe(const ddp__collective_t *c, char *buf, size_t size)
-{
-    snprintf(buf, size, "seq %llu %s %s %s count %zu root %d", (unsigned long long)c->seq,
-             kind_name(c->kind), ddp_dtype_name(c->dtype), ddp_reduce_op_name(c->op), c->count,
-             c->root);
-}
 
 /* ---- reference counting ------------------------------------------------------------------- */
 
@@ -186,6 +162,8 @@ static ddp_status_t run_collective(ddp_group_t *g, ddp__collective_t *c)
     /* The coarse clock (with slack for its lag): a precise read costs ~26 ns here, twice per
      * collective. */
     c->deadline_ns = ddp__deadline_ns(g->timeout_ms);
+    /* Any group's progress thread (a task of one group may run another's collective inline). */
+    c->on_progress_thread = progress_group != NULL;
     atomic_store(&g->last_progress_ns, ddp__coarse_now_ns());
     ddp__clear_error();
     ddp_status_t s = g->ops->run(g->state, c);
@@ -783,21 +761,6 @@ const char *ddp_group_transport(const ddp_group_t *group)
 
 /* ---- creation ----------------------------------------------------------------------------- */
 
-/* "hostname|boot id": equal on two ranks iff they share a kernel, hence shared memory. */
-static void host_identity(char *buf, size_t size)
-{
-    char host[256] = "";
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown");
-    char boot[64] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-        fclose(f);
-        boot[strcspn(boot, "\n")] = '\0';
-    }
-    snprintf(buf, size, "%s|%s", host, boot);
-}
-
 /* Sets `key` and reads the same key of every rank into values[r] (malloc'd, NUL-terminated). */
 static ddp_status_t exchange(ddp_store_t *store, const char *prefix, const char *what, int rank,
                              int world, int timeout_ms, const char *mine, char **values)
@@ -851,25 +814,27 @@ static void free_values(char **values, int n)
     }
 }
 
-/* Destroys a transport state made by ddp__mpi_split that no group took over. */
-static void release_mpi_state(void *state)
+/* A state made by a transport's split op that no group took over. */
+typedef struct split_state {
+    const ddp__transport_ops_t *ops;
+    void *state;
+} split_state_t;
+
+static void release_split(split_state_t *made)
 {
-    if (!state) return;
-    ddp_status_t ignored;
-    const ddp__transport_ops_t *ops = ddp__transport_find("mpi", &ignored);
-    if (ops) ops->destroy(state);
+    if (made && made->state) made->ops->destroy(made->state);
 }
 
-/* mpi_state: NULL, or the state of a store-less MPI subgroup already made by ddp__mpi_split
+/* made: NULL, or the state of a store-less subgroup already made by its transport's split op
  * (the group takes it over, also on failure). */
 static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank, int world,
                                     const ddp_group_options_t *options, const char *name,
-                                    int timeout_ms, void *mpi_state, ddp_group_t **out)
+                                    int timeout_ms, split_state_t *made, ddp_group_t **out)
 {
     ddp_status_t s;
     ddp_group_t *g = ddp__calloc(1, sizeof *g, "a process group");
     if (!g) {
-        release_mpi_state(mpi_state);
+        release_split(made);
         return DDP_ERR_NO_MEMORY;
     }
     atomic_init(&g->refs, 1);
@@ -894,27 +859,34 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
         goto fail;
     }
     if (!asked || strcmp(asked, "auto") == 0) asked = env ? env : "auto";
-    if (strcmp(asked, "auto") && strcmp(asked, "shm") && strcmp(asked, "tcp") &&
-        strcmp(asked, "mpi") && strcmp(asked, "hierarchical")) {
-        s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                       "group_create: transport '%s' is unknown (expected auto, shm, tcp, "
-                       "hierarchical or mpi)",
-                       asked);
+    if (!ddp__transport_known(asked)) {
+        ddp__transport_find(asked, &s); /* records the text naming the known transports */
+        ddp__error_context(s, "group_create");
         goto fail;
     }
 
     const char *chosen = "self";
+    const ddp__transport_ops_t *storeless = NULL;
     if (world == 1 || !store) {
         snprintf(g->prefix, sizeof g->prefix, "ddp/group/%s/local", name);
-        /* Without a store only MPI can connect several ranks (MPI_COMM_WORLD in rank order, or
-         * a subgroup made by ddp__mpi_split, whose state is handed in). */
-        if (world > 1 || mpi_state) chosen = "mpi";
-        if (world > 1 && strcmp(asked, "auto") && strcmp(asked, "mpi")) {
-            s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                           "group_create: transport '%s' needs a store (MASTER_ADDR and "
-                           "MASTER_PORT); without one only transport mpi can connect %d ranks",
-                           asked, world);
-            goto fail;
+        /* Without a store only a storeless transport can connect several ranks (MPI_COMM_WORLD
+         * in rank order, or a subgroup made by its split op, whose state is handed in). */
+        if (made) {
+            storeless = made->ops;
+        } else if (world > 1) {
+            storeless = strcmp(asked, "auto") == 0 ? ddp__transport_storeless(&s)
+                                                   : ddp__transport_find(asked, &s);
+            if (!storeless) {
+                ddp__error_context(s, "group_create (rank %d of %d)", rank, world);
+                goto fail;
+            }
+            if (!storeless->storeless) {
+                s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                               "group_create: transport '%s' needs a store (MASTER_ADDR and "
+                               "MASTER_PORT); without one it cannot connect %d ranks",
+                               asked, world);
+                goto fail;
+            }
         }
     } else {
         /* Instances of one name on one store are numbered: the k-th creation on every rank gets
@@ -933,7 +905,7 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
 
         char mine[512];
         char ident[400];
-        host_identity(ident, sizeof ident);
+        ddp__host_identity(ident, sizeof ident);
         snprintf(mine, sizeof mine, "%s|%s", asked, ident);
         char **values = ddp__calloc((size_t)world, sizeof *values, "host identities");
         if (!values) {
@@ -990,13 +962,14 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
             chosen = asked;
         }
     }
-    g->ops = ddp__transport_find(chosen, &s);
+    g->ops = storeless ? storeless : ddp__transport_find(chosen, &s);
     if (!g->ops) {
         ddp__error_context(s, "group_create (rank %d of %d)", rank, world);
         goto fail;
     }
-    if (mpi_state) {
-        g->state = mpi_state;
+    if (made) {
+        g->state = made->state;
+        made = NULL;
         s = DDP_OK;
     } else {
         s = g->ops->create(store, g->prefix, rank, world, timeout_ms, &g->state);
@@ -1011,7 +984,6 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
     if (rc != 0) {
         s = ddp__error_errno(DDP_ERR_SYSTEM, rc, "group_create: starting the progress thread");
         g->ops->destroy(g->state);
-        mpi_state = NULL;
         goto fail;
     }
     g->thread_started = 1;
@@ -1021,7 +993,7 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
             g->ops->name);
     return DDP_OK;
 fail:
-    release_mpi_state(mpi_state);
+    release_split(made);
     group_free(g);
     return s;
 }
@@ -1087,25 +1059,34 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
     if (s != DDP_OK) return ddp__error_context(s, "group_create_from_env");
     const char *name = options && options->name ? options->name : "default";
     ddp_store_t *store = NULL;
-    /* Under mpirun without MASTER_ADDR (or when transport mpi is asked for without one) the
-     * group is MPI_COMM_WORLD over the MPI transport, with no store. */
+    /* Without MASTER_ADDR, when launched by mpirun/mpiexec (or when a storeless transport - mpi
+     * - is asked for) the group has no store: a storeless transport connects the ranks
+     * (MPI_COMM_WORLD in rank order). */
     const char *asked = options && options->transport && strcmp(options->transport, "auto")
                             ? options->transport
                             : NULL;
     if (!asked) TRY(ddp__env_text("DDP_TRANSPORT", &asked));
     int mpi_launcher = strcmp(env.source, "openmpi") == 0 || strcmp(env.source, "pmi") == 0;
-    int storeless = env.master_addr[0] == '\0' &&
-                    ((asked && strcmp(asked, "mpi") == 0) ||
-                     (mpi_launcher && (!asked || strcmp(asked, "auto") == 0)));
-    if (env.world_size > 1 && storeless) {
-        ddp_status_t ignored;
-        if (!ddp__transport_find("mpi", &ignored))
+    int auto_asked = !asked || strcmp(asked, "auto") == 0;
+    int storeless = 0;
+    if (env.master_addr[0] == '\0' && env.world_size > 1 && (mpi_launcher || !auto_asked)) {
+        ddp_status_t found = DDP_OK;
+        const ddp__transport_ops_t *ops = auto_asked ? ddp__transport_storeless(&found)
+                                        : ddp__transport_known(asked) ? ddp__transport_find(asked, &found)
+                                                                      : NULL;
+        if (ops && ops->storeless) {
+            storeless = 1;
+        } else if (auto_asked || (!ops && found == DDP_ERR_UNSUPPORTED)) {
+            char why[DDP_ERROR_TEXT_MAX];
+            snprintf(why, sizeof why, "%s", ddp_last_error());
             return ddp__error(DDP_ERR_UNSUPPORTED,
                               "group_create_from_env: %d ranks from launcher '%s' without "
-                              "MASTER_ADDR need the MPI transport, which is not built into this "
-                              "libddp; set MASTER_ADDR and MASTER_PORT to a TCP store",
-                              env.world_size, env.source);
-    } else if (env.world_size > 1) {
+                              "MASTER_ADDR need a transport that connects them without a store "
+                              "(%s); set MASTER_ADDR and MASTER_PORT to a TCP store",
+                              env.world_size, env.source, why);
+        }
+    }
+    if (env.world_size > 1 && !storeless) {
         if (env.master_addr[0] == '\0' || env.master_port <= 0)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                               "group_create_from_env: MASTER_ADDR and MASTER_PORT must name the "
@@ -1172,11 +1153,12 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
     if (parent->world > 1 && !parent->store) {
         /* A store-less group (MPI_COMM_WORLD over MPI): compare the lists with a collective on
          * the parent (an allgather of a hash of each rank's list), then build the subgroup with
-         * MPI_Comm_create_group over the parent's communicator, among the members only. */
-        if (strcmp(parent->ops->name, "mpi") != 0)
+         * the transport's split op (MPI_Comm_create_group over the parent's communicator, among
+         * the members only). */
+        if (!parent->ops->split)
             return ddp__error(DDP_ERR_UNSUPPORTED,
-                              "group_split: a group without a store can be split only over "
-                              "transport mpi, not '%s'",
+                              "group_split: a group without a store can be split only over a "
+                              "transport with a split operation, not '%s'",
                               parent->ops->name);
         /* FNV-1a over the count and every rank (not the text `mine`, which is cut at 4 KiB). */
         uint64_t h = 1469598103934665603ull;
@@ -1208,17 +1190,13 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
         }
         ddp_group_options_t sub = DDP_GROUP_OPTIONS_INIT;
         if (options) sub = *options;
-        sub.transport = nranks > 1 ? "mpi" : NULL;
+        sub.transport = nranks > 1 ? parent->ops->name : NULL;
         if (nranks == 1)
             return create_internal(NULL, 0, 0, 1, &sub, name, timeout_ms, NULL, out);
-        void *state = NULL;
-#if defined(DDP_HAVE_MPI)
-        s = ddp__mpi_split(parent->state, ranks, nranks, name, &state);
-#else
-        s = ddp__error(DDP_ERR_UNSUPPORTED, "group_split: the MPI transport is not built");
-#endif
+        split_state_t made = {parent->ops, NULL};
+        s = parent->ops->split(parent->state, ranks, nranks, name, &made.state);
         if (s != DDP_OK) return ddp__error_context(s, "group_split");
-        return create_internal(NULL, 0, my_index, nranks, &sub, name, timeout_ms, state, out);
+        return create_internal(NULL, 0, my_index, nranks, &sub, name, timeout_ms, &made, out);
     }
     if (parent->world > 1) {
         char prefix[600];

@@ -10,6 +10,7 @@
 
 #include "core/internal.h"
 #include "ddp/ddp.h"
+#include "group/group_internal.h"
 
 /* How finished buckets are ordered. */
 enum {

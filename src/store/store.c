@@ -418,11 +418,3 @@ void ddp__store_format_keys(char *buf, size_t size, const char *const *keys, siz
         first = 0;
     }
 }
-
-void ddp__sleep_us(int64_t us)
-{
-    if (us <= 0) return;
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}

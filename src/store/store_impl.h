@@ -90,7 +90,4 @@ int ddp__store_cas_matches(const uint8_t *current, size_t current_len, int prese
 void ddp__store_format_keys(char *buf, size_t size, const char *const *keys, size_t nkeys,
                             const unsigned char *missing);
 
-/* Sleeps for `us` microseconds. */
-void ddp__sleep_us(int64_t us);
-
 #endif

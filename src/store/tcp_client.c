@@ -39,12 +39,7 @@ static struct tcp_client *impl_of(ddp_store_t *store) { return store->impl; }
 
 static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
 
-static int ms_left(int64_t deadline_ns)
-{
-    int64_t left = (deadline_ns - ddp__now_ns() + 999999) / 1000000; /* round up */
-    if (left < 0) return 0;
-    return left > 1000000000 ? 1000000000 : (int)left;
-}
+static int ms_left(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000000000); }
 
 /* Waits for `events` on fd. Returns 1 ready, 0 timed out, -1 error (errno). */
 static int wait_fd(int fd, short events, int64_t deadline_ns)

@@ -24,8 +24,8 @@
 
 #include "core/internal.h"
 #include "core/reduce.h"
-#include "group/registry.h"
 #include "transport/hier/hier.h"
+#include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
 
 static const char *_Atomic identity_override;
@@ -45,6 +45,7 @@ typedef struct hier {
     void *local;   /* NULL when I am alone on my host */
     void *leaders; /* NULL unless I lead my host and there are several hosts */
     uint64_t lseq, xseq, parent_seq;
+    int on_progress_thread; /* of the collective being run: handed to the sub-collectives */
     char local_map[160], leader_map[160]; /* "local rank i = global rank g" for error texts */
     char *work;
     size_t work_bytes;
@@ -70,6 +71,7 @@ static ddp_status_t sub(hier_t *h, int among_leaders, ddp__collective_kind_t kin
     c.op = op;
     c.root = root;
     c.deadline_ns = deadline_ns;
+    c.on_progress_thread = h->on_progress_thread;
     const ddp__transport_ops_t *ops = among_leaders ? &ddp__transport_tcp : h->lops;
     ddp_status_t s = ops->run(state, &c);
     /* The sub-transport numbers ranks and sequence numbers its own way: say how to read them. */
@@ -95,10 +97,7 @@ static ddp_status_t ensure(hier_t *h, size_t bytes)
 }
 
 /* ---- fingerprints --------------------------------------------------------------------------- */
-typedef struct fprec {
-    uint64_t seq, count;
-    int32_t kind, dtype, op, root;
-} fprec_t;
+typedef ddp__fingerprint_t fprec_t;
 
 typedef struct verdict {
     fprec_t first; /* the fingerprint of the host's leader */
@@ -106,31 +105,9 @@ typedef struct verdict {
     fprec_t fa, fb; /* when bad: rank a called fa, rank b called fb */
 } verdict_t;
 
-static fprec_t fprec_of(const ddp__collective_t *c)
-{
-    fprec_t f;
-    memset(&f, 0, sizeof f);
-    f.seq = c->seq;
-    f.count = c->count;
-    f.kind = (int32_t)c->kind;
-    f.dtype = (int32_t)c->dtype;
-    f.op = (int32_t)c->op;
-    f.root = c->root;
-    return f;
-}
+static fprec_t fprec_of(const ddp__collective_t *c) { return ddp__fingerprint_of(c); }
 
-static void describe(const fprec_t *f, char *buf, size_t size)
-{
-    ddp__collective_t c;
-    memset(&c, 0, sizeof c);
-    c.seq = f->seq;
-    c.count = (size_t)f->count;
-    c.kind = (ddp__collective_kind_t)f->kind;
-    c.dtype = (ddp_dtype_t)f->dtype;
-    c.op = (ddp_reduce_op_t)f->op;
-    c.root = f->root;
-    ddp__fingerprint_describe(&c, buf, size);
-}
+static void describe(const fprec_t *f, char *buf, size_t size) { ddp__fingerprint_text(f, buf, size); }
 
 static ddp_status_t check_fingerprints(hier_t *h, const ddp__collective_t *c)
 {
@@ -287,20 +264,8 @@ static ddp_status_t dispatch(hier_t *h, const ddp__collective_t *c)
 static void host_identity(char *buf, size_t size)
 {
     const char *forced = identity_override;
-    if (forced) {
-        snprintf(buf, size, "%s", forced);
-        return;
-    }
-    char host[256] = "";
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown");
-    char boot[64] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-        fclose(f);
-        boot[strcspn(boot, "\n")] = '\0';
-    }
-    snprintf(buf, size, "%s|%s", host, boot);
+    if (forced) snprintf(buf, size, "%s", forced);
+    else ddp__host_identity(buf, size);
 }
 
 static void hier_destroy(void *state);
@@ -440,6 +405,7 @@ static ddp_status_t hier_run(void *state, const ddp__collective_t *c)
         return DDP_OK;
     }
     h->parent_seq = c->seq;
+    h->on_progress_thread = c->on_progress_thread;
     ddp_status_t s = dispatch(h, c);
     if (s != DDP_OK) {
         h->broken = 1;

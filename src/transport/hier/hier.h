@@ -3,7 +3,7 @@
 #ifndef DDP_TRANSPORT_HIER_H
 #define DDP_TRANSPORT_HIER_H
 
-#include "group/transport.h"
+#include "transport/transport.h"
 
 extern const ddp__transport_ops_t ddp__transport_hierarchical;
 

@@ -4,7 +4,7 @@
 #define DDP_TRANSPORT_MPI_INTERNAL_H
 
 #include "ddp/ddp.h"
-#include "group/transport.h"
+#include "transport/transport.h"
 
 extern const ddp__transport_ops_t ddp__transport_mpi;
 
@@ -19,7 +19,7 @@ ddp_status_t ddp__mpi_error(int mpi_code, const char *what);
  * communicator, which involves only the members and blocks until all of them call (so call it
  * when every member is known to be calling, e.g. after comparing the member lists, and while the
  * parent has no collective in flight). `name` names the new group (its tag is derived from it).
- * Candidate for an optional `split` member of ddp__transport_ops_t. */
+ * The table's `split` entry. */
 ddp_status_t ddp__mpi_split(void *parent, const int *ranks, int nranks, const char *name,
                             void **state);
 

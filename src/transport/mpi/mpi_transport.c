@@ -27,7 +27,7 @@
 
 #include "core/internal.h"
 #include "core/reduce.h"
-#include "group/transport.h"
+#include "transport/transport.h"
 #include "transport/mpi/mpi_internal.h"
 
 enum {
@@ -1427,4 +1427,6 @@ const ddp__transport_ops_t ddp__transport_mpi = {
     .free_buffer = NULL,
     .abort = mpi_abort,
     .destroy = mpi_destroy,
+    .split = ddp__mpi_split,
+    .storeless = 1,
 };

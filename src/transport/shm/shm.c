@@ -31,8 +31,7 @@
 
 #include "core/internal.h"
 #include "core/reduce.h"
-#include "group/registry.h"
-#include "group/transport.h"
+#include "transport/transport.h"
 #include "transport/shm/shm.h"
 
 #define SHM_MAGIC 0x3130746d68737064ULL /* "dpshmt01" */
@@ -326,8 +325,7 @@ static ddp_status_t poisoned_error(shm_state_t *S, int j, uint64_t poison,
     if (q < 0 || q >= S->world) q = j;
     for (int i = 0; i < 1000 && atomic_load(&S->ranks[q].abort_status) == 0; i++) {
         if (q != S->rank && peer_dead(atomic_load(&S->ranks[q].pid))) break;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
+        ddp__sleep_us(1000);
     }
     char what[256];
     describe(c, what, sizeof what);
@@ -501,7 +499,7 @@ static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
      * slice that a peer needs. */
     if (S->refused) return poisoned_error(S, S->rank, S->refused, c);
     if (all_arrived(S, target, mailbox)) return DDP_OK;
-    if (ddp__on_progress_thread()) return wait_progress(S, target, mailbox, c, deadline_ns);
+    if (c && c->on_progress_thread) return wait_progress(S, target, mailbox, c, deadline_ns);
     /* The clock is first read after 8 polls: most small waits end before, and a read costs
      * ~30 ns of a 450 ns collective here (kvm-clock). */
     int64_t start = 0;

@@ -1,9 +1,13 @@
-/* Test hooks of the shared-memory transport (the transport itself is reached through its ops
- * table, ddp__transport_shm in group/registry.h). */
+/* The shared-memory transport's table (the hierarchical transport uses it inside each host) and
+ * its test hooks. Not installed. */
 #ifndef DDP_TRANSPORT_SHM_H
 #define DDP_TRANSPORT_SHM_H
 
 #include <stdint.h>
+
+#include "transport/transport.h"
+
+extern const ddp__transport_ops_t ddp__transport_shm;
 
 /* How long a sleeping waiter naps before it looks again on its own (0: 100 ms, which bounds how
  * late a deadline, an abort flag or a dead peer is noticed). tests/test_shm_wakeup sets it

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
-#include "group/transport.h"
+#include "transport/transport.h"
 
 extern const ddp__transport_ops_t ddp__transport_tcp;
 

@@ -20,19 +20,7 @@
 
 #include "transport/tcp/tcp.h"
 
-static int remaining_ms(int64_t deadline_ns)
-{
-    int64_t left = deadline_ns - ddp__now_ns();
-    if (left <= 0) return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms > 1000000 ? 1000000 : (int)ms;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+static int remaining_ms(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000000); }
 
 static int set_nonblocking(int fd)
 {
@@ -227,7 +215,7 @@ static ddp_status_t connect_to(const char *published, int peer, int64_t deadline
         last_errno = errno;
         close(fd);
         if (remaining_ms(deadline_ns) == 0) break;
-        sleep_ms(delay_ms);
+        ddp__sleep_us((int64_t)delay_ms * 1000);
         if (delay_ms < 200) delay_ms *= 2;
     }
     freeaddrinfo(res);

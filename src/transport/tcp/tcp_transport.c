@@ -58,46 +58,24 @@ typedef struct tcp_state {
 } tcp_state_t;
 
 /* ---- fingerprints ----------------------------------------------------------------------- */
+/* The shared fingerprint and a flag: the frame every rank sends first. */
 typedef struct fp_wire {
-    uint64_t seq;
-    uint64_t count;
-    int32_t kind, dtype, op, root, valid, pad;
+    ddp__fingerprint_t f;
+    int32_t valid, pad;
 } fp_wire_t;
 
-static const char *kind_name(int kind)
+static void describe_fp(const fp_wire_t *w, char *buf, size_t size)
 {
-    switch (kind) {
-    case DDP__ALLREDUCE: return "allreduce";
-    case DDP__BROADCAST: return "broadcast";
-    case DDP__REDUCE_SCATTER: return "reduce_scatter";
-    case DDP__ALLGATHER: return "allgather";
-    case DDP__BARRIER: return "barrier";
-    }
-    return "unknown";
-}
-
-static void describe_fp(const fp_wire_t *f, char *buf, size_t size)
-{
-    snprintf(buf, size, "seq %llu %s %s %s count %llu root %d", (unsigned long long)f->seq,
-             kind_name(f->kind), ddp_dtype_name((ddp_dtype_t)f->dtype),
-             f->kind == DDP__ALLREDUCE || f->kind == DDP__REDUCE_SCATTER
-                 ? ddp_reduce_op_name((ddp_reduce_op_t)f->op)
-                 : "-",
-             (unsigned long long)f->count, f->root);
+    ddp__fingerprint_text(&w->f, buf, size);
 }
 
 static fp_wire_t fp_of(const ddp__collective_t *c)
 {
-    fp_wire_t f;
-    memset(&f, 0, sizeof f);
-    f.seq = c->seq;
-    f.count = c->count;
-    f.kind = (int32_t)c->kind;
-    f.dtype = (int32_t)c->dtype;
-    f.op = (int32_t)c->op;
-    f.root = c->root;
-    f.valid = 1;
-    return f;
+    fp_wire_t w;
+    memset(&w, 0, sizeof w);
+    w.f = ddp__fingerprint_of(c);
+    w.valid = 1;
+    return w;
 }
 
 /* ---- the progress engine ------------------------------------------------------------------
@@ -353,13 +331,7 @@ static void set_rcvlowat(ddp__tcp_conn_t *conn, size_t want)
     if (setsockopt(conn->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) conn->rcvlowat = v;
 }
 
-static int remaining_ms(int64_t deadline_ns)
-{
-    int64_t left = deadline_ns - ddp__now_ns();
-    if (left <= 0) return 0;
-    int64_t ms = (left + 999999) / 1000000;
-    return ms > 1000 ? 1000 : (int)ms;
-}
+static int remaining_ms(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000); }
 
 /* A rank that waits for a peer's data past the deadline may be waiting for a rank that is itself
  * waiting: in a ring, rank 3 waits for rank 2, which waits for rank 1, which waits for a stopped
@@ -430,8 +402,7 @@ static ddp_status_t blame_stopped(tcp_state_t *t, const ddp__collective_t *c, co
         /* Data still arriving on a connection (not an abort): nothing to learn from it; do
          * not spin on it. */
         if (!progressed && r > 0) {
-            struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
+            ddp__sleep_us(1000);
         }
     }
 report:;

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "group/registry.h"
+#include "transport/transport.h"
 
 static ddp_status_t self_create(ddp_store_t *store, const char *group_name, int rank, int world,
                                 int timeout_ms, void **state)

@@ -1,0 +1,131 @@
+/* The contract between the process-group layer and a transport (self, shm, tcp, hierarchical,
+ * mpi), and what transports share: fingerprints, host identity, the registry of transports.
+ *
+ * The group layer owns the work queue, the progress thread, sequence numbers and timeouts; it
+ * hands one collective at a time, in issue order, to its transport's `run`. A transport includes
+ * core and this header, nothing above: what it needs to know about its caller (the deadline,
+ * whether it runs on a progress thread) comes in the collective. Each transport is one table of
+ * function pointers (like NCCL's transports or gloo's transport/) in a folder of its own, named
+ * once in the list of src/core/transports.h. */
+#ifndef DDP_TRANSPORT_TRANSPORT_H
+#define DDP_TRANSPORT_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/ddp.h"
+
+typedef enum ddp__collective_kind {
+    DDP__ALLREDUCE = 0,
+    DDP__BROADCAST,
+    DDP__REDUCE_SCATTER,
+    DDP__ALLGATHER,
+    DDP__BARRIER,
+} ddp__collective_kind_t;
+
+/* One collective as every rank must agree on it. The fingerprint is (seq, kind, dtype, op,
+ * count, root): a transport must detect any disagreement among ranks and return
+ * DDP_ERR_MISMATCH on every rank with both sides in the text (ddp__fingerprint_describe). */
+typedef struct ddp__collective {
+    ddp__collective_kind_t kind;
+    uint64_t seq;       /* 1, 2, 3 ... per group, identical on every rank */
+    const void *send;   /* input; may equal recv (in place) */
+    void *recv;         /* output */
+    size_t count;       /* allreduce/broadcast: elements; reduce_scatter: elements per rank
+                           (recv count); allgather: elements each rank sends; barrier: 0 */
+    ddp_dtype_t dtype;
+    ddp_reduce_op_t op; /* allreduce and reduce_scatter only; 0 otherwise */
+    int root;           /* broadcast only; 0 otherwise */
+    int64_t deadline_ns; /* absolute, on ddp__now_ns()'s clock: fail with DDP_ERR_TIMEOUT after
+                            it, naming the ranks that did not arrive and their sequence numbers */
+    int on_progress_thread; /* 1: run on a group's progress thread, which shares its rank's CPU
+                               with the user's thread when the rank is pinned, so a wait should
+                               not spin; 0: on the user's thread. Not part of the fingerprint. */
+} ddp__collective_t;
+
+typedef struct ddp__transport_ops {
+    const char *name; /* its name in src/core/transports.h's list, or "self" */
+
+    /* Collective over `world` ranks: rendezvous through `store` (keys under `group_name`), set up
+     * connections or segments. timeout_ms bounds the rendezvous. A transport with `storeless`
+     * set also accepts store == NULL: it then connects through its own runtime (MPI_COMM_WORLD
+     * in rank order for mpi). */
+    ddp_status_t (*create)(ddp_store_t *store, const char *group_name, int rank, int world,
+                           int timeout_ms, void **state);
+
+    /* Runs one collective to completion on the calling (progress) thread. Must verify the
+     * fingerprint across ranks, honour c->deadline_ns, notice dead peers, and produce results
+     * that are bitwise identical on every rank. */
+    ddp_status_t (*run)(void *state, const ddp__collective_t *c);
+
+    /* Optional (NULL: the group falls back to aligned malloc). Collective: every rank calls with
+     * the same size in the same order; returns memory the transport reads without a copy. */
+    ddp_status_t (*alloc_buffer)(void *state, size_t bytes, void **out);
+    ddp_status_t (*free_buffer)(void *state, void *buffer);
+
+    /* Optional hint on a buffer from alloc_buffer: results of collectives on it are read later,
+     * after other work (gradient buckets, read by the optimizer), not right away. The transport
+     * may then write other ranks' results with non-temporal stores. Results are unchanged. */
+    void (*advise_cold_results)(void *state, void *buffer);
+
+    /* Marks the transport broken with a reason peers can read, so that they fail fast instead
+     * of waiting for their timeout. Optional. */
+    void (*abort)(void *state, const char *reason);
+
+    void (*destroy)(void *state);
+
+    /* Optional: a subgroup without a store. ranks[i] (ranks of the parent, distinct) becomes
+     * rank i of the new group, whose state (for this same table) is returned in *state; on ranks
+     * not listed *state = NULL. Called by every rank of the parent after the group has checked
+     * that all passed the same list, while the parent has no collective in flight. `name` names
+     * the new group. Only storeless transports need it (a group with a store splits through the
+     * store and `create`). */
+    ddp_status_t (*split)(void *parent, const int *ranks, int nranks, const char *name,
+                          void **state);
+
+    int storeless; /* 1: create accepts store == NULL (see create) */
+} ddp__transport_ops_t;
+
+/* ---- shared by transports (src/transport/common.c) ------------------------------------------ */
+
+/* "allreduce", "broadcast", "reduce_scatter", "allgather", "barrier". */
+const char *ddp__collective_kind_name(ddp__collective_kind_t kind);
+
+/* The fields every rank must agree on, in a fixed 32-byte layout that transports send as is
+ * (between ranks of one build on one byte order, as the transports check). */
+typedef struct ddp__fingerprint {
+    uint64_t seq;
+    uint64_t count;
+    int32_t kind, dtype, op, root;
+} ddp__fingerprint_t;
+
+/* The fingerprint of `c`; padding and the op of a kind without one are zero. */
+ddp__fingerprint_t ddp__fingerprint_of(const ddp__collective_t *c);
+/* Writes "seq S allreduce f32 sum count N root R" into buf ("-" for the op of a kind without one,
+ * so two descriptions differ only where ranks disagree). */
+void ddp__fingerprint_text(const ddp__fingerprint_t *f, char *buf, size_t size);
+/* The same for a collective. */
+void ddp__fingerprint_describe(const ddp__collective_t *c, char *buf, size_t size);
+
+/* "hostname|boot id": equal on two ranks iff they share a kernel, hence shared memory. */
+void ddp__host_identity(char *buf, size_t size);
+
+/* ---- the registry (src/transport/registry.c) ------------------------------------------------ */
+
+/* Built-in tables the group reaches without the list: one rank (self). */
+extern const ddp__transport_ops_t ddp__transport_self;
+
+/* The transport called `name` (one of src/core/transports.h's list, or "self"), loading its
+ * module when it has one; or NULL with DDP_ERR_INVALID_ARGUMENT (an unknown name, the text
+ * listing the known ones) or DDP_ERR_UNSUPPORTED (not in this build, or its module cannot be
+ * loaded: the text says why and what to install) recorded as the calling thread's error. */
+const ddp__transport_ops_t *ddp__transport_find(const char *name, ddp_status_t *status);
+
+/* Whether `name` is "auto" or in the list (without loading anything). */
+int ddp__transport_known(const char *name);
+
+/* The first transport of the list that can connect ranks without a store (ops->storeless), or
+ * NULL with the reason recorded as for ddp__transport_find. */
+const ddp__transport_ops_t *ddp__transport_storeless(ddp_status_t *status);
+
+#endif
