@@ -339,14 +339,14 @@ static int remaining_ms(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 
  * it would blame rank 2. So at its deadline a rank gives up at once (its abort frames go out to
  * every peer) and then listens on every connection for a grace period: each rank that is alive
  * and stuck gives up within it and sends its abort frame, and the ranks that send nothing are
- * the ones that stopped. The grace is a quarter of the timeout, at most 1 s; with two ranks
- * there is nobody else to blame. */
+ * the ones that stopped. The grace is half the timeout, at most 1 s (a quarter let a loaded
+ * machine's later deadlines fall outside it); with two ranks there is nobody else to blame. */
 static void send_abort_frames(tcp_state_t *t, uint64_t seq, const char *reason);
 
 static int64_t blame_grace_ns(const tcp_state_t *t)
 {
     if (t->world <= 2) return 0;
-    int64_t g = (int64_t)t->timeout_ms * 250000LL;
+    int64_t g = (int64_t)t->timeout_ms * 500000LL;
     return g > 1000000000LL ? 1000000000LL : g;
 }
 
