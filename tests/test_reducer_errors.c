@@ -39,6 +39,18 @@ static void mark_all(ddp_reducer_t *r, int skip)
         if (i != skip) CHECK_OK(ddp_reducer_grad_ready(r, (size_t)i));
 }
 
+/* The model with tiny buckets (16 B first, 32 B after), so that it has several. */
+static ddp_reducer_t *small_reducer(ddp_group_t *group, model_t *m)
+{
+    model_make(m);
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.first_bucket_bytes = 16;
+    c.bucket_cap_bytes = 32;
+    ddp_reducer_t *r = NULL;
+    CHECK_OK(ddp_reducer_create(group, m->p, NP, NULL, 0, &c, &r));
+    return r;
+}
+
 static int case_mismatch(ddp_group_t *group, void *arg)
 {
     (void)arg;
@@ -118,12 +130,7 @@ static int case_twice(ddp_group_t *group, void *arg)
 {
     (void)arg;
     model_t m;
-    model_make(&m);
-    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
-    c.first_bucket_bytes = 16;
-    c.bucket_cap_bytes = 32;
-    ddp_reducer_t *r = NULL;
-    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    ddp_reducer_t *r = small_reducer(group, &m);
     CHECK_OK(ddp_reducer_prepare(r));
     mark_all(r, -1);
     if (ddp_group_rank(group) == 0) {
@@ -146,12 +153,7 @@ static int case_unmarked(ddp_group_t *group, void *arg)
 {
     (void)arg;
     model_t m;
-    model_make(&m);
-    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
-    c.first_bucket_bytes = 16;
-    c.bucket_cap_bytes = 32;
-    ddp_reducer_t *r = NULL;
-    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    ddp_reducer_t *r = small_reducer(group, &m);
     for (int round = 0; round < 2; round++) {
         CHECK_OK(ddp_reducer_prepare(r));
         mark_all(r, last(group) ? 3 : -1);
@@ -452,12 +454,7 @@ static int case_peer_exit(ddp_group_t *group, void *arg)
 {
     (void)arg;
     model_t m;
-    model_make(&m);
-    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
-    c.first_bucket_bytes = 16;
-    c.bucket_cap_bytes = 32;
-    ddp_reducer_t *r = NULL;
-    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    ddp_reducer_t *r = small_reducer(group, &m);
     CHECK_OK(ddp_reducer_prepare(r));
     if (last(group)) {
         CHECK_OK(ddp_reducer_grad_ready(r, 4));
@@ -483,12 +480,7 @@ static int case_late_finalize(ddp_group_t *group, void *arg)
 {
     (void)arg;
     model_t m;
-    model_make(&m);
-    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
-    c.first_bucket_bytes = 16;
-    c.bucket_cap_bytes = 32;
-    ddp_reducer_t *r = NULL;
-    CHECK_OK(ddp_reducer_create(group, m.p, NP, NULL, 0, &c, &r));
+    ddp_reducer_t *r = small_reducer(group, &m);
     CHECK_OK(ddp_reducer_prepare(r));
     mark_all(r, -1);
     CHECK_OK(ddp_reducer_finalize(r)); /* one good iteration */
