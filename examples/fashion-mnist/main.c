@@ -78,7 +78,25 @@ typedef struct trainer {
     double *pending;
     size_t npending, pending_first_step;
     fm_progress_t progress;
+    /* the epoch's shape and the step's input buffers */
+    size_t per_step;        /* samples per optimizer step: batch x accumulate */
+    size_t steps_per_epoch; /* whole optimizer steps in one pass over the training set */
+    float *xbuf;
+    uint8_t *ybuf;
+    uint32_t *perm;
 } trainer_t;
+
+/* Timing of a run, over the steps after the warm-up. Per-step samples are kept for medians,
+ * which a busy machine's stalls do not drag. */
+typedef struct run_stats {
+    double timed_us, exposed_us;
+    size_t timed_steps, run_steps;
+    size_t sample_cap;
+    double *step_samples, *exposed_samples;
+    size_t nosync_cap, nosync_steps; /* --bench-nosync: the steps without communication */
+    double *nosync_samples;
+    int stopped; /* --max-steps reached */
+} run_stats_t;
 
 static const char *prog = "fashion-mnist";
 
@@ -622,26 +640,12 @@ static void trace_path(const trainer_t *t, char *out, size_t len)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-int main(int argc, char **argv)
+/* ---- the steps of a run: data, model, data parallelism, training, report --------------- */
+
+/* Loads the training (and test) data and sizes an epoch. */
+static void load_data(trainer_t *t)
 {
-    trainer_t tr;
-    memset(&tr, 0, sizeof tr);
-    trainer_t *t = &tr;
-    parse_options(argc, argv, &t->o);
     const options_t *o = &t->o;
-    if (getenv("RANK")) g_rank = atoi(getenv("RANK")); /* for errors before the group exists */
-#ifdef FM_HAVE_OPENBLAS_THREADS
-    openblas_set_num_threads(1); /* one core per rank: the ranks are the parallelism */
-#endif
-
-    setup_group(t);
-    if (o->batch % (size_t)t->world)
-        fail("--batch %zu is not divisible by the world size %d: the global batch is split "
-             "evenly over ranks",
-             o->batch, t->world);
-    t->local_batch = o->batch / (size_t)t->world;
-
-    /* data */
     char err[8192];
     if (o->synthetic) {
         if (fm_dataset_synthetic(o->synthetic, 1234, &t->train)) fail("out of memory");
@@ -653,14 +657,18 @@ int main(int argc, char **argv)
         if (!o->no_eval && fm_dataset_load(o->data_dir, "t10k", 0, &t->test, err, sizeof err))
             fail("%s", err);
     }
-    size_t per_step = o->batch * o->accumulate;
-    size_t steps_per_epoch = t->train.count / per_step;
-    if (steps_per_epoch == 0)
+    t->per_step = o->batch * o->accumulate;
+    t->steps_per_epoch = t->train.count / t->per_step;
+    if (t->steps_per_epoch == 0)
         fail("%zu training samples are fewer than one optimizer step needs (--batch %zu x "
              "--accumulate %zu)",
              t->train.count, o->batch, o->accumulate);
+}
 
-    /* model and optimizer, then the checkpoint (every rank reads it) */
+/* The model and the optimizer, then the checkpoint (every rank reads it), then the trace. */
+static void build_model(trainer_t *t)
+{
+    const options_t *o = &t->o;
     size_t max_batch = t->local_batch > EVAL_CHUNK ? t->local_batch : EVAL_CHUNK;
     if (fm_mlp_create(o->hidden, max_batch, o->seed, &t->model))
         fail("out of memory for the model");
@@ -675,20 +683,78 @@ int main(int argc, char **argv)
         fail("out of memory for the optimizer");
     t->progress.last_epoch_loss = NAN;
     if (o->resume) {
+        char err[8192];
         fm_hyper_t h = hyper_of(o);
         if (fm_checkpoint_load(o->resume, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
             fail("%s", err);
     }
     t->pending_first_step = t->progress.global_step;
-
     if (o->trace) {
         char path[4096];
         trace_path(t, path, sizeof path);
         check(ddp_trace_open(path, t->rank, &t->trace), "opening the trace file");
         ddp_trace_name_lane(t->trace, 0, "trainer (compute)");
     }
+}
 
-    /* data parallelism: the Reducer (verifies the model, broadcasts rank 0's values) or legacy */
+/* Gradient buffers of our own (legacy, ZeRO-2), and rank 0's initial parameters broadcast,
+ * which the Reducer otherwise does at creation. */
+static void own_gradients(trainer_t *t, ddp_param_t *params)
+{
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        t->own_grads[k] = calloc(t->model.numel[k] ? t->model.numel[k] : 1, sizeof(float));
+        if (!t->own_grads[k]) fail("out of memory for gradients");
+        if (params) params[k].grad = t->own_grads[k];
+        t->grads[k] = t->own_grads[k];
+        if (t->world > 1)
+            check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32, 0),
+                  "broadcasting the initial parameters");
+    }
+}
+
+/* The Reducer's configuration: bucket and piece sizes, the trace, the comm hook. */
+static ddp_reducer_config_t reducer_config(trainer_t *t)
+{
+    const options_t *o = &t->o;
+    ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
+    cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+    double piece_mb = o->piece_mb >= 0 ? o->piece_mb : o->grad_blocks > 1 ? 1 : 0;
+    cfg.piece_bytes = (size_t)(piece_mb * 1048576.0);
+    cfg.trace = t->trace;
+    if (o->zero_overlap) { /* ZeRO's hook needs a fixed bucket layout */
+        cfg.comm_hook = ddp_zero_hook;
+        cfg.comm_hook_state = t->zero;
+        cfg.comm_hook_averages = 1; /* averaged in the allreduce: no prescale pass */
+        cfg.rebuild_buckets = 0;
+    }
+    if (o->hook == FM_HOOK_FP16 || o->hook == FM_HOOK_BF16) {
+        check(ddp_half_hook_state_create(o->hook == FM_HOOK_FP16 ? DDP_F16 : DDP_BF16,
+                                         &t->half_hook),
+              "creating the half-precision hook");
+        cfg.comm_hook = o->hook == FM_HOOK_FP16 ? ddp_hook_fp16 : ddp_hook_bf16;
+        cfg.comm_hook_state = t->half_hook;
+    }
+#ifdef FM_HAVE_POWERSGD
+    if (o->hook == FM_HOOK_POWERSGD) {
+        ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
+        pc.matrix_approximation_rank = o->psgd_rank;
+        pc.start_powersgd_iter = o->psgd_start;
+        pc.random_seed = o->seed;
+        ddp_powersgd_state_t *ps = NULL;
+        check(ddp_powersgd_state_create(&pc, &ps), "creating the PowerSGD hook");
+        t->powersgd = ps;
+        cfg.comm_hook = ddp_powersgd_hook;
+        cfg.comm_hook_state = ps;
+    }
+#endif
+    return cfg;
+}
+
+/* Data parallelism: the Reducer (verifies the model, broadcasts rank 0's values), the legacy
+ * flat allreduce, or ZeRO (with the Reducer for stage 1, alone for stage 2). */
+static void setup_data_parallel(trainer_t *t)
+{
+    const options_t *o = &t->o;
     ddp_param_t params[FM_NPARAMS];
     for (int k = 0; k < FM_NPARAMS; k++) {
         params[k] = (ddp_param_t){fm_param_names[k],
@@ -711,212 +777,192 @@ int main(int argc, char **argv)
               "creating the ZeRO optimizer");
     }
     if (o->zero == 2) {
-        /* No Reducer: our own gradient buffers, and rank 0's initial parameters broadcast here. */
-        for (int k = 0; k < FM_NPARAMS; k++) {
-            t->own_grads[k] = calloc(t->model.numel[k] ? t->model.numel[k] : 1, sizeof(float));
-            if (!t->own_grads[k]) fail("out of memory for gradients");
-            t->grads[k] = t->own_grads[k];
-            if (t->world > 1)
-                check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32,
-                                          0),
-                      "broadcasting the initial parameters");
-        }
+        own_gradients(t, NULL); /* no Reducer */
     } else if (o->legacy) {
-        for (int k = 0; k < FM_NPARAMS; k++) {
-            t->own_grads[k] = calloc(t->model.numel[k], sizeof(float));
-            if (!t->own_grads[k]) fail("out of memory for gradients");
-            params[k].grad = t->own_grads[k];
-            t->grads[k] = t->own_grads[k];
-            if (t->world > 1)
-                check(ddp_group_broadcast(t->group, t->model.params[k], t->model.numel[k], DDP_F32,
-                                          0),
-                      "broadcasting the initial parameters");
-        }
+        own_gradients(t, params);
         check(ddp_legacy_create(t->group, params, FM_NPARAMS, 0, &t->legacy),
               "creating the legacy allreduce");
     } else {
-        ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
-        cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
-        double piece_mb = o->piece_mb >= 0 ? o->piece_mb : o->grad_blocks > 1 ? 1 : 0;
-        cfg.piece_bytes = (size_t)(piece_mb * 1048576.0);
-        cfg.trace = t->trace;
-        if (o->zero_overlap) { /* ZeRO's hook needs a fixed bucket layout */
-            cfg.comm_hook = ddp_zero_hook;
-            cfg.comm_hook_state = t->zero;
-            cfg.comm_hook_averages = 1; /* averaged in the allreduce: no prescale pass */
-            cfg.rebuild_buckets = 0;
-        }
-        if (o->hook == FM_HOOK_FP16 || o->hook == FM_HOOK_BF16) {
-            check(ddp_half_hook_state_create(o->hook == FM_HOOK_FP16 ? DDP_F16 : DDP_BF16,
-                                             &t->half_hook),
-                  "creating the half-precision hook");
-            cfg.comm_hook = o->hook == FM_HOOK_FP16 ? ddp_hook_fp16 : ddp_hook_bf16;
-            cfg.comm_hook_state = t->half_hook;
-        }
-#ifdef FM_HAVE_POWERSGD
-        if (o->hook == FM_HOOK_POWERSGD) {
-            ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
-            pc.matrix_approximation_rank = o->psgd_rank;
-            pc.start_powersgd_iter = o->psgd_start;
-            pc.random_seed = o->seed;
-            ddp_powersgd_state_t *ps = NULL;
-            check(ddp_powersgd_state_create(&pc, &ps), "creating the PowerSGD hook");
-            t->powersgd = ps;
-            cfg.comm_hook = ddp_powersgd_hook;
-            cfg.comm_hook_state = ps;
-        }
-#endif
+        ddp_reducer_config_t cfg = reducer_config(t);
         check(ddp_reducer_create(t->group, params, FM_NPARAMS, NULL, 0, &cfg, &t->reducer),
               "creating the Reducer");
     }
+    t->xbuf = malloc(t->local_batch * FM_PIXELS * sizeof(float));
+    t->ybuf = malloc(t->local_batch);
+    t->perm = malloc(t->train.count * sizeof(uint32_t));
+    t->pending = calloc(t->steps_per_epoch, sizeof(double));
+    if (!t->xbuf || !t->ybuf || !t->perm || !t->pending) fail("out of memory");
+}
 
-    float *xbuf = malloc(t->local_batch * FM_PIXELS * sizeof(float));
-    uint8_t *ybuf = malloc(t->local_batch);
-    uint32_t *perm = malloc(t->train.count * sizeof(uint32_t));
-    t->pending = calloc(steps_per_epoch, sizeof(double));
-    if (!xbuf || !ybuf || !perm || !t->pending) fail("out of memory");
+static void print_banner(const trainer_t *t)
+{
+    const options_t *o = &t->o;
+    if (t->rank != 0) return;
+    printf("fashion-mnist: %d rank%s (%s), %zu train samples, hidden %zu, global batch %zu "
+           "(%zu per rank)%s, %s lr %g, sync %s\n",
+           t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
+           o->hidden, o->batch, t->local_batch, o->accumulate > 1 ? " x accumulate" : "",
+           o->optim == FM_OPTIM_ADAM ? "adam" : "sgd", o->lr,
+           o->zero == 2       ? "zero-2 (reduce-scatter)"
+           : o->zero_overlap ? "reducer + zero-1 overlap"
+           : o->zero         ? "reducer + zero-1"
+           : o->legacy       ? "legacy"
+                             : "reducer");
+    fflush(stdout);
+}
 
+/* One micro-step k of optimizer step s: this rank's share of the batch, forward, backward (the
+ * callbacks hand gradients to the Reducer as they are done), finalize. Returns the loss and adds
+ * the step's exposed communication (the finalize wait) to *exposed. */
+static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exposed)
+{
+    const options_t *o = &t->o;
+    const float scale = 1.0f / (float)(t->local_batch * o->accumulate);
+    size_t base = (s * o->accumulate + k) * o->batch + (size_t)t->rank * t->local_batch;
+    for (size_t i = 0; i < t->local_batch; i++) {
+        uint32_t idx = t->perm[base + i];
+        memcpy(t->xbuf + i * FM_PIXELS, t->train.images + (size_t)idx * FM_PIXELS,
+               FM_PIXELS * sizeof(float));
+        t->ybuf[i] = t->train.labels[idx];
+    }
+    if (t->reducer) {
+        check(ddp_reducer_set_sync(t->reducer, sync), "ddp_reducer_set_sync");
+        check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+        for (int p = 0; p < FM_NPARAMS; p++)
+            check(ddp_reducer_grad(t->reducer, (size_t)p, (void **)&t->grads[p]),
+                  "ddp_reducer_grad");
+    } else if (t->legacy) {
+        check(ddp_legacy_set_sync(t->legacy, sync), "ddp_legacy_set_sync");
+    }
+    t->zero_sync = sync;
+    double t0 = ddp_time_us();
+    fm_mlp_forward(&t->model, t->xbuf, t->local_batch);
+    double t1 = ddp_time_us();
+    if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
+    t->mark_us = t1;
+    double loss = 0;
+    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, t->local_batch, scale, t->grads,
+                               &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
+        check(t->status, "ddp_reducer_grad_ready");
+    double t2 = ddp_time_us();
+    if (t->reducer) {
+        check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
+        if (sync) {
+            ddp_reducer_stats_t stats;
+            if (ddp_reducer_stats(t->reducer, &stats) == DDP_OK) *exposed = stats.exposed_us;
+        }
+    } else if (sync && t->legacy) {
+        check(ddp_legacy_allreduce(t->legacy, NULL), "ddp_legacy_allreduce");
+        *exposed = ddp_time_us() - t2;
+    }
+    if (t->tracing)
+        ddp_trace_span(t->trace, sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
+                       "compute", 0, t2, ddp_time_us());
+    return loss;
+}
+
+/* The optimizer step (or ZeRO's), then the gradients zeroed for the next step. */
+static void optimizer_step(trainer_t *t)
+{
+    const options_t *o = &t->o;
+    double t3 = ddp_time_us();
+    if (t->zero) /* stage 2 and overlap: every gradient is with ZeRO already */
+        check(ddp_zero_step(t->zero,
+                            o->zero == 1 && !o->zero_overlap ? (void *const *)t->grads : NULL),
+              "ddp_zero_step");
+    else
+        fm_optim_step(&t->opt, t->model.params, t->grads);
+    if (t->reducer)
+        check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+    else
+        for (int p = 0; p < FM_NPARAMS; p++)
+            memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
+    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, ddp_time_us());
+}
+
+/* Grows an array of samples to hold at least n + 1. */
+static double *grow_samples(double *v, size_t n, size_t *cap)
+{
+    if (n < *cap) return v;
+    *cap = *cap ? 2 * *cap : 1024;
+    v = realloc(v, *cap * sizeof(double));
+    if (!v) fail("out of memory");
+    return v;
+}
+
+/* Records a step's time after the warm-up: synchronised steps and --bench-nosync's steps apart. */
+static void record_step(trainer_t *t, run_stats_t *st, int skip_comm, double step_us,
+                        double exposed)
+{
+    if (st->run_steps <= t->o.warmup) return;
+    if (skip_comm) {
+        size_t cap = st->nosync_cap;
+        st->nosync_samples = grow_samples(st->nosync_samples, st->nosync_steps, &cap);
+        st->nosync_cap = cap;
+        st->nosync_samples[st->nosync_steps++] = step_us;
+        return;
+    }
+    size_t cap = st->sample_cap;
+    st->step_samples = grow_samples(st->step_samples, st->timed_steps, &cap);
+    cap = st->sample_cap;
+    st->exposed_samples = grow_samples(st->exposed_samples, st->timed_steps, &cap);
+    st->sample_cap = cap;
+    st->step_samples[st->timed_steps] = step_us;
+    st->exposed_samples[st->timed_steps] = exposed;
+    st->timed_us += step_us;
+    st->exposed_us += exposed;
+    st->timed_steps++;
+}
+
+/* Runs the epochs from where the checkpoint left off; returns the last test accuracy (< 0 when
+ * none was measured). Stops early at --max-steps. */
+static double train(trainer_t *t, run_stats_t *st)
+{
+    const options_t *o = &t->o;
     const int tty = t->rank == 0 && isatty(STDOUT_FILENO);
     size_t log_every =
-        o->log_every ? o->log_every : (steps_per_epoch >= 10 ? steps_per_epoch / 10 : 1);
-    if (t->rank == 0) {
-        printf("fashion-mnist: %d rank%s (%s), %zu train samples, hidden %zu, global batch %zu "
-               "(%zu per rank)%s, %s lr %g, sync %s\n",
-               t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
-               o->hidden, o->batch, t->local_batch, o->accumulate > 1 ? " x accumulate" : "",
-               o->optim == FM_OPTIM_ADAM ? "adam" : "sgd", o->lr,
-               o->zero == 2       ? "zero-2 (reduce-scatter)"
-               : o->zero_overlap ? "reducer + zero-1 overlap"
-               : o->zero         ? "reducer + zero-1"
-               : o->legacy       ? "legacy"
-                                 : "reducer");
-        fflush(stdout);
-    }
-
-    /* timing over steps after the warm-up */
-    double timed_us = 0, exposed_us = 0;
-    size_t timed_steps = 0, run_steps = 0;
-    /* per-step samples for medians, which a busy machine's stalls do not drag */
-    size_t sample_cap = 0;
-    double *step_samples = NULL, *exposed_samples = NULL;
-    size_t nosync_cap = 0, nosync_steps = 0; /* --bench-nosync: the steps without communication */
-    double *nosync_samples = NULL;
+        o->log_every ? o->log_every : (t->steps_per_epoch >= 10 ? t->steps_per_epoch / 10 : 1);
     double accuracy = -1.0;
-    int stopped = 0;
-    const float scale = 1.0f / (float)(t->local_batch * o->accumulate);
-
-    for (size_t epoch = t->progress.epoch; epoch < o->epochs && !stopped; epoch++) {
-        fm_permutation(o->seed, epoch, t->train.count, perm);
+    for (size_t epoch = t->progress.epoch; epoch < o->epochs && !st->stopped; epoch++) {
+        fm_permutation(o->seed, epoch, t->train.count, t->perm);
         double epoch_start = ddp_time_us(), epoch_exposed = 0, local_loss_sum = 0;
         size_t epoch_steps = 0;
-        for (size_t s = t->progress.step_in_epoch; s < steps_per_epoch; s++) {
+        for (size_t s = t->progress.step_in_epoch; s < t->steps_per_epoch; s++) {
             if (o->max_steps && t->progress.global_step >= o->max_steps) {
-                stopped = 1;
+                st->stopped = 1;
                 break;
             }
             double step_start = ddp_time_us();
             double step_loss = 0, step_exposed = 0;
-            t->tracing = t->trace && run_steps >= 1 && run_steps <= o->trace_steps;
-            const int skip_comm = o->bench_nosync && run_steps % 2 == 1;
+            t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
+            const int skip_comm = o->bench_nosync && st->run_steps % 2 == 1;
             for (size_t k = 0; k < o->accumulate; k++) {
                 int sync = !skip_comm && k + 1 == o->accumulate;
-                size_t base = (s * o->accumulate + k) * o->batch + (size_t)t->rank * t->local_batch;
-                for (size_t i = 0; i < t->local_batch; i++) {
-                    uint32_t idx = perm[base + i];
-                    memcpy(xbuf + i * FM_PIXELS, t->train.images + (size_t)idx * FM_PIXELS,
-                           FM_PIXELS * sizeof(float));
-                    ybuf[i] = t->train.labels[idx];
-                }
-                if (t->reducer) {
-                    check(ddp_reducer_set_sync(t->reducer, sync), "ddp_reducer_set_sync");
-                    check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
-                    for (int p = 0; p < FM_NPARAMS; p++)
-                        check(ddp_reducer_grad(t->reducer, (size_t)p, (void **)&t->grads[p]),
-                              "ddp_reducer_grad");
-                } else if (t->legacy) {
-                    check(ddp_legacy_set_sync(t->legacy, sync), "ddp_legacy_set_sync");
-                }
-                t->zero_sync = sync;
-                double t0 = ddp_time_us();
-                fm_mlp_forward(&t->model, xbuf, t->local_batch);
-                double t1 = ddp_time_us();
-                if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
-                t->mark_us = t1;
-                double loss = 0;
-                if (fm_mlp_backward_blocks(&t->model, xbuf, ybuf, t->local_batch, scale, t->grads,
-                                           &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
-                    check(t->status, "ddp_reducer_grad_ready");
-                step_loss += loss / (double)o->accumulate;
-                double t2 = ddp_time_us();
-                if (t->reducer) {
-                    check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
-                    if (sync) {
-                        ddp_reducer_stats_t stats;
-                        if (ddp_reducer_stats(t->reducer, &stats) == DDP_OK)
-                            step_exposed = stats.exposed_us;
-                    }
-                } else if (sync && t->legacy) {
-                    check(ddp_legacy_allreduce(t->legacy, NULL), "ddp_legacy_allreduce");
-                    step_exposed = ddp_time_us() - t2;
-                }
-                if (t->tracing)
-                    ddp_trace_span(t->trace,
-                                   sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
-                                   "compute", 0, t2, ddp_time_us());
+                step_loss += micro_step(t, s, k, sync, &step_exposed) / (double)o->accumulate;
             }
-            double t3 = ddp_time_us();
-            if (t->zero) /* stage 2 and overlap: every gradient is with ZeRO already */
-                check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap
-                                                 ? (void *const *)t->grads
-                                                 : NULL),
-                      "ddp_zero_step");
-            else
-                fm_optim_step(&t->opt, t->model.params, t->grads);
-            if (t->reducer)
-                check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
-            else
-                for (int p = 0; p < FM_NPARAMS; p++)
-                    memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
+            optimizer_step(t);
             double step_end = ddp_time_us();
-            if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, step_end);
 
             t->pending[t->npending++] = step_loss;
             t->progress.global_step++;
             t->progress.step_in_epoch = s + 1;
-            run_steps++;
+            st->run_steps++;
             epoch_steps++;
             local_loss_sum += step_loss;
             epoch_exposed += step_exposed;
-            if (run_steps > o->warmup && skip_comm) {
-                if (nosync_steps == nosync_cap) {
-                    nosync_cap = nosync_cap ? 2 * nosync_cap : 1024;
-                    nosync_samples = realloc(nosync_samples, nosync_cap * sizeof(double));
-                    if (!nosync_samples) fail("out of memory");
-                }
-                nosync_samples[nosync_steps++] = step_end - step_start;
-            } else if (run_steps > o->warmup) {
-                if (timed_steps == sample_cap) {
-                    sample_cap = sample_cap ? 2 * sample_cap : 1024;
-                    step_samples = realloc(step_samples, sample_cap * sizeof(double));
-                    exposed_samples = realloc(exposed_samples, sample_cap * sizeof(double));
-                    if (!step_samples || !exposed_samples) fail("out of memory");
-                }
-                step_samples[timed_steps] = step_end - step_start;
-                exposed_samples[timed_steps] = step_exposed;
-                timed_us += step_end - step_start;
-                exposed_us += step_exposed;
-                timed_steps++;
-            }
+            record_step(t, st, skip_comm, step_end - step_start, step_exposed);
             if (t->rank == 0 && (tty || (s + 1) % log_every == 0)) {
-                double sps = timed_steps ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
-                show_progress(t, tty, epoch, s + 1, steps_per_epoch,
+                double sps = st->timed_steps ? (double)(st->timed_steps * t->per_step) /
+                                                   (st->timed_us * 1e-6)
+                                             : 0;
+                show_progress(t, tty, epoch, s + 1, t->steps_per_epoch,
                               local_loss_sum / (double)epoch_steps, sps, 0);
             }
         }
-        if (tty) show_progress(t, tty, epoch, 0, steps_per_epoch, 0, 0, 1);
+        if (tty) show_progress(t, tty, epoch, 0, t->steps_per_epoch, 0, 0, 1);
         double train_us = ddp_time_us() - epoch_start;
         flush_losses(t);
-        if (stopped) break;
+        if (st->stopped) break;
         /* the epoch is complete */
         double epoch_loss =
             t->progress.loss_count ? t->progress.loss_sum / (double)t->progress.loss_count : NAN;
@@ -925,7 +971,7 @@ int main(int argc, char **argv)
             printf("epoch %zu/%zu: train loss %.4f", epoch + 1, o->epochs, epoch_loss);
             if (accuracy >= 0) printf(", test accuracy %.2f%%", accuracy * 100.0);
             printf(", %.0f samples/s, exposed comm %.3f ms/step\n",
-                   epoch_steps ? (double)(epoch_steps * per_step) / (train_us * 1e-6) : 0.0,
+                   epoch_steps ? (double)(epoch_steps * t->per_step) / (train_us * 1e-6) : 0.0,
                    epoch_steps ? epoch_exposed / (double)epoch_steps / 1000.0 : 0.0);
             fflush(stdout);
         }
@@ -936,31 +982,44 @@ int main(int argc, char **argv)
         t->progress.loss_count = 0;
         save_checkpoint(t);
     }
-    if (o->max_steps && t->progress.global_step >= o->max_steps) stopped = 1;
+    return accuracy;
+}
+
+/* After the loop: a run stopped inside an epoch reports and saves that partial epoch; a run
+ * resumed from the last epoch's checkpoint still evaluates. Returns the final loss. */
+static double finish(trainer_t *t, run_stats_t *st, double *accuracy)
+{
+    const options_t *o = &t->o;
+    if (o->max_steps && t->progress.global_step >= o->max_steps) st->stopped = 1;
     double final_loss = t->progress.last_epoch_loss;
-    if (stopped && t->progress.step_in_epoch > 0 && t->progress.step_in_epoch < steps_per_epoch) {
-        /* stopped inside an epoch: report that partial epoch and save where we are */
+    if (st->stopped && t->progress.step_in_epoch > 0 &&
+        t->progress.step_in_epoch < t->steps_per_epoch) {
         if (t->progress.loss_count)
             final_loss = t->progress.loss_sum / (double)t->progress.loss_count;
-        accuracy = evaluate(t);
+        *accuracy = evaluate(t);
         save_checkpoint(t);
         if (t->rank == 0) {
             printf("stopped after %llu steps (--max-steps): train loss %.4f",
                    (unsigned long long)t->progress.global_step, final_loss);
-            if (accuracy >= 0) printf(", test accuracy %.2f%%", accuracy * 100.0);
+            if (*accuracy >= 0) printf(", test accuracy %.2f%%", *accuracy * 100.0);
             printf("\n");
         }
-    } else if (accuracy < 0 && !o->no_eval && !o->synthetic) {
-        accuracy = evaluate(t); /* e.g. resumed from a checkpoint of the last epoch */
+    } else if (*accuracy < 0 && !o->no_eval && !o->synthetic) {
+        *accuracy = evaluate(t);
     }
-
     if (o->print_checksum) {
         double sum = 0;
         uint64_t h = fm_mlp_checksum(&t->model, &sum);
         printf("checksum rank=%d fnv=%016llx sum=%.17g\n", t->rank, (unsigned long long)h, sum);
     }
-    /* optimizer state held per rank: ZeRO's shard (largest over ranks), or the whole state */
-    double state_bytes[2] = {0, 0}; /* largest on one rank, sum over ranks */
+    return final_loss;
+}
+
+/* Optimizer state held per rank: ZeRO's shard (largest over ranks, sum), or the whole state. */
+static void optimizer_state_bytes(trainer_t *t, double state_bytes[2])
+{
+    const options_t *o = &t->o;
+    state_bytes[0] = state_bytes[1] = 0;
     if (t->zero) {
         state_bytes[0] = state_bytes[1] = (double)ddp_zero_state_bytes(t->zero);
         if (t->world > 1) {
@@ -981,9 +1040,13 @@ int main(int argc, char **argv)
                                        (o->optim == FM_OPTIM_ADAM ? 2 : 1));
         state_bytes[1] = state_bytes[0] * t->world;
     }
-    /* bytes each synchronised step put on the wire through the hook, against plain allreduce */
+}
+
+/* Bytes each synchronised step put on the wire through the hook, against plain allreduce. */
+static ddp_hook_stats_t hook_wire(trainer_t *t, size_t run_steps)
+{
     ddp_hook_stats_t wire = {0, 0, 0, 0};
-    double compression = 1.0;
+    double compression = 0;
     if (t->half_hook) check(ddp_half_hook_stats(t->half_hook, &wire), "hook statistics");
 #ifdef FM_HAVE_POWERSGD
     if (t->powersgd) {
@@ -993,28 +1056,42 @@ int main(int argc, char **argv)
         compression = ps.compression_rate;
     }
 #endif
-    if (t->rank == 0 && wire.buckets)
-        printf("hook %s: %.1f KiB per step on the wire (%.1f KiB uncompressed), PowerSGD "
-               "compression rate %.2f\n", fm_hook_names[o->hook],
-               (double)wire.bytes_after / 1024.0 / (double)(run_steps ? run_steps : 1),
-               (double)wire.bytes_before / 1024.0 / (double)(run_steps ? run_steps : 1), compression);
+    if (t->rank == 0 && wire.buckets) {
+        double steps = (double)(run_steps ? run_steps : 1);
+        printf("hook %s: %.1f KiB per step on the wire (%.1f KiB uncompressed)",
+               fm_hook_names[t->o.hook], (double)wire.bytes_after / 1024.0 / steps,
+               (double)wire.bytes_before / 1024.0 / steps);
+        if (compression > 0) printf(", PowerSGD compression rate %.2f", compression);
+        printf("\n");
+    }
+    return wire;
+}
+
+/* The report: exposed communication (each step's smallest finalize wait over the ranks),
+ * --bench-nosync's comparison, and the JSON line or the final accuracy. */
+static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_loss)
+{
+    const options_t *o = &t->o;
+    double state_bytes[2];
+    optimizer_state_bytes(t, state_bytes);
+    ddp_hook_stats_t wire = hook_wire(t, st->run_steps);
     /* The rank that finishes backward last waits in finalize only for the communication backward
      * could not hide; an earlier rank's wait also holds the others' remaining backward (skew).
      * So a step's exposed communication is the smallest wait over the ranks; rank 0's own wait
      * is reported beside it. */
     double rank0_wait_median = 0;
-    if (timed_steps) {
-        double *own = malloc(timed_steps * sizeof(double));
+    if (st->timed_steps) {
+        double *own = malloc(st->timed_steps * sizeof(double));
         if (!own) fail("out of memory");
-        memcpy(own, exposed_samples, timed_steps * sizeof(double));
-        rank0_wait_median = median(own, timed_steps);
+        memcpy(own, st->exposed_samples, st->timed_steps * sizeof(double));
+        rank0_wait_median = median(own, st->timed_steps);
         free(own);
         if (t->world > 1)
-            check(ddp_group_allreduce(t->group, exposed_samples, exposed_samples, timed_steps,
-                                      DDP_F64, DDP_MIN),
+            check(ddp_group_allreduce(t->group, st->exposed_samples, st->exposed_samples,
+                                      st->timed_steps, DDP_F64, DDP_MIN),
                   "taking each step's smallest finalize wait over ranks");
-        exposed_us = 0;
-        for (size_t i = 0; i < timed_steps; i++) exposed_us += exposed_samples[i];
+        st->exposed_us = 0;
+        for (size_t i = 0; i < st->timed_steps; i++) st->exposed_us += st->exposed_samples[i];
     }
     /* --bench-nosync: every rank's median synchronised and no_sync step. The cores of a shared
      * machine need not run at one speed; a faster rank gets ahead during no_sync steps and waits
@@ -1023,11 +1100,11 @@ int main(int argc, char **argv)
      * step, so its difference is the communication alone. */
     double *rank_medians = NULL; /* [2 * world]: rank r's step median, then its no_sync median */
     double nosync_exposed_ms = 0;
-    if (nosync_steps) {
+    if (st->nosync_steps) {
         rank_medians = calloc(2 * (size_t)t->world, sizeof(double));
         if (!rank_medians) fail("out of memory");
-        double mine[2] = {median(step_samples, timed_steps) / 1000.0,
-                          median(nosync_samples, nosync_steps) / 1000.0};
+        double mine[2] = {median(st->step_samples, st->timed_steps) / 1000.0,
+                          median(st->nosync_samples, st->nosync_steps) / 1000.0};
         check(ddp_group_allgather(t->group, mine, rank_medians, 2, DDP_F64),
               "gathering every rank's step medians");
         int slowest = 0;
@@ -1036,8 +1113,10 @@ int main(int argc, char **argv)
         nosync_exposed_ms = rank_medians[2 * slowest] - rank_medians[2 * slowest + 1];
     }
     if (t->rank == 0) {
-        double step_ms = timed_steps ? timed_us / (double)timed_steps / 1000.0 : 0;
-        double sps = timed_us > 0 ? (double)(timed_steps * per_step) / (timed_us * 1e-6) : 0;
+        double step_ms = st->timed_steps ? st->timed_us / (double)st->timed_steps / 1000.0 : 0;
+        double sps = st->timed_us > 0
+                         ? (double)(st->timed_steps * t->per_step) / (st->timed_us * 1e-6)
+                         : 0;
         if (o->json) {
             printf("{\"test_accuracy\":");
             if (accuracy >= 0)
@@ -1047,19 +1126,22 @@ int main(int argc, char **argv)
             printf(",\"samples_per_sec\":%.1f,\"step_ms\":%.4f,\"exposed_comm_ms\":%.4f,"
                    "\"world_size\":%d,\"epochs\":%zu,\"steps\":%llu,\"timed_steps\":%zu,"
                    "\"final_loss\":",
-                   sps, step_ms, timed_steps ? exposed_us / (double)timed_steps / 1000.0 : 0.0,
-                   t->world, o->epochs, (unsigned long long)t->progress.global_step, timed_steps);
+                   sps, step_ms,
+                   st->timed_steps ? st->exposed_us / (double)st->timed_steps / 1000.0 : 0.0,
+                   t->world, o->epochs, (unsigned long long)t->progress.global_step,
+                   st->timed_steps);
             if (isfinite(final_loss))
                 printf("%.6f", final_loss);
             else
                 printf("null");
             printf(",\"step_ms_median\":%.4f,\"exposed_comm_ms_median\":%.4f,"
                    "\"rank0_wait_ms_median\":%.4f",
-                   median(step_samples, timed_steps) / 1000.0,
-                   median(exposed_samples, timed_steps) / 1000.0, rank0_wait_median / 1000.0);
-            if (nosync_steps) {
+                   median(st->step_samples, st->timed_steps) / 1000.0,
+                   median(st->exposed_samples, st->timed_steps) / 1000.0,
+                   rank0_wait_median / 1000.0);
+            if (st->nosync_steps) {
                 printf(",\"nosync_step_ms_median\":%.4f,\"nosync_exposed_ms\":%.4f",
-                       median(nosync_samples, nosync_steps) / 1000.0, nosync_exposed_ms);
+                       median(st->nosync_samples, st->nosync_steps) / 1000.0, nosync_exposed_ms);
                 for (int k = 0; k < 2; k++) {
                     printf(k ? ",\"rank_nosync_step_ms_median\":[" : ",\"rank_step_ms_median\":[");
                     for (int q = 0; q < t->world; q++)
@@ -1081,8 +1163,11 @@ int main(int argc, char **argv)
         }
         fflush(stdout);
     }
-
     free(rank_medians);
+}
+
+static void teardown(trainer_t *t, run_stats_t *st)
+{
     ddp_reducer_destroy(t->reducer);
     ddp_half_hook_state_destroy(t->half_hook);
 #ifdef FM_HAVE_POWERSGD
@@ -1094,16 +1179,46 @@ int main(int argc, char **argv)
     ddp_group_destroy(t->group);
     ddp_store_destroy(t->local_store);
     for (int p = 0; p < FM_NPARAMS; p++) free(t->own_grads[p]);
-    free(xbuf);
-    free(ybuf);
-    free(perm);
+    free(t->xbuf);
+    free(t->ybuf);
+    free(t->perm);
     free(t->pending);
-    free(step_samples);
-    free(exposed_samples);
-    free(nosync_samples);
+    free(st->step_samples);
+    free(st->exposed_samples);
+    free(st->nosync_samples);
     fm_optim_destroy(&t->opt);
     fm_mlp_destroy(&t->model);
     fm_dataset_free(&t->train);
     fm_dataset_free(&t->test);
+}
+
+int main(int argc, char **argv)
+{
+    trainer_t tr;
+    memset(&tr, 0, sizeof tr);
+    trainer_t *t = &tr;
+    parse_options(argc, argv, &t->o);
+    if (getenv("RANK")) g_rank = atoi(getenv("RANK")); /* for errors before the group exists */
+#ifdef FM_HAVE_OPENBLAS_THREADS
+    openblas_set_num_threads(1); /* one core per rank: the ranks are the parallelism */
+#endif
+    setup_group(t);
+    if (t->o.batch % (size_t)t->world)
+        fail("--batch %zu is not divisible by the world size %d: the global batch is split "
+             "evenly over ranks",
+             t->o.batch, t->world);
+    t->local_batch = t->o.batch / (size_t)t->world;
+
+    load_data(t);
+    build_model(t);
+    setup_data_parallel(t);
+    print_banner(t);
+
+    run_stats_t st;
+    memset(&st, 0, sizeof st);
+    double accuracy = train(t, &st);
+    double final_loss = finish(t, &st, &accuracy);
+    report(t, &st, accuracy, final_loss);
+    teardown(t, &st);
     return 0;
 }
