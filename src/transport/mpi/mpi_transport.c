@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/internal.h"
 #include "core/reduce.h"
@@ -44,6 +46,8 @@ enum {
 /* Starts every other abort notice: the sequence number of the collective the sender gave up on
  * (0: between collectives), then "\n" and the reason (see confirm). */
 #define FAILED_MARK "\002failed at seq "
+/* Follows either mark's sequence number: the group's notice id (see adopt_comm). */
+#define GROUP_MARK " group "
 
 /* The record every collective starts with: fingerprint, its complement, a small payload. */
 enum { INLINE_BYTES = 512 };
@@ -94,6 +98,11 @@ typedef struct mpi_state {
     MPI_Request abort_sends[64]; /* notices go to the first 64 peers only */
     int nabort_sends;
     char abort_notice[ABORT_TEXT_MAX];
+    /* Agreed by the group's ranks at creation and carried by its abort notices: Open MPI reuses
+     * a freed communicator's context id, so a notice sent on a group that one rank had already
+     * destroyed can arrive on a later group's communicator (seen in test_mpi_agreement late). */
+    uint64_t notice_id;
+    int timeout_ms; /* the group's: bounds the creation of its subgroups */
     int notice_kept;   /* abort_notice holds a notice received early by confirm (see there) */
     int notice_source; /* its sender */
 
@@ -300,8 +309,26 @@ static MPI_Datatype faulty(mpi_state_t *s, MPI_Datatype type)
 
 /* ---- waiting ----------------------------------------------------------------------------- */
 
-/* Receives a pending abort notice into s->abort_notice (or takes the one confirm kept): 1 and its
- * sender in *source, 0 when there is none, <0 on an MPI error (status in *error). */
+/* The reason of the notice in s->abort_notice, past its marks; its sequence number in *seq, its
+ * group's notice id in *id, and whether it follows a mismatch in *mismatch. */
+static const char *parse_notice(mpi_state_t *s, unsigned long long *seq, unsigned long long *id,
+                                int *mismatch)
+{
+    const char *text = s->abort_notice;
+    int skip = 0;
+    *seq = 0;
+    *id = 0;
+    *mismatch = 0;
+    if (sscanf(text, MISMATCH_MARK "%llu" GROUP_MARK "%llx%n", seq, id, &skip) == 2) *mismatch = 1;
+    else if (sscanf(text, FAILED_MARK "%llu" GROUP_MARK "%llx%n", seq, id, &skip) != 2) skip = 0;
+    text += skip;
+    if (*text == '\n') text++;
+    return text;
+}
+
+/* Receives a pending abort notice of this group into s->abort_notice (or takes the one confirm
+ * kept): 1 and its sender in *source, 0 when there is none, <0 on an MPI error (status in
+ * *error). Notices of an earlier group that had this communicator's context id are dropped. */
 static int receive_notice(mpi_state_t *s, int *source, ddp_status_t *error)
 {
     if (s->notice_kept) {
@@ -309,40 +336,36 @@ static int receive_notice(mpi_state_t *s, int *source, ddp_status_t *error)
         *source = s->notice_source;
         return 1;
     }
-    int flag = 0;
-    MPI_Status st;
-    enter_mpi();
-    int rc = MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
-    if (rc == MPI_SUCCESS && flag) {
-        int len = 0;
-        MPI_Get_count(&st, MPI_CHAR, &len);
-        if (len < 0 || len >= ABORT_TEXT_MAX) len = ABORT_TEXT_MAX - 1;
-        rc = MPI_Recv(s->abort_notice, ABORT_TEXT_MAX, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG,
-                      s->comm, MPI_STATUS_IGNORE);
-        s->abort_notice[len] = '\0';
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        enter_mpi();
+        int rc = MPI_Iprobe(MPI_ANY_SOURCE, ABORT_TAG, s->comm, &flag, &st);
+        if (rc == MPI_SUCCESS && flag) {
+            int len = 0;
+            MPI_Get_count(&st, MPI_CHAR, &len);
+            if (len < 0 || len >= ABORT_TEXT_MAX) len = ABORT_TEXT_MAX - 1;
+            rc = MPI_Recv(s->abort_notice, ABORT_TEXT_MAX, MPI_CHAR, st.MPI_SOURCE, ABORT_TAG,
+                          s->comm, MPI_STATUS_IGNORE);
+            s->abort_notice[len] = '\0';
+        }
+        leave_mpi();
+        if (rc != MPI_SUCCESS) {
+            *error = ddp__mpi_error(rc, "MPI transport: receiving an abort notice");
+            return -1;
+        }
+        if (!flag) return 0;
+        unsigned long long seq = 0, id = 0;
+        int mismatch = 0;
+        parse_notice(s, &seq, &id, &mismatch);
+        if (id != s->notice_id) {
+            DDP_LOG(DDP_LOG_DEBUG, "MPI transport, group '%s': dropped a notice of an earlier "
+                    "group from rank %d", s->name, st.MPI_SOURCE);
+            continue;
+        }
+        *source = st.MPI_SOURCE;
+        return 1;
     }
-    leave_mpi();
-    if (rc != MPI_SUCCESS) {
-        *error = ddp__mpi_error(rc, "MPI transport: receiving an abort notice");
-        return -1;
-    }
-    *source = flag ? st.MPI_SOURCE : -1;
-    return flag;
-}
-
-/* The reason of the notice in s->abort_notice, past its mark; its sequence number in *seq and
- * whether it follows a mismatch in *mismatch. */
-static const char *parse_notice(mpi_state_t *s, unsigned long long *seq, int *mismatch)
-{
-    const char *text = s->abort_notice;
-    int skip = 0;
-    *seq = 0;
-    *mismatch = 0;
-    if (sscanf(text, MISMATCH_MARK "%llu%n", seq, &skip) == 1) *mismatch = 1;
-    else if (sscanf(text, FAILED_MARK "%llu%n", seq, &skip) != 1) skip = 0;
-    text += skip;
-    if (*text == '\n') text++;
-    return text;
 }
 
 /* Receives a pending abort notice from a peer, if any: DDP_ERR_REMOTE naming it, else DDP_OK. */
@@ -353,9 +376,9 @@ static ddp_status_t check_abort_notice(mpi_state_t *s)
     int got = receive_notice(s, &source, &error);
     if (got < 0) return error;
     if (!got) return DDP_OK;
-    unsigned long long seq = 0;
+    unsigned long long seq = 0, id = 0;
     int mismatch = 0;
-    const char *text = parse_notice(s, &seq, &mismatch);
+    const char *text = parse_notice(s, &seq, &id, &mismatch);
     /* The peer found a mismatch in the exchange we are in: every record (or contribution)
      * reached it, so ours will complete too and name the mismatch itself. Keep waiting, so
      * that every rank reports DDP_ERR_MISMATCH rather than some DDP_ERR_REMOTE. */
@@ -994,9 +1017,9 @@ static ddp_status_t confirm(mpi_state_t *s, const ddp__collective_t *c)
     int got = receive_notice(s, &source, &error);
     if (got < 0) return break_state(s, error);
     if (!got) return DDP_OK;
-    unsigned long long seq = 0;
+    unsigned long long seq = 0, id = 0;
     int mismatch = 0;
-    const char *text = parse_notice(s, &seq, &mismatch);
+    const char *text = parse_notice(s, &seq, &id, &mismatch);
     if (seq != (unsigned long long)c->seq) {
         s->notice_kept = 1;
         s->notice_source = source;
@@ -1129,7 +1152,8 @@ static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_n
 
 /* Finishes a state whose communicator was just made: errors return, a name for MPI tools, and
  * the communicator's rank and size must be the group's. Frees the communicator on failure. */
-static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank, int world)
+static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank, int world,
+                               int timeout_ms)
 {
     enter_mpi();
     MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
@@ -1148,6 +1172,42 @@ static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank,
                           "MPI transport: rank %d of world size %d was given, but the group's "
                           "communicator says rank %d of %d",
                           rank, world, comm_rank, comm_size);
+    }
+    s->timeout_ms = timeout_ms;
+    if (world > 1) {
+        /* Rank 0 draws the group's notice id; every rank learns it before any notice can be sent
+         * (see notice_id). Polled, so a rank that never comes cannot hang creation. */
+        static _Atomic uint64_t groups_made;
+        /* On the heap: a broadcast given up at the timeout may still write it later (leaked). */
+        uint64_t *id = ddp__calloc(1, sizeof *id, "the group's notice id");
+        if (!id) {
+            enter_mpi();
+            MPI_Comm_free(&s->comm);
+            leave_mpi();
+            return DDP_ERR_NO_MEMORY;
+        }
+        if (rank == 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            *id = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                  (atomic_fetch_add(&groups_made, 1) + 1) * 0x9e3779b97f4a7c15ULL;
+        }
+        MPI_Request req;
+        enter_mpi();
+        int rc = MPI_Ibcast(id, 1, MPI_UINT64_T, 0, s->comm, &req);
+        leave_mpi();
+        ddp_status_t status = rc == MPI_SUCCESS
+                                  ? wait_setup(&req, timeout_ms, "agreeing on the group's notice id")
+                                  : ddp__mpi_error(rc, "MPI transport: MPI_Ibcast (notice id)");
+        if (status != DDP_OK) {
+            enter_mpi();
+            MPI_Comm_free(&s->comm);
+            leave_mpi();
+            if (rc != MPI_SUCCESS) free(id);
+            return status;
+        }
+        s->notice_id = *id;
+        free(id);
     }
     if (world > 1 && world <= ddp__mpi_p2p_max_world) {
         s->records = ddp__calloc((size_t)world, sizeof *s->records, "MPI transport records");
@@ -1266,7 +1326,7 @@ static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int r
     }
     free(map);
     map = NULL;
-    status = adopt_comm(s, group_name, rank, world);
+    status = adopt_comm(s, group_name, rank, world, timeout_ms);
     if (status != DDP_OK) goto fail_state;
     DDP_LOG(DDP_LOG_INFO, "MPI transport: group '%s' rank %d/%d is MPI_COMM_WORLD rank %d (%s)",
             group_name, rank, world, world_rank, thread_level_name(thread_level));
@@ -1330,7 +1390,7 @@ ddp_status_t ddp__mpi_split(void *parent, const int *ranks, int nranks, const ch
     if (rc != MPI_SUCCESS) {
         status = ddp__mpi_error(rc, "MPI split: MPI_Comm_create_group");
     } else {
-        status = adopt_comm(s, name, me, nranks);
+        status = adopt_comm(s, name, me, nranks, p->timeout_ms);
     }
     if (status != DDP_OK) {
         free(s);
@@ -1354,11 +1414,13 @@ static void mpi_abort(void *state, const char *reason)
      * follows a mismatch says so with its sequence number (see check_abort_notice). Under
      * MPI_THREAD_SERIALIZED the call lock keeps this off the progress thread's MPI calls. */
     if (atomic_load(&s->broken_status) == (int)DDP_ERR_MISMATCH)
-        snprintf(s->abort_wire, sizeof s->abort_wire, MISMATCH_MARK "%llu\n%s",
-                 (unsigned long long)atomic_load(&s->current_seq), s->abort_reason);
+        snprintf(s->abort_wire, sizeof s->abort_wire, MISMATCH_MARK "%llu" GROUP_MARK "%llx\n%s",
+                 (unsigned long long)atomic_load(&s->current_seq),
+                 (unsigned long long)s->notice_id, s->abort_reason);
     else
-        snprintf(s->abort_wire, sizeof s->abort_wire, FAILED_MARK "%llu\n%s",
-                 (unsigned long long)atomic_load(&s->current_seq), s->abort_reason);
+        snprintf(s->abort_wire, sizeof s->abort_wire, FAILED_MARK "%llu" GROUP_MARK "%llx\n%s",
+                 (unsigned long long)atomic_load(&s->current_seq),
+                 (unsigned long long)s->notice_id, s->abort_reason);
     int len = (int)strlen(s->abort_wire) + 1;
     enter_mpi();
     for (int r = 0; r < s->world && s->nabort_sends < 64; r++) {
