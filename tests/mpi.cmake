@@ -1,5 +1,7 @@
 # MPI transport tests: programs started by mpirun with 1-4 processes (registered only when the
-# MPI transport is built). OMPI_* variables let OpenMPI run as root in a container, on shared
+# MPI transport is built). They link libddp_mpi.a beside libddp.a and register it before main
+# (mpi_register.c), as a static user does; test_mpi_trainer runs the shared libddp, which loads
+# libddp_mpi.so. OMPI_* variables let OpenMPI run as root in a container, on shared
 # memory only, and oversubscribe the 2 cores.
 if(DDP_HAVE_MPI)
   set(DDP_MPIRUN ${MPIEXEC_EXECUTABLE})
@@ -21,8 +23,8 @@ if(DDP_HAVE_MPI)
   function(ddp_add_mpi_test)
     cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;NP;ENV;ARGS" ${ARGN})
     if(NOT TARGET ${T_NAME})
-      add_executable(${T_NAME} ${T_SOURCES})
-      target_link_libraries(${T_NAME} PRIVATE ddp_test_harness MPI::MPI_C)
+      add_executable(${T_NAME} ${T_SOURCES} mpi_register.c)
+      target_link_libraries(${T_NAME} PRIVATE ddp_test_harness ddp_mpi_static MPI::MPI_C)
       set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
     endif()
     if(NOT T_TIMEOUT)
@@ -62,10 +64,11 @@ if(DDP_HAVE_MPI)
   # ddp_group_create_from_env under mpirun with neither ddprun nor MASTER_ADDR: a store-less
   # group over MPI (and its splits); without mpirun and MASTER_ADDR the text names MASTER_ADDR.
   ddp_add_mpi_test(NAME test_mpi_env SOURCES test_mpi_env.c NP 1 2 3 TIMEOUT 120)
-  ddp_add_test(NAME test_mpi_env SOURCES test_mpi_env.c ARGS --no-launcher TIMEOUT 60 LABELS mpi)
+  ddp_add_test(NAME test_mpi_env SOURCES test_mpi_env.c mpi_register.c LIBS ddp_mpi_static ARGS --no-launcher TIMEOUT 60 LABELS mpi)
 
   # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
-  ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c LIBS MPI::MPI_C TIMEOUT 60
+  ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c mpi_register.c
+               LIBS ddp_mpi_static MPI::MPI_C TIMEOUT 60
                LABELS mpi)
 
   # The trainer under mpirun over the MPI transport must end bit for bit where the same run
@@ -104,8 +107,9 @@ echo "identical"
 
   # A measurement, not a test (bench/compare_mpi.sh runs it): the transport's cost over a bare
   # MPI_Iallreduce, and the fingerprint exchange's share of it.
-  add_executable(test_mpi_fingerprint_cost test_mpi_fingerprint_cost.c)
-  target_link_libraries(test_mpi_fingerprint_cost PRIVATE ddp_test_harness MPI::MPI_C)
+  add_executable(test_mpi_fingerprint_cost test_mpi_fingerprint_cost.c mpi_register.c)
+  target_link_libraries(test_mpi_fingerprint_cost PRIVATE ddp_test_harness ddp_mpi_static
+                                                          MPI::MPI_C)
   set_target_properties(test_mpi_fingerprint_cost PROPERTIES
                         RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 endif()

@@ -3,6 +3,8 @@
 #   hello DDPRUN HELLO: the README's example trains to the same weights on 1, 2, 3 and 4 ranks.
 #   install SOURCE BUILD [FLAGS]: `cmake --install` into a temporary prefix, then a program
 #   outside the tree builds against it with find_package(ddp) and with pkg-config, and runs.
+#   Then examples/hello_ddp.c links statically with `pkg-config --static` (libddp.a needs no MPI),
+#   and, when MPI was built, a static program registers the MPI module from libddp_mpi.a.
 #   FLAGS (compile and link) are the sanitizer flags of a sanitized BUILD: its libddp needs a
 #   consumer built with the same sanitizer.
 set -u
@@ -67,6 +69,39 @@ C
     cc $flags "$tmp/app/main.c" -o "$tmp/app/pc" $pc_flags \
       || { echo "pkg-config build failed ($flags $pc_flags)"; exit 1; }
     LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/pc" || { echo "pkg-config consumer failed"; exit 1; }
+    # A fully static hello_ddp (a sanitizer runtime cannot be linked statically: skipped then).
+    if [ -z "$flags" ]; then
+      st_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --static --cflags --libs ddp) || exit 1
+      # shellcheck disable=SC2086 # the flags are words
+      cc -static "$src/examples/hello_ddp.c" -o "$tmp/app/hello_static" $st_flags 2> "$tmp/static.log" \
+        || { cat "$tmp/static.log"; echo "static link of hello_ddp failed ($st_flags)"; exit 1; }
+      if readelf -d "$tmp/app/hello_static" | grep -q NEEDED; then echo "hello_static is not static"; exit 1; fi
+      out=$(RANK=0 WORLD_SIZE=1 "$tmp/app/hello_static") || { echo "static hello_ddp failed: $out"; exit 1; }
+      echo "$out" | grep -q 'hello_ddp: 1 ranks' || { echo "static hello_ddp: $out"; exit 1; }
+      echo "static (pkg-config --static --libs ddp: $st_flags): $out"
+    fi
+    if [ -f "$tmp/prefix/lib/pkgconfig/ddp-mpi.pc" ]; then
+      [ -f "$tmp/prefix/lib/libddp_mpi.so" ] || { echo "libddp_mpi.so not installed beside libddp.so"; exit 1; }
+      cat > "$tmp/app/mpi.c" <<'C'
+#include <stdio.h>
+#include <ddp/ddp.h>
+#include <ddp/mpi.h>
+int main(void)
+{
+    if (ddp_mpi_register() != DDP_OK) return 1;
+    printf("registered\n");
+    return 0;
+}
+C
+      # libddp.a and libddp_mpi.a (MPI itself stays shared: Debian ships no libmpi.a).
+      mpi_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --static --cflags --libs ddp-mpi) || exit 1
+      mpi_flags=$(printf '%s' "$mpi_flags" | sed 's/-lddp\( \|$\)/-l:libddp.a /')
+      # shellcheck disable=SC2086 # the flags are words
+      cc $flags "$tmp/app/mpi.c" -o "$tmp/app/mpi_static" $mpi_flags \
+        || { echo "static link with ddp-mpi failed ($mpi_flags)"; exit 1; }
+      if readelf -d "$tmp/app/mpi_static" | grep -q 'libddp'; then echo "mpi_static is not static in libddp"; exit 1; fi
+      "$tmp/app/mpi_static" || { echo "ddp_mpi_register failed"; exit 1; }
+    fi
   fi
   ;;
 *)

@@ -16,9 +16,19 @@
 
 #define DDP_ERROR_TEXT_MAX 2048
 
+/* Marks an internal function a transport module (libddp_mpi.so, loaded at run time) calls:
+ * libddp.so exports it, so the module uses the core's one copy of every piece of state (the
+ * thread's last error above all, which the user reads with ddp_last_error) instead of carrying a
+ * copy of its own. Not part of the API: a module is built from the same tree as its libddp. */
+#if defined(__GNUC__)
+#define DDP_MODULE_API __attribute__((visibility("default")))
+#else
+#define DDP_MODULE_API
+#endif
+
 /* Records `status` with a formatted message as the calling thread's last error; returns status,
  * so callers write `return ddp__error(DDP_ERR_INVALID_ARGUMENT, "count: ...")`. */
-ddp_status_t ddp__error(ddp_status_t status, const char *fmt, ...) DDP_PRINTF(2, 3);
+DDP_MODULE_API ddp_status_t ddp__error(ddp_status_t status, const char *fmt, ...) DDP_PRINTF(2, 3);
 /* Same, appending ": <strerror(errnum)>". */
 ddp_status_t ddp__error_errno(ddp_status_t status, int errnum, const char *fmt, ...)
     DDP_PRINTF(3, 4);
@@ -27,12 +37,12 @@ void ddp__clear_error(void);
 /* Replaces the calling thread's error text (used to carry a work's error to the waiting thread). */
 void ddp__set_error_text(const char *text);
 /* Prefixes the current error text with "<prefix>: " keeping the status. */
-ddp_status_t ddp__error_context(ddp_status_t status, const char *fmt, ...) DDP_PRINTF(2, 3);
+DDP_MODULE_API ddp_status_t ddp__error_context(ddp_status_t status, const char *fmt, ...) DDP_PRINTF(2, 3);
 
 /* Logging, only when DDP_LOG_LEVEL asks (error, warn, info, debug); to stderr. */
 enum { DDP_LOG_NONE = 0, DDP_LOG_ERROR = 1, DDP_LOG_WARN = 2, DDP_LOG_INFO = 3, DDP_LOG_DEBUG = 4 };
-int ddp__log_level(void);
-void ddp__log(int level, const char *fmt, ...) DDP_PRINTF(2, 3);
+DDP_MODULE_API int ddp__log_level(void);
+DDP_MODULE_API void ddp__log(int level, const char *fmt, ...) DDP_PRINTF(2, 3);
 #define DDP_LOG(level, ...)                                                                       \
     do {                                                                                          \
         if (ddp__log_level() >= (level)) ddp__log((level), __VA_ARGS__);                          \
@@ -47,14 +57,14 @@ ddp_status_t ddp__env_text(const char *name, const char **out);
 /* An INTEGER row's value, or its default, or `unset` when it has neither. */
 ddp_status_t ddp__env_integer(const char *name, long long unset, long long *out);
 /* A SECONDS row's value (or its default) in milliseconds, at least 1. */
-ddp_status_t ddp__env_seconds_ms(const char *name, int *out_ms);
+DDP_MODULE_API ddp_status_t ddp__env_seconds_ms(const char *name, int *out_ms);
 /* The raw value or the table's default, NULL when neither: only for TEXT rows (addresses,
  * names, tokens), which have no rule to check. */
 const char *ddp__env(const char *name);
 
 /* Clocks. */
 double ddp__now_us(void);    /* monotonic */
-int64_t ddp__now_ns(void);   /* monotonic */
+DDP_MODULE_API int64_t ddp__now_ns(void);   /* monotonic */
 /* The same clock as of the last tick (up to a few ms behind ddp__now_ns), for watchdogs: ~3 ns
  * against ~26 ns a read here, and a small collective reads it twice. */
 int64_t ddp__coarse_now_ns(void);
@@ -68,8 +78,8 @@ int ddp__ms_left(int64_t deadline_ns, int cap_ms);
 void ddp__sleep_us(int64_t us);
 
 /* Checked allocation helpers returning NULL and setting DDP_ERR_NO_MEMORY text. */
-void *ddp__malloc(size_t bytes, const char *what);
-void *ddp__calloc(size_t n, size_t size, const char *what);
-char *ddp__strdup(const char *s, const char *what);
+DDP_MODULE_API void *ddp__malloc(size_t bytes, const char *what);
+DDP_MODULE_API void *ddp__calloc(size_t n, size_t size, const char *what);
+DDP_MODULE_API char *ddp__strdup(const char *s, const char *what);
 
 #endif

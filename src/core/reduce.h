@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "core/internal.h"
 #include "ddp/types.h"
 
 /* dsts[d][i] = op over s of srcs[s][i], for i < count and every d < ndsts (every destination
@@ -42,8 +43,8 @@ void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, dd
 /* Transports that carry partial results in an accumulation type (f16/bf16 in f32, i32/u8 in
  * i64) convert with these. widen: dtype -> f32 or i64; narrow: back (halves rounded to nearest
  * even, integers truncated); other dtypes are left alone. */
-void ddp__acc_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
-void ddp__acc_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
+DDP_MODULE_API void ddp__acc_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
+DDP_MODULE_API void ddp__acc_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
 
 /* Name of the kernel variant chosen at run time ("avx2+f16c" or "baseline"), for benchmarks. */
 const char *ddp__reduce_variant(void);

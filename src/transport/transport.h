@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/internal.h"
 #include "ddp/ddp.h"
 
 typedef enum ddp__collective_kind {
@@ -105,7 +106,7 @@ ddp__fingerprint_t ddp__fingerprint_of(const ddp__collective_t *c);
  * so two descriptions differ only where ranks disagree). */
 void ddp__fingerprint_text(const ddp__fingerprint_t *f, char *buf, size_t size);
 /* The same for a collective. */
-void ddp__fingerprint_describe(const ddp__collective_t *c, char *buf, size_t size);
+DDP_MODULE_API void ddp__fingerprint_describe(const ddp__collective_t *c, char *buf, size_t size);
 
 /* "hostname|boot id": equal on two ranks iff they share a kernel, hence shared memory. */
 void ddp__host_identity(char *buf, size_t size);
@@ -120,6 +121,12 @@ extern const ddp__transport_ops_t ddp__transport_self;
  * listing the known ones) or DDP_ERR_UNSUPPORTED (not in this build, or its module cannot be
  * loaded: the text says why and what to install) recorded as the calling thread's error. */
 const ddp__transport_ops_t *ddp__transport_find(const char *name, ddp_status_t *status);
+
+/* Makes `ops` (a MODULE transport of the list, linked in statically) the table of its name, so
+ * that ddp__transport_find returns it instead of loading libddp_<name>.so. Called by a module's
+ * public registration function (ddp_mpi_register); idempotent; DDP_ERR_INVALID_ARGUMENT for a
+ * name that is not a MODULE of the list. */
+DDP_MODULE_API ddp_status_t ddp__transport_register(const ddp__transport_ops_t *ops);
 
 /* Whether `name` is "auto" or in the list (without loading anything). */
 int ddp__transport_known(const char *name);

@@ -1,6 +1,9 @@
 /* MPI transport: each collective of a process group becomes one of MPI's non-blocking collectives
  * on a communicator private to the group, polled with MPI_Test on the group's progress thread
- * until it completes or the collective's deadline passes. Built only when MPI is found.
+ * until it completes or the collective's deadline passes. Built only when MPI is found, as a
+ * module of its own (libddp_mpi.so, which libddp loads when "mpi" is asked for, and
+ * libddp_mpi.a, which a static program registers with ddp_mpi_register), so that libddp itself
+ * never links MPI.
  *
  * Every collective first exchanges a fixed-size record holding its fingerprint (seq, kind, dtype,
  * op, count, root), the fingerprint's complement and a small payload: point to point up to 8
@@ -31,6 +34,7 @@
 #include "core/reduce.h"
 #include "transport/transport.h"
 #include "transport/mpi/mpi_internal.h"
+#include "ddp/mpi.h"
 
 enum {
     FP_FIELDS = 6,       /* seq, kind, dtype, op, count, root */
@@ -1481,7 +1485,8 @@ void ddp__mpi_inject_fault(void *state)
     if (s) s->inject_fault = 1;
 }
 
-const ddp__transport_ops_t ddp__transport_mpi = {
+/* Exported from libddp_mpi.so: src/transport/registry.c finds the table by this name. */
+DDP_MODULE_API const ddp__transport_ops_t ddp__transport_mpi = {
     .name = "mpi",
     .create = mpi_create,
     .run = mpi_run,
@@ -1492,3 +1497,8 @@ const ddp__transport_ops_t ddp__transport_mpi = {
     .split = ddp__mpi_split,
     .storeless = 1,
 };
+
+ddp_status_t ddp_mpi_register(void)
+{
+    return ddp__transport_register(&ddp__transport_mpi);
+}
