@@ -350,13 +350,18 @@ static int64_t blame_grace_ns(const tcp_state_t *t)
     return g > 1000000000LL ? 1000000000LL : g;
 }
 
-static ddp_status_t blame_stopped(tcp_state_t *t, const ddp__collective_t *c, const flow_t *in)
+/* `relayed`: the peer this rank waits for gave up itself, timing out on another rank (its abort
+ * frame came before this rank's deadline): look for the rank that stopped the same way, with
+ * that peer counted as heard from; its own reason is in `relayed_text`. */
+static ddp_status_t blame_stopped(tcp_state_t *t, const ddp__collective_t *c, int waited,
+                                  int waited_mid_frame, size_t got, size_t total,
+                                  const char *relayed_text)
 {
     char d[400], reason[600];
     describe_c(t, c, d, sizeof d);
     snprintf(reason, sizeof reason, "rank %d: %s: timed out waiting for rank %d (at seq %llu): it "
-             "did not send its part", t->rank, d, in->peer,
-             (unsigned long long)t->conns[in->peer].last_seq);
+             "did not send its part", t->rank, d, waited,
+             (unsigned long long)t->conns[waited].last_seq);
     send_abort_frames(t, c->seq, reason);
     /* Peers heard from: an abort frame or a closed connection. A connection in the middle of a
      * frame (only the one this rank was reading can be) cannot be read for an abort frame; its
@@ -366,13 +371,14 @@ static ddp_status_t blame_stopped(tcp_state_t *t, const ddp__collective_t *c, co
     int *peer_of = calloc((size_t)t->world, sizeof *peer_of);
     if (!heard || !pfds || !peer_of) goto report;
     heard[t->rank] = 1;
+    if (relayed_text) heard[waited] = 1;
     int64_t until = ddp__now_ns() + blame_grace_ns(t);
     for (;;) {
         int npfd = 0, waiting = 0;
         for (int p = 0; p < t->world; p++) {
             if (heard[p] || t->conns[p].fd < 0) continue;
             waiting++;
-            int mid_frame = p == in->peer ? in->done > 0 : t->conns[p].recv_partial;
+            int mid_frame = p == waited ? waited_mid_frame : t->conns[p].recv_partial;
             pfds[npfd].fd = t->conns[p].fd;
             pfds[npfd].events = mid_frame ? POLLRDHUP : POLLIN | POLLRDHUP;
             pfds[npfd].revents = 0;
@@ -423,10 +429,11 @@ report:;
     if (ns)
         return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out: %s stopped sending; %s%s%sthis rank "
                           "waited for rank %d", d, stopped, ng ? "ranks " : "", gave_up,
-                          ng ? " gave up waiting too; " : "", in->peer);
+                          ng ? " gave up waiting too; " : "", waited);
+    if (relayed_text) return ddp__error(DDP_ERR_REMOTE, "%s", relayed_text);
     return ddp__error(DDP_ERR_TIMEOUT, "%s: timed out waiting for rank %d (at seq %llu): it did "
-                      "not send its part (%zu of %zu messages received)", d, in->peer,
-                      (unsigned long long)t->conns[in->peer].last_seq, in->cur, in->n);
+                      "not send its part (%zu of %zu messages received)", d, waited,
+                      (unsigned long long)t->conns[waited].last_seq, got, total);
 }
 
 static ddp_status_t exchange_flows(tcp_state_t *t, const ddp__collective_t *c, flow_t *out,
@@ -441,6 +448,12 @@ static ddp_status_t exchange_flows(tcp_state_t *t, const ddp__collective_t *c, f
             progressed = 0;
             if (in && in->cur < in->n) {
                 int r = pump_recv(t, c, in, fn, ctx, &status);
+                if (r < 0 && status == DDP_ERR_REMOTE && blame_grace_ns(t) > 0 &&
+                    strstr(ddp_last_error(), "timed out")) {
+                    char relayed[DDP_ERROR_TEXT_MAX];
+                    snprintf(relayed, sizeof relayed, "%s", ddp_last_error());
+                    return blame_stopped(t, c, in->peer, in->done > 0, in->cur, in->n, relayed);
+                }
                 if (r < 0) return status;
                 progressed |= r;
             }
@@ -483,7 +496,8 @@ static ddp_status_t exchange_flows(tcp_state_t *t, const ddp__collective_t *c, f
             }
         }
         int ms = remaining_ms(deadline_ns);
-        if (ms == 0 && in_pending && blame_grace_ns(t) > 0) return blame_stopped(t, c, in);
+        if (ms == 0 && in_pending && blame_grace_ns(t) > 0)
+            return blame_stopped(t, c, in->peer, in->done > 0, in->cur, in->n, NULL);
         if (ms == 0) {
             char d[400];
             describe_c(t, c, d, sizeof d);
@@ -601,6 +615,14 @@ static ddp_status_t check_fingerprints(tcp_state_t *t, const ddp__collective_t *
                         conn->last_seq = h->seq;
                         if (h->type == DDP_TCP_FRAME_ABORT) {
                             s = remote_abort(t, c, p, h->bytes);
+                            /* A peer that timed out on another rank: find the rank that
+                             * stopped, as a rank that times out itself does. */
+                            if (blame_grace_ns(t) > 0 && strstr(ddp_last_error(), "timed out")) {
+                                char relayed[DDP_ERROR_TEXT_MAX];
+                                snprintf(relayed, sizeof relayed, "%s", ddp_last_error());
+                                conn->recv_partial = 0;
+                                s = blame_stopped(t, c, p, 0, 0, 0, relayed);
+                            }
                             goto done;
                         }
                         if (h->type != DDP_TCP_FRAME_FINGERPRINT || h->bytes != sizeof(fp_wire_t)) {
