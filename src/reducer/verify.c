@@ -86,30 +86,24 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
         }
         if ((size_t)headers[HEADER_FIELDS * q + 1] > maxn) maxn = (size_t)headers[HEADER_FIELDS * q + 1];
     }
+    /* Header fields every rank must share, each with the text that names it. */
+    static const struct {
+        int field;
+        const char *text; /* rank 0's value, the other rank, its value */
+    } same_everywhere[] = {
+        {3, "reducer config mismatch: rank 0 has piece_bytes %lld but rank %d has %lld (pieces "
+            "must be the same on every rank)"},
+        {4, "reducer config mismatch: rank 0 has bucket_layout %lld but rank %d has %lld (the "
+            "bucket layout must be the same on every rank)"},
+        {2, "model mismatch: rank 0 registers %lld buffers but rank %d registers %lld"},
+    };
     for (int q = 1; q < world; q++) {
-        if (headers[HEADER_FIELDS * q + 3] != headers[3]) {
-            long long a = headers[3], b = headers[HEADER_FIELDS * q + 3];
+        for (size_t k = 0; k < sizeof same_everywhere / sizeof same_everywhere[0]; k++) {
+            int f = same_everywhere[k].field;
+            if (headers[HEADER_FIELDS * q + f] == headers[f]) continue;
+            long long a = headers[f], b = headers[HEADER_FIELDS * q + f];
             free(headers);
-            return ddp__error(DDP_ERR_MISMATCH,
-                              "reducer config mismatch: rank 0 has piece_bytes %lld but rank %d "
-                              "has %lld (pieces must be the same on every rank)",
-                              a, q, b);
-        }
-        if (headers[HEADER_FIELDS * q + 4] != headers[4]) {
-            long long a = headers[4], b = headers[HEADER_FIELDS * q + 4];
-            free(headers);
-            return ddp__error(DDP_ERR_MISMATCH,
-                              "reducer config mismatch: rank 0 has bucket_layout %lld but rank %d "
-                              "has %lld (the bucket layout must be the same on every rank)",
-                              a, q, b);
-        }
-        if (headers[HEADER_FIELDS * q + 2] != headers[2]) {
-            long long a = headers[2], b = headers[HEADER_FIELDS * q + 2];
-            free(headers);
-            return ddp__error(DDP_ERR_MISMATCH,
-                              "model mismatch: rank 0 registers %lld buffers but rank %d "
-                              "registers %lld",
-                              a, q, b);
+            return ddp__error(DDP_ERR_MISMATCH, same_everywhere[k].text, a, q, b);
         }
     }
 
