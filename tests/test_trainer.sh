@@ -20,6 +20,9 @@
 #               and the parameters and final loss are bitwise those of an uninterrupted run;
 #               without restarts the job fails with the kill; a mismatching checkpoint under
 #               --resume auto is an error, not a fresh start
+#   trace       ddp-trace merge joins the per-rank --trace files into one Perfetto trace: valid
+#               JSON, every event of both ranks, one named track per rank; a file cut short by a
+#               dead rank gives its complete events and a warning
 #   metrics     --metrics FILE: one CSV row per step, the losses those of --print-losses, also
 #               across a restart (no step twice)
 # Small subsets keep each case well under 30 s on two busy cores.
@@ -390,6 +393,40 @@ restart)
     [ "$RC" = 2 ] && grep -q -- '--resume auto needs --checkpoint' "$WORK/err" || fail "--resume auto alone"
     run 1 $args --save-every 3
     [ "$RC" = 2 ] && grep -q -- '--save-every needs --checkpoint' "$WORK/err" || fail "--save-every alone"
+    ;;
+trace)
+    TRACE_TOOL=$(dirname "$DDPRUN")/ddp-trace
+    if [ -z "$DDPRUN" ] || [ ! -x "$TRACE_TOOL" ] || ! command -v python3 >/dev/null; then
+        echo "SKIP: needs ddprun, ddp-trace and python3" >&2
+        exit 77
+    fi
+    run 2 $COMMON --batch 48 --max-steps 6 --trace "$WORK/t.json" --trace-steps 3
+    [ "$RC" = 0 ] || fail "2 ranks with --trace"
+    "$TRACE_TOOL" merge "$WORK/all.json" "$WORK/t.rank0.json" "$WORK/t.rank1.json" >"$WORK/merge.out" 2>&1 ||
+        { fail "ddp-trace merge"; cat "$WORK/merge.out" >&2; }
+    python3 - "$WORK/t.rank0.json" "$WORK/t.rank1.json" "$WORK/all.json" <<'PY' || fail "merged trace"
+import json, sys
+ins = [json.load(open(p))["traceEvents"] for p in sys.argv[1:3]]
+out = json.load(open(sys.argv[3]))["traceEvents"]
+meta = [e for e in out if e["name"] == "process_name"]
+assert sorted((e["pid"], e["args"]["name"]) for e in meta) == [(0, "rank 0"), (1, "rank 1")], meta
+rest = [e for e in out if e["name"] not in ("process_name", "process_sort_index")]
+assert rest == ins[0] + ins[1], "events lost or changed"
+for r in (0, 1):
+    spans = {e["name"] for e in rest if e["pid"] == r and e["ph"] == "X"}
+    assert "forward" in spans and "optimizer step" in spans and any(s.startswith("bucket") for s in spans), (r, spans)
+print("merged", len(rest), "events")
+PY
+    # a rank that died mid-write: its complete events, and a warning naming the file
+    head -c 1500 "$WORK/t.rank1.json" >"$WORK/cut.json"
+    "$TRACE_TOOL" merge "$WORK/cut_all.json" "$WORK/t.rank0.json" "$WORK/cut.json" >"$WORK/merge.out" 2>&1 ||
+        fail "ddp-trace merge of a cut file"
+    grep -q "cut.json' ends without its closing" "$WORK/merge.out" || fail "no warning for a cut file"
+    python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$WORK/cut_all.json" || fail "merge of a cut file is not JSON"
+    echo "not a trace" >"$WORK/bad.json"
+    "$TRACE_TOOL" merge "$WORK/bad_all.json" "$WORK/bad.json" 2>"$WORK/merge.err"
+    [ $? = 1 ] && grep -q "bad.json' is not a Chrome trace" "$WORK/merge.err" || fail "a non-trace input"
+    [ -e "$WORK/bad_all.json" ] && fail "a failed merge left its output"
     ;;
 metrics)
     args="$COMMON --optim adam --batch 48 --epochs 2 --max-steps 40 --log-every 7"
