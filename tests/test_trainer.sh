@@ -23,6 +23,8 @@
 #   trace       ddp-trace merge joins the per-rank --trace files into one Perfetto trace: valid
 #               JSON, every event of both ranks, one named track per rank; a file cut short by a
 #               dead rank gives its complete events and a warning
+#   plot        tools/plot_metrics.sh (make demo's last step) draws a --metrics CSV into a PNG
+#               of the size it sets; a file that is not the CSV is refused
 #   metrics     --metrics FILE: one CSV row per step, the losses those of --print-losses, also
 #               across a restart (no step twice)
 # Small subsets keep each case well under 30 s on two busy cores.
@@ -427,6 +429,26 @@ PY
     "$TRACE_TOOL" merge "$WORK/bad_all.json" "$WORK/bad.json" 2>"$WORK/merge.err"
     [ $? = 1 ] && grep -q "bad.json' is not a Chrome trace" "$WORK/merge.err" || fail "a non-trace input"
     [ -e "$WORK/bad_all.json" ] && fail "a failed merge left its output"
+    ;;
+plot)
+    PLOT=$(dirname "$0")/../tools/plot_metrics.sh
+    if ! command -v gnuplot >/dev/null; then
+        echo "SKIP: gnuplot is not installed (apt-get install gnuplot-nox; .ci/run installs it)" >&2
+        exit 77
+    fi
+    run 1 $COMMON --batch 48 --epochs 2 --metrics "$WORK/m.csv"
+    [ "$RC" = 0 ] || fail "--metrics"
+    sh "$PLOT" "$WORK/m.csv" "$WORK/m.png" "test" >"$WORK/plot.out" 2>&1 || { fail "plot_metrics"; cat "$WORK/plot.out" >&2; }
+    grep -q 'wrote .*m.png (50 steps)' "$WORK/plot.out" || fail "plot_metrics: $(cat "$WORK/plot.out")"
+    # a PNG signature and the IHDR's 1200 x 800 (bytes 17-24)
+    sig=$(od -An -tx1 -N8 "$WORK/m.png" | tr -d ' \n')
+    [ "$sig" = 89504e470d0a1a0a ] || fail "m.png is not a PNG ($sig)"
+    size=$(od -An -tu1 -j16 -N8 "$WORK/m.png" | awk '{ print $3 * 256 + $4, $7 * 256 + $8 }')
+    [ "$size" = "1200 800" ] || fail "m.png is $size, expected 1200 800"
+    [ "$(wc -c <"$WORK/m.png")" -gt 20000 ] || fail "m.png is too small to hold two plots"
+    echo "step,loss" >"$WORK/other.csv"
+    sh "$PLOT" "$WORK/other.csv" "$WORK/o.png" 2>"$WORK/plot.err"
+    [ $? = 1 ] && grep -q "is not the trainer's --metrics CSV" "$WORK/plot.err" || fail "plot of another CSV"
     ;;
 metrics)
     args="$COMMON --optim adam --batch 48 --epochs 2 --max-steps 40 --log-every 7"
