@@ -60,6 +60,15 @@ rc=$?
 [ "$rc" = 1 ] || fail "--timeout with --max-restarts: exit $rc"
 grep -q 'restarting' "$WORK/err" && fail "a job stopped by --timeout was restarted"
 
+# --timeout counts the whole job: endless quick failures with restarts left still end there.
+start=$(date +%s)
+"$DDPRUN" -n 2 --max-restarts 1000 --timeout 2 --grace 0.2 sh -c 'sleep 0.3; exit 3' >"$WORK/out" 2>"$WORK/err"
+rc=$?
+took=$(($(date +%s) - start))
+[ "$rc" = 1 ] && grep -q 'ran past --timeout 2 s' "$WORK/err" || fail "restarts past --timeout: exit $rc: $(tail -3 "$WORK/err")"
+grep -q 'restarting the job (restart 1 of 1000)' "$WORK/err" || fail "no restart before the timeout"
+[ "$took" -le 10 ] || fail "--timeout 2 with restarts took $took s"
+
 # A signal to ddprun is final too.
 "$DDPRUN" -n 2 --max-restarts 3 --grace 0.5 sh -c 'echo up; sleep 30' >"$WORK/out" 2>"$WORK/err" &
 pid=$!

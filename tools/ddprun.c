@@ -87,7 +87,8 @@ static const char usage_text[] =
     "                          longer than 64 KiB are split). Either way, when ddprun's stdout\n"
     "                          or stderr is a terminal, rank 0 writes to it directly and\n"
     "                          unprefixed, so it sees a terminal (progress bars draw)\n"
-    "  --timeout S             stop the job if it runs longer than S seconds (default: no limit);\n"
+    "  --timeout S             stop the job if it runs longer than S seconds, restarts\n"
+    "                          included (default: no limit);\n"
     "                          joining the other nodes waits at most DDP_TIMEOUT seconds\n"
     "  --grace S               seconds between SIGTERM and SIGKILL when stopping workers\n"
     "                          (default 5)\n"
@@ -777,6 +778,7 @@ typedef struct job {
     int exit_code;
     int final;            /* stopped by a signal to ddprun or --timeout: never restarted */
     int attempt;          /* 0, then 1.. after each --max-restarts restart */
+    double deadline;      /* --timeout: when the whole job (every attempt) must end; 0: never */
     /* multi-node */
     ddp_store_t *store;
     ddp_store_server_t *server;
@@ -1379,7 +1381,7 @@ static int streams_open(const job_t *job)
 static void run_event_loop(job_t *job)
 {
     const options_t *o = &job->opt;
-    double deadline = o->timeout_s > 0 ? now_s() + o->timeout_s : 0;
+    double deadline = job->deadline; /* --timeout counts from the first attempt's start */
     double drain_until = 0;  /* after the last worker: stop waiting for stray pipe writers */
     int sent_exited = 0;
     double linger_until = 0; /* node 0: wait for the other nodes before closing the store */
@@ -1665,6 +1667,7 @@ int main(int argc, char **argv)
     }
     if (open_logs(&job) != 0) return 1;
     workers_started = 1;
+    job.deadline = job.opt.timeout_s > 0 ? now_s() + job.opt.timeout_s : 0;
     for (;;) {
         start_workers(&job);
         run_event_loop(&job);
