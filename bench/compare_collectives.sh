@@ -15,6 +15,16 @@
 # REPEAT).
 # Ratios > 1 mean libddp is faster.
 set -eu
+# PLOT=FILE.png: the same run, its output also drawn into FILE.png by bench/plot_collectives.sh
+# (gnuplot-nox); the tables on stdout are unchanged.
+if [ -n "${PLOT:-}" ] && [ -z "${DDP_PLOT_INNER:-}" ]; then
+    plot_out=$(mktemp "${TMPDIR:-/tmp}/plot_run.XXXXXX")
+    { if DDP_PLOT_INNER=1 sh "$0" "$@"; then echo 0 >"$plot_out.rc"; else echo $? >"$plot_out.rc"; fi; } | tee "$plot_out"
+    plot_rc=$(cat "$plot_out.rc")
+    if [ "$plot_rc" = 0 ] && ! sh "$(dirname "$0")/plot_collectives.sh" "$plot_out" "$PLOT" >&2; then plot_rc=1; fi
+    rm -f "$plot_out" "$plot_out.rc"
+    exit "$plot_rc"
+fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
