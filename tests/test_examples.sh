@@ -34,8 +34,16 @@ hello)
 install)
   src=$2 build=$3 flags=${4:-}
   tmp=$(mktemp -d) || exit 1
-  trap 'rm -rf "$tmp"' EXIT
+  # cmake --install rewrites BUILD/install_manifest.txt, which `make uninstall` reads: keep the
+  # user's own (from a real make install) and put it back afterwards.
+  manifest="$build/install_manifest.txt"
+  if [ -f "$manifest" ]; then cp "$manifest" "$tmp/manifest.user"; fi
+  restore_manifest() {
+    if [ -f "$tmp/manifest.user" ]; then cp "$tmp/manifest.user" "$manifest"; else rm -f "$manifest"; fi
+  }
+  trap 'restore_manifest; rm -rf "$tmp"' EXIT
   cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
+  cp "$manifest" "$tmp/manifest.test"
   for f in include/ddp/ddp.h lib/pkgconfig/ddp.pc lib/cmake/ddp/ddpConfig.cmake bin/ddprun bin/ddp-bench; do
     [ -f "$tmp/prefix/$f" ] || { echo "missing $f after install"; ls -R "$tmp/prefix"; exit 1; }
   done
@@ -176,12 +184,12 @@ C
   fi
   # Uninstall (what `make uninstall` runs) removes every installed file and the package's own
   # directories; a second run finds nothing to do and still succeeds.
-  cmake -DMANIFEST="$build/install_manifest.txt" -P "$src/cmake/uninstall.cmake" > "$tmp/uninstall.log" 2>&1 \
+  cmake -DMANIFEST="$tmp/manifest.test" -P "$src/cmake/uninstall.cmake" > "$tmp/uninstall.log" 2>&1 \
     || { cat "$tmp/uninstall.log"; echo "uninstall failed"; exit 1; }
   left=$(find "$tmp/prefix" ! -type d)
   [ -z "$left" ] || { echo "uninstall left: $left"; exit 1; }
   [ ! -e "$tmp/prefix/include/ddp" ] && [ ! -e "$tmp/prefix/lib/cmake/ddp" ] || { echo "uninstall left the package's directories"; exit 1; }
-  cmake -DMANIFEST="$build/install_manifest.txt" -P "$src/cmake/uninstall.cmake" > "$tmp/uninstall.log" 2>&1 \
+  cmake -DMANIFEST="$tmp/manifest.test" -P "$src/cmake/uninstall.cmake" > "$tmp/uninstall.log" 2>&1 \
     || { cat "$tmp/uninstall.log"; echo "a second uninstall failed"; exit 1; }
   echo "installed, used and uninstalled"
   ;;
