@@ -31,7 +31,7 @@ awk -v op="$op" -v dir="$tmp" '
     /^latency|^one process/ { part = 3; next }
     part == 1 && NF >= 7 { med[n, $1] = $2 " " $3 " " $4 " " $7; order[n, ++cnt[n]] = $1 }
     part == 2 && NF >= 5 { sp[n, $1] = $2 " " $3 " " $4 " " $5 }
-    /^gloo [0-9]/ { print $2, $3, $4, $5 > (dir "/g" n ".dat"); has_gloo[n] = 1 }
+    /^gloo +[0-9]/ { print $2, $3, $4, $5 > (dir "/g" n ".dat"); has_gloo[n] = 1 }
     END {
         for (k = 1; k <= nr; k++) {
             r = ranks[k]; f = dir "/r" r ".dat"
@@ -63,6 +63,7 @@ npanels=$(wc -l <"$tmp/ranks")
     echo "set output '$png'"
     echo "set multiplot layout 1,$npanels title \"$op f32 sum: bandwidth against message size (compare_collectives.sh, $stamp)\" font ',15'"
     echo "set logscale xy"
+    echo "set format y '%g'"
     echo "set grid lc rgb '#dddddd'"
     echo "set key top left box opaque"
     echo "set xlabel 'message size'"
@@ -83,4 +84,6 @@ npanels=$(wc -l <"$tmp/ranks")
     echo "unset multiplot"
 } >"$tmp/plot.gp"
 gnuplot "$tmp/plot.gp"
-echo "plot_collectives: wrote $png ($(tr '\n' ' ' <"$tmp/ranks")ranks)"
+with=""
+ls "$tmp"/g*.dat >/dev/null 2>&1 && with=", with gloo"
+echo "plot_collectives: wrote $png ($(tr '\n' ' ' <"$tmp/ranks")ranks$with)"

@@ -25,6 +25,11 @@ sh "$SRC/bench/plot_collectives.sh" "$R/2026-11-23-0800-collectives.txt" "$WORK/
     { fail "plot_collectives"; cat "$WORK/out" >&2; }
 grep -q '(2 4 ranks)' "$WORK/out" || fail "plot_collectives did not find the 2- and 4-rank tables: $(cat "$WORK/out")"
 [ "$(png_size "$WORK/c.png")" = "1300 620" ] || fail "c.png: '$(png_size "$WORK/c.png")', expected a 1300x620 PNG"
+# a run with gloo's lines: gloo is drawn too
+sh "$SRC/bench/plot_collectives.sh" "$R/2026-11-24-0700-collectives-gloo-loaded.txt" "$WORK/g.png" >"$WORK/out" 2>&1 ||
+    { fail "plot_collectives with gloo"; cat "$WORK/out" >&2; }
+grep -q '(2 4 ranks, with gloo)' "$WORK/out" || fail "plot_collectives did not draw gloo: $(cat "$WORK/out")"
+[ "$(png_size "$WORK/g.png")" = "1300 620" ] || fail "g.png: '$(png_size "$WORK/g.png")'"
 sh "$SRC/bench/plot_trainer_vs_pytorch.sh" "$R/2026-11-23-0823-trainer-vs-pytorch.txt" "$WORK/t.png" >"$WORK/out" 2>&1 ||
     { fail "plot_trainer_vs_pytorch"; cat "$WORK/out" >&2; }
 grep -q '(4 configurations)' "$WORK/out" || fail "plot_trainer_vs_pytorch: $(cat "$WORK/out")"
