@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo install clean asan tsan
+.PHONY: all build test demo install uninstall clean asan tsan
 
 all: build
 
@@ -21,8 +21,15 @@ test: build
 demo:
 	./tools/demo.sh
 
-install: build
+# install: the libraries and the installed programs only (target ddp_install_parts), not the
+# tests; PREFIX=/opt/ddp installs there (the programs find libddp.so through $$ORIGIN/../lib).
+install: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target ddp_install_parts
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)
+
+# uninstall: removes what the last `make install` from $(BUILD) wrote.
+uninstall:
+	cmake --build $(BUILD) --target uninstall
 
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON

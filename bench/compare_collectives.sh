@@ -13,8 +13,22 @@
 # with the spread below it), KEEP (a directory to keep the raw JSON in), FROM (a directory KEEP
 # filled earlier: print its tables again without running anything; give the same RANKS, OPS and
 # REPEAT).
+# GLOO (1): for allreduce also PyTorch's gloo backend (bench/gloo_allreduce.py, Debian's
+# python3-torch, ranks meeting over 127.0.0.1), interleaved with the others; its lines follow
+# each allreduce table. gloo times one allreduce per round (not a loop), so small sizes carry
+# the clock's and the barrier's jitter. GLOO=0, or no torch, leaves it out.
 # Ratios > 1 mean libddp is faster.
 set -eu
+# PLOT=FILE.png: the same run, its output also drawn into FILE.png by bench/plot_collectives.sh
+# (gnuplot-nox); the tables on stdout are unchanged.
+if [ -n "${PLOT:-}" ] && [ -z "${DDP_PLOT_INNER:-}" ]; then
+    plot_out=$(mktemp "${TMPDIR:-/tmp}/plot_run.XXXXXX")
+    { if DDP_PLOT_INNER=1 sh "$0" "$@"; then echo 0 >"$plot_out.rc"; else echo $? >"$plot_out.rc"; fi; } | tee "$plot_out"
+    plot_rc=$(cat "$plot_out.rc")
+    if [ "$plot_rc" = 0 ] && ! sh "$(dirname "$0")/plot_collectives.sh" "$plot_out" "$PLOT" >&2; then plot_rc=1; fi
+    rm -f "$plot_out" "$plot_out.rc"
+    exit "$plot_rc"
+fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
@@ -65,6 +79,28 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 COMMON="-d $DTYPE -r $REDOP -b $MIN -e $MAX -f $FACTOR -n $ITERS -w $WARMUP --rounds $ROUNDS --min-ms $MIN_MS --json"
 
+HAVE_GLOO=0
+if [ "${GLOO:-1}" != 0 ] && [ -z "${FROM:-}" ] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+    HAVE_GLOO=1
+fi
+# gloo_run N: one gloo allreduce sweep on N local ranks; rank 0's "gloo BYTES US ALGBW BUSBW" lines.
+gloo_run() {
+    port=$((20000 + ($$ * 7 + $1 * 131 + rep * 17) % 40000))
+    rounds=$ROUNDS
+    [ "$rounds" -ge 5 ] || rounds=5
+    r=$(($1 - 1))
+    while [ "$r" -ge 1 ]; do
+        timeout 900 /usr/bin/python3 "$ROOT/bench/gloo_allreduce.py" --rank "$r" --world "$1" \
+            --master-port "$port" --min-bytes "$MIN" --max-bytes "$MAX" --factor "$FACTOR" \
+            --warmup "$WARMUP" --rounds "$rounds" >/dev/null 2>&1 &
+        r=$((r - 1))
+    done
+    timeout 900 /usr/bin/python3 "$ROOT/bench/gloo_allreduce.py" --rank 0 --world "$1" \
+        --master-port "$port" --min-bytes "$MIN" --max-bytes "$MAX" --factor "$FACTOR" \
+        --warmup "$WARMUP" --rounds "$rounds" 2>/dev/null | grep '^gloo ' || true
+    wait
+}
+
 # JSON lines only (ddprun may add its own lines on failure; those go to stderr).
 json_only() { grep '^{' || true; }
 
@@ -98,6 +134,9 @@ while [ "$rep" -le "$REPEAT" ]; do
                     | json_only >"$OUT/mpi-$op-$n.$rep.json" || true
             else
                 : >"$OUT/mpi-$op-$n.$rep.json"
+            fi
+            if [ "$HAVE_GLOO" = 1 ] && [ "$op" = allreduce ]; then
+                gloo_run "$n" >"$OUT/gloo-$op-$n.$rep.txt"
             fi
         done
     done
@@ -194,6 +233,29 @@ for op in $OPS; do
                            ranks, cores, show(w), wr, ratio(u, w)
                 }
             }'
+        # gloo: algbw from the median time over the repetitions, and the range of algbw.
+        gloo_files=""
+        r=1
+        while [ "$r" -le "$REPEAT" ]; do
+            [ -s "$OUT/gloo-$op-$n.$r.txt" ] && gloo_files="$gloo_files $OUT/gloo-$op-$n.$r.txt"
+            r=$((r + 1))
+        done
+        if [ -n "$gloo_files" ]; then
+            echo "PyTorch gloo (torch.distributed over 127.0.0.1), algbw in GB/s: gloo BYTES MEDIAN MIN MAX"
+            # shellcheck disable=SC2086 # a list of files
+            cat $gloo_files | sort -n -k2 -s | awk '
+                function flush(   i, j, t, m, lo, hi) {
+                    if (!cnt) return
+                    for (i = 1; i <= cnt; i++) for (j = i + 1; j <= cnt; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+                    m = cnt % 2 ? v[(cnt + 1) / 2] : (v[cnt / 2] + v[cnt / 2 + 1]) / 2
+                    lo = bytes / v[cnt] / 1000; hi = bytes / v[1] / 1000
+                    printf "gloo %10s %9.3g %9.3g %9.3g\n", bytes, bytes / m / 1000, lo, hi
+                    cnt = 0
+                }
+                $2 != bytes { flush(); bytes = $2 }
+                { v[++cnt] = $3 }
+                END { flush() }'
+        fi
         for f in $(reps "ddp-0-$op-$n") $(reps "ddp-1-$op-$n"); do
             [ -s "$f" ] || echo "!! $(basename "$f"): no results (the run failed)"
         done

@@ -20,6 +20,16 @@
 #                                                    PT_REPS=3 HIDDEN="1024 4096" BATCH="1 64"
 #                                                    SCALE_BATCH="128 512")
 set -u
+# PLOT=FILE.png: the same run, its output also drawn into FILE.png by bench/plot_trainer_vs_pytorch.sh
+# (gnuplot-nox); the tables on stdout are unchanged.
+if [ -n "${PLOT:-}" ] && [ -z "${DDP_PLOT_INNER:-}" ]; then
+    plot_out=$(mktemp "${TMPDIR:-/tmp}/plot_run.XXXXXX")
+    { if DDP_PLOT_INNER=1 sh "$0" "$@"; then echo 0 >"$plot_out.rc"; else echo $? >"$plot_out.rc"; fi; } | tee "$plot_out"
+    plot_rc=$(cat "$plot_out.rc")
+    if [ "$plot_rc" = 0 ] && ! sh "$(dirname "$0")/plot_trainer_vs_pytorch.sh" "$plot_out" "$PLOT" >&2; then plot_rc=1; fi
+    rm -f "$plot_out" "$plot_out.rc"
+    exit "$plot_rc"
+fi
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 STEPS=${STEPS:-60}

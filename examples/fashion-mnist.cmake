@@ -38,5 +38,7 @@ else()
     target_link_libraries(fashion-mnist PRIVATE ddp_powersgd)
     target_compile_definitions(fashion-mnist PRIVATE FM_HAVE_POWERSGD=1)
   endif()
+  # Installed beside ddprun: it is the demo a user runs (`ddprun -n 2 fashion-mnist`).
+  install(TARGETS fashion-mnist RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   message(STATUS "fashion-mnist: building with ${FM_OPENBLAS_LIBRARY}")
 endif()

@@ -16,3 +16,7 @@ echo \"$out\"; echo \"$out\" | grep -Eq '\"switch_us\":[0-9]*[1-9][0-9]*\\.|\"sw
 $<TARGET_FILE:switch-probe> -n x 2>/dev/null; test $? -eq 2")
   set_tests_properties(test_switch_probe PROPERTIES TIMEOUT 60)
 endif()
+# The comparison scripts' plots (bench/plot_*.sh, gnuplot) drawn from the committed results.
+add_test(NAME test_bench_plots
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_plots.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_bench_plots PROPERTIES TIMEOUT 60 SKIP_RETURN_CODE 77)

@@ -17,3 +17,7 @@ add_test(NAME test_examples.install
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_examples.sh install ${PROJECT_SOURCE_DIR}
           ${PROJECT_BINARY_DIR} "${DDP_CONSUMER_FLAGS}")
 set_tests_properties(test_examples.install PROPERTIES TIMEOUT 300)
+# `make install` from a fresh build directory: the libraries and installed programs only.
+add_test(NAME test_examples.make_install
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_examples.sh make-install ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_examples.make_install PROPERTIES TIMEOUT 600)

@@ -10,3 +10,11 @@ if(TARGET ddprun)
   target_compile_definitions(test_launcher PRIVATE DDPRUN_PATH="$<TARGET_FILE:ddprun>")
   add_dependencies(test_launcher ddprun)
 endif()
+
+# ddprun's job options (--max-restarts, --nproc-per-node auto, --standalone, --log-dir,
+# --version) with shell workers: tests/test_ddprun_jobs.sh.
+if(TARGET ddprun)
+  add_test(NAME test_ddprun_jobs
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_ddprun_jobs.sh $<TARGET_FILE:ddprun>)
+  set_tests_properties(test_ddprun_jobs PROPERTIES TIMEOUT 90)
+endif()

@@ -1,6 +1,7 @@
-/* Core: status names, last-error text, dtype/op tables, half-precision conversions, the env
+/* Core: status names, the version, last-error text, dtype/op tables, half-precision conversions, the env
  * table and the trace writer. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -13,6 +14,13 @@ static void test_status_and_errors(void)
     CHECK(strcmp(ddp_status_string(DDP_OK), "DDP_OK") == 0);
     CHECK(strcmp(ddp_status_string(DDP_ERR_TIMEOUT), "DDP_ERR_TIMEOUT") == 0);
     CHECK(strcmp(ddp_status_string((ddp_status_t)-999), "DDP_ERR_UNKNOWN") == 0);
+    /* ddp_version(): the library's version, the headers' DDP_VERSION_* (CMake refuses a
+     * project() version that differs), as "MAJOR.MINOR.PATCH". */
+    char headers[32];
+    snprintf(headers, sizeof headers, "%d.%d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR,
+             DDP_VERSION_PATCH);
+    CHECK(ddp_version() != NULL && strcmp(ddp_version(), headers) == 0);
+    CHECK(ddp_version() == ddp_version()); /* a static string: callers never free it */
     ddp_dtype_t d;
     CHECK_STATUS(ddp_dtype_parse("f99", &d), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("f99");

@@ -5,8 +5,14 @@
 #   outside the tree builds against it with find_package(ddp) and with pkg-config, and runs.
 #   Then examples/hello_ddp.c links statically with `pkg-config --static` (libddp.a needs no MPI),
 #   and, when MPI was built, a static program registers the MPI module from libddp_mpi.a.
+#   The installed programs (ddprun, ddp-bench, fashion-mnist) run from the prefix without
+#   LD_LIBRARY_PATH (RUNPATH $ORIGIN/../lib); hello_ddp built through pkg-config and through
+#   find_package runs on 2 ranks under the installed ddprun; ddp_version() matches the headers;
+#   ddp_powersgd.pc and ddp::ddp_powersgd link; uninstall leaves nothing behind.
 #   FLAGS (compile and link) are the sanitizer flags of a sanitized BUILD: its libddp needs a
 #   consumer built with the same sanitizer.
+#   make-install SOURCE: `make install` in a fresh build directory builds the libraries and the
+#   installed programs, and no test program.
 set -u
 case "$1" in
 hello)
@@ -28,9 +34,17 @@ hello)
 install)
   src=$2 build=$3 flags=${4:-}
   tmp=$(mktemp -d) || exit 1
-  trap 'rm -rf "$tmp"' EXIT
+  # cmake --install rewrites BUILD/install_manifest.txt, which `make uninstall` reads: keep the
+  # user's own (from a real make install) and put it back afterwards.
+  manifest="$build/install_manifest.txt"
+  if [ -f "$manifest" ]; then cp "$manifest" "$tmp/manifest.user"; fi
+  restore_manifest() {
+    if [ -f "$tmp/manifest.user" ]; then cp "$tmp/manifest.user" "$manifest"; else rm -f "$manifest"; fi
+  }
+  trap 'restore_manifest; rm -rf "$tmp"' EXIT
   cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; exit 1; }
-  for f in include/ddp/ddp.h lib/pkgconfig/ddp.pc lib/cmake/ddp/ddpConfig.cmake; do
+  cp "$manifest" "$tmp/manifest.test"
+  for f in include/ddp/ddp.h lib/pkgconfig/ddp.pc lib/cmake/ddp/ddpConfig.cmake bin/ddprun bin/ddp-bench; do
     [ -f "$tmp/prefix/$f" ] || { echo "missing $f after install"; ls -R "$tmp/prefix"; exit 1; }
   done
   mkdir -p "$tmp/app"
@@ -48,7 +62,14 @@ int main(void)
     if (ddp_group_allreduce(group, x, x, 3, DDP_F32, DDP_SUM) != DDP_OK) return 3;
     ddp_group_destroy(group);
     ddp_store_destroy(store);
-    printf("consumer ok %g\n", x[2]);
+    char headers[32];
+    snprintf(headers, sizeof headers, "%d.%d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR,
+             DDP_VERSION_PATCH);
+    if (strcmp(ddp_version(), headers) != 0) {
+        printf("ddp_version() %s, headers %s\n", ddp_version(), headers);
+        return 4;
+    }
+    printf("consumer ok %g, libddp %s\n", x[2], ddp_version());
     return strcmp(ddp_status_string(DDP_OK), "DDP_OK") != 0;
 }
 C
@@ -58,17 +79,75 @@ project(consumer C)
 find_package(ddp REQUIRED)
 add_executable(consumer main.c)
 target_link_libraries(consumer PRIVATE ddp::ddp)
+add_executable(consumer_static main.c)
+target_link_libraries(consumer_static PRIVATE ddp::ddp_static)
+add_executable(hello hello_ddp.c)
+target_link_libraries(hello PRIVATE ddp::ddp)
+if(TARGET ddp::ddp_powersgd)
+  add_executable(psgd psgd.c)
+  target_link_libraries(psgd PRIVATE ddp::ddp_powersgd)
+endif()
 C
+  cp "$src/examples/hello_ddp.c" "$tmp/app/"
+  cat > "$tmp/app/psgd.c" <<'C'
+#include <stdio.h>
+#include <ddp/ddp.h>
+#include <ddp/powersgd.h>
+int main(void)
+{
+    ddp_powersgd_config_t config;
+    ddp_powersgd_config_init(&config);
+    ddp_powersgd_state_t *state = NULL;
+    if (ddp_powersgd_state_create(&config, &state) != DDP_OK) return 1;
+    ddp_powersgd_state_destroy(state);
+    printf("powersgd ok\n");
+    return 0;
+}
+C
+  # The installed programs need no LD_LIBRARY_PATH: RUNPATH $ORIGIN/../lib finds libddp.so.
+  bench=$(env -u LD_LIBRARY_PATH "$tmp/prefix/bin/ddprun" -n 2 "$tmp/prefix/bin/ddp-bench" -o allreduce -b 8 -e 8 2>&1) \
+    || { echo "installed ddprun + ddp-bench from the prefix failed: $bench"; exit 1; }
+  echo "$bench" | grep -q 'Avg bus bandwidth' || { echo "ddp-bench printed no result: $bench"; exit 1; }
+  ldd "$tmp/prefix/bin/ddp-bench" | grep 'libddp.so' | grep -q "$tmp/prefix" \
+    || { echo "ddp-bench does not load the prefix's libddp:"; ldd "$tmp/prefix/bin/ddp-bench"; exit 1; }
+  if [ -x "$tmp/prefix/bin/fashion-mnist" ]; then
+    env -u LD_LIBRARY_PATH "$tmp/prefix/bin/fashion-mnist" --help > /dev/null \
+      || { echo "installed fashion-mnist does not start"; exit 1; }
+  fi
+  ddprun_v=$("$tmp/prefix/bin/ddprun" --version) || exit 1
+  echo "$ddprun_v"
   cmake -S "$tmp/app" -B "$tmp/app/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" > "$tmp/app.log" 2>&1 \
     && cmake --build "$tmp/app/build" >> "$tmp/app.log" 2>&1 || { cat "$tmp/app.log"; exit 1; }
   LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/build/consumer" || { echo "find_package consumer failed"; exit 1; }
+  "$tmp/app/build/consumer_static" || { echo "find_package ddp::ddp_static consumer failed"; exit 1; }
+  out=$(env -u LD_LIBRARY_PATH "$tmp/prefix/bin/ddprun" -n 2 "$tmp/app/build/hello") \
+    && echo "$out" | grep -q 'hello_ddp: 2 ranks' || { echo "hello_ddp (find_package) on 2 ranks: $out"; exit 1; }
+  echo "find_package hello_ddp: $(echo "$out" | grep 'hello_ddp: 2 ranks')"
+  if [ -f "$tmp/prefix/lib/libddp_powersgd.so" ]; then
+    [ -x "$tmp/app/build/psgd" ] || { echo "ddp::ddp_powersgd is not in the CMake package"; exit 1; }
+    "$tmp/app/build/psgd" || { echo "ddp::ddp_powersgd consumer failed"; exit 1; }
+  fi
   if command -v pkg-config > /dev/null; then
     pc_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp) || exit 1
     # shellcheck disable=SC2086 # the flags are words
     cc $flags "$tmp/app/main.c" -o "$tmp/app/pc" $pc_flags \
       || { echo "pkg-config build failed ($flags $pc_flags)"; exit 1; }
     LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/pc" || { echo "pkg-config consumer failed"; exit 1; }
+    # hello_ddp through pkg-config, with an rpath of its own (README: a non-system prefix).
+    # shellcheck disable=SC2086 # the flags are words
+    cc $flags "$src/examples/hello_ddp.c" -o "$tmp/app/hello_pc" $pc_flags -Wl,-rpath,"$tmp/prefix/lib" \
+      || { echo "pkg-config build of hello_ddp failed"; exit 1; }
+    out=$(env -u LD_LIBRARY_PATH "$tmp/prefix/bin/ddprun" -n 2 "$tmp/app/hello_pc") \
+      && echo "$out" | grep -q 'hello_ddp: 2 ranks' || { echo "hello_ddp (pkg-config) on 2 ranks: $out"; exit 1; }
+    echo "pkg-config hello_ddp: $(echo "$out" | grep 'hello_ddp: 2 ranks')"
+    if [ -f "$tmp/prefix/lib/libddp_powersgd.so" ]; then
+      [ -f "$tmp/prefix/lib/pkgconfig/ddp_powersgd.pc" ] || { echo "ddp_powersgd.pc not installed"; exit 1; }
+      ps_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp_powersgd) || exit 1
+      # shellcheck disable=SC2086 # the flags are words
+      cc $flags "$tmp/app/psgd.c" -o "$tmp/app/psgd_pc" $ps_flags || { echo "pkg-config ddp_powersgd build failed ($ps_flags)"; exit 1; }
+      LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/app/psgd_pc" || { echo "ddp_powersgd (pkg-config) consumer failed"; exit 1; }
+    fi
     # A fully static hello_ddp (a sanitizer runtime cannot be linked statically: skipped then).
     if [ -z "$flags" ]; then
       st_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --static --cflags --libs ddp) || exit 1
@@ -103,6 +182,34 @@ C
       "$tmp/app/mpi_static" || { echo "ddp_mpi_register failed"; exit 1; }
     fi
   fi
+  # Uninstall (what `make uninstall` runs) removes every installed file and the package's own
+  # directories; a second run finds nothing to do and still succeeds.
+  cmake -DMANIFEST="$tmp/manifest.test" -P "$src/cmake/uninstall.cmake" > "$tmp/uninstall.log" 2>&1 \
+    || { cat "$tmp/uninstall.log"; echo "uninstall failed"; exit 1; }
+  left=$(find "$tmp/prefix" ! -type d)
+  [ -z "$left" ] || { echo "uninstall left: $left"; exit 1; }
+  [ ! -e "$tmp/prefix/include/ddp" ] && [ ! -e "$tmp/prefix/lib/cmake/ddp" ] || { echo "uninstall left the package's directories"; exit 1; }
+  cmake -DMANIFEST="$tmp/manifest.test" -P "$src/cmake/uninstall.cmake" > "$tmp/uninstall.log" 2>&1 \
+    || { cat "$tmp/uninstall.log"; echo "a second uninstall failed"; exit 1; }
+  echo "installed, used and uninstalled"
+  ;;
+make-install)
+  src=$2
+  tmp=$(mktemp -d) || exit 1
+  trap 'rm -rf "$tmp"' EXIT
+  nice make -C "$src" install BUILD="$tmp/build" PREFIX="$tmp/prefix" JOBS=2 > "$tmp/make.log" 2>&1 \
+    || { tail -30 "$tmp/make.log"; echo "make install failed"; exit 1; }
+  for f in lib/libddp.so.0 lib/libddp.a bin/ddprun bin/ddp-bench; do
+    [ -e "$tmp/prefix/$f" ] || { echo "make install did not install $f"; exit 1; }
+  done
+  tests=$(find "$tmp/build" -path "$tmp/build/CMakeFiles" -prune -o -name 'test_*' -type f -perm -u+x -print | head -5)
+  [ -z "$tests" ] || { echo "make install built test programs: $tests"; exit 1; }
+  grep -q 'Built target test_' "$tmp/make.log" && { echo "make install built tests:"; grep 'Built target test_' "$tmp/make.log" | head; exit 1; }
+  env -u LD_LIBRARY_PATH "$tmp/prefix/bin/ddprun" --version || exit 1
+  nice make -C "$src" uninstall BUILD="$tmp/build" > "$tmp/uninstall.log" 2>&1 || { cat "$tmp/uninstall.log"; exit 1; }
+  left=$(find "$tmp/prefix" ! -type d)
+  [ -z "$left" ] || { echo "make uninstall left: $left"; exit 1; }
+  echo "make install built $(grep -c 'Built target' "$tmp/make.log") targets, no tests; make uninstall removed them"
   ;;
 *)
   echo "usage: $0 hello DDPRUN HELLO | install SOURCE BUILD"; exit 2 ;;

@@ -15,6 +15,18 @@
 #               and --sync legacy too; K = 9 is refused
 #   progress    under ddprun on a terminal (script(1)) rank 0 draws its progress bar, and
 #               rank 1 stays prefixed; into a pipe, plain lines
+#   restart     rank 1 SIGKILLs itself mid-epoch (FM_TEST_KILL_AT_STEP); ddprun --max-restarts 2
+#               starts the job again, --resume auto continues from the --save-every checkpoint,
+#               and the parameters and final loss are bitwise those of an uninterrupted run;
+#               without restarts the job fails with the kill; a mismatching checkpoint under
+#               --resume auto is an error, not a fresh start
+#   trace       ddp-trace merge joins the per-rank --trace files into one Perfetto trace: valid
+#               JSON, every event of both ranks, one named track per rank; a file cut short by a
+#               dead rank gives its complete events and a warning
+#   plot        tools/plot_metrics.sh (make demo's last step) draws a --metrics CSV into a PNG
+#               of the size it sets; a file that is not the CSV is refused
+#   metrics     --metrics FILE: one CSV row per step, the losses those of --print-losses, also
+#               across a restart (no step twice)
 # Small subsets keep each case well under 30 s on two busy cores.
 set -u
 CASE=$1
@@ -340,6 +352,128 @@ zero)
         grep -q -- "$opt" "$WORK/err" || fail "'$bad': message does not name $opt"
         [ ! -e "$WORK/ck" ] || fail "'$bad' wrote a checkpoint"
     done
+    ;;
+restart)
+    if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ]; then
+        echo "SKIP: no ddprun" >&2
+        exit 77
+    fi
+    # 25 steps per epoch; saves at 4, 8, ..., 28; rank 1 dies after step 30 (epoch 2, mid-way),
+    # so the restart redoes steps 29-30 from the checkpoint of step 28.
+    args="$COMMON --optim adam --batch 48 --epochs 2 --json"
+    run 2 $args
+    [ "$RC" = 0 ] || fail "uninterrupted run"
+    want=$(checksums)
+    want_loss=$(json_field final_loss)
+    job="--checkpoint $WORK/ck --save-every 4 --resume auto"
+    FM_TEST_KILL_AT_STEP=30 "$DDPRUN" -n 2 --max-restarts 2 "$FM" $args $job >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/out"
+    [ "$RC" = 0 ] || { fail "--max-restarts 2: exit $RC"; cat "$WORK/err" >&2; }
+    grep -q 'rank 1 (pid [0-9]*) killed by signal 9' "$WORK/err" || fail "rank 1 was not killed"
+    grep -q 'restarting the job (restart 1 of 2)' "$WORK/err" || fail "no restart announced"
+    grep -q 'restarting the job (restart 2' "$WORK/err" && fail "restarted twice"
+    grep -q 'resume auto: no checkpoint at .*, starting fresh (restart 0)' "$WORK/out" ||
+        fail "the first attempt did not start fresh"
+    grep -q 'resume auto: continuing from .*ck at step 28 (epoch 2, restart 1)' "$WORK/out" ||
+        { fail "the restart did not continue from step 28:"; grep 'resume auto' "$WORK/out" >&2; }
+    got=$(checksums)
+    [ "$got" = "$want" ] || fail "restarted job: parameters $got, uninterrupted $want"
+    one_checksum 2 "restarted job"
+    [ "$(json_field final_loss)" = "$want_loss" ] ||
+        fail "restarted job: final loss $(json_field final_loss) vs $want_loss"
+    # No restarts left: the kill ends the job, with the signal's status.
+    rm -f "$WORK/ck"
+    FM_TEST_KILL_AT_STEP=6 "$DDPRUN" -n 2 "$FM" $args $job >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    [ "$RC" = 137 ] || fail "without --max-restarts: exit $RC, expected 137"
+    # A checkpoint of another model is refused by --resume auto (a fresh start would silently
+    # discard the job's progress).
+    run 1 $args --hidden 64 $job
+    [ "$RC" = 1 ] && grep -q 'hidden' "$WORK/err" || fail "--resume auto with another --hidden"
+    run 1 $args --resume auto
+    [ "$RC" = 2 ] && grep -q -- '--resume auto needs --checkpoint' "$WORK/err" || fail "--resume auto alone"
+    run 1 $args --save-every 3
+    [ "$RC" = 2 ] && grep -q -- '--save-every needs --checkpoint' "$WORK/err" || fail "--save-every alone"
+    ;;
+trace)
+    TRACE_TOOL=$(dirname "$DDPRUN")/ddp-trace
+    if [ -z "$DDPRUN" ] || [ ! -x "$TRACE_TOOL" ] || ! command -v python3 >/dev/null; then
+        echo "SKIP: needs ddprun, ddp-trace and python3" >&2
+        exit 77
+    fi
+    run 2 $COMMON --batch 48 --max-steps 6 --trace "$WORK/t.json" --trace-steps 3
+    [ "$RC" = 0 ] || fail "2 ranks with --trace"
+    "$TRACE_TOOL" merge "$WORK/all.json" "$WORK/t.rank0.json" "$WORK/t.rank1.json" >"$WORK/merge.out" 2>&1 ||
+        { fail "ddp-trace merge"; cat "$WORK/merge.out" >&2; }
+    python3 - "$WORK/t.rank0.json" "$WORK/t.rank1.json" "$WORK/all.json" <<'PY' || fail "merged trace"
+import json, sys
+ins = [json.load(open(p))["traceEvents"] for p in sys.argv[1:3]]
+out = json.load(open(sys.argv[3]))["traceEvents"]
+meta = [e for e in out if e["name"] == "process_name"]
+assert sorted((e["pid"], e["args"]["name"]) for e in meta) == [(0, "rank 0"), (1, "rank 1")], meta
+rest = [e for e in out if e["name"] not in ("process_name", "process_sort_index")]
+assert rest == ins[0] + ins[1], "events lost or changed"
+for r in (0, 1):
+    spans = {e["name"] for e in rest if e["pid"] == r and e["ph"] == "X"}
+    assert "forward" in spans and "optimizer step" in spans and any(s.startswith("bucket") for s in spans), (r, spans)
+print("merged", len(rest), "events")
+PY
+    # a rank that died mid-write: its complete events, and a warning naming the file
+    head -c 1500 "$WORK/t.rank1.json" >"$WORK/cut.json"
+    "$TRACE_TOOL" merge "$WORK/cut_all.json" "$WORK/t.rank0.json" "$WORK/cut.json" >"$WORK/merge.out" 2>&1 ||
+        fail "ddp-trace merge of a cut file"
+    grep -q "cut.json' ends without its closing" "$WORK/merge.out" || fail "no warning for a cut file"
+    python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$WORK/cut_all.json" || fail "merge of a cut file is not JSON"
+    echo "not a trace" >"$WORK/bad.json"
+    "$TRACE_TOOL" merge "$WORK/bad_all.json" "$WORK/bad.json" 2>"$WORK/merge.err"
+    [ $? = 1 ] && grep -q "bad.json' is not a Chrome trace" "$WORK/merge.err" || fail "a non-trace input"
+    [ -e "$WORK/bad_all.json" ] && fail "a failed merge left its output"
+    ;;
+plot)
+    PLOT=$(dirname "$0")/../tools/plot_metrics.sh
+    if ! command -v gnuplot >/dev/null; then
+        echo "SKIP: gnuplot is not installed (apt-get install gnuplot-nox; .ci/run installs it)" >&2
+        exit 77
+    fi
+    run 1 $COMMON --batch 48 --epochs 2 --metrics "$WORK/m.csv"
+    [ "$RC" = 0 ] || fail "--metrics"
+    sh "$PLOT" "$WORK/m.csv" "$WORK/m.png" "test" >"$WORK/plot.out" 2>&1 || { fail "plot_metrics"; cat "$WORK/plot.out" >&2; }
+    grep -q 'wrote .*m.png (50 steps)' "$WORK/plot.out" || fail "plot_metrics: $(cat "$WORK/plot.out")"
+    # a PNG signature and the IHDR's 1200 x 800 (bytes 17-24)
+    sig=$(od -An -tx1 -N8 "$WORK/m.png" | tr -d ' \n')
+    [ "$sig" = 89504e470d0a1a0a ] || fail "m.png is not a PNG ($sig)"
+    size=$(od -An -tu1 -j16 -N8 "$WORK/m.png" | awk '{ print $3 * 256 + $4, $7 * 256 + $8 }')
+    [ "$size" = "1200 800" ] || fail "m.png is $size, expected 1200 800"
+    [ "$(wc -c <"$WORK/m.png")" -gt 20000 ] || fail "m.png is too small to hold two plots"
+    echo "step,loss" >"$WORK/other.csv"
+    sh "$PLOT" "$WORK/other.csv" "$WORK/o.png" 2>"$WORK/plot.err"
+    [ $? = 1 ] && grep -q "is not the trainer's --metrics CSV" "$WORK/plot.err" || fail "plot of another CSV"
+    ;;
+metrics)
+    args="$COMMON --optim adam --batch 48 --epochs 2 --max-steps 40 --log-every 7"
+    run 1 $args --metrics "$WORK/m.csv"
+    [ "$RC" = 0 ] || fail "--metrics"
+    head -1 "$WORK/m.csv" | grep -qx 'step,epoch,loss,lr,samples_per_sec,step_ms,exposed_comm_ms' ||
+        fail "metrics header: $(head -1 "$WORK/m.csv")"
+    losses >"$WORK/want"
+    # every step once, in order, with the loss --print-losses printed (6 digits in the CSV)
+    awk -F, 'NR > 1 { if ($1 != NR - 1) { print "row " NR ": step " $1; exit 1 }
+                      if ($4 != 0.001 || $5 <= 0 || $6 <= 0 || $7 < 0) { print "row " NR ": " $0; exit 1 } }
+             END { if (NR != 41) { print NR - 1 " rows"; exit 1 } }' "$WORK/m.csv" >&2 ||
+        fail "metrics rows"
+    cut -d, -f3 "$WORK/m.csv" | tail -n +2 >"$WORK/got"
+    same_losses "$WORK/want" "$WORK/got" 1e-6 "metrics losses vs --print-losses"
+    if [ -n "$DDPRUN" ] && [ -x "$DDPRUN" ]; then
+        rm -f "$WORK/ck"
+        FM_TEST_KILL_AT_STEP=17 "$DDPRUN" -n 2 --max-restarts 1 "$FM" $args --metrics "$WORK/m2.csv" \
+            --checkpoint "$WORK/ck" --save-every 5 --resume auto >"$WORK/raw" 2>"$WORK/err"
+        [ $? = 0 ] || { fail "metrics across a restart"; cat "$WORK/err" >&2; }
+        cut -d, -f1,3 "$WORK/m2.csv" >"$WORK/rows2"
+        cut -d, -f1,3 "$WORK/m.csv" >"$WORK/rows1"
+        cmp -s "$WORK/rows1" "$WORK/rows2" ||
+            { fail "metrics across a restart differ from one run:"; diff "$WORK/rows1" "$WORK/rows2" >&2; }
+    fi
     ;;
 *)
     echo "unknown case $CASE" >&2

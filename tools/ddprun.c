@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -54,6 +55,8 @@ typedef struct options {
     double grace_s;          /* SIGTERM -> SIGKILL delay */
     double heartbeat_timeout_s;
     int bind;                /* BIND_AUTO, BIND_CORE or BIND_NONE */
+    int max_restarts;        /* --max-restarts: times a failed job is started again */
+    const char *log_dir;     /* --log-dir: per-rank log files; NULL: none */
     char **program;          /* PROGRAM ARGS..., NULL-terminated (points into argv) */
 } options_t;
 
@@ -64,7 +67,12 @@ static const char usage_text[] =
     "them. Node 0 hosts the TCP rendezvous store the workers meet through.\n"
     "\n"
     "options:\n"
-    "  -n, --nproc-per-node N  workers to start on this node (required, 1 to 1024)\n"
+    "  -n, --nproc-per-node N  workers to start on this node (required, 1 to 1024), or auto:\n"
+    "                          one per CPU ddprun may run on (its affinity mask, as taskset\n"
+    "                          sets it)\n"
+    "  --standalone            a one-node job with its own store on a free port of 127.0.0.1\n"
+    "                          (the default with --nnodes 1; refused with the multi-node\n"
+    "                          options)\n"
     "  --nnodes M              nodes in the job (default 1); run one ddprun per node\n"
     "  --node-rank K           this node's index, 0 to M-1 (default 0); node 0 hosts the store\n"
     "  --master-addr A         address of node 0: node 0's store binds to it, the workers connect\n"
@@ -79,7 +87,8 @@ static const char usage_text[] =
     "                          longer than 64 KiB are split). Either way, when ddprun's stdout\n"
     "                          or stderr is a terminal, rank 0 writes to it directly and\n"
     "                          unprefixed, so it sees a terminal (progress bars draw)\n"
-    "  --timeout S             stop the job if it runs longer than S seconds (default: no limit);\n"
+    "  --timeout S             stop the job if it runs longer than S seconds, restarts\n"
+    "                          included (default: no limit);\n"
     "                          joining the other nodes waits at most DDP_TIMEOUT seconds\n"
     "  --grace S               seconds between SIGTERM and SIGKILL when stopping workers\n"
     "                          (default 5)\n"
@@ -93,8 +102,21 @@ static const char usage_text[] =
     "                          thread too) share its CPU. Jobs side by side on one machine:\n"
     "                          start each under taskset with its own CPUs (ddprun binds\n"
     "                          within the CPUs it may use) or give --bind none\n"
+    "  --max-restarts N        when a worker fails, stop every worker and start them all\n"
+    "                          again, up to N times (default 0), as torchrun does; the workers\n"
+    "                          get the attempt number, 0 first, in DDP_RESTART_COUNT and\n"
+    "                          TORCHELASTIC_RESTART_COUNT (a program resumes from its\n"
+    "                          checkpoint: the trainer's --resume auto). Each attempt gets a\n"
+    "                          fresh store. A job stopped by a signal to ddprun or by --timeout\n"
+    "                          is not restarted. Single node only\n"
+    "  --log-dir DIR           also write each rank's output to DIR/rank<R>.log (stdout and\n"
+    "                          stderr lines, unprefixed, as they arrive; a restart appends a\n"
+    "                          line naming the attempt). The terminal shows every rank as\n"
+    "                          without --log-dir, except that rank 0 goes through ddprun too\n"
+    "                          (no terminal of its own: no progress bar)\n"
     "  --print-config          print libddp's environment variables, their values and what\n"
     "                          they accept, and exit\n"
+    "  --version               print ddprun's and libddp's version and exit\n"
     "  -h, --help              print this help and exit\n"
     "  Options may also be written --option=VALUE; \"--\" ends the options.\n"
     "\n"
@@ -103,6 +125,7 @@ static const char usage_text[] =
     "  MASTER_ADDR, MASTER_PORT   where the store listens\n"
     "  DDP_STORE_TOKEN            the store's secret\n"
     "  DDPRUN_JOB_ID              marks every process of this run (random per run)\n"
+    "  DDP_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT   the attempt: 0, then 1.. after restarts\n"
     "Workers run in their own process groups. If ddprun dies (even by SIGKILL), or the job\n"
     "fails, a watchdog process kills everything of the job: the workers' process groups and\n"
     "every process whose environment holds this run's DDPRUN_JOB_ID.\n"
@@ -153,6 +176,21 @@ static double parse_seconds(const char *option, const char *text)
     return v;
 }
 
+/* The CPUs ddprun may run on (its affinity mask, which taskset and cgroups narrow): what
+ * `--nproc-per-node auto` starts, one worker each. torchrun's auto counts the machine's CPUs;
+ * the mask is the better answer inside `taskset` or a container with fewer CPUs. */
+static int cpus_allowed(void)
+{
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    int n = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+    if (n < 1) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online > 0 ? (int)online : 1;
+    }
+    return n > MAX_LOCAL_WORKERS ? MAX_LOCAL_WORKERS : n;
+}
+
 /* Matches argv[*i] against `name`; returns its value ("--name V" or "--name=V"), advancing *i. */
 static const char *option_value(int argc, char **argv, int *i, const char *name)
 {
@@ -174,6 +212,8 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->prefix = 1;
     o->grace_s = 5.0;
     o->heartbeat_timeout_s = 30.0;
+    int standalone = 0;
+    const char *multinode_option = NULL; /* the first option --standalone contradicts */
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -186,22 +226,36 @@ static void parse_options(int argc, char **argv, options_t *o)
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(usage_text, stdout);
             exit(0);
+        } else if (strcmp(a, "--version") == 0) {
+            printf("ddprun (libddp) %s\n", ddp_version());
+            exit(0);
+        } else if (strcmp(a, "--standalone") == 0) {
+            standalone = 1;
         } else if (strcmp(a, "--print-config") == 0) {
             exit(ddp_config_print(stdout) == DDP_OK ? 0 : 1);
         } else if (strcmp(a, "--no-prefix") == 0) {
             o->prefix = 0;
         } else if ((v = option_value(argc, argv, &i, "-n")) ||
                    (v = option_value(argc, argv, &i, "--nproc-per-node"))) {
-            o->nproc = parse_int(a, v, 1, MAX_LOCAL_WORKERS);
+            o->nproc = strcmp(v, "auto") == 0 ? cpus_allowed() : parse_int(a, v, 1, MAX_LOCAL_WORKERS);
         } else if ((v = option_value(argc, argv, &i, "--nnodes"))) {
             o->nnodes = parse_int("--nnodes", v, 1, 1 << 16);
+            multinode_option = multinode_option ? multinode_option : "--nnodes";
+        } else if ((v = option_value(argc, argv, &i, "--max-restarts"))) {
+            o->max_restarts = parse_int("--max-restarts", v, 0, 1000000);
+        } else if ((v = option_value(argc, argv, &i, "--log-dir"))) {
+            if (!*v) usage_error("--log-dir needs a directory");
+            o->log_dir = v;
         } else if ((v = option_value(argc, argv, &i, "--node-rank"))) {
             o->node_rank = parse_int("--node-rank", v, 0, 1 << 16);
+            multinode_option = multinode_option ? multinode_option : "--node-rank";
         } else if ((v = option_value(argc, argv, &i, "--master-addr"))) {
             if (!*v || strlen(v) >= 256) usage_error("--master-addr: '%s' is not an address", v);
             o->master_addr = v;
+            multinode_option = multinode_option ? multinode_option : "--master-addr";
         } else if ((v = option_value(argc, argv, &i, "--master-port"))) {
             o->master_port = parse_int("--master-port", v, 1, 65535);
+            multinode_option = multinode_option ? multinode_option : "--master-port";
         } else if ((v = option_value(argc, argv, &i, "--token"))) {
             o->token = v;
         } else if ((v = option_value(argc, argv, &i, "--timeout"))) {
@@ -221,6 +275,17 @@ static void parse_options(int argc, char **argv, options_t *o)
         }
     }
     if (o->nproc < 0) usage_error("-n N (workers per node) is required");
+    /* torchrun's --standalone: this machine alone, a store of its own on a free local port. */
+    if (standalone && multinode_option) {
+        usage_error("--standalone is a one-node job on a local store; it cannot be combined "
+                    "with %s",
+                    multinode_option);
+    }
+    /* A restart gives the job a fresh store; across nodes every ddprun would have to agree on
+     * the new one (torchrun's rendezvous rounds), which ddprun does not do. */
+    if (o->max_restarts > 0 && o->nnodes > 1) {
+        usage_error("--max-restarts works on one node only (--nnodes %d given)", o->nnodes);
+    }
     if (i >= argc) usage_error("no PROGRAM to run");
     o->program = argv + i;
     if (o->node_rank >= o->nnodes) {
@@ -589,21 +654,25 @@ typedef struct worker {
     int running;  /* not reaped yet */
     int status;   /* wait status once reaped */
     int reaped;   /* 1, 2, ...: the order in which ddprun reaped the workers; 0 while running */
+    int prefix;   /* its lines get "[rank] " in front (off with --no-prefix) */
+    int log_fd;   /* --log-dir: DIR/rank<R>.log, or -1 */
     stream_t out;
     stream_t err;
 } worker_t;
 
-/* Writes "[rank] <line>\n" in one write, so lines of different workers never mix. */
+/* Writes "[rank] <line>\n" in one write, so lines of different workers never mix; with
+ * --log-dir, the line without the prefix goes to the rank's log file too. */
 static void emit_line(const worker_t *w, stream_t *s)
 {
-    char prefix[32];
-    int plen = snprintf(prefix, sizeof prefix, "[%d] ", w->rank);
+    char prefix[32] = "";
+    int plen = w->prefix ? snprintf(prefix, sizeof prefix, "[%d] ", w->rank) : 0;
     char *buf = malloc((size_t)plen + s->len + 1);
     if (buf) {
         memcpy(buf, prefix, (size_t)plen);
         memcpy(buf + plen, s->pending, s->len);
         buf[(size_t)plen + s->len] = '\n';
         write_all(s->target, buf, (size_t)plen + s->len + 1);
+        if (w->log_fd >= 0) write_all(w->log_fd, buf + plen, s->len + 1);
         free(buf);
     }
     s->len = 0;
@@ -675,7 +744,8 @@ static char *env_entry(const char *name, const char *fmt, ...)
 
 static const char *const set_names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                         "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                        "DDP_STORE_TOKEN", "DDPRUN_JOB_ID"};
+                                        "DDP_STORE_TOKEN", "DDPRUN_JOB_ID", "DDP_RESTART_COUNT",
+                                        "TORCHELASTIC_RESTART_COUNT"};
 #define NUM_SET_NAMES (sizeof set_names / sizeof set_names[0])
 
 static int is_set_name(const char *entry)
@@ -706,6 +776,9 @@ typedef struct job {
     int killed;           /* SIGKILL already sent */
     double kill_at;       /* when to escalate to SIGKILL */
     int exit_code;
+    int final;            /* stopped by a signal to ddprun or --timeout: never restarted */
+    int attempt;          /* 0, then 1.. after each --max-restarts restart */
+    double deadline;      /* --timeout: when the whole job (every attempt) must end; 0: never */
     /* multi-node */
     ddp_store_t *store;
     ddp_store_server_t *server;
@@ -744,6 +817,8 @@ static char **worker_environment(const job_t *job, const worker_t *w)
     envp[k++] = env_entry("MASTER_PORT", "%d", job->master_port);
     envp[k++] = env_entry("DDP_STORE_TOKEN", "%s", job->token);
     envp[k++] = env_entry("DDPRUN_JOB_ID", "%s", job_id);
+    envp[k++] = env_entry("DDP_RESTART_COUNT", "%d", job->attempt);
+    envp[k++] = env_entry("TORCHELASTIC_RESTART_COUNT", "%d", job->attempt);
     envp[k] = NULL;
     return envp;
 }
@@ -807,6 +882,7 @@ static int choose_cpus(job_t *job)
  * then draw under ddprun too, and the other ranks' lines stay prefixed. */
 static int writes_directly(const job_t *job, const worker_t *w, int fd)
 {
+    if (job->opt.log_dir) return 0; /* ddprun copies every line into the rank's log file */
     if (!job->opt.prefix) return 1;
     return w->rank == 0 && (fd == 1 ? job->stdout_tty : job->stderr_tty);
 }
@@ -1305,7 +1381,7 @@ static int streams_open(const job_t *job)
 static void run_event_loop(job_t *job)
 {
     const options_t *o = &job->opt;
-    double deadline = o->timeout_s > 0 ? now_s() + o->timeout_s : 0;
+    double deadline = job->deadline; /* --timeout counts from the first attempt's start */
     double drain_until = 0;  /* after the last worker: stop waiting for stray pipe writers */
     int sent_exited = 0;
     double linger_until = 0; /* node 0: wait for the other nodes before closing the store */
@@ -1343,6 +1419,7 @@ static void run_event_loop(job_t *job)
             if (job->blame_until > 0) blame(job);
             for (ssize_t k = 0; k < got; k++) {
                 int sig = sigs[k];
+                job->final = 1; /* the user stops the job: no restart */
                 if (!job->stopping) {
                     fprintf(stderr, "ddprun: received %s, forwarding it to the workers\n",
                             signal_name(sig));
@@ -1351,6 +1428,7 @@ static void run_event_loop(job_t *job)
                              signal_name(sig));
                     publish_failure(job, text);
                     job->stopping = 1;
+                    job->final = 1;
                     job->exit_code = 128 + sig;
                     job->kill_at = now_s() + o->grace_s;
                     signal_workers(job, sig);
@@ -1392,6 +1470,7 @@ static void run_event_loop(job_t *job)
                      o->timeout_s);
             publish_failure(job, text);
             begin_stop(job, 1);
+            job->final = 1;
         }
         if (job->stopping && !job->killed && job->running > 0 && now >= job->kill_at) {
             fprintf(stderr, "ddprun: %d worker%s still running after %g s, sending SIGKILL\n",
@@ -1432,6 +1511,103 @@ static void run_event_loop(job_t *job)
     free(fds);
     free(owner);
     free(stream_of);
+}
+
+/* ---- the job's attempts: start, and after a failure (--max-restarts) start again ---------- */
+
+/* Starts every worker of this node; a worker that cannot start fails the attempt. */
+static void start_workers(job_t *job)
+{
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        if (start_worker(job, w) != 0) {
+            char text[FAILURE_TEXT_MAX];
+            snprintf(text, sizeof text, "node %d could not start rank %d", job->opt.node_rank,
+                     w->rank);
+            fprintf(stderr, "ddprun: %s\n", text);
+            publish_failure(job, text);
+            begin_stop(job, 1);
+            job->final = 1; /* it would fail the same way again */
+            break;
+        }
+        job->running++;
+    }
+}
+
+/* torchrun's rule: a failed attempt is retried while restarts are left; a job the user stopped
+ * (a signal to ddprun) or that ran past --timeout is not. */
+static int restart_wanted(const job_t *job)
+{
+    return job->stopping && job->exit_code != 0 && !job->final &&
+           job->attempt < job->opt.max_restarts;
+}
+
+/* Resets the job for its next attempt. Every worker of the last one is reaped and its process
+ * group killed (run_event_loop's end), so none can still write a checkpoint or reach the store.
+ * The store is replaced by a fresh one: the last attempt's keys (group rendezvous, sequence
+ * numbers) would otherwise meet the new workers. */
+static int prepare_restart(job_t *job)
+{
+    job->attempt++;
+    fprintf(stderr, "ddprun: restarting the job (restart %d of %d)\n", job->attempt,
+            job->opt.max_restarts);
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        if (w->out.fd >= 0) close(w->out.fd);
+        if (w->err.fd >= 0) close(w->err.fd);
+        w->out.fd = w->err.fd = -1;
+        w->out.len = w->err.len = 0;
+        w->pid = 0;
+        w->running = 0;
+        w->status = 0;
+        w->reaped = 0;
+        if (w->log_fd >= 0) {
+            char line[96];
+            int n = snprintf(line, sizeof line, "=== ddprun: restart %d of %d ===\n",
+                             job->attempt, job->opt.max_restarts);
+            write_all(w->log_fd, line, (size_t)n);
+        }
+    }
+    job->running = 0;
+    job->reaped = 0;
+    job->blame_until = 0;
+    job->stopping = 0;
+    job->killed = 0;
+    job->kill_at = 0;
+    job->exit_code = 0;
+    ddp_store_server_stop(job->server);
+    job->server = NULL;
+    if (setup_store(job) != 0) {
+        job->stopping = 1;
+        job->exit_code = 1;
+        return -1;
+    }
+    return 0;
+}
+
+/* --log-dir: DIR (made if missing) and DIR/rank<R>.log for each local worker, truncated. */
+static int open_logs(job_t *job)
+{
+    const char *dir = job->opt.log_dir;
+    if (!dir) {
+        for (int i = 0; i < job->nworkers; i++) job->workers[i].log_fd = -1;
+        return 0;
+    }
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "ddprun: --log-dir: cannot create '%s': %s\n", dir, strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/rank%d.log", dir, w->rank);
+        w->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+        if (w->log_fd < 0) {
+            fprintf(stderr, "ddprun: --log-dir: cannot open '%s': %s\n", path, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -1475,29 +1651,29 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddprun: out of memory\n");
         return 1;
     }
-    workers_started = 1;
     for (int i = 0; i < job.nworkers; i++) {
         worker_t *w = &job.workers[i];
         w->local_rank = i;
         w->rank = job.opt.node_rank * job.opt.nproc + i;
+        w->prefix = job.opt.prefix;
         w->out = (stream_t){-1, 1, NULL, 0};
         w->err = (stream_t){-1, 2, NULL, 0};
         w->out.pending = malloc(LINE_MAX_BYTES);
         w->err.pending = malloc(LINE_MAX_BYTES);
-        if (!w->out.pending || !w->err.pending || start_worker(&job, w) != 0) {
-            char text[FAILURE_TEXT_MAX];
-            snprintf(text, sizeof text, "node %d could not start rank %d", job.opt.node_rank,
-                     w->rank);
-            fprintf(stderr, "ddprun: %s\n", text);
-            publish_failure(&job, text);
-            begin_stop(&job, 1);
-            break;
+        if (!w->out.pending || !w->err.pending) {
+            fprintf(stderr, "ddprun: out of memory\n");
+            return 1;
         }
-        job.running++;
     }
-
-    run_event_loop(&job);
-
+    if (open_logs(&job) != 0) return 1;
+    workers_started = 1;
+    job.deadline = job.opt.timeout_s > 0 ? now_s() + job.opt.timeout_s : 0;
+    for (;;) {
+        start_workers(&job);
+        run_event_loop(&job);
+        if (!restart_wanted(&job)) break;
+        if (prepare_restart(&job) != 0) break;
+    }
     stop_watcher(&job);
     int code = job.stopping ? job.exit_code : 0;
     if (!job.stopping) {
@@ -1511,6 +1687,7 @@ int main(int argc, char **argv)
         }
     }
     for (int i = 0; i < job.nworkers; i++) {
+        if (job.workers[i].log_fd >= 0) close(job.workers[i].log_fd);
         free(job.workers[i].out.pending);
         free(job.workers[i].err.pending);
         if (job.workers[i].out.fd >= 0) close(job.workers[i].out.fd);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # `make demo`: install what the trainer needs (Debian/Ubuntu) when it is missing, build, then train
-# the Fashion-MNIST MLP data-parallel on 2 ranks and print the final test accuracy.
+# the Fashion-MNIST MLP data-parallel on 2 ranks, print the final test accuracy, and draw the
+# run's loss and throughput curves into $BUILD/demo.png (tools/plot_metrics.sh, gnuplot).
 # Environment: DEMO_RANKS (2), DEMO_EPOCHS (3), DEMO_ARGS (extra trainer options), BUILD (build).
 set -eu
 cd "$(dirname "$0")/.."
@@ -8,7 +9,7 @@ BUILD=${BUILD:-build}
 RANKS=${DEMO_RANKS:-2}
 EPOCHS=${DEMO_EPOCHS:-3}
 
-need="dataset-fashion-mnist zlib1g-dev libopenblas-dev cmake build-essential pkg-config"
+need="dataset-fashion-mnist zlib1g-dev libopenblas-dev cmake build-essential pkg-config gnuplot-nox"
 missing=""
 if command -v dpkg-query >/dev/null 2>&1; then
     for p in $need; do
@@ -49,7 +50,7 @@ trap 'rm -f "$out"' EXIT
 start=$(date +%s)
 # shellcheck disable=SC2086
 "$BUILD/ddprun" -n "$RANKS" "$BUILD/fashion-mnist" --epochs "$EPOCHS" --batch 128 --optim adam \
-    --lr 1e-3 --json ${DEMO_ARGS:-} | tee "$out" | grep -v '^\[0\] {'
+    --lr 1e-3 --json --metrics "$BUILD/demo-metrics.csv" ${DEMO_ARGS:-} | tee "$out" | grep -v '^\[0\] {'
 end=$(date +%s)
 acc=$(sed -n 's/^\[0\] {"test_accuracy":\([0-9.]*\).*/\1/p' "$out" | tail -1)
 sps=$(sed -n 's/.*"samples_per_sec":\([0-9.]*\).*/\1/p' "$out" | tail -1)
@@ -60,3 +61,6 @@ fi
 pct=$(awk -v a="$acc" 'BEGIN { printf "%.2f", a * 100 }')
 echo "demo: final test accuracy ${pct}% after $EPOCHS epochs on $RANKS ranks" \
      "(${sps} samples/s, $((end - start)) s in all)"
+./tools/plot_metrics.sh "$BUILD/demo-metrics.csv" "$BUILD/demo.png" \
+    "Fashion-MNIST on $RANKS ranks: MLP 784-1024-1024-10, Adam, global batch 128 (${pct}% test accuracy)"
+echo "demo: loss and throughput curves in $BUILD/demo.png (per-step numbers: $BUILD/demo-metrics.csv)"

@@ -10,6 +10,7 @@
  * Run it alone (a 1-rank group) or under the launcher: build/ddprun -n 2 build/fashion-mnist. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,15 @@ typedef struct options {
     size_t psgd_start;
     int json, print_checksum, print_losses, no_eval, bench_nosync;
     int zero, zero_overlap; /* --zero 1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
+    size_t save_every;      /* --save-every K: a checkpoint every K optimizer steps (0: off) */
+    int resume_auto;        /* --resume auto: the --checkpoint file when it exists */
+    const char *metrics;    /* --metrics FILE: one CSV row per optimizer step (rank 0) */
 } options_t;
+
+/* What --metrics records of a step until its global loss is known (flush_losses). */
+typedef struct step_metrics {
+    double lr, step_ms, exposed_ms;
+} step_metrics_t;
 
 typedef struct trainer {
     options_t o;
@@ -77,6 +86,9 @@ typedef struct trainer {
     /* loss bookkeeping: local step losses not yet averaged over ranks */
     double *pending;
     size_t npending, pending_first_step;
+    step_metrics_t *pending_metrics; /* --metrics: beside pending, one per step */
+    FILE *metrics;                   /* --metrics on rank 0 */
+    uint64_t kill_at_step;           /* tests only: FM_TEST_KILL_AT_STEP (0: never) */
     fm_progress_t progress;
     /* the epoch's shape and the step's input buffers */
     size_t per_step;        /* samples per optimizer step: batch x accumulate */
@@ -149,8 +161,15 @@ static void usage(FILE *out)
         "checkpoints:\n"
         "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
         "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
+        "  --resume auto       continue from the --checkpoint file if it exists, else start\n"
+        "                      fresh (for ddprun --max-restarts: a restarted job goes on)\n"
+        "  --save-every K      also save every K optimizer steps (needs --checkpoint)\n"
         "output:\n"
         "  --json              print one final JSON line with the results\n"
+        "  --metrics FILE      rank 0 writes one CSV row per optimizer step: step, epoch,\n"
+        "                      loss (global), lr, samples/s, step ms, exposed comm ms\n"
+        "                      (rows come in groups of --log-every steps; a resumed run\n"
+        "                      keeps the rows up to its checkpoint and appends)\n"
         "  --log-every N       log line every N steps when stdout is not a terminal\n"
         "  --print-losses      print every step's global loss (\"loss step=S value=L\")\n"
         "  --print-checksum    each rank prints a checksum of its parameters at the end\n"
@@ -288,7 +307,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--lr",     "--momentum",    "--wd",         "--beta1",      "--beta2",
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
-            "--zero",   "--grad-blocks", "--piece-mb"};
+            "--zero",   "--grad-blocks", "--piece-mb",   "--save-every", "--metrics"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -345,7 +364,11 @@ static void parse_options(int argc, char **argv, options_t *o)
         else if (!strcmp(name, "--checkpoint"))
             o->checkpoint = val;
         else if (!strcmp(name, "--resume"))
-            o->resume = val;
+            o->resume = val, o->resume_auto = !strcmp(val, "auto");
+        else if (!strcmp(name, "--save-every"))
+            o->save_every = parse_size(name, val, 1);
+        else if (!strcmp(name, "--metrics"))
+            o->metrics = val;
         else if (!strcmp(name, "--trace"))
             o->trace = val;
         else if (!strcmp(name, "--optim")) {
@@ -372,6 +395,9 @@ static void parse_options(int argc, char **argv, options_t *o)
         if (val && !*val) die_usage("%s: empty value", name);
     }
     if (o->lr < 0) o->lr = o->optim == FM_OPTIM_ADAM ? 1e-3 : 0.05;
+    if (o->save_every && !o->checkpoint) die_usage("--save-every needs --checkpoint FILE");
+    if (o->resume_auto && !o->checkpoint)
+        die_usage("--resume auto needs --checkpoint FILE (the file it continues from)");
     if (o->hidden > (1u << 16)) die_usage("--hidden: %zu is larger than 65536", o->hidden);
     if (o->batch > (1u << 20)) die_usage("--batch: %zu is larger than 1048576", o->batch);
     if (o->grad_blocks > FM_GRAD_TILES)
@@ -496,6 +522,8 @@ static int on_rows_done(void *ctx, int layer, size_t r0, size_t r1)
     return 0;
 }
 
+static void write_metrics_row(trainer_t *t, size_t step, double loss, size_t i);
+
 /* ---- losses: local per-step values, averaged over ranks in one allreduce ------------------- */
 
 static void flush_losses(trainer_t *t)
@@ -507,9 +535,11 @@ static void flush_losses(trainer_t *t)
         double loss = t->pending[i] / t->world;
         if (t->o.print_losses && t->rank == 0)
             printf("loss step=%zu value=%.9g\n", t->pending_first_step + i + 1, loss);
+        if (t->metrics) write_metrics_row(t, t->pending_first_step + i + 1, loss, i);
         t->progress.loss_sum += loss;
         t->progress.loss_count++;
     }
+    if (t->metrics) fflush(t->metrics);
     t->pending_first_step += t->npending;
     t->npending = 0;
 }
@@ -638,6 +668,114 @@ static void trace_path(const trainer_t *t, char *out, size_t len)
         snprintf(out, len, "%s.rank%d", t->o.trace, t->rank);
 }
 
+/* ---- jobs: --save-every, --resume auto, --metrics, and the kill the restart test uses ------ */
+
+/* The file a run resumes from: --resume FILE, or with --resume auto the --checkpoint file when it
+ * exists (NULL: start fresh). A checkpoint is replaced only by rename, so the file there is the
+ * last complete save; one that fails to load is an error naming it, never silently a fresh start
+ * that would throw the job's progress away. Every rank decides alone and they agree: a restarted
+ * job starts only after every worker of the last attempt is gone. */
+static const char *resume_source(const trainer_t *t)
+{
+    const options_t *o = &t->o;
+    if (!o->resume_auto) return o->resume;
+    if (access(o->checkpoint, F_OK) == 0) return o->checkpoint;
+    if (errno != ENOENT) fail("--resume auto: cannot look at %s: %s", o->checkpoint, strerror(errno));
+    return NULL;
+}
+
+/* One line on rank 0 saying what --resume auto did, with ddprun's attempt number. */
+static void report_resume(const trainer_t *t, const char *from)
+{
+    if (t->rank != 0) return;
+    const char *attempt = getenv("DDP_RESTART_COUNT");
+    if (from)
+        printf("resume auto: continuing from %s at step %llu (epoch %llu, restart %s)\n", from,
+               (unsigned long long)t->progress.global_step,
+               (unsigned long long)t->progress.epoch + 1, attempt ? attempt : "-");
+    else
+        printf("resume auto: no checkpoint at %s, starting fresh (restart %s)\n",
+               t->o.checkpoint, attempt ? attempt : "-");
+    fflush(stdout);
+}
+
+/* Tests only: FM_TEST_KILL_AT_STEP=N makes rank FM_TEST_KILL_RANK (default 1) SIGKILL itself
+ * after optimizer step N, on the first attempt only (DDP_RESTART_COUNT unset or 0), so the
+ * restarted job runs through. A real crash, at a step the test chooses. */
+static void arm_test_kill(trainer_t *t)
+{
+    const char *at = getenv("FM_TEST_KILL_AT_STEP");
+    const char *rank = getenv("FM_TEST_KILL_RANK");
+    const char *attempt = getenv("DDP_RESTART_COUNT");
+    if (!at || !*at || (attempt && strcmp(attempt, "0") != 0)) return;
+    if ((rank ? atoi(rank) : 1) != t->rank) return;
+    t->kill_at_step = strtoull(at, NULL, 10);
+}
+
+/* After optimizer step s of the epoch: the --save-every checkpoint (not at an epoch's last step,
+ * where the epoch's own save follows), --metrics rows every log_every steps, the test kill.
+ * The losses are averaged first (a collective every rank reaches at the same step), so the
+ * checkpoint holds the epoch's loss so far. */
+static void after_step(trainer_t *t, size_t s, size_t log_every)
+{
+    const options_t *o = &t->o;
+    int last_of_epoch = s + 1 == t->steps_per_epoch;
+    int save = o->save_every && t->progress.global_step % o->save_every == 0 && !last_of_epoch;
+    if (save || (o->metrics && !last_of_epoch && (s + 1) % log_every == 0)) flush_losses(t);
+    if (save) save_checkpoint(t);
+    if (t->kill_at_step && t->progress.global_step == t->kill_at_step) {
+        fprintf(stderr, "rank %d: FM_TEST_KILL_AT_STEP=%llu: killing myself\n", t->rank,
+                (unsigned long long)t->kill_at_step);
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+}
+
+/* --metrics on rank 0: a fresh file with its header, or after a resume the rows up to the
+ * checkpoint's step kept (a restarted job's rows after it would be repeated) and appended to. */
+static void open_metrics(trainer_t *t)
+{
+    const options_t *o = &t->o;
+    arm_test_kill(t);
+    if (!o->metrics) return;
+    t->pending_metrics = calloc(t->steps_per_epoch, sizeof *t->pending_metrics);
+    if (!t->pending_metrics) fail("out of memory");
+    if (t->rank != 0) return;
+    static const char header[] = "step,epoch,loss,lr,samples_per_sec,step_ms,exposed_comm_ms\n";
+    char *kept = NULL;
+    size_t kept_len = 0;
+    FILE *old = t->progress.global_step ? fopen(o->metrics, "r") : NULL;
+    if (old) {
+        FILE *mem = open_memstream(&kept, &kept_len);
+        char line[1024];
+        while (mem && fgets(line, sizeof line, old)) {
+            unsigned long long step;
+            if (sscanf(line, "%llu,", &step) == 1 && step <= t->progress.global_step)
+                fputs(line, mem);
+        }
+        fclose(old);
+        if (!mem) fail("out of memory");
+        fclose(mem);
+    }
+    t->metrics = fopen(o->metrics, "w");
+    if (!t->metrics) fail("--metrics %s: %s", o->metrics, strerror(errno));
+    fputs(header, t->metrics);
+    if (kept) fwrite(kept, 1, kept_len, t->metrics);
+    free(kept);
+    fflush(t->metrics);
+}
+
+/* One CSV row: step i of the pending ones, its global loss now known. samples/s is this step's
+ * global samples over rank 0's step time. */
+static void write_metrics_row(trainer_t *t, size_t step, double loss, size_t i)
+{
+    const step_metrics_t *m = &t->pending_metrics[i];
+    fprintf(t->metrics, "%zu,%.4f,%.6f,%.6g,%.1f,%.3f,%.3f\n", step,
+            (double)step / (double)t->steps_per_epoch, loss, m->lr,
+            m->step_ms > 0 ? (double)t->per_step / (m->step_ms / 1000.0) : 0.0, m->step_ms,
+            m->exposed_ms);
+}
+
 /* ---- main --------------------------------------------------------------------------------- */
 
 /* ---- the steps of a run: data, model, data parallelism, training, report --------------- */
@@ -682,12 +820,14 @@ static void build_model(trainer_t *t)
     if (!o->zero && fm_optim_create(&t->opt, t->model.numel)) /* ZeRO keeps the state itself */
         fail("out of memory for the optimizer");
     t->progress.last_epoch_loss = NAN;
-    if (o->resume) {
+    const char *from = resume_source(t);
+    if (from) {
         char err[8192];
         fm_hyper_t h = hyper_of(o);
-        if (fm_checkpoint_load(o->resume, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
+        if (fm_checkpoint_load(from, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
             fail("%s", err);
     }
+    if (o->resume_auto) report_resume(t, from);
     t->pending_first_step = t->progress.global_step;
     if (o->trace) {
         char path[4096];
@@ -792,6 +932,7 @@ static void setup_data_parallel(trainer_t *t)
     t->perm = malloc(t->train.count * sizeof(uint32_t));
     t->pending = calloc(t->steps_per_epoch, sizeof(double));
     if (!t->xbuf || !t->ybuf || !t->perm || !t->pending) fail("out of memory");
+    open_metrics(t);
 }
 
 static void print_banner(const trainer_t *t)
@@ -951,6 +1092,11 @@ static double train(trainer_t *t, run_stats_t *st)
             local_loss_sum += step_loss;
             epoch_exposed += step_exposed;
             record_step(t, st, skip_comm, step_end - step_start, step_exposed);
+            if (t->pending_metrics)
+                t->pending_metrics[t->npending - 1] =
+                    (step_metrics_t){t->opt.lr, (step_end - step_start) / 1000.0,
+                                     step_exposed / 1000.0};
+            after_step(t, s, log_every);
             if (t->rank == 0 && (tty || (s + 1) % log_every == 0)) {
                 double sps = st->timed_steps ? (double)(st->timed_steps * t->per_step) /
                                                    (st->timed_us * 1e-6)
@@ -1183,6 +1329,8 @@ static void teardown(trainer_t *t, run_stats_t *st)
     free(t->ybuf);
     free(t->perm);
     free(t->pending);
+    free(t->pending_metrics);
+    if (t->metrics && fclose(t->metrics) != 0) fail("--metrics %s: %s", t->o.metrics, strerror(errno));
     free(st->step_samples);
     free(st->exposed_samples);
     free(st->nosync_samples);

@@ -13,8 +13,6 @@
 #include "ddp/trace.h"
 #include "ddp/types.h"
 
-#define DDP_VERSION_MAJOR 0
-#define DDP_VERSION_MINOR 1
-#define DDP_VERSION_PATCH 0
+/* DDP_VERSION_MAJOR/MINOR/PATCH and ddp_version() are in ddp/status.h. */
 
 #endif

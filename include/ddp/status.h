@@ -14,6 +14,11 @@
 extern "C" {
 #endif
 
+/* The version of the headers; CMakeLists.txt refuses to configure when project() says another. */
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 1
+#define DDP_VERSION_PATCH 0
+
 typedef enum ddp_status {
     DDP_OK = 0,
     DDP_ERR_INVALID_ARGUMENT = -1, /* a NULL, out-of-range or inconsistent argument */
@@ -31,6 +36,11 @@ typedef enum ddp_status {
 
 /* Short constant name of a status ("DDP_ERR_TIMEOUT"); never NULL. */
 DDP_API const char *ddp_status_string(ddp_status_t status);
+
+/* The version of the libddp the program runs with, "MAJOR.MINOR.PATCH" (a static string, never
+ * NULL). It can differ from the DDP_VERSION_* macros the program was compiled with when another
+ * libddp.so is found at run time; compare them to detect that. Thread-safe. */
+DDP_API const char *ddp_version(void);
 
 /* Text describing the last failure on the calling thread. Valid until the next libddp call on this
  * thread. Empty string when the last call succeeded without setting an error. Never NULL. */

@@ -9,6 +9,15 @@
 
 static _Thread_local char last_error[DDP_ERROR_TEXT_MAX];
 
+#define DDP_STRINGIFY_(x) #x
+#define DDP_STRINGIFY(x) DDP_STRINGIFY_(x)
+
+const char *ddp_version(void)
+{
+    return DDP_STRINGIFY(DDP_VERSION_MAJOR) "." DDP_STRINGIFY(DDP_VERSION_MINOR) "." DDP_STRINGIFY(
+        DDP_VERSION_PATCH);
+}
+
 const char *ddp_status_string(ddp_status_t status)
 {
     switch (status) {

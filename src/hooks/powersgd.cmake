@@ -29,7 +29,8 @@ else()
   add_library(ddp_powersgd_static STATIC ${DDP_POWERSGD_SOURCES})
   set_target_properties(ddp_powersgd_static PROPERTIES OUTPUT_NAME ddp_powersgd)
   set_target_properties(ddp_powersgd PROPERTIES VERSION ${PROJECT_VERSION}
-                                                SOVERSION ${PROJECT_VERSION_MAJOR})
+                                                SOVERSION ${PROJECT_VERSION_MAJOR}
+                                                INSTALL_RPATH "$ORIGIN")
   foreach(t ddp_powersgd ddp_powersgd_static)
     set_target_properties(${t} PROPERTIES POSITION_INDEPENDENT_CODE ON C_VISIBILITY_PRESET hidden)
     target_compile_definitions(${t} PRIVATE DDP_BUILDING_LIBRARY)
@@ -45,5 +46,15 @@ else()
   install(TARGETS ddp_powersgd ddp_powersgd_static EXPORT ddpTargets
     LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
     ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  # ddp_powersgd.pc beside ddp.pc: `pkg-config --cflags --libs ddp_powersgd` (it requires ddp).
+  get_filename_component(DDP_PC_CBLAS_DIR ${DDP_CBLAS_LIBRARY} DIRECTORY)
+  get_filename_component(DDP_PC_CBLAS_NAME ${DDP_CBLAS_LIBRARY} NAME_WE)
+  string(REGEX REPLACE "^lib" "" DDP_PC_CBLAS_NAME ${DDP_PC_CBLAS_NAME})
+  set(DDP_PC_POWERSGD_LIBS_PRIVATE "-L${DDP_PC_CBLAS_DIR} -l${DDP_PC_CBLAS_NAME} -lm")
+  file(RELATIVE_PATH DDP_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/ddp_powersgd.pc.in
+    ${PROJECT_BINARY_DIR}/ddp_powersgd.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/ddp_powersgd.pc
+    DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
   message(STATUS "libddp: PowerSGD hook (libddp_powersgd) with ${DDP_CBLAS_LIBRARY}")
 endif()
