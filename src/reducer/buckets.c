@@ -21,10 +21,15 @@ static void free_bucket_arrays(bucket_t *buckets, size_t n)
     free(buckets);
 }
 
-/* Frees bucket memory collectively (every rank frees the same buffers in the same order). */
+/* Frees bucket memory collectively (every rank frees the same buffers in the same order). In the
+ * block modes a bucket is a view of the block, which is freed with the reducer. */
 static void free_bucket_memory(ddp_reducer_t *r, bucket_t *buckets, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
+        if (block_mode(r)) {
+            buckets[i].data = NULL;
+            continue;
+        }
         if (buckets[i].data) ddp_group_free_buffer(r->group, buckets[i].data);
         buckets[i].data = NULL;
     }
@@ -87,10 +92,19 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
         }
     }
     /* Allocation is collective: same sizes in the same order on every rank (the model was
-     * verified identical, and the assignment is deterministic). */
+     * verified identical, and the assignment is deterministic). In the block modes a bucket is
+     * the run of the block its parameters cover: block_assign put them in block order with no
+     * gap, so the offsets above are their places in the run. */
     for (size_t b = 0; b < a->nbuckets; b++) {
         bucket_t *k = &buckets[b];
         if (k->numel == 0) continue;
+        if (block_mode(r)) {
+            size_t j = 0;
+            while (r->params[k->params[j]].numel == 0) j++;
+            const rparam_t *p = &r->params[k->params[j]];
+            k->data = r->block + p->block_offset - k->offsets[j] * ddp_dtype_size(k->dtype);
+            continue;
+        }
         status = ddp_group_alloc_buffer(r->group, k->numel * ddp_dtype_size(k->dtype), &k->data);
         if (status != DDP_OK) {
             ddp__error_context(status, "allocating memory of gradient bucket %zu (%zu bytes)", b,
@@ -109,6 +123,28 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
 fail:
     free_bucket_arrays(buckets, a->nbuckets);
     return status;
+}
+
+/* Bucket mode, at the rebuild: remembers the old bucket memory and each parameter's slot in it,
+ * so that the next synchronised finalize can tell whether a stale pointer was written. */
+static ddp_status_t keep_stale(ddp_reducer_t *r, bucket_t *old, size_t n)
+{
+    r->stale_memory = ddp__calloc(n ? n : 1, sizeof(void *), "rebuild");
+    r->stale_slot = ddp__calloc(r->nparams ? r->nparams : 1, sizeof(unsigned char *), "rebuild");
+    if (!r->stale_memory || !r->stale_slot) {
+        free(r->stale_memory);
+        free(r->stale_slot);
+        r->stale_memory = NULL;
+        r->stale_slot = NULL;
+        return DDP_ERR_NO_MEMORY;
+    }
+    for (size_t b = 0; b < n; b++)
+        if (old[b].data) r->stale_memory[r->nstale++] = old[b].data;
+    for (size_t k = 0; k < r->nparams; k++) {
+        rparam_t *p = &r->params[k];
+        if (!p->sparse && p->numel > 0) r->stale_slot[k] = slot_of(r, p);
+    }
+    return DDP_OK;
 }
 
 static void place_params(ddp_reducer_t *r)
@@ -184,6 +220,199 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
     return status;
 }
 
+/* ---- the block modes: buckets are contiguous runs of the gradient block -----------------
+ *
+ * Parameters are visited in an order (the initial layout's, or the rebuild's arrival order); each
+ * dtype has an open run, and a parameter joins its dtype's run when its gradient touches the run
+ * at either end (so a backward that walks the block downwards builds runs as well as one that
+ * walks it upwards); otherwise the run is closed and a new one opens. A run also closes when it
+ * reaches the dtype's current size limit (first_bucket_bytes, then bucket_cap_bytes, as c10d).
+ * Empty parameters join whatever run is open. Runs are sorted by their first visiting position,
+ * so buckets become ready in consecutive order; each run's parameters are listed in block order,
+ * so the bucket is one range [lo, hi) of the block that hooks see as ordinary bucket memory. */
+
+typedef struct block_run {
+    size_t head, tail, count; /* linked list of kept indices through next[] */
+    size_t lo, hi, bytes;     /* byte range in the block (bytes == 0: nothing placed yet) */
+    size_t first_pos;
+    size_t limit_index;
+    int open;
+} block_run_t;
+
+typedef struct run_ref {
+    size_t first_pos, start, count;
+} run_ref_t;
+
+static int compare_run_refs(const void *a, const void *b)
+{
+    const run_ref_t *x = a, *y = b;
+    return x->first_pos < y->first_pos ? -1 : x->first_pos > y->first_pos ? 1 : 0;
+}
+
+typedef struct block_builder {
+    ddp_reducer_t *r;
+    size_t *next, *entries, nentries;
+    run_ref_t *runs;
+    size_t nruns;
+} block_builder_t;
+
+static int in_block_key(const ddp_reducer_t *r, size_t k, size_t *key)
+{
+    const rparam_t *p = &r->params[k];
+    *key = p->block_offset;
+    return p->numel > 0;
+}
+
+static void sort_in_block(const ddp_reducer_t *r, size_t *a, size_t n)
+{
+    /* Insertion sort: runs are built mostly in order (ascending or descending), and n is the
+     * number of parameters of one bucket. Empty parameters go first. */
+    for (size_t i = 1; i < n; i++) {
+        size_t v = a[i], kv;
+        int nv = in_block_key(r, v, &kv);
+        size_t j = i;
+        while (j > 0) {
+            size_t ku;
+            int nu = in_block_key(r, a[j - 1], &ku);
+            if (nu < nv || (nu == nv && ku <= kv)) break;
+            a[j] = a[j - 1];
+            j--;
+        }
+        a[j] = v;
+    }
+}
+
+static void close_run(block_builder_t *bb, block_run_t *run)
+{
+    if (!run->open) return;
+    run_ref_t *ref = &bb->runs[bb->nruns++];
+    ref->first_pos = run->first_pos;
+    ref->start = bb->nentries;
+    ref->count = run->count;
+    for (size_t k = run->head; k != (size_t)-1; k = bb->next[k]) bb->entries[bb->nentries++] = k;
+    sort_in_block(bb->r, bb->entries + ref->start, ref->count);
+    run->open = 0;
+    run->limit_index++;
+}
+
+static ddp_status_t block_assign(ddp_reducer_t *r, const size_t *order, int reverse_list,
+                                 ddp_bucket_assignment_t *out)
+{
+    size_t n = r->nparams;
+    block_builder_t bb = {r, NULL, NULL, 0, NULL, 0};
+    block_run_t runs[DDP_DTYPE_COUNT];
+    memset(runs, 0, sizeof runs);
+    out->nbuckets = 0;
+    out->starts = NULL;
+    out->indices = NULL;
+    bb.next = ddp__malloc((n ? n : 1) * sizeof(size_t), "buckets");
+    bb.entries = ddp__malloc((n ? n : 1) * sizeof(size_t), "buckets");
+    bb.runs = ddp__malloc((n ? n : 1) * sizeof(run_ref_t), "buckets");
+    out->starts = ddp__malloc((n + 1) * sizeof(size_t), "buckets");
+    out->indices = ddp__malloc((n ? n : 1) * sizeof(size_t), "buckets");
+    if (!bb.next || !bb.entries || !bb.runs || !out->starts || !out->indices) {
+        free(bb.next);
+        free(bb.entries);
+        free(bb.runs);
+        ddp__bucket_assignment_free(out);
+        return DDP_ERR_NO_MEMORY;
+    }
+    size_t limits[2] = {r->config.first_bucket_bytes, r->config.bucket_cap_bytes};
+    for (size_t pos = 0; pos < n; pos++) {
+        size_t k = order[pos];
+        const rparam_t *p = &r->params[k];
+        bb.next[k] = (size_t)-1;
+        if (p->sparse) { /* a bucket of its own, with no memory in the block */
+            run_ref_t *ref = &bb.runs[bb.nruns++];
+            ref->first_pos = pos;
+            ref->start = bb.nentries;
+            ref->count = 1;
+            bb.entries[bb.nentries++] = k;
+            continue;
+        }
+        block_run_t *run = &runs[p->dtype];
+        size_t lo = p->block_offset, bytes = param_bytes(p), hi = lo + bytes;
+        if (run->open && bytes > 0 && run->bytes > 0 && hi != run->lo && lo != run->hi)
+            close_run(&bb, run);
+        if (!run->open) {
+            run->open = 1;
+            run->head = run->tail = k;
+            run->count = 1;
+            run->bytes = 0;
+            run->first_pos = pos;
+        } else {
+            bb.next[run->tail] = k;
+            run->tail = k;
+            run->count++;
+        }
+        if (bytes > 0) {
+            if (run->bytes == 0) {
+                run->lo = lo;
+                run->hi = hi;
+            } else if (hi == run->lo) {
+                run->lo = lo;
+            } else {
+                run->hi = hi;
+            }
+            run->bytes += bytes;
+        }
+        size_t limit = limits[run->limit_index < 1 ? 0 : 1];
+        if (run->bytes >= limit) close_run(&bb, run);
+    }
+    for (int d = 0; d < DDP_DTYPE_COUNT; d++) close_run(&bb, &runs[d]);
+    qsort(bb.runs, bb.nruns, sizeof *bb.runs, compare_run_refs);
+    size_t m = 0;
+    for (size_t b = 0; b < bb.nruns; b++) {
+        const run_ref_t *ref = &bb.runs[reverse_list ? bb.nruns - 1 - b : b];
+        out->starts[b] = m;
+        memcpy(out->indices + m, bb.entries + ref->start, ref->count * sizeof(size_t));
+        m += ref->count;
+    }
+    out->starts[bb.nruns] = m;
+    out->nbuckets = bb.nruns;
+    free(bb.next);
+    free(bb.entries);
+    free(bb.runs);
+    return DDP_OK;
+}
+
+/* The initial visiting order of config.bucket_layout over kept parameters (reverse registration
+ * order for last-first, registration order for c10d's rule, whose list is then reversed). */
+static void initial_order(const ddp_reducer_t *r, size_t *order, int *reverse_list)
+{
+    int c10d = r->config.bucket_layout == DDP_BUCKET_LAYOUT_C10D;
+    for (size_t i = 0; i < r->nparams; i++) order[i] = c10d ? i : r->nparams - 1 - i;
+    *reverse_list = c10d;
+}
+
+/* DDP_GRAD_MEMORY_BLOCK: lays the block out in the order of the ordinary initial buckets (each
+ * bucket's parameters adjacent in its visiting order, every bucket 64-byte aligned), so that the
+ * block's initial runs are exactly those buckets, and allocates it collectively. */
+static ddp_status_t layout_block(ddp_reducer_t *r, const ddp_bucket_assignment_t *a)
+{
+    size_t off = 0;
+    for (size_t b = 0; b < a->nbuckets; b++) {
+        off = (off + 63) & ~(size_t)63;
+        for (size_t j = a->starts[b]; j < a->starts[b + 1]; j++) {
+            rparam_t *p = &r->params[a->indices[j]];
+            if (p->sparse) continue;
+            p->block_offset = off;
+            off += param_bytes(p);
+        }
+    }
+    r->block_bytes = off;
+    if (off == 0) return DDP_OK; /* only empty or sparse parameters */
+    void *block = NULL;
+    ddp_status_t status = ddp_group_alloc_buffer(r->group, off, &block);
+    if (status != DDP_OK)
+        return ddp__error_context(status, "allocating the gradient block (%zu bytes)", off);
+    r->block = block;
+    r->block_owned = 1;
+    /* Results are read by the optimizer after the rest of backward, not at once. */
+    ddp__group_advise_cold_results(r->group, r->block);
+    return DDP_OK;
+}
+
 /* Collective, at prepare: rank 0's arrival order of the first synchronised iteration is
  * broadcast, buckets are reassigned in that order, and gradients are moved to the new slots. */
 ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
@@ -215,7 +444,7 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         order[i] = (size_t)order64[i];
     }
     ddp_bucket_assignment_t a;
-    status = assign(r, order, &a);
+    status = block_mode(r) ? block_assign(r, order, 0, &a) : assign(r, order, &a);
     if (status != DDP_OK) goto done;
     int same = a.nbuckets == r->nbuckets;
     for (size_t b = 0; same && b < a.nbuckets; b++) {
@@ -226,8 +455,17 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
     if (!same) {
         bucket_t *fresh = NULL;
         status = make_buckets(r, &a, &fresh);
+        if (status == DDP_OK && !block_mode(r))
+            status = keep_stale(r, r->buckets, r->nbuckets);
+        if (status != DDP_OK && fresh) {
+            free_bucket_memory(r, fresh, a.nbuckets);
+            free_bucket_arrays(fresh, a.nbuckets);
+        }
         if (status == DDP_OK) {
-            for (size_t b = 0; b < a.nbuckets; b++) {
+            /* In the block modes the new buckets are other runs of the same block: nothing
+             * moves. Otherwise every gradient is copied to its new slot, and the old memory is
+             * kept, filled with the marker, until the next synchronised finalize checks it. */
+            for (size_t b = 0; !block_mode(r) && b < a.nbuckets; b++) {
                 for (size_t j = 0; j < fresh[b].nparams; j++) {
                     rparam_t *p = &r->params[fresh[b].params[j]];
                     if (p->sparse || p->numel == 0) continue;
@@ -237,7 +475,11 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
                 }
             }
             ddp__reducer_wait_callbacks(r);
-            free_bucket_memory(r, r->buckets, r->nbuckets);
+            if (!block_mode(r))
+                for (size_t b = 0; b < r->nbuckets; b++)
+                    if (r->buckets[b].data)
+                        memset(r->buckets[b].data, DDP__STALE_BYTE,
+                               r->buckets[b].numel * ddp_dtype_size(r->buckets[b].dtype));
             free_bucket_arrays(r->buckets, r->nbuckets);
             r->buckets = fresh;
             r->nbuckets = a.nbuckets;
@@ -268,6 +510,23 @@ ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r)
     ddp_bucket_assignment_t a;
     ddp_status_t status = assign(r, NULL, &a);
     if (status != DDP_OK) return status;
+    if (block_mode(r)) {
+        if (r->config.grad_memory == DDP_GRAD_MEMORY_BLOCK) {
+            status = layout_block(r, &a);
+        } else {
+            r->block = r->config.grad_block;
+            r->block_bytes = r->config.grad_block_bytes;
+        }
+        ddp__bucket_assignment_free(&a);
+        if (status != DDP_OK) return status;
+        size_t *order = ddp__malloc((r->nparams ? r->nparams : 1) * sizeof(size_t), "buckets");
+        if (!order) return DDP_ERR_NO_MEMORY;
+        int reverse_list = 0;
+        initial_order(r, order, &reverse_list);
+        status = block_assign(r, order, reverse_list, &a);
+        free(order);
+        if (status != DDP_OK) return status;
+    }
     status = make_buckets(r, &a, &r->buckets);
     if (status == DDP_OK) r->nbuckets = a.nbuckets;
     ddp__bucket_assignment_free(&a);
@@ -278,7 +537,39 @@ ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r)
 
 void ddp__reducer_free_buckets(ddp_reducer_t *r)
 {
-    if (!r->buckets) return;
-    free_bucket_memory(r, r->buckets, r->nbuckets);
-    free_bucket_arrays(r->buckets, r->nbuckets);
+    if (r->buckets) {
+        free_bucket_memory(r, r->buckets, r->nbuckets);
+        free_bucket_arrays(r->buckets, r->nbuckets);
+        r->buckets = NULL;
+    }
+    if (r->block_owned && r->block) ddp_group_free_buffer(r->group, r->block);
+    r->block = NULL;
+    r->block_owned = 0;
+}
+
+void ddp__reducer_free_stale(ddp_reducer_t *r)
+{
+    for (size_t i = 0; i < r->nstale; i++) ddp_group_free_buffer(r->group, r->stale_memory[i]);
+    free(r->stale_memory);
+    free(r->stale_slot);
+    r->stale_memory = NULL;
+    r->stale_slot = NULL;
+    r->nstale = 0;
+}
+
+size_t ddp__reducer_check_stale(ddp_reducer_t *r)
+{
+    size_t found = (size_t)-1;
+    for (size_t k = 0; r->stale_slot && k < r->nparams && found == (size_t)-1; k++) {
+        const unsigned char *old = r->stale_slot[k];
+        size_t bytes = param_bytes(&r->params[k]);
+        for (size_t i = 0; old && i < bytes; i++) {
+            if (old[i] != DDP__STALE_BYTE) {
+                found = k;
+                break;
+            }
+        }
+    }
+    ddp__reducer_free_stale(r);
+    return found;
 }

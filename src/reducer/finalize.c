@@ -78,6 +78,26 @@ static void settle_unmarked(ddp_reducer_t *r, int find_unused)
     }
 }
 
+/* Step 1b. Bucket mode, the first synchronised finalize after the rebuild moved the gradients:
+ * a write through a pointer fetched before the rebuild changed the marker in the old memory.
+ * That is reported on every rank like any usage error, so it cannot go unnoticed (the program's
+ * backward wrote gradients the Reducer never saw). */
+static void check_stale_writes(ddp_reducer_t *r)
+{
+    if (!r->stale_slot) return;
+    size_t k = ddp__reducer_check_stale(r);
+    if (k == (size_t)-1 || r->local_error) return;
+    r->local_error = (DDP__ERROR_STALE << 32) | (int64_t)(k + 1);
+    ddp__error(DDP_ERR_INVALID_USAGE,
+               "parameter '%s' (index %zu): its gradient was written at the address "
+               "ddp_reducer_grad gave before the bucket rebuild, which moved every gradient at "
+               "the last ddp_reducer_prepare; the Reducer never saw that gradient. Fetch pointers "
+               "with ddp_reducer_grad after each prepare, or use config.grad_memory = "
+               "DDP_GRAD_MEMORY_BLOCK or DDP_GRAD_MEMORY_USER_BLOCK, whose gradients never move",
+               r->params[k].name, r->params[k].registered);
+    snprintf(r->local_error_text, sizeof r->local_error_text, "%s", ddp_last_error());
+}
+
 /* Step 2. The status vector: nu "used" flags, then one error code per rank (only this rank's
  * set). It is known now, so it is queued right behind the last bucket instead of after the
  * waits (one round trip less on the exposed path). */
@@ -140,7 +160,12 @@ static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *o
     size_t k = (size_t)(code & 0xffffffff) - 1;
     const char *name = k < r->nparams ? r->params[k].name : "?";
     size_t reg = k < r->nparams ? r->params[k].registered : 0;
-    if (kind == DDP__ERROR_ROWS_TWICE)
+    if (kind == DDP__ERROR_STALE)
+        snprintf(out, cap,
+                 "rank %d: parameter '%s' (index %zu) had its gradient written at its address "
+                 "from before the bucket rebuild (a stale ddp_reducer_grad pointer)",
+                 q, name, reg);
+    else if (kind == DDP__ERROR_ROWS_TWICE)
         snprintf(out, cap,
                  "rank %d: parameter '%s' (index %zu) had rows marked ready twice in one "
                  "iteration (overlapping ddp_reducer_grad_ready_rows ranges)",
@@ -309,6 +334,7 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     o.status = DDP_OK;
     o.text[0] = '\0';
 
+    check_stale_writes(r);
     settle_unmarked(r, find_unused);
     double backward_end = enter;
     note_failure(&o, ddp__reducer_launch_in_order(r));
