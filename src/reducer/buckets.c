@@ -17,6 +17,7 @@ static void free_bucket_arrays(bucket_t *buckets, size_t n)
         free(buckets[i].numels);
         free(buckets[i].rows);
         free(buckets[i].pieces);
+        free(buckets[i].piece_order);
     }
     free(buckets);
 }
@@ -79,7 +80,8 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
             size_t step = r->config.piece_bytes / esize ? r->config.piece_bytes / esize : 1;
             k->npieces = (k->numel + step - 1) / step;
             k->pieces = ddp__calloc(k->npieces, sizeof(piece_t), "buckets");
-            if (!k->pieces) {
+            k->piece_order = ddp__malloc(k->npieces * sizeof(size_t), "buckets");
+            if (!k->pieces || !k->piece_order) {
                 status = DDP_ERR_NO_MEMORY;
                 goto fail;
             }
@@ -88,6 +90,7 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
                 q->index = i;
                 q->begin = i * step;
                 q->numel = k->numel - q->begin < step ? k->numel - q->begin : step;
+                k->piece_order[i] = i;
             }
         }
     }
@@ -413,6 +416,99 @@ static ddp_status_t layout_block(ddp_reducer_t *r, const ddp_bucket_assignment_t
     return DDP_OK;
 }
 
+/* Collective, at the rebuild (with pieces): each bucket's pieces are launched from now on in the
+ * order rank 0's became complete in the recording iteration (the last row mark touching a piece
+ * completes it; ties keep index order), broadcast so that every rank issues the same
+ * collectives. */
+typedef struct piece_key {
+    size_t key, index;
+} piece_key_t;
+
+static int compare_piece_keys(const void *a, const void *b)
+{
+    const piece_key_t *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index ? 1 : 0;
+}
+
+static ddp_status_t order_pieces(ddp_reducer_t *r)
+{
+    size_t total = 0, most = 0;
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        total += r->buckets[b].npieces;
+        if (r->buckets[b].npieces > most) most = r->buckets[b].npieces;
+    }
+    if (total == 0) return DDP_OK;
+    int64_t *order = ddp__calloc(total, sizeof(int64_t), "rebuild");
+    size_t *keys = ddp__calloc(total, sizeof(size_t), "rebuild");
+    piece_key_t *sorted = ddp__malloc(most * sizeof *sorted, "rebuild");
+    ddp_status_t status = DDP_OK;
+    if (!order || !keys || !sorted) {
+        status = DDP_ERR_NO_MEMORY;
+        goto done;
+    }
+    if (r->rank == 0) {
+        size_t *first = ddp__malloc(r->nbuckets * sizeof(size_t), "rebuild");
+        if (!first) {
+            status = DDP_ERR_NO_MEMORY;
+            goto done;
+        }
+        for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
+            first[b] = at;
+            at += r->buckets[b].npieces;
+        }
+        /* Marks are in completion order, so the last one touching a piece sets its key. */
+        for (size_t f = 0; f < r->nfinals; f++) {
+            const rparam_t *p = &r->params[r->finals[f].param];
+            bucket_t *k = &r->buckets[p->bucket];
+            if (!k->npieces) continue;
+            size_t lo = p->offset + r->finals[f].begin, hi = p->offset + r->finals[f].end;
+            size_t step = k->pieces[0].numel;
+            for (size_t i = lo / step; i < k->npieces && k->pieces[i].begin < hi; i++)
+                keys[first[k->index] + i] = f + 1;
+        }
+        for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
+            bucket_t *k = &r->buckets[b];
+            for (size_t i = 0; i < k->npieces; i++) {
+                sorted[i].key = keys[at + i];
+                sorted[i].index = i;
+            }
+            qsort(sorted, k->npieces, sizeof *sorted, compare_piece_keys);
+            for (size_t i = 0; i < k->npieces; i++) order[at + i] = (int64_t)sorted[i].index;
+            at += k->npieces;
+        }
+        free(first);
+    }
+    status = ddp_group_broadcast(r->group, order, total, DDP_I64, 0);
+    if (status != DDP_OK) {
+        ddp__error_context(status, "rebuilding buckets (broadcast of rank 0's piece order)");
+        goto done;
+    }
+    for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        unsigned char *seen = (unsigned char *)keys; /* reused: at least npieces bytes */
+        memset(seen, 0, k->npieces);
+        for (size_t i = 0; i < k->npieces; i++) {
+            int64_t v = order[at + i];
+            if (v < 0 || (size_t)v >= k->npieces || seen[v]) {
+                status = ddp__error(DDP_ERR_PROTOCOL,
+                                    "rebuilding buckets: rank 0's piece order of bucket %zu is "
+                                    "not a permutation",
+                                    b);
+                goto done;
+            }
+            seen[v] = 1;
+            k->piece_order[i] = (size_t)v;
+        }
+        at += k->npieces;
+    }
+done:
+    free(order);
+    free(keys);
+    free(sorted);
+    return status;
+}
+
 /* Collective, at prepare: rank 0's arrival order of the first synchronised iteration is
  * broadcast, buckets are reassigned in that order, and gradients are moved to the new slots. */
 ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
@@ -496,12 +592,16 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         }
     }
     ddp__bucket_assignment_free(&a);
+    if (status == DDP_OK) status = order_pieces(r);
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d rebuilt buckets in arrival order (%zu buckets%s)",
             r->rank, r->nbuckets, same ? ", unchanged" : "");
 done:
     free(order64);
     free(order);
     free(seen);
+    free(r->finals); /* the piece order is learned once */
+    r->finals = NULL;
+    r->nfinals = r->finals_cap = 0;
     return status;
 }
 

@@ -282,7 +282,8 @@ static void record_stats(ddp_reducer_t *r, double enter, double backward_end)
     double busy_start = 0, busy_end = -1e300;
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
-        for (size_t i = 0; i < (k->npieces ? k->npieces : 1); i++) {
+        for (size_t j = 0; j < (k->npieces ? k->npieces : 1); j++) {
+            size_t i = k->npieces ? k->piece_order[j] : 0; /* launch order */
             double l = k->npieces ? k->pieces[i].launch_us : k->launch_us;
             double d = k->npieces ? piece_done_time(&k->pieces[i]) : done_time(k);
             st->npieces++;
@@ -351,6 +352,11 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     memset(r->used_since_sync, 0, r->nparams);
     if (r->recording) {
         r->recording = 0;
+        if (!(r->narrival == r->nparams)) {
+            free(r->finals);
+            r->finals = NULL;
+            r->nfinals = r->finals_cap = 0;
+        }
         r->rebuild_due = !r->rebuilt && r->narrival == r->nparams;
     }
     r->iteration++;

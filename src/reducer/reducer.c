@@ -305,6 +305,7 @@ static void destroy_reducer(ddp_reducer_t *r)
     free(r->row_marks);
     free(r->used_since_sync);
     free(r->arrival);
+    free(r->finals);
     free(r->saved);
     free(r->status_vector);
     free(r->bucket_stats);

@@ -109,6 +109,10 @@ typedef struct bucket {
     /* Piece-wise launch (default hook and piece_bytes > 0): npieces > 0. */
     piece_t *pieces;
     size_t npieces, next_piece;
+    /* The order pieces are launched in (piece indices): ascending until the rebuild, then the
+     * order in which rank 0's pieces became complete in the first synchronised iteration, so a
+     * backward that finishes a matrix's last rows first reduces them first. */
+    size_t *piece_order;
 } bucket_t;
 
 struct ddp_reducer {
@@ -151,6 +155,12 @@ struct ddp_reducer {
     unsigned char **stale_slot;
     size_t *arrival;
     size_t narrival;
+    /* The recording iteration's row marks in the order they became final (kept index, element
+     * range within the parameter): the rebuild orders each bucket's pieces by them. */
+    struct final_range {
+        size_t param, begin, end;
+    } *finals;
+    size_t nfinals, finals_cap;
 
     unsigned char *saved; /* slots of locally unused parameters, restored if globally unused */
     int64_t *status_vector;
