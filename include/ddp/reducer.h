@@ -132,7 +132,9 @@ typedef enum ddp_grad_memory {
     /* The caller's block (config.grad_block, grad_block_bytes), laid out as the caller likes:
      * param.grad says where each gradient is. Use memory from ddp_group_alloc_buffer to keep the
      * shm transport's in-place reduction (the block must then be at the same offset of the
-     * buffer on every rank; offsets are checked across ranks anyway). */
+     * buffer on every rank; offsets are checked across ranks anyway). Such a buffer is then
+     * marked as holding results read later (shm writes them with streaming stores), as the
+     * Reducer's own bucket memory is. */
     DDP_GRAD_MEMORY_USER_BLOCK = 1,
     /* libddp allocates one block with ddp_group_alloc_buffer at create, laid out in the initial
      * bucket order (each bucket's params adjacent, buckets 64-byte aligned). ddp_reducer_grad
@@ -233,8 +235,12 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  *
  * With config.piece_bytes > 0, the rows' elements count towards the bucket's pieces: a piece whose
  * elements are all marked starts its allreduce (an average, like a bucket's), strictly after
- * every earlier piece and bucket, so a bucket holding one large matrix starts reducing while the
- * rest of that matrix is still being computed. The pieces depend only on the bucket layout, so
+ * every earlier bucket and every piece of its bucket that comes before it in the bucket's piece
+ * order, so a bucket holding one large matrix starts reducing while the rest of that matrix is
+ * still being computed. The piece order is ascending until the bucket rebuild; from then on it is
+ * the order in which rank 0's pieces became complete in the first synchronised iteration, so a
+ * backward that finishes a matrix's highest rows first (a transformer's, layer by layer from the
+ * top) reduces them first, whichever end of the bucket they are at. The pieces depend only on the bucket layout, so
  * every rank issues the same collectives whatever blocks each rank marks. With a user comm hook
  * or piece_bytes 0 there are no pieces: the bucket is handed over whole once it is complete.
  * With user_grads the rows are copied from param.grad now, so they must be final.

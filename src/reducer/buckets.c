@@ -616,6 +616,9 @@ ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r)
         } else {
             r->block = r->config.grad_block;
             r->block_bytes = r->config.grad_block_bytes;
+            /* As for bucket memory: results are read after the rest of backward. A no-op
+             * unless the block is in a transport buffer (ddp_group_alloc_buffer). */
+            ddp__group_advise_cold_results(r->group, r->block);
         }
         ddp__bucket_assignment_free(&a);
         if (status != DDP_OK) return status;
