@@ -543,7 +543,8 @@ static int case_errors(ddp_group_t *group, void *arg)
         const ddp_reducer_config_t *ucfg = rank == 0 ? &cc : &c;
         ddp_status_t s = ddp_reducer_create(group, use, NP, NULL, 0, ucfg, &r);
         if (rank == 0) {
-            CHECK_MSG(s == want, "%s: %s (%s)", bad[t].what, ddp_status_string(s), ddp_last_error());
+            CHECK_MSG(s == want, "%s: %s (%s)", bad[t].what, ddp_status_string(s),
+                      ddp_last_error());
             CHECK_ERROR_MENTIONS(bad[t].names);
         } else {
             CHECK_MSG(s == DDP_ERR_REMOTE, "%s: rank %d got %s (%s)", bad[t].what, rank,

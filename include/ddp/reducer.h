@@ -127,7 +127,8 @@ typedef enum ddp_grad_memory {
      * rebuild moves every gradient at the next ddp_reducer_prepare: pointers from
      * ddp_reducer_grad are valid until then only. A gradient written through a pointer fetched
      * before the rebuild is detected at the next synchronised ddp_reducer_finalize, which fails on
-     * every rank naming the parameter (the old memory is kept, filled with a marker, until then). */
+     * every rank naming the parameter (the old memory is kept, filled with a marker, until
+     * then). */
     DDP_GRAD_MEMORY_BUCKETS = 0,
     /* The caller's block (config.grad_block, grad_block_bytes), laid out as the caller likes:
      * param.grad says where each gradient is. Use memory from ddp_group_alloc_buffer to keep the
@@ -240,10 +241,11 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  * still being computed. The piece order is ascending until the bucket rebuild; from then on it is
  * the order in which rank 0's pieces became complete in the first synchronised iteration, so a
  * backward that finishes a matrix's highest rows first (a transformer's, layer by layer from the
- * top) reduces them first, whichever end of the bucket they are at. The pieces depend only on the bucket layout, so
- * every rank issues the same collectives whatever blocks each rank marks. With a user comm hook
- * or piece_bytes 0 there are no pieces: the bucket is handed over whole once it is complete.
- * With user_grads the rows are copied from param.grad now, so they must be final.
+ * top) reduces them first, whichever end of the bucket they are at. The pieces depend only on
+ * the bucket layout, so every rank issues the same collectives whatever blocks each rank marks.
+ * With a user comm hook or piece_bytes 0 there are no pieces: the bucket is handed over whole
+ * once it is complete. With user_grads the rows are copied from param.grad now, so they must be
+ * final.
  *
  * Marking the last unmarked rows of a parameter is exactly ddp_reducer_grad_ready (it counts
  * for bucket order, the rebuild's arrival order and find_unused_parameters). After some of its

@@ -136,8 +136,8 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
                           c->bucket_layout);
     if (c->grad_memory < DDP_GRAD_MEMORY_BUCKETS || c->grad_memory > DDP_GRAD_MEMORY_BLOCK)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                          "config->grad_memory is %d (expected DDP_GRAD_MEMORY_BUCKETS, _USER_BLOCK "
-                          "or _BLOCK)",
+                          "config->grad_memory is %d (expected DDP_GRAD_MEMORY_BUCKETS, "
+                          "_USER_BLOCK or _BLOCK)",
                           c->grad_memory);
     if (c->grad_memory != DDP_GRAD_MEMORY_BUCKETS && c->user_grads)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,

@@ -132,9 +132,9 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
         s.rows = params[i].rows;
         s.dtype = (uint32_t)params[i].dtype;
         s.sparse = (uint32_t)params[i].sparse;
-        s.grad_offset = grad_memory == DDP_GRAD_MEMORY_USER_BLOCK && !params[i].sparse && params[i].numel > 0
-                            ? (uint64_t)params[i].block_offset
-                            : UINT64_MAX;
+        int in_block = grad_memory == DDP_GRAD_MEMORY_USER_BLOCK && !params[i].sparse &&
+                       params[i].numel > 0;
+        s.grad_offset = in_block ? (uint64_t)params[i].block_offset : UINT64_MAX;
         memcpy(mine + i * rec, &s, rec);
     }
     status = ddp_group_allgather(group, mine, all, maxn * rec, DDP_U8);

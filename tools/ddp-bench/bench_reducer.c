@@ -144,6 +144,7 @@ typedef struct bench {
     size_t nparams;
     int rank;
     int row_blocks;
+    int rows_descending; /* --rows-descending: row blocks reported from the last rows down */
     size_t npieces; /* reductions per iteration, from the last one's stats */
     ddp_trace_t *trace; /* --trace: compute and grad_ready spans on lane 0 (the Reducer adds its) */
 } bench_t;
@@ -177,14 +178,15 @@ static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t
                 if (s != DDP_OK) break;
                 /* The gradient "computed" (touching its memory like a real backward). */
                 size_t e0 = 0, e1 = ly->numel[k];
+                size_t jb = b->rows_descending ? blocks - 1 - j : j; /* which rows */
                 if (k == 0 && blocks > 1) {
-                    e0 = rows * j / blocks * width;
-                    e1 = rows * (j + 1) / blocks * width;
+                    e0 = rows * jb / blocks * width;
+                    e1 = rows * (jb + 1) / blocks * width;
                 }
                 for (size_t e = e0; e < e1; e += 16) g[e] = (float)(e % 7) * 0.5f;
                 if (k == 0 && blocks > 1)
-                    s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * j / blocks,
-                                                    rows * (j + 1) / blocks);
+                    s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * jb / blocks,
+                                                    rows * (jb + 1) / blocks);
                 else
                     s = ddp_reducer_grad_ready(b->reducer, index);
             }
@@ -224,13 +226,15 @@ void ddp_bench_reducer_usage(FILE *out)
             "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
             "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K]\n"
             "         [--piece-mb MB] [--layout last-first|c10d|both] [--no-rebuild]\n"
-            "         [--repeat R] [--grads LIST] [--trace FILE]\n"
+            "         [--repeat R] [--grads LIST] [--rows-descending] [--trace FILE]\n"
             "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
             "  --compute-ratio R: backward computes R times the communication time measured\n"
             "                     with no compute (spread evenly over the layers; default 1.5)\n"
             "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
             "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
             "                  with grad_ready_rows (default 1: whole tensors)\n"
+            "  --rows-descending: row blocks are reported from the last rows down (as a\n"
+            "                  transformer's backward finishes the top layer's rows first)\n"
             "  --piece-mb MB: the reducer's piece size (0: whole buckets; default 4 with\n"
             "                 --row-blocks > 1, else 0 as the library)\n"
             "  --layout L: the initial bucket layout (config.bucket_layout): last-first (the\n"
@@ -262,7 +266,7 @@ static int usage(int rank, const char *msg, const char *arg)
 typedef struct reducer_options {
     const char *preset;
     double compute_us, ratio, bucket_mb, first_mb, piece_mb;
-    int iters, warmup, sleep_mode, json, row_blocks, rebuild, repeat;
+    int iters, warmup, sleep_mode, json, row_blocks, rebuild, repeat, rows_descending;
     const char *trace_path;
     const char *hook;
     int layouts[2]; /* DDP_BUCKET_LAYOUT_*, run in turn */
@@ -316,6 +320,10 @@ static int parse_reducer_options(int rank, int argc, char **argv, reducer_option
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--rows-descending")) {
+            o->rows_descending = 1;
             continue;
         }
         if (!strcmp(a, "--no-rebuild")) {
@@ -463,7 +471,7 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
         config.comm_hook_state = ps;
     }
 #endif
-    bench_t b = {group, NULL, model, nparams, rank, o->row_blocks, 0, trace};
+    bench_t b = {group, NULL, model, nparams, rank, o->row_blocks, o->rows_descending, 0, trace};
     int rc = DDP_BENCH_EXIT_OK;
     sample_t *samples = NULL;
     ddp_status_t s;
@@ -515,8 +523,9 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
             for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
             printf(" %.2f", (double)bytes / 1048576.0);
         }
-        printf("\n# row blocks %d per weight; pieces of %.3g MiB%s (%zu reductions per step)\n",
-               o->row_blocks, piece_mb,
+        printf("\n# row blocks %d per weight%s; pieces of %.3g MiB%s (%zu reductions per "
+               "step)\n",
+               o->row_blocks, o->rows_descending ? " (last rows first)" : "", piece_mb,
                config.comm_hook ? " unused: a hook gets whole buckets" : "", b.npieces);
         printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
                "can only start when backward ends\n",
