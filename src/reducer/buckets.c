@@ -1,7 +1,7 @@
 /* The Reducer's buckets: how parameters are assigned to buckets (at create, in
  * config.bucket_layout's order; once after the first synchronised iteration, in the order rank 0
  * saw gradients arrive), the bucket descriptors and pieces, and their memory (allocated
- * collectively). */
+ * collectively, or runs of the gradient block in the block modes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,11 +231,13 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
  * walks it upwards); otherwise the run is closed and a new one opens. A run also closes when it
  * reaches the dtype's current size limit (first_bucket_bytes, then bucket_cap_bytes, as c10d).
  * Empty parameters join whatever run is open. Runs are sorted by their first visiting position,
- * so buckets become ready in consecutive order; each run's parameters are listed in block order,
- * so the bucket is one range [lo, hi) of the block that hooks see as ordinary bucket memory. */
+ * so buckets become ready in consecutive order; each run's parameters are listed in block order
+ * (kept that way as they join, at the head or the tail), so the bucket is one range [lo, hi) of
+ * the block that hooks see as ordinary bucket memory. */
 
 typedef struct block_run {
-    size_t head, tail, count; /* linked list of kept indices through next[] */
+    size_t head, tail, count; /* kept indices in block order, linked through next[] (empty
+                               * parameters anywhere: they take no place) */
     size_t lo, hi, bytes;     /* byte range in the block (bytes == 0: nothing placed yet) */
     size_t first_pos;
     size_t limit_index;
@@ -259,32 +261,6 @@ typedef struct block_builder {
     size_t nruns;
 } block_builder_t;
 
-static int in_block_key(const ddp_reducer_t *r, size_t k, size_t *key)
-{
-    const rparam_t *p = &r->params[k];
-    *key = p->block_offset;
-    return p->numel > 0;
-}
-
-static void sort_in_block(const ddp_reducer_t *r, size_t *a, size_t n)
-{
-    /* Insertion sort: runs are built mostly in order (ascending or descending), and n is the
-     * number of parameters of one bucket. Empty parameters go first. */
-    for (size_t i = 1; i < n; i++) {
-        size_t v = a[i], kv;
-        int nv = in_block_key(r, v, &kv);
-        size_t j = i;
-        while (j > 0) {
-            size_t ku;
-            int nu = in_block_key(r, a[j - 1], &ku);
-            if (nu < nv || (nu == nv && ku <= kv)) break;
-            a[j] = a[j - 1];
-            j--;
-        }
-        a[j] = v;
-    }
-}
-
 static void close_run(block_builder_t *bb, block_run_t *run)
 {
     if (!run->open) return;
@@ -292,8 +268,8 @@ static void close_run(block_builder_t *bb, block_run_t *run)
     ref->first_pos = run->first_pos;
     ref->start = bb->nentries;
     ref->count = run->count;
+    /* The list is in block order: a parameter below the run was put at its head. */
     for (size_t k = run->head; k != (size_t)-1; k = bb->next[k]) bb->entries[bb->nentries++] = k;
-    sort_in_block(bb->r, bb->entries + ref->start, ref->count);
     run->open = 0;
     run->limit_index++;
 }
@@ -343,6 +319,10 @@ static ddp_status_t block_assign(ddp_reducer_t *r, const size_t *order, int reve
             run->count = 1;
             run->bytes = 0;
             run->first_pos = pos;
+        } else if (bytes > 0 && run->bytes > 0 && hi == run->lo) {
+            bb.next[k] = run->head; /* it lies just below the run */
+            run->head = k;
+            run->count++;
         } else {
             bb.next[run->tail] = k;
             run->tail = k;

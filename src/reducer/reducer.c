@@ -15,7 +15,8 @@
  *
  * Gradients live in the bucket memory itself (a view into a buffer from ddp_group_alloc_buffer,
  * which the shm transport reduces without a copy); with user_grads they are copied in at
- * grad_ready and out at finalize. Sparse parameters get a bucket of their own, reduced on the
+ * grad_ready and out at finalize; in the block modes (config.grad_memory) they live in one block,
+ * the caller's or libddp's, whose contiguous runs are the buckets, and never move. Sparse parameters get a bucket of their own, reduced on the
  * progress thread by allgathering row counts, indices and rows. */
 #include <stdint.h>
 #include <stdio.h>
