@@ -551,13 +551,13 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
         double ratio_exposed = cm > 0 ? ex / cm : 0;
         if (o->json) {
             printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
-                   "\"layout\":\"%s\",\"grads\":\"%s\",\"rebuild\":%d,\"run\":%d,"
+                   "\"layout\":\"%s\",\"rebuild\":%d,\"run\":%d,\"grads\":\"%s\","
                    "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
                    "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
                    "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
                    "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
                    o->preset, world, model->total, ddp_reducer_bucket_count(b.reducer),
-                   layout_name(layout), grads_names[grads], o->rebuild, run, *compute_us,
+                   layout_name(layout), o->rebuild, run, grads_names[grads], *compute_us,
                    o->sleep_mode,
                    o->row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0,
                    cm / 1000.0, ex / 1000.0, ex_min / 1000.0, ratio_exposed);
