@@ -132,8 +132,9 @@ typedef enum ddp_grad_memory {
     DDP_GRAD_MEMORY_BUCKETS = 0,
     /* The caller's block (config.grad_block, grad_block_bytes), laid out as the caller likes:
      * param.grad says where each gradient is. Use memory from ddp_group_alloc_buffer to keep the
-     * shm transport's in-place reduction (the block must then be at the same offset of the
-     * buffer on every rank; offsets are checked across ranks anyway). Such a buffer is then
+     * shm transport's in-place reduction (which needs the block at the same offset of the
+     * buffer on every rank; shm compares them per operation and copies otherwise). Such a
+     * buffer is then
      * marked as holding results read later (shm writes them with streaming stores), as the
      * Reducer's own bucket memory is. */
     DDP_GRAD_MEMORY_USER_BLOCK = 1,
