@@ -58,3 +58,28 @@ foreach(case equal errors unused nosync hook piece0 early)
     endforeach()
   endforeach()
 endforeach()
+
+# Gradient block modes: pointers computed once from the caller's block (or libddp's) stay valid
+# through the rebuild; results equal a float64 reference and are bitwise equal across ranks.
+set(block_libs "")
+set(block_defs "")
+if(TARGET ddp_powersgd_static)
+  set(block_libs ddp_powersgd_static)
+endif()
+foreach(case user shm alloc rows)
+  foreach(world 1 2 3 4)
+    foreach(dtype f32 f64)
+      ddp_add_test(NAME test_reducer_block SOURCES test_reducer_block.c
+                   ARGS ${case} ${world} ${dtype} LIBS ${block_libs} TIMEOUT 90)
+    endforeach()
+  endforeach()
+endforeach()
+foreach(case late unused hook errors stale)
+  foreach(world 1 2 3 4)
+    ddp_add_test(NAME test_reducer_block SOURCES test_reducer_block.c ARGS ${case} ${world}
+                 LIBS ${block_libs} TIMEOUT 90)
+  endforeach()
+endforeach()
+if(TARGET ddp_powersgd_static)
+  target_compile_definitions(test_reducer_block PRIVATE TEST_WITH_POWERSGD)
+endif()

@@ -187,8 +187,28 @@ int main(void)
         for (const char *at = out_text; (at = strstr(at, layout_rows[k])) != NULL; at++) rows[k]++;
     CHECK_MSG(rows[0] == 2 && rows[1] == 2, "expected 2 runs per layout:\n%s", out_text);
 
+    /* Every gradient memory mode, interleaved: one JSON row each, the same buckets. */
+    snprintf(cmd, sizeof cmd,
+             "%s -n 2 --no-prefix %s -o reducer --preset mlp -n 1 -w 0 --compute-us 0 "
+             "--grads buckets,block,user-block,user-malloc,copy --json",
+             DDPRUN_PATH, DDP_BENCH_PATH);
+    rc = run(cmd);
+    CHECK_MSG(rc == 0, "'%s' exited %d: %s", cmd, rc, err_text);
+    static const char *const grads_rows[5] = {"\"grads\":\"buckets\",", "\"grads\":\"block\",",
+                                              "\"grads\":\"user-block\",",
+                                              "\"grads\":\"user-malloc\",", "\"grads\":\"copy\","};
+    for (int k = 0; k < 5; k++) {
+        int n = 0;
+        for (const char *at = out_text; (at = strstr(at, grads_rows[k])) != NULL; at++) n++;
+        CHECK_MSG(n == 1, "expected one run with %s:\n%s", grads_rows[k], out_text);
+    }
+    int same = 0;
+    for (const char *at = out_text; (at = strstr(at, "\"buckets\":2,")) != NULL; at++) same++;
+    CHECK_MSG(same == 5, "a gradient mode changed the MLP's 2 buckets:\n%s", out_text);
+
     /* Bad options: exit 2 with the option named, before any group exists. */
     bad_option("--bogus", "--bogus");
+    bad_option("-o reducer --grads block,nope", "--grads");
     bad_option("-o allreduce_all", "-o");
     bad_option("-d f17", "-d");
     bad_option("-r mean", "-r");

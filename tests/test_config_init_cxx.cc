@@ -38,6 +38,9 @@ static void check_reducer(const ddp_reducer_config_t &c)
     EXPECT(c.piece_bytes == 0);
     EXPECT(c.comm_hook_averages == 0);
     EXPECT(c.bucket_layout == DDP_BUCKET_LAYOUT_DEFAULT);
+    EXPECT(c.grad_memory == DDP_GRAD_MEMORY_BUCKETS);
+    EXPECT(c.grad_block == NULL);
+    EXPECT(c.grad_block_bytes == 0);
 }
 
 static void check_optim(const ddp_optim_config_t &c)

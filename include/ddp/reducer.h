@@ -38,7 +38,9 @@ typedef struct ddp_param {
     ddp_dtype_t dtype; /* f32, f64, f16 or bf16 */
     size_t rows;       /* matrix view rows (numel % rows == 0), 0 for a vector; sparse: table rows */
     int sparse;        /* gradient arrives as rows (ddp_reducer_sparse_grad), reduced by allgather */
-    void *grad;        /* user-owned gradient (numel elements) when config.user_grads; else NULL */
+    /* user-owned gradient (numel elements) when config.user_grads, or where the gradient lives
+     * in the caller's block with config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK; else NULL */
+    void *grad;
 } ddp_param_t;
 
 typedef struct ddp_buffer {
@@ -101,7 +103,46 @@ typedef struct ddp_reducer_config {
      * one of ddp_bucket_layout_t. Must be the same on every rank (checked at create with
      * sync_at_create). */
     int bucket_layout;
+    /* Where gradients live, one of ddp_grad_memory_t. Must be the same on every rank (checked at
+     * create with sync_at_create, with every parameter's offset in the block). */
+    int grad_memory;
+    /* DDP_GRAD_MEMORY_USER_BLOCK: the caller's gradient block and its size in bytes. Every dense
+     * parameter's param.grad points into it (numel elements, aligned to its dtype); it must
+     * outlive the reducer. Otherwise NULL and 0. */
+    void *grad_block;
+    size_t grad_block_bytes;
 } ddp_reducer_config_t;
+
+/* Where gradients live. docs/reducer.md ("Gradient memory") explains the choice.
+ *
+ * With both block modes the gradients form one contiguous block whose addresses never change for
+ * the reducer's life: a bucket is a contiguous run of that block (its params adjacent, of one
+ * dtype), reduced in place without a copy, and the rebuild after the first iteration only
+ * changes which runs are reduced together and in which order. Parameters that are not adjacent
+ * in the block, or that arrive far apart in backward, end up in different buckets. Sparse
+ * parameters are not in the block (param.grad must be NULL; their rows are given with
+ * ddp_reducer_sparse_grad as in every mode). Not combinable with user_grads. */
+typedef enum ddp_grad_memory {
+    /* Bucket memory from ddp_group_alloc_buffer, one allocation per bucket. The one-time bucket
+     * rebuild moves every gradient at the next ddp_reducer_prepare: pointers from
+     * ddp_reducer_grad are valid until then only. A gradient written through a pointer fetched
+     * before the rebuild is detected at the next synchronised ddp_reducer_finalize, which fails on
+     * every rank naming the parameter (the old memory is kept, filled with a marker, until
+     * then). */
+    DDP_GRAD_MEMORY_BUCKETS = 0,
+    /* The caller's block (config.grad_block, grad_block_bytes), laid out as the caller likes:
+     * param.grad says where each gradient is. Use memory from ddp_group_alloc_buffer to keep the
+     * shm transport's in-place reduction (which needs the block at the same offset of the
+     * buffer on every rank; shm compares them per operation and copies otherwise). Such a
+     * buffer is then
+     * marked as holding results read later (shm writes them with streaming stores), as the
+     * Reducer's own bucket memory is. */
+    DDP_GRAD_MEMORY_USER_BLOCK = 1,
+    /* libddp allocates one block with ddp_group_alloc_buffer at create, laid out in the initial
+     * bucket order (each bucket's params adjacent, buckets 64-byte aligned). ddp_reducer_grad
+     * pointers and ddp_reducer_grad_block stay valid for the reducer's life. */
+    DDP_GRAD_MEMORY_BLOCK = 2
+} ddp_grad_memory_t;
 
 /* Which parameters the small first bucket (first_bucket_bytes) holds before any rebuild.
  * docs/reducer.md ("Differences from c10d") has the measurements behind the default. */
@@ -139,7 +180,10 @@ DDP_API void ddp_reducer_config_init(ddp_reducer_config_t *config);
      .trace = NULL,                                                                               \
      .piece_bytes = 0,                                                                            \
      .comm_hook_averages = 0,                                                                     \
-     .bucket_layout = DDP_BUCKET_LAYOUT_DEFAULT}
+     .bucket_layout = DDP_BUCKET_LAYOUT_DEFAULT,                                                  \
+     .grad_memory = DDP_GRAD_MEMORY_BUCKETS,                                                      \
+     .grad_block = NULL,                                                                          \
+     .grad_block_bytes = 0}
 #else
 #define DDP_REDUCER_CONFIG_INIT                                                                   \
     ([] {                                                                                         \
@@ -163,9 +207,17 @@ DDP_API ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *p
 DDP_API void ddp_reducer_destroy(ddp_reducer_t *reducer);
 
 /* Where parameter i's gradient lives (index as registered, duplicates map to the kept one).
- * Bucket memory unless user_grads. Valid until the next ddp_reducer_prepare (a rebuild moves it);
- * gradients are preserved across a rebuild. */
+ * param.grad with user_grads or DDP_GRAD_MEMORY_USER_BLOCK, valid for the reducer's life; inside
+ * the block with DDP_GRAD_MEMORY_BLOCK, valid for the reducer's life; otherwise bucket memory,
+ * valid until the next ddp_reducer_prepare only (the rebuild moves it; gradients are preserved
+ * across a rebuild, and a write through a stale pointer fails the next finalize). */
 DDP_API ddp_status_t ddp_reducer_grad(ddp_reducer_t *reducer, size_t index, void **grad);
+
+/* The gradient block of either block mode: its address and size in bytes, valid for the
+ * reducer's life (e.g. for an optimizer that loops over all gradients as one array; bytes
+ * between buckets, if any, are never written by the reducer). DDP_ERR_INVALID_USAGE in the other
+ * modes. */
+DDP_API ddp_status_t ddp_reducer_grad_block(ddp_reducer_t *reducer, void **block, size_t *bytes);
 
 /* Zeroes every gradient (dense ones and pending sparse rows). */
 DDP_API ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *reducer);
@@ -185,11 +237,16 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  *
  * With config.piece_bytes > 0, the rows' elements count towards the bucket's pieces: a piece whose
  * elements are all marked starts its allreduce (an average, like a bucket's), strictly after
- * every earlier piece and bucket, so a bucket holding one large matrix starts reducing while the
- * rest of that matrix is still being computed. The pieces depend only on the bucket layout, so
- * every rank issues the same collectives whatever blocks each rank marks. With a user comm hook
- * or piece_bytes 0 there are no pieces: the bucket is handed over whole once it is complete.
- * With user_grads the rows are copied from param.grad now, so they must be final.
+ * every earlier bucket and every piece of its bucket that comes before it in the bucket's piece
+ * order, so a bucket holding one large matrix starts reducing while the rest of that matrix is
+ * still being computed. The piece order is ascending until the bucket rebuild; from then on it is
+ * the order in which rank 0's pieces became complete in the first synchronised iteration, so a
+ * backward that finishes a matrix's highest rows first (a transformer's, layer by layer from the
+ * top) reduces them first, whichever end of the bucket they are at. The pieces depend only on
+ * the bucket layout, so every rank issues the same collectives whatever blocks each rank marks.
+ * With a user comm hook or piece_bytes 0 there are no pieces: the bucket is handed over whole
+ * once it is complete. With user_grads the rows are copied from param.grad now, so they must be
+ * final.
  *
  * Marking the last unmarked rows of a parameter is exactly ddp_reducer_grad_ready (it counts
  * for bucket order, the rebuild's arrival order and find_unused_parameters). After some of its

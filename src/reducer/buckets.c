@@ -1,7 +1,7 @@
 /* The Reducer's buckets: how parameters are assigned to buckets (at create, in
  * config.bucket_layout's order; once after the first synchronised iteration, in the order rank 0
  * saw gradients arrive), the bucket descriptors and pieces, and their memory (allocated
- * collectively). */
+ * collectively, or runs of the gradient block in the block modes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,14 +17,20 @@ static void free_bucket_arrays(bucket_t *buckets, size_t n)
         free(buckets[i].numels);
         free(buckets[i].rows);
         free(buckets[i].pieces);
+        free(buckets[i].piece_order);
     }
     free(buckets);
 }
 
-/* Frees bucket memory collectively (every rank frees the same buffers in the same order). */
+/* Frees bucket memory collectively (every rank frees the same buffers in the same order). In the
+ * block modes a bucket is a view of the block, which is freed with the reducer. */
 static void free_bucket_memory(ddp_reducer_t *r, bucket_t *buckets, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
+        if (block_mode(r)) {
+            buckets[i].data = NULL;
+            continue;
+        }
         if (buckets[i].data) ddp_group_free_buffer(r->group, buckets[i].data);
         buckets[i].data = NULL;
     }
@@ -74,7 +80,8 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
             size_t step = r->config.piece_bytes / esize ? r->config.piece_bytes / esize : 1;
             k->npieces = (k->numel + step - 1) / step;
             k->pieces = ddp__calloc(k->npieces, sizeof(piece_t), "buckets");
-            if (!k->pieces) {
+            k->piece_order = ddp__malloc(k->npieces * sizeof(size_t), "buckets");
+            if (!k->pieces || !k->piece_order) {
                 status = DDP_ERR_NO_MEMORY;
                 goto fail;
             }
@@ -83,14 +90,24 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
                 q->index = i;
                 q->begin = i * step;
                 q->numel = k->numel - q->begin < step ? k->numel - q->begin : step;
+                k->piece_order[i] = i;
             }
         }
     }
     /* Allocation is collective: same sizes in the same order on every rank (the model was
-     * verified identical, and the assignment is deterministic). */
+     * verified identical, and the assignment is deterministic). In the block modes a bucket is
+     * the run of the block its parameters cover: block_assign put them in block order with no
+     * gap, so the offsets above are their places in the run. */
     for (size_t b = 0; b < a->nbuckets; b++) {
         bucket_t *k = &buckets[b];
         if (k->numel == 0) continue;
+        if (block_mode(r)) {
+            size_t j = 0;
+            while (r->params[k->params[j]].numel == 0) j++;
+            const rparam_t *p = &r->params[k->params[j]];
+            k->data = r->block + p->block_offset - k->offsets[j] * ddp_dtype_size(k->dtype);
+            continue;
+        }
         status = ddp_group_alloc_buffer(r->group, k->numel * ddp_dtype_size(k->dtype), &k->data);
         if (status != DDP_OK) {
             ddp__error_context(status, "allocating memory of gradient bucket %zu (%zu bytes)", b,
@@ -109,6 +126,28 @@ static ddp_status_t make_buckets(ddp_reducer_t *r, const ddp_bucket_assignment_t
 fail:
     free_bucket_arrays(buckets, a->nbuckets);
     return status;
+}
+
+/* Bucket mode, at the rebuild: remembers the old bucket memory and each parameter's slot in it,
+ * so that the next synchronised finalize can tell whether a stale pointer was written. */
+static ddp_status_t keep_stale(ddp_reducer_t *r, bucket_t *old, size_t n)
+{
+    r->stale_memory = ddp__calloc(n ? n : 1, sizeof(void *), "rebuild");
+    r->stale_slot = ddp__calloc(r->nparams ? r->nparams : 1, sizeof(unsigned char *), "rebuild");
+    if (!r->stale_memory || !r->stale_slot) {
+        free(r->stale_memory);
+        free(r->stale_slot);
+        r->stale_memory = NULL;
+        r->stale_slot = NULL;
+        return DDP_ERR_NO_MEMORY;
+    }
+    for (size_t b = 0; b < n; b++)
+        if (old[b].data) r->stale_memory[r->nstale++] = old[b].data;
+    for (size_t k = 0; k < r->nparams; k++) {
+        rparam_t *p = &r->params[k];
+        if (!p->sparse && p->numel > 0) r->stale_slot[k] = slot_of(r, p);
+    }
+    return DDP_OK;
 }
 
 static void place_params(ddp_reducer_t *r)
@@ -184,6 +223,272 @@ static ddp_status_t assign(ddp_reducer_t *r, const size_t *order, ddp_bucket_ass
     return status;
 }
 
+/* ---- the block modes: buckets are contiguous runs of the gradient block -----------------
+ *
+ * Parameters are visited in an order (the initial layout's, or the rebuild's arrival order); each
+ * dtype has an open run, and a parameter joins its dtype's run when its gradient touches the run
+ * at either end (so a backward that walks the block downwards builds runs as well as one that
+ * walks it upwards); otherwise the run is closed and a new one opens. A run also closes when it
+ * reaches the dtype's current size limit (first_bucket_bytes, then bucket_cap_bytes, as c10d).
+ * Empty parameters join whatever run is open. Runs are sorted by their first visiting position,
+ * so buckets become ready in consecutive order; each run's parameters are listed in block order
+ * (kept that way as they join, at the head or the tail), so the bucket is one range [lo, hi) of
+ * the block that hooks see as ordinary bucket memory. */
+
+typedef struct block_run {
+    size_t head, tail, count; /* kept indices in block order, linked through next[] (empty
+                               * parameters anywhere: they take no place) */
+    size_t lo, hi, bytes;     /* byte range in the block (bytes == 0: nothing placed yet) */
+    size_t first_pos;
+    size_t limit_index;
+    int open;
+} block_run_t;
+
+typedef struct run_ref {
+    size_t first_pos, start, count;
+} run_ref_t;
+
+static int compare_run_refs(const void *a, const void *b)
+{
+    const run_ref_t *x = a, *y = b;
+    return x->first_pos < y->first_pos ? -1 : x->first_pos > y->first_pos ? 1 : 0;
+}
+
+typedef struct block_builder {
+    ddp_reducer_t *r;
+    size_t *next, *entries, nentries;
+    run_ref_t *runs;
+    size_t nruns;
+} block_builder_t;
+
+static void close_run(block_builder_t *bb, block_run_t *run)
+{
+    if (!run->open) return;
+    run_ref_t *ref = &bb->runs[bb->nruns++];
+    ref->first_pos = run->first_pos;
+    ref->start = bb->nentries;
+    ref->count = run->count;
+    /* The list is in block order: a parameter below the run was put at its head. */
+    for (size_t k = run->head; k != (size_t)-1; k = bb->next[k]) bb->entries[bb->nentries++] = k;
+    run->open = 0;
+    run->limit_index++;
+}
+
+static ddp_status_t block_assign(ddp_reducer_t *r, const size_t *order, int reverse_list,
+                                 ddp_bucket_assignment_t *out)
+{
+    size_t n = r->nparams;
+    block_builder_t bb = {r, NULL, NULL, 0, NULL, 0};
+    block_run_t runs[DDP_DTYPE_COUNT];
+    memset(runs, 0, sizeof runs);
+    out->nbuckets = 0;
+    out->starts = NULL;
+    out->indices = NULL;
+    bb.next = ddp__malloc((n ? n : 1) * sizeof(size_t), "buckets");
+    bb.entries = ddp__malloc((n ? n : 1) * sizeof(size_t), "buckets");
+    bb.runs = ddp__malloc((n ? n : 1) * sizeof(run_ref_t), "buckets");
+    out->starts = ddp__malloc((n + 1) * sizeof(size_t), "buckets");
+    out->indices = ddp__malloc((n ? n : 1) * sizeof(size_t), "buckets");
+    if (!bb.next || !bb.entries || !bb.runs || !out->starts || !out->indices) {
+        free(bb.next);
+        free(bb.entries);
+        free(bb.runs);
+        ddp__bucket_assignment_free(out);
+        return DDP_ERR_NO_MEMORY;
+    }
+    size_t limits[2] = {r->config.first_bucket_bytes, r->config.bucket_cap_bytes};
+    for (size_t pos = 0; pos < n; pos++) {
+        size_t k = order[pos];
+        const rparam_t *p = &r->params[k];
+        bb.next[k] = (size_t)-1;
+        if (p->sparse) { /* a bucket of its own, with no memory in the block */
+            run_ref_t *ref = &bb.runs[bb.nruns++];
+            ref->first_pos = pos;
+            ref->start = bb.nentries;
+            ref->count = 1;
+            bb.entries[bb.nentries++] = k;
+            continue;
+        }
+        block_run_t *run = &runs[p->dtype];
+        size_t lo = p->block_offset, bytes = param_bytes(p), hi = lo + bytes;
+        if (run->open && bytes > 0 && run->bytes > 0 && hi != run->lo && lo != run->hi)
+            close_run(&bb, run);
+        if (!run->open) {
+            run->open = 1;
+            run->head = run->tail = k;
+            run->count = 1;
+            run->bytes = 0;
+            run->first_pos = pos;
+        } else if (bytes > 0 && run->bytes > 0 && hi == run->lo) {
+            bb.next[k] = run->head; /* it lies just below the run */
+            run->head = k;
+            run->count++;
+        } else {
+            bb.next[run->tail] = k;
+            run->tail = k;
+            run->count++;
+        }
+        if (bytes > 0) {
+            if (run->bytes == 0) {
+                run->lo = lo;
+                run->hi = hi;
+            } else if (hi == run->lo) {
+                run->lo = lo;
+            } else {
+                run->hi = hi;
+            }
+            run->bytes += bytes;
+        }
+        size_t limit = limits[run->limit_index < 1 ? 0 : 1];
+        if (run->bytes >= limit) close_run(&bb, run);
+    }
+    for (int d = 0; d < DDP_DTYPE_COUNT; d++) close_run(&bb, &runs[d]);
+    qsort(bb.runs, bb.nruns, sizeof *bb.runs, compare_run_refs);
+    size_t m = 0;
+    for (size_t b = 0; b < bb.nruns; b++) {
+        const run_ref_t *ref = &bb.runs[reverse_list ? bb.nruns - 1 - b : b];
+        out->starts[b] = m;
+        memcpy(out->indices + m, bb.entries + ref->start, ref->count * sizeof(size_t));
+        m += ref->count;
+    }
+    out->starts[bb.nruns] = m;
+    out->nbuckets = bb.nruns;
+    free(bb.next);
+    free(bb.entries);
+    free(bb.runs);
+    return DDP_OK;
+}
+
+/* The initial visiting order of config.bucket_layout over kept parameters (reverse registration
+ * order for last-first, registration order for c10d's rule, whose list is then reversed). */
+static void initial_order(const ddp_reducer_t *r, size_t *order, int *reverse_list)
+{
+    int c10d = r->config.bucket_layout == DDP_BUCKET_LAYOUT_C10D;
+    for (size_t i = 0; i < r->nparams; i++) order[i] = c10d ? i : r->nparams - 1 - i;
+    *reverse_list = c10d;
+}
+
+/* DDP_GRAD_MEMORY_BLOCK: lays the block out in the order of the ordinary initial buckets (each
+ * bucket's parameters adjacent in its visiting order, every bucket 64-byte aligned), so that the
+ * block's initial runs are exactly those buckets, and allocates it collectively. */
+static ddp_status_t layout_block(ddp_reducer_t *r, const ddp_bucket_assignment_t *a)
+{
+    size_t off = 0;
+    for (size_t b = 0; b < a->nbuckets; b++) {
+        off = (off + 63) & ~(size_t)63;
+        for (size_t j = a->starts[b]; j < a->starts[b + 1]; j++) {
+            rparam_t *p = &r->params[a->indices[j]];
+            if (p->sparse) continue;
+            p->block_offset = off;
+            off += param_bytes(p);
+        }
+    }
+    r->block_bytes = off;
+    if (off == 0) return DDP_OK; /* only empty or sparse parameters */
+    void *block = NULL;
+    ddp_status_t status = ddp_group_alloc_buffer(r->group, off, &block);
+    if (status != DDP_OK)
+        return ddp__error_context(status, "allocating the gradient block (%zu bytes)", off);
+    r->block = block;
+    r->block_owned = 1;
+    /* Results are read by the optimizer after the rest of backward, not at once. */
+    ddp__group_advise_cold_results(r->group, r->block);
+    return DDP_OK;
+}
+
+/* Collective, at the rebuild (with pieces): each bucket's pieces are launched from now on in the
+ * order rank 0's became complete in the recording iteration (the last row mark touching a piece
+ * completes it; ties keep index order), broadcast so that every rank issues the same
+ * collectives. */
+typedef struct piece_key {
+    size_t key, index;
+} piece_key_t;
+
+static int compare_piece_keys(const void *a, const void *b)
+{
+    const piece_key_t *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index ? 1 : 0;
+}
+
+static ddp_status_t order_pieces(ddp_reducer_t *r)
+{
+    size_t total = 0, most = 0;
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        total += r->buckets[b].npieces;
+        if (r->buckets[b].npieces > most) most = r->buckets[b].npieces;
+    }
+    if (total == 0) return DDP_OK;
+    int64_t *order = ddp__calloc(total, sizeof(int64_t), "rebuild");
+    size_t *keys = ddp__calloc(total, sizeof(size_t), "rebuild");
+    piece_key_t *sorted = ddp__malloc(most * sizeof *sorted, "rebuild");
+    ddp_status_t status = DDP_OK;
+    if (!order || !keys || !sorted) {
+        status = DDP_ERR_NO_MEMORY;
+        goto done;
+    }
+    if (r->rank == 0) {
+        size_t *first = ddp__malloc(r->nbuckets * sizeof(size_t), "rebuild");
+        if (!first) {
+            status = DDP_ERR_NO_MEMORY;
+            goto done;
+        }
+        for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
+            first[b] = at;
+            at += r->buckets[b].npieces;
+        }
+        /* Marks are in completion order, so the last one touching a piece sets its key. */
+        for (size_t f = 0; f < r->nfinals; f++) {
+            const rparam_t *p = &r->params[r->finals[f].param];
+            bucket_t *k = &r->buckets[p->bucket];
+            if (!k->npieces) continue;
+            size_t lo = p->offset + r->finals[f].begin, hi = p->offset + r->finals[f].end;
+            size_t step = k->pieces[0].numel;
+            for (size_t i = lo / step; i < k->npieces && k->pieces[i].begin < hi; i++)
+                keys[first[k->index] + i] = f + 1;
+        }
+        for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
+            bucket_t *k = &r->buckets[b];
+            for (size_t i = 0; i < k->npieces; i++) {
+                sorted[i].key = keys[at + i];
+                sorted[i].index = i;
+            }
+            qsort(sorted, k->npieces, sizeof *sorted, compare_piece_keys);
+            for (size_t i = 0; i < k->npieces; i++) order[at + i] = (int64_t)sorted[i].index;
+            at += k->npieces;
+        }
+        free(first);
+    }
+    status = ddp_group_broadcast(r->group, order, total, DDP_I64, 0);
+    if (status != DDP_OK) {
+        ddp__error_context(status, "rebuilding buckets (broadcast of rank 0's piece order)");
+        goto done;
+    }
+    for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        unsigned char *seen = (unsigned char *)keys; /* reused: at least npieces bytes */
+        memset(seen, 0, k->npieces);
+        for (size_t i = 0; i < k->npieces; i++) {
+            int64_t v = order[at + i];
+            if (v < 0 || (size_t)v >= k->npieces || seen[v]) {
+                status = ddp__error(DDP_ERR_PROTOCOL,
+                                    "rebuilding buckets: rank 0's piece order of bucket %zu is "
+                                    "not a permutation",
+                                    b);
+                goto done;
+            }
+            seen[v] = 1;
+            k->piece_order[i] = (size_t)v;
+        }
+        at += k->npieces;
+    }
+done:
+    free(order);
+    free(keys);
+    free(sorted);
+    return status;
+}
+
 /* Collective, at prepare: rank 0's arrival order of the first synchronised iteration is
  * broadcast, buckets are reassigned in that order, and gradients are moved to the new slots. */
 ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
@@ -215,7 +520,7 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         order[i] = (size_t)order64[i];
     }
     ddp_bucket_assignment_t a;
-    status = assign(r, order, &a);
+    status = block_mode(r) ? block_assign(r, order, 0, &a) : assign(r, order, &a);
     if (status != DDP_OK) goto done;
     int same = a.nbuckets == r->nbuckets;
     for (size_t b = 0; same && b < a.nbuckets; b++) {
@@ -226,8 +531,17 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
     if (!same) {
         bucket_t *fresh = NULL;
         status = make_buckets(r, &a, &fresh);
+        if (status == DDP_OK && !block_mode(r))
+            status = keep_stale(r, r->buckets, r->nbuckets);
+        if (status != DDP_OK && fresh) {
+            free_bucket_memory(r, fresh, a.nbuckets);
+            free_bucket_arrays(fresh, a.nbuckets);
+        }
         if (status == DDP_OK) {
-            for (size_t b = 0; b < a.nbuckets; b++) {
+            /* In the block modes the new buckets are other runs of the same block: nothing
+             * moves. Otherwise every gradient is copied to its new slot, and the old memory is
+             * kept, filled with the marker, until the next synchronised finalize checks it. */
+            for (size_t b = 0; !block_mode(r) && b < a.nbuckets; b++) {
                 for (size_t j = 0; j < fresh[b].nparams; j++) {
                     rparam_t *p = &r->params[fresh[b].params[j]];
                     if (p->sparse || p->numel == 0) continue;
@@ -237,7 +551,11 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
                 }
             }
             ddp__reducer_wait_callbacks(r);
-            free_bucket_memory(r, r->buckets, r->nbuckets);
+            if (!block_mode(r))
+                for (size_t b = 0; b < r->nbuckets; b++)
+                    if (r->buckets[b].data)
+                        memset(r->buckets[b].data, DDP__STALE_BYTE,
+                               r->buckets[b].numel * ddp_dtype_size(r->buckets[b].dtype));
             free_bucket_arrays(r->buckets, r->nbuckets);
             r->buckets = fresh;
             r->nbuckets = a.nbuckets;
@@ -254,12 +572,16 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         }
     }
     ddp__bucket_assignment_free(&a);
+    if (status == DDP_OK) status = order_pieces(r);
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d rebuilt buckets in arrival order (%zu buckets%s)",
             r->rank, r->nbuckets, same ? ", unchanged" : "");
 done:
     free(order64);
     free(order);
     free(seen);
+    free(r->finals); /* the piece order is learned once */
+    r->finals = NULL;
+    r->nfinals = r->finals_cap = 0;
     return status;
 }
 
@@ -268,6 +590,26 @@ ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r)
     ddp_bucket_assignment_t a;
     ddp_status_t status = assign(r, NULL, &a);
     if (status != DDP_OK) return status;
+    if (block_mode(r)) {
+        if (r->config.grad_memory == DDP_GRAD_MEMORY_BLOCK) {
+            status = layout_block(r, &a);
+        } else {
+            r->block = r->config.grad_block;
+            r->block_bytes = r->config.grad_block_bytes;
+            /* As for bucket memory: results are read after the rest of backward. A no-op
+             * unless the block is in a transport buffer (ddp_group_alloc_buffer). */
+            ddp__group_advise_cold_results(r->group, r->block);
+        }
+        ddp__bucket_assignment_free(&a);
+        if (status != DDP_OK) return status;
+        size_t *order = ddp__malloc((r->nparams ? r->nparams : 1) * sizeof(size_t), "buckets");
+        if (!order) return DDP_ERR_NO_MEMORY;
+        int reverse_list = 0;
+        initial_order(r, order, &reverse_list);
+        status = block_assign(r, order, reverse_list, &a);
+        free(order);
+        if (status != DDP_OK) return status;
+    }
     status = make_buckets(r, &a, &r->buckets);
     if (status == DDP_OK) r->nbuckets = a.nbuckets;
     ddp__bucket_assignment_free(&a);
@@ -278,7 +620,39 @@ ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r)
 
 void ddp__reducer_free_buckets(ddp_reducer_t *r)
 {
-    if (!r->buckets) return;
-    free_bucket_memory(r, r->buckets, r->nbuckets);
-    free_bucket_arrays(r->buckets, r->nbuckets);
+    if (r->buckets) {
+        free_bucket_memory(r, r->buckets, r->nbuckets);
+        free_bucket_arrays(r->buckets, r->nbuckets);
+        r->buckets = NULL;
+    }
+    if (r->block_owned && r->block) ddp_group_free_buffer(r->group, r->block);
+    r->block = NULL;
+    r->block_owned = 0;
+}
+
+void ddp__reducer_free_stale(ddp_reducer_t *r)
+{
+    for (size_t i = 0; i < r->nstale; i++) ddp_group_free_buffer(r->group, r->stale_memory[i]);
+    free(r->stale_memory);
+    free(r->stale_slot);
+    r->stale_memory = NULL;
+    r->stale_slot = NULL;
+    r->nstale = 0;
+}
+
+size_t ddp__reducer_check_stale(ddp_reducer_t *r)
+{
+    size_t found = (size_t)-1;
+    for (size_t k = 0; r->stale_slot && k < r->nparams && found == (size_t)-1; k++) {
+        const unsigned char *old = r->stale_slot[k];
+        size_t bytes = param_bytes(&r->params[k]);
+        for (size_t i = 0; old && i < bytes; i++) {
+            if (old[i] != DDP__STALE_BYTE) {
+                found = k;
+                break;
+            }
+        }
+    }
+    ddp__reducer_free_stale(r);
+    return found;
 }

@@ -78,6 +78,26 @@ static void settle_unmarked(ddp_reducer_t *r, int find_unused)
     }
 }
 
+/* Step 1b. Bucket mode, the first synchronised finalize after the rebuild moved the gradients:
+ * a write through a pointer fetched before the rebuild changed the marker in the old memory.
+ * That is reported on every rank like any usage error, so it cannot go unnoticed (the program's
+ * backward wrote gradients the Reducer never saw). */
+static void check_stale_writes(ddp_reducer_t *r)
+{
+    if (!r->stale_slot) return;
+    size_t k = ddp__reducer_check_stale(r);
+    if (k == (size_t)-1 || r->local_error) return;
+    r->local_error = (DDP__ERROR_STALE << 32) | (int64_t)(k + 1);
+    ddp__error(DDP_ERR_INVALID_USAGE,
+               "parameter '%s' (index %zu): its gradient was written at the address "
+               "ddp_reducer_grad gave before the bucket rebuild, which moved every gradient at "
+               "the last ddp_reducer_prepare; the Reducer never saw that gradient. Fetch pointers "
+               "with ddp_reducer_grad after each prepare, or use config.grad_memory = "
+               "DDP_GRAD_MEMORY_BLOCK or DDP_GRAD_MEMORY_USER_BLOCK, whose gradients never move",
+               r->params[k].name, r->params[k].registered);
+    snprintf(r->local_error_text, sizeof r->local_error_text, "%s", ddp_last_error());
+}
+
 /* Step 2. The status vector: nu "used" flags, then one error code per rank (only this rank's
  * set). It is known now, so it is queued right behind the last bucket instead of after the
  * waits (one round trip less on the exposed path). */
@@ -140,7 +160,12 @@ static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *o
     size_t k = (size_t)(code & 0xffffffff) - 1;
     const char *name = k < r->nparams ? r->params[k].name : "?";
     size_t reg = k < r->nparams ? r->params[k].registered : 0;
-    if (kind == DDP__ERROR_ROWS_TWICE)
+    if (kind == DDP__ERROR_STALE)
+        snprintf(out, cap,
+                 "rank %d: parameter '%s' (index %zu) had its gradient written at its address "
+                 "from before the bucket rebuild (a stale ddp_reducer_grad pointer)",
+                 q, name, reg);
+    else if (kind == DDP__ERROR_ROWS_TWICE)
         snprintf(out, cap,
                  "rank %d: parameter '%s' (index %zu) had rows marked ready twice in one "
                  "iteration (overlapping ddp_reducer_grad_ready_rows ranges)",
@@ -257,7 +282,8 @@ static void record_stats(ddp_reducer_t *r, double enter, double backward_end)
     double busy_start = 0, busy_end = -1e300;
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
-        for (size_t i = 0; i < (k->npieces ? k->npieces : 1); i++) {
+        for (size_t j = 0; j < (k->npieces ? k->npieces : 1); j++) {
+            size_t i = k->npieces ? k->piece_order[j] : 0; /* launch order */
             double l = k->npieces ? k->pieces[i].launch_us : k->launch_us;
             double d = k->npieces ? piece_done_time(&k->pieces[i]) : done_time(k);
             st->npieces++;
@@ -309,6 +335,7 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     o.status = DDP_OK;
     o.text[0] = '\0';
 
+    check_stale_writes(r);
     settle_unmarked(r, find_unused);
     double backward_end = enter;
     note_failure(&o, ddp__reducer_launch_in_order(r));
@@ -325,6 +352,11 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     memset(r->used_since_sync, 0, r->nparams);
     if (r->recording) {
         r->recording = 0;
+        if (!(r->narrival == r->nparams)) {
+            free(r->finals);
+            r->finals = NULL;
+            r->nfinals = r->finals_cap = 0;
+        }
         r->rebuild_due = !r->rebuilt && r->narrival == r->nparams;
     }
     r->iteration++;

@@ -127,6 +127,7 @@ ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
     r->local_error_text[0] = '\0';
     r->first_ready_us = 0;
     r->narrival = 0;
+    r->nfinals = 0;
     r->iter_sync = r->sync_enabled;
     r->active = 1;
     return DDP_OK;
@@ -189,7 +190,7 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
 static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
 {
     q->launch_us = ddp__now_us();
-    if (q->index == 0) {
+    if (!b->launched) {
         b->launched = 1;
         b->launch_us = q->launch_us;
     }
@@ -220,8 +221,9 @@ ddp_status_t ddp__reducer_launch_in_order(ddp_reducer_t *r)
     while (r->next_launch < r->nbuckets) {
         bucket_t *b = &r->buckets[r->next_launch];
         if (b->npieces) {
-            while (b->next_piece < b->npieces && b->pieces[b->next_piece].pending == 0) {
-                ddp_status_t s = launch_piece(r, b, &b->pieces[b->next_piece++]);
+            while (b->next_piece < b->npieces &&
+                   b->pieces[b->piece_order[b->next_piece]].pending == 0) {
+                ddp_status_t s = launch_piece(r, b, &b->pieces[b->piece_order[b->next_piece++]]);
                 if (s != DDP_OK) return s;
             }
             if (b->next_piece < b->npieces) break;
@@ -249,6 +251,23 @@ void ddp__reducer_count_off(bucket_t *b, size_t begin, size_t end)
     }
 }
 
+/* The recording iteration, rank 0: elements [begin, end) of p became final now. A failed
+ * allocation only loses the piece order (pieces then keep ascending order). */
+static void record_final(ddp_reducer_t *r, const rparam_t *p, size_t begin, size_t end)
+{
+    if (r->nfinals == r->finals_cap) {
+        size_t cap = r->finals_cap ? 2 * r->finals_cap : 64;
+        void *grown = realloc(r->finals, cap * sizeof *r->finals);
+        if (!grown) return;
+        r->finals = grown;
+        r->finals_cap = cap;
+    }
+    r->finals[r->nfinals].param = (size_t)(p - r->params);
+    r->finals[r->nfinals].begin = begin;
+    r->finals[r->nfinals].end = end;
+    r->nfinals++;
+}
+
 /* Rows [lo, hi) of parameter p became final in a synchronised iteration: take them from the
  * user's gradient and count their elements off the pieces. */
 static void rows_final(ddp_reducer_t *r, rparam_t *p, size_t lo, size_t hi)
@@ -258,6 +277,8 @@ static void rows_final(ddp_reducer_t *r, rparam_t *p, size_t lo, size_t hi)
     if (r->config.user_grads)
         memcpy(slot_of(r, p) + lo * w * esize, (unsigned char *)p->user_grad + lo * w * esize,
                (hi - lo) * w * esize);
+    if (r->recording && r->rank == 0 && r->buckets[p->bucket].npieces)
+        record_final(r, p, lo * w, hi * w);
     ddp__reducer_count_off(&r->buckets[p->bucket], p->offset + lo * w, p->offset + hi * w);
 }
 

@@ -15,7 +15,8 @@
  *
  * Gradients live in the bucket memory itself (a view into a buffer from ddp_group_alloc_buffer,
  * which the shm transport reduces without a copy); with user_grads they are copied in at
- * grad_ready and out at finalize. Sparse parameters get a bucket of their own, reduced on the
+ * grad_ready and out at finalize; in the block modes (config.grad_memory) they live in one block,
+ * the caller's or libddp's, whose contiguous runs are the buckets, and never move. Sparse parameters get a bucket of their own, reduced on the
  * progress thread by allgathering row counts, indices and rows. */
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,77 @@
 static int is_float(ddp_dtype_t d)
 {
     return d == DDP_F32 || d == DDP_F64 || d == DDP_F16 || d == DDP_BF16;
+}
+
+/* DDP_GRAD_MEMORY_USER_BLOCK: param.grad must hold the whole gradient inside the block, aligned
+ * to its dtype (overlaps between parameters are checked after deduplication). */
+static ddp_status_t check_block_grad(const ddp_param_t *p, size_t i, const ddp_reducer_config_t *c)
+{
+    if (p->sparse) {
+        if (p->grad)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "parameter '%s' (params[%zu]) is sparse but its grad is set: sparse "
+                              "gradients are not in the gradient block (give their rows with "
+                              "ddp_reducer_sparse_grad and leave grad NULL)",
+                              p->name, i);
+        return DDP_OK;
+    }
+    if (p->numel == 0) return DDP_OK; /* nothing to place */
+    if (!p->grad)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "parameter '%s' (params[%zu]): grad is NULL, but with "
+                          "DDP_GRAD_MEMORY_USER_BLOCK every dense parameter's grad points into "
+                          "config->grad_block",
+                          p->name, i);
+    uintptr_t g = (uintptr_t)p->grad, b = (uintptr_t)c->grad_block;
+    size_t esize = ddp_dtype_size(p->dtype), bytes = p->numel * esize;
+    if (g < b || g - b >= c->grad_block_bytes)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "parameter '%s' (params[%zu]): grad %p is outside the gradient block "
+                          "[%p, %p + %zu bytes)",
+                          p->name, i, p->grad, c->grad_block, c->grad_block, c->grad_block_bytes);
+    size_t off = (size_t)(g - b);
+    if (off % esize != 0 || g % esize != 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "parameter '%s' (params[%zu]): grad at byte %zu of the block (address "
+                          "%p) is misaligned for %s (%zu-byte elements)",
+                          p->name, i, off, p->grad, ddp_dtype_name(p->dtype), esize);
+    if (bytes > c->grad_block_bytes - off)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "parameter '%s' (params[%zu]): its gradient (%zu bytes at byte %zu) ends "
+                          "past the gradient block of %zu bytes: the block is too small",
+                          p->name, i, bytes, off, c->grad_block_bytes);
+    return DDP_OK;
+}
+
+static int compare_block_offset(const void *a, const void *b)
+{
+    const rparam_t *x = *(const rparam_t *const *)a, *y = *(const rparam_t *const *)b;
+    return x->block_offset < y->block_offset ? -1 : x->block_offset > y->block_offset ? 1 : 0;
+}
+
+/* DDP_GRAD_MEMORY_USER_BLOCK: no two kept gradients may share a byte of the block. */
+static ddp_status_t check_block_overlaps(ddp_reducer_t *r)
+{
+    rparam_t **sorted = ddp__malloc((r->nparams ? r->nparams : 1) * sizeof *sorted, "reducer");
+    if (!sorted) return DDP_ERR_NO_MEMORY;
+    size_t n = 0;
+    for (size_t k = 0; k < r->nparams; k++)
+        if (!r->params[k].sparse && r->params[k].numel > 0) sorted[n++] = &r->params[k];
+    qsort(sorted, n, sizeof *sorted, compare_block_offset);
+    ddp_status_t status = DDP_OK;
+    for (size_t i = 1; i < n && status == DDP_OK; i++) {
+        const rparam_t *a = sorted[i - 1], *b = sorted[i];
+        if (a->block_offset + param_bytes(a) > b->block_offset)
+            status = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                "parameter '%s' (params[%zu]): its gradient [%zu, %zu) overlaps "
+                                "that of '%s' (params[%zu]) [%zu, %zu) in the gradient block",
+                                b->name, b->registered, b->block_offset,
+                                b->block_offset + param_bytes(b), a->name, a->registered,
+                                a->block_offset, a->block_offset + param_bytes(a));
+    }
+    free(sorted);
+    return status;
 }
 
 static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
@@ -63,6 +135,27 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
                           "config->bucket_layout is %d (expected DDP_BUCKET_LAYOUT_DEFAULT, "
                           "_LAST_FIRST or _C10D)",
                           c->bucket_layout);
+    if (c->grad_memory < DDP_GRAD_MEMORY_BUCKETS || c->grad_memory > DDP_GRAD_MEMORY_BLOCK)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->grad_memory is %d (expected DDP_GRAD_MEMORY_BUCKETS, "
+                          "_USER_BLOCK or _BLOCK)",
+                          c->grad_memory);
+    if (c->grad_memory != DDP_GRAD_MEMORY_BUCKETS && c->user_grads)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->user_grads is set with config->grad_memory %d: user_grads "
+                          "copies gradients in and out of bucket memory, a gradient block is "
+                          "reduced in place; choose one",
+                          c->grad_memory);
+    int user_block = c->grad_memory == DDP_GRAD_MEMORY_USER_BLOCK;
+    if (user_block && (!c->grad_block || c->grad_block_bytes == 0))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->grad_memory is DDP_GRAD_MEMORY_USER_BLOCK but config->%s",
+                          !c->grad_block ? "grad_block is NULL" : "grad_block_bytes is 0");
+    if (!user_block && (c->grad_block || c->grad_block_bytes))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->grad_block/grad_block_bytes are set but config->grad_memory is "
+                          "%d, not DDP_GRAD_MEMORY_USER_BLOCK",
+                          c->grad_memory);
     size_t total_bytes = 0;
     for (size_t i = 0; i < nparams; i++) {
         const ddp_param_t *p = &params[i];
@@ -95,6 +188,10 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
                               "parameter '%s' (params[%zu]) is sparse but has rows = 0 (a sparse "
                               "parameter is a table of rows)",
                               p->name, i);
+        if (user_block) {
+            ddp_status_t s = check_block_grad(p, i, c);
+            if (s != DDP_OK) return s;
+        }
         if (c->user_grads && !p->sparse && p->numel > 0 && !p->grad)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                               "parameter '%s' (params[%zu]): grad is NULL but config->user_grads "
@@ -136,6 +233,13 @@ static ddp_status_t dedup(ddp_reducer_t *r, const ddp_param_t *params, size_t np
                                       "(%zu %s vs %zu %s)",
                                       p->name, i, q->name, q->registered, p->numel,
                                       ddp_dtype_name(p->dtype), q->numel, ddp_dtype_name(q->dtype));
+                if (r->config.grad_memory == DDP_GRAD_MEMORY_USER_BLOCK && p->grad &&
+                    q->user_grad && p->grad != q->user_grad)
+                    return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                      "parameter '%s' (params[%zu]) shares its data with '%s' "
+                                      "(params[%zu]) but its grad points elsewhere in the block: "
+                                      "a tied weight has one gradient",
+                                      p->name, i, q->name, q->registered);
                 kept = k;
                 break;
             }
@@ -159,6 +263,8 @@ static ddp_status_t dedup(ddp_reducer_t *r, const ddp_param_t *params, size_t np
         q->rows = p->rows;
         q->sparse = p->sparse;
         q->user_grad = p->grad;
+        if (r->config.grad_memory == DDP_GRAD_MEMORY_USER_BLOCK && !p->sparse && p->numel > 0)
+            q->block_offset = (size_t)((uintptr_t)p->grad - (uintptr_t)r->config.grad_block);
         r->kept_of[i] = r->nparams++;
     }
     return DDP_OK;
@@ -184,6 +290,7 @@ static void destroy_reducer(ddp_reducer_t *r)
         }
     }
     ddp__reducer_wait_callbacks(r);
+    ddp__reducer_free_stale(r);
     ddp__reducer_free_buckets(r);
     for (size_t i = 0; i < r->nparams; i++) {
         free(r->params[i].name);
@@ -199,6 +306,7 @@ static void destroy_reducer(ddp_reducer_t *r)
     free(r->row_marks);
     free(r->used_since_sync);
     free(r->arrival);
+    free(r->finals);
     free(r->saved);
     free(r->status_vector);
     free(r->bucket_stats);
@@ -254,6 +362,8 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         if (!r->kept_of || !r->params || !r->buffers) status = DDP_ERR_NO_MEMORY;
     }
     if (status == DDP_OK) status = dedup(r, params, nparams);
+    if (status == DDP_OK && c->grad_memory == DDP_GRAD_MEMORY_USER_BLOCK)
+        status = check_block_overlaps(r);
     if (status == DDP_OK) {
         r->nbuffers = nbuffers;
         for (size_t i = 0; i < nbuffers; i++) {
@@ -277,7 +387,7 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
     if (verify) {
         ddp_status_t v = ddp__reducer_verify_model(
             group, status, r ? r->params : NULL, r ? r->nparams : 0, r ? r->nbuffers : 0,
-            c->piece_bytes, r ? r->config.bucket_layout : c->bucket_layout);
+            c->piece_bytes, r ? r->config.bucket_layout : c->bucket_layout, c->grad_memory);
         if (status == DDP_OK) status = v;
     }
     if (status != DDP_OK) goto fail;
@@ -350,6 +460,21 @@ ddp_status_t ddp_reducer_grad(ddp_reducer_t *r, size_t index, void **grad)
                           "ddp_reducer_sparse_grad and read with ddp_reducer_sparse_result",
                           p->name);
     *grad = r->config.user_grads ? p->user_grad : (void *)slot_of(r, p);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_reducer_grad_block(ddp_reducer_t *r, void **block, size_t *bytes)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
+    if (!block) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "block is NULL");
+    if (!bytes) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "bytes is NULL");
+    if (!block_mode(r))
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "ddp_reducer_grad_block: this reducer keeps gradients in bucket memory "
+                          "(config.grad_memory is DDP_GRAD_MEMORY_BUCKETS): there is no block");
+    *block = r->block;
+    *bytes = r->block_bytes;
     return DDP_OK;
 }
 

@@ -49,6 +49,7 @@ ddp_status_t ddp__broadcast_coalesced(ddp_group_t *group, const ddp__tensor_ref_
 #define DDP__ERROR_TWICE 1LL
 #define DDP__ERROR_UNMARKED 2LL
 #define DDP__ERROR_ROWS_TWICE 3LL
+#define DDP__ERROR_STALE 4LL
 
 
 typedef struct rparam {
@@ -61,6 +62,7 @@ typedef struct rparam {
     int sparse;
     void *user_grad;
     size_t bucket, slot, offset; /* where its gradient lives */
+    size_t block_offset; /* block modes, dense and numel > 0: byte offset in the gradient block */
     /* sparse gradient: pending rows (accumulated since zero_grad) and the averaged result */
     int64_t *pending_index;
     unsigned char *pending_values;
@@ -107,6 +109,10 @@ typedef struct bucket {
     /* Piece-wise launch (default hook and piece_bytes > 0): npieces > 0. */
     piece_t *pieces;
     size_t npieces, next_piece;
+    /* The order pieces are launched in (piece indices): ascending until the rebuild, then the
+     * order in which rank 0's pieces became complete in the first synchronised iteration, so a
+     * backward that finishes a matrix's last rows first reduces them first. */
+    size_t *piece_order;
 } bucket_t;
 
 struct ddp_reducer {
@@ -136,8 +142,25 @@ struct ddp_reducer {
     double first_ready_us;
 
     int rebuilt, rebuild_due, recording;
+    /* Block modes: the one gradient block (buckets are runs of it); owned when libddp
+     * allocated it (DDP_GRAD_MEMORY_BLOCK). */
+    unsigned char *block;
+    size_t block_bytes;
+    int block_owned;
+    /* Bucket mode after a rebuild moved the gradients: the old bucket memory, filled with
+     * DDP__STALE_BYTE until the next synchronised finalize checks that nobody wrote it, and each
+     * parameter's old slot in it (NULL for sparse and empty ones). */
+    void **stale_memory;
+    size_t nstale;
+    unsigned char **stale_slot;
     size_t *arrival;
     size_t narrival;
+    /* The recording iteration's row marks in the order they became final (kept index, element
+     * range within the parameter): the rebuild orders each bucket's pieces by them. */
+    struct final_range {
+        size_t param, begin, end;
+    } *finals;
+    size_t nfinals, finals_cap;
 
     unsigned char *saved; /* slots of locally unused parameters, restored if globally unused */
     int64_t *status_vector;
@@ -221,18 +244,32 @@ static inline ddp_status_t ddp__reducer_check_active(ddp_reducer_t *r, const cha
 /* buckets.c: the initial layout (config.bucket_layout) with its memory, allocated collectively. */
 ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r);
 
+/* The marker byte old bucket memory is filled with after a rebuild moved the gradients: as f32,
+ * f64, f16 or bf16 it is a tiny subnormal (or, for bf16/f16, a small number), so a write or an
+ * accumulation through a stale pointer changes it. */
+#define DDP__STALE_BYTE 0x01
+
+static inline int block_mode(const ddp_reducer_t *r) { return r->config.grad_memory != 0; }
+
 /* buckets.c: frees every bucket's memory (collectively) and descriptors. */
 void ddp__reducer_free_buckets(ddp_reducer_t *r);
 
 /* buckets.c, collective, at prepare: reassigns buckets in rank 0's arrival order. */
 ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r);
 
+/* buckets.c, at finalize: the first parameter whose pre-rebuild slot was written (its kept
+ * index), or (size_t)-1; then frees the old memory (collectively). */
+size_t ddp__reducer_check_stale(ddp_reducer_t *r);
+
+/* buckets.c: frees the old memory kept after a rebuild (collectively), without checking. */
+void ddp__reducer_free_stale(ddp_reducer_t *r);
+
 /* verify.c, collective: every rank's creation status, counts, config and parameter signatures
  * are compared with rank 0's; `local` is this rank's status so far (a failure is reported on
  * every rank). */
 ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                                        const rparam_t *params, size_t nparams, size_t nbuffers,
-                                       size_t piece_bytes, int bucket_layout);
+                                       size_t piece_bytes, int bucket_layout, int grad_memory);
 
 /* iteration.c: waits (bounded by the group's timeout) for every completion callback. */
 void ddp__reducer_wait_callbacks(ddp_reducer_t *r);

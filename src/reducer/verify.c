@@ -16,6 +16,7 @@ typedef struct signature {
     uint64_t rows; /* matrix view rows (0: a vector): c10d compares sizes, not only numel */
     uint32_t dtype;
     uint32_t sparse;
+    uint64_t grad_offset; /* block modes: byte offset in the gradient block; else UINT64_MAX */
 } signature_t;
 
 static uint64_t hash_name(const char *s)
@@ -33,32 +34,36 @@ static void describe(const signature_t *s, char *out, size_t cap)
                  (unsigned long long)(s->numel / s->rows));
     else
         snprintf(shape, sizeof shape, "shape %llu", (unsigned long long)s->numel);
-    snprintf(out, cap, "'%.*s' (%s, %llu elements, %s, %s)", SIG_NAME, s->name,
+    char where[64] = "";
+    if (s->grad_offset != UINT64_MAX)
+        snprintf(where, sizeof where, ", gradient at byte %llu of the block",
+                 (unsigned long long)s->grad_offset);
+    snprintf(out, cap, "'%.*s' (%s, %llu elements, %s, %s%s)", SIG_NAME, s->name,
              ddp_dtype_name((ddp_dtype_t)s->dtype), (unsigned long long)s->numel, shape,
-             s->sparse ? "sparse" : "dense");
+             s->sparse ? "sparse" : "dense", where);
 }
 
 static int same_signature(const signature_t *a, const signature_t *b)
 {
     return a->name_hash == b->name_hash && a->numel == b->numel && a->rows == b->rows &&
-           a->dtype == b->dtype && a->sparse == b->sparse &&
+           a->dtype == b->dtype && a->sparse == b->sparse && a->grad_offset == b->grad_offset &&
            memcmp(a->name, b->name, SIG_NAME) == 0;
 }
 
 /* Collective. Every rank states whether it could build its reducer and how many parameters and
  * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
  * 0's on every rank, so all ranks report the same first difference. */
-#define HEADER_FIELDS 5
+#define HEADER_FIELDS 6
 
 ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                                        const rparam_t *params, size_t nparams, size_t nbuffers,
-                                       size_t piece_bytes, int bucket_layout)
+                                       size_t piece_bytes, int bucket_layout, int grad_memory)
 {
     int world = ddp_group_size(group), rank = ddp_group_rank(group);
     char local_text[DDP_ERROR_TEXT_MAX];
     snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
     int64_t header[HEADER_FIELDS] = {local, (int64_t)nparams, (int64_t)nbuffers,
-                                     (int64_t)piece_bytes, bucket_layout};
+                                     (int64_t)piece_bytes, bucket_layout, grad_memory};
     int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
     if (!headers) return DDP_ERR_NO_MEMORY;
     ddp_status_t status = ddp_group_allgather(group, header, headers, HEADER_FIELDS, DDP_I64);
@@ -95,6 +100,8 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
             "must be the same on every rank)"},
         {4, "reducer config mismatch: rank 0 has bucket_layout %lld but rank %d has %lld (the "
             "bucket layout must be the same on every rank)"},
+        {5, "reducer config mismatch: rank 0 has grad_memory %lld but rank %d has %lld (where "
+            "gradients live must be the same on every rank)"},
         {2, "model mismatch: rank 0 registers %lld buffers but rank %d registers %lld"},
     };
     for (int q = 1; q < world; q++) {
@@ -125,6 +132,9 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
         s.rows = params[i].rows;
         s.dtype = (uint32_t)params[i].dtype;
         s.sparse = (uint32_t)params[i].sparse;
+        int in_block = grad_memory == DDP_GRAD_MEMORY_USER_BLOCK && !params[i].sparse &&
+                       params[i].numel > 0;
+        s.grad_offset = in_block ? (uint64_t)params[i].block_offset : UINT64_MAX;
         memcpy(mine + i * rec, &s, rec);
     }
     status = ddp_group_allgather(group, mine, all, maxn * rec, DDP_U8);

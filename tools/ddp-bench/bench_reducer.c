@@ -11,7 +11,9 @@
  * overlap = 1 - exposed / communication. The anchor is the same model reduced with no compute
  * at all (every bucket exposed), measured first in the same run. With --row-blocks K a matrix
  * parameter's layer computes in K row blocks and reports each with grad_ready_rows, so the
- * Reducer's pieces (--piece-mb) of a large matrix start reducing during its own layer. */
+ * Reducer's pieces (--piece-mb) of a large matrix start reducing during its own layer. With
+ * --grads the gradient memory is chosen (config.grad_memory, or user_grads), several modes
+ * interleaved run by run. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +144,7 @@ typedef struct bench {
     size_t nparams;
     int rank;
     int row_blocks;
+    int rows_descending; /* --rows-descending: row blocks reported from the last rows down */
     size_t npieces; /* reductions per iteration, from the last one's stats */
     ddp_trace_t *trace; /* --trace: compute and grad_ready spans on lane 0 (the Reducer adds its) */
 } bench_t;
@@ -175,14 +178,15 @@ static int one_iteration(bench_t *b, double compute_us, int sleep_mode, sample_t
                 if (s != DDP_OK) break;
                 /* The gradient "computed" (touching its memory like a real backward). */
                 size_t e0 = 0, e1 = ly->numel[k];
+                size_t jb = b->rows_descending ? blocks - 1 - j : j; /* which rows */
                 if (k == 0 && blocks > 1) {
-                    e0 = rows * j / blocks * width;
-                    e1 = rows * (j + 1) / blocks * width;
+                    e0 = rows * jb / blocks * width;
+                    e1 = rows * (jb + 1) / blocks * width;
                 }
                 for (size_t e = e0; e < e1; e += 16) g[e] = (float)(e % 7) * 0.5f;
                 if (k == 0 && blocks > 1)
-                    s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * j / blocks,
-                                                    rows * (j + 1) / blocks);
+                    s = ddp_reducer_grad_ready_rows(b->reducer, index, rows * jb / blocks,
+                                                    rows * (jb + 1) / blocks);
                 else
                     s = ddp_reducer_grad_ready(b->reducer, index);
             }
@@ -222,13 +226,15 @@ void ddp_bench_reducer_usage(FILE *out)
             "         [-w warmup] [--bucket-mb MB] [--first-bucket-mb MB] [--json]\n"
             "         [--hook allreduce|fp16|bf16|powersgd:R] [--row-blocks K]\n"
             "         [--piece-mb MB] [--layout last-first|c10d|both] [--no-rebuild]\n"
-            "         [--repeat R] [--trace FILE]\n"
+            "         [--repeat R] [--grads LIST] [--rows-descending] [--trace FILE]\n"
             "  --hook: the comm hook; powersgd:R is PowerSGD of rank R from the first step\n"
             "  --compute-ratio R: backward computes R times the communication time measured\n"
             "                     with no compute (spread evenly over the layers; default 1.5)\n"
             "  --sleep: layers sleep instead of spinning (the core stays free, as with a GPU)\n"
             "  --row-blocks K: each weight's layer computes in K row blocks, each reported\n"
             "                  with grad_ready_rows (default 1: whole tensors)\n"
+            "  --rows-descending: row blocks are reported from the last rows down (as a\n"
+            "                  transformer's backward finishes the top layer's rows first)\n"
             "  --piece-mb MB: the reducer's piece size (0: whole buckets; default 4 with\n"
             "                 --row-blocks > 1, else 0 as the library)\n"
             "  --layout L: the initial bucket layout (config.bucket_layout): last-first (the\n"
@@ -236,8 +242,14 @@ void ddp_bench_reducer_usage(FILE *out)
             "              layers and is reduced last), or both, interleaved run by run\n"
             "              (default: the library's default)\n"
             "  --no-rebuild: keep the initial layout (config.rebuild_buckets = 0)\n"
-            "  --repeat R: R runs per layout, each with a fresh reducer, interleaved with the\n"
-            "              other layout's; the compute time is fixed by the first run\n"
+            "  --repeat R: R runs per layout and gradient mode, each with a fresh reducer,\n"
+            "              interleaved with the others (A B, B A, ...); the compute time is\n"
+            "              fixed by the first run\n"
+            "  --grads LIST: comma-separated gradient memory modes, interleaved run by run:\n"
+            "              buckets (bucket views, moved by the rebuild; the default), block\n"
+            "              (DDP_GRAD_MEMORY_BLOCK, libddp's block), user-block (the caller's\n"
+            "              block from ddp_group_alloc_buffer, laid out in forward order),\n"
+            "              user-malloc (the same from malloc), copy (user_grads)\n"
             "  --trace FILE: Chrome trace of every iteration (FILE.rankR.json per rank)\n"
             "  -h, --help: this text\n");
 }
@@ -254,12 +266,34 @@ static int usage(int rank, const char *msg, const char *arg)
 typedef struct reducer_options {
     const char *preset;
     double compute_us, ratio, bucket_mb, first_mb, piece_mb;
-    int iters, warmup, sleep_mode, json, row_blocks, rebuild, repeat;
+    int iters, warmup, sleep_mode, json, row_blocks, rebuild, repeat, rows_descending;
     const char *trace_path;
     const char *hook;
     int layouts[2]; /* DDP_BUCKET_LAYOUT_*, run in turn */
     int nlayouts;
+    int grads[8]; /* GRADS_*, run in turn */
+    int ngrads;
 } reducer_options_t;
+
+enum { GRADS_BUCKETS, GRADS_BLOCK, GRADS_USER_BLOCK, GRADS_USER_MALLOC, GRADS_COPY };
+static const char *const grads_names[] = {"buckets", "block", "user-block", "user-malloc", "copy"};
+
+/* Parses --grads: a comma-separated list of grads_names. Returns 0, or -1 on a bad name. */
+static int parse_grads(const char *v, reducer_options_t *o)
+{
+    o->ngrads = 0;
+    while (*v) {
+        size_t len = strcspn(v, ",");
+        int found = -1;
+        for (int g = 0; g < 5; g++)
+            if (strlen(grads_names[g]) == len && !strncmp(v, grads_names[g], len)) found = g;
+        if (found < 0 || o->ngrads == 8) return -1;
+        o->grads[o->ngrads++] = found;
+        v += len;
+        if (*v == ',') v++;
+    }
+    return o->ngrads > 0 ? 0 : -1;
+}
 
 static const char *layout_name(int layout)
 {
@@ -286,6 +320,10 @@ static int parse_reducer_options(int rank, int argc, char **argv, reducer_option
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--rows-descending")) {
+            o->rows_descending = 1;
             continue;
         }
         if (!strcmp(a, "--no-rebuild")) {
@@ -343,6 +381,10 @@ static int parse_reducer_options(int rank, int argc, char **argv, reducer_option
             } else {
                 return usage(rank, "unknown --layout (last-first, c10d or both)", v);
             }
+        } else if (!strcmp(a, "--grads")) {
+            if (parse_grads(v, o))
+                return usage(rank, "bad --grads (buckets, block, user-block, user-malloc, copy)",
+                             v);
         } else if (!strcmp(a, "--repeat")) {
             o->repeat = (int)strtol(v, &end, 10);
             if (*end || o->repeat < 1 || o->repeat > 1000) return usage(rank, "bad --repeat", v);
@@ -360,11 +402,47 @@ static int parse_reducer_options(int rank, int argc, char **argv, reducer_option
  * and timed iterations, and rank 0's report. *compute_us < 0 is set from this run's anchor (every
  * rank takes rank 0's), so that later runs compute exactly as long. */
 static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *model,
-                    ddp_param_t *params, size_t nparams, ddp_trace_t *trace, int layout, int run,
-                    int nruns, double *compute_us)
+                    const ddp_param_t *model_params, size_t nparams, ddp_trace_t *trace,
+                    int layout, int grads, int run, int nruns, double *compute_us)
 {
     int rank = ddp_group_rank(group), world = ddp_group_size(group);
     ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
+    /* Gradient memory of this run: the caller's block in forward (registration) order, as
+     * llm.c's grads_memory, or one buffer per parameter for user_grads. */
+    ddp_param_t *params = calloc(nparams, sizeof *params);
+    memcpy(params, model_params, nparams * sizeof *params);
+    size_t block_bytes = 0;
+    for (size_t i = 0; i < nparams; i++) block_bytes += params[i].numel * sizeof(float);
+    unsigned char *block = NULL;
+    float **copies = NULL;
+    if (grads == GRADS_USER_BLOCK) {
+        if (ddp_group_alloc_buffer(group, block_bytes, (void **)&block) != DDP_OK) {
+            fprintf(stderr, "ddp-bench: rank %d: ddp_group_alloc_buffer: %s\n", rank,
+                    ddp_last_error());
+            free(params);
+            return DDP_BENCH_EXIT_FAILED;
+        }
+    } else if (grads == GRADS_USER_MALLOC) {
+        block = calloc(1, block_bytes);
+    } else if (grads == GRADS_COPY) {
+        copies = calloc(nparams, sizeof *copies);
+        for (size_t i = 0; i < nparams; i++) {
+            copies[i] = calloc(params[i].numel, sizeof(float));
+            params[i].grad = copies[i];
+        }
+        config.user_grads = 1;
+    }
+    if (block) {
+        size_t off = 0;
+        for (size_t i = 0; i < nparams; i++) {
+            params[i].grad = block + off;
+            off += params[i].numel * sizeof(float);
+        }
+        config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK;
+        config.grad_block = block;
+        config.grad_block_bytes = block_bytes;
+    }
+    if (grads == GRADS_BLOCK) config.grad_memory = DDP_GRAD_MEMORY_BLOCK;
     config.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
     config.first_bucket_bytes = (size_t)(o->first_mb * 1048576.0);
     double piece_mb = o->piece_mb;
@@ -393,11 +471,15 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
         config.comm_hook_state = ps;
     }
 #endif
-    if (!strncmp(hook, "powersgd:", 9) && !psgd) return usage(rank, "not built with PowerSGD", hook);
-    bench_t b = {group, NULL, model, nparams, rank, o->row_blocks, 0, trace};
+    bench_t b = {group, NULL, model, nparams, rank, o->row_blocks, o->rows_descending, 0, trace};
     int rc = DDP_BENCH_EXIT_OK;
     sample_t *samples = NULL;
-    ddp_status_t s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
+    ddp_status_t s;
+    if (!strncmp(hook, "powersgd:", 9) && !psgd) {
+        rc = usage(rank, "not built with PowerSGD", hook);
+        goto done;
+    }
+    s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
     if (s != DDP_OK) {
         fprintf(stderr, "ddp-bench: rank %d: ddp_reducer_create: %s: %s\n", rank,
                 ddp_status_string(s), ddp_last_error());
@@ -421,7 +503,9 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
     int table = nruns == 1; /* several runs: their summaries only */
 
     if (rc == 0 && rank == 0 && !o->json) {
-        if (nruns > 1) printf("# run %d of %d: layout %s\n", run + 1, nruns, layout_name(layout));
+        if (nruns > 1)
+            printf("# run %d of %d: layout %s, grads %s\n", run + 1, nruns, layout_name(layout),
+                   grads_names[grads]);
         printf("# reducer benchmark: preset %s, %zu layers, %zu parameters (%.1f MiB f32), "
                "%d ranks, transport %s\n",
                o->preset, model->nlayers, model->total, (double)model->total * 4 / 1048576.0,
@@ -439,8 +523,9 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
             for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
             printf(" %.2f", (double)bytes / 1048576.0);
         }
-        printf("\n# row blocks %d per weight; pieces of %.3g MiB%s (%zu reductions per step)\n",
-               o->row_blocks, piece_mb,
+        printf("\n# row blocks %d per weight%s; pieces of %.3g MiB%s (%zu reductions per "
+               "step)\n",
+               o->row_blocks, o->rows_descending ? " (last rows first)" : "", piece_mb,
                config.comm_hook ? " unused: a hook gets whole buckets" : "", b.npieces);
         printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
                "can only start when backward ends\n",
@@ -466,13 +551,14 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
         double ratio_exposed = cm > 0 ? ex / cm : 0;
         if (o->json) {
             printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
-                   "\"layout\":\"%s\",\"rebuild\":%d,\"run\":%d,"
+                   "\"layout\":\"%s\",\"rebuild\":%d,\"run\":%d,\"grads\":\"%s\","
                    "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
                    "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
                    "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
                    "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
                    o->preset, world, model->total, ddp_reducer_bucket_count(b.reducer),
-                   layout_name(layout), o->rebuild, run, *compute_us, o->sleep_mode,
+                   layout_name(layout), o->rebuild, run, grads_names[grads], *compute_us,
+                   o->sleep_mode,
                    o->row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0,
                    cm / 1000.0, ex / 1000.0, ex_min / 1000.0, ratio_exposed);
         } else {
@@ -508,6 +594,11 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
 done:
     free(samples);
     ddp_reducer_destroy(b.reducer);
+    if (grads == GRADS_USER_BLOCK) ddp_group_free_buffer(group, block);
+    else free(block);
+    for (size_t i = 0; copies && i < nparams; i++) free(copies[i]);
+    free(copies);
+    free(params);
     ddp_half_hook_state_destroy(half);
 #ifdef DDP_BENCH_HAVE_POWERSGD
     ddp_powersgd_state_destroy(psgd);
@@ -531,7 +622,9 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
                            .repeat = 1,
                            .hook = "allreduce",
                            .layouts = {DDP_BUCKET_LAYOUT_DEFAULT, DDP_BUCKET_LAYOUT_DEFAULT},
-                           .nlayouts = 1};
+                           .nlayouts = 1,
+                           .grads = {GRADS_BUCKETS},
+                           .ngrads = 1};
     int parsed = parse_reducer_options(rank, argc, argv, &o);
     if (parsed >= 0) return parsed;
 
@@ -574,14 +667,18 @@ int ddp_bench_reducer(ddp_group_t *group, int argc, char **argv)
             ddp_trace_name_lane(trace, 1, "reducer calls");
         }
     }
-    /* Runs interleave the layouts, and the first layout alternates from one repeat to the next
-     * (A B, B A, A B, ...) so that a drift in the machine's load does not favour one of them. */
-    int nruns = o.repeat * o.nlayouts;
+    /* Runs interleave the variants (layout x gradient mode), and their order reverses from one
+     * repeat to the next (A B, B A, A B, ...) so that a drift in the machine's load does not
+     * favour one of them. */
+    int nvariants = o.nlayouts * o.ngrads;
+    int nruns = o.repeat * nvariants;
     double compute_us = o.compute_us;
     for (int run = 0; run < nruns && rc == DDP_BENCH_EXIT_OK; run++) {
-        int round = run / o.nlayouts, j = run % o.nlayouts;
-        int layout = o.layouts[round % 2 ? o.nlayouts - 1 - j : j];
-        rc = run_once(group, &o, &model, params, nparams, trace, layout, run, nruns, &compute_us);
+        int round = run / nvariants, j = run % nvariants;
+        int v = round % 2 ? nvariants - 1 - j : j;
+        int layout = o.layouts[v / o.ngrads], grads = o.grads[v % o.ngrads];
+        rc = run_once(group, &o, &model, params, nparams, trace, layout, grads, run, nruns,
+                      &compute_us);
     }
     ddp_trace_close(trace);
     for (size_t i = 0; i < nparams; i++) free(data[i]);
