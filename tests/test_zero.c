@@ -346,8 +346,8 @@ static int args_main(ddp_group_t *g, void *arg)
 {
     (void)arg;
     float w[4] = {1, 2, 3, 4};
-    uint16_t h[2] = {0, 0};
-    ddp_param_t p[2] = {{"w", w, 4, DDP_F32, 0, 0, NULL}, {"h", h, 2, DDP_F16, 0, 0, NULL}};
+    int32_t h[2] = {0, 0}; /* integers: refused (f16/bf16 are accepted, with master copies) */
+    ddp_param_t p[2] = {{"w", w, 4, DDP_F32, 0, 0, NULL}, {"h", h, 2, DDP_I32, 0, 0, NULL}};
     ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
     ddp_zero_t *z = NULL;
     ddp_optim_t *o = NULL;
@@ -378,6 +378,19 @@ static int args_main(ddp_group_t *g, void *arg)
     zc.optim.beta2 = 1.0;
     CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("beta2");
+    zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
+    zc.overlap = 1;
+    zc.optim.max_grad_norm = 1.0; /* no global norm before the first bucket's update */
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("max_grad_norm");
+    zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
+    uint32_t which[1] = {1};
+    ddp_optim_group_t groups[1] = {{0.1, 0.0}};
+    zc.optim.ngroups = 1;
+    zc.optim.groups = groups;
+    zc.optim.param_groups = which;
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("param_groups[0]");
     zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
     CHECK_STATUS(ddp_zero_create(g, p, 2, &zc, &z), DDP_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("h");
