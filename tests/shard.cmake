@@ -48,3 +48,11 @@ foreach(spec 1:1 1:2 1:3 2:1 2:2 2:3)
   ddp_add_test(NAME test_optim_torch SOURCES test_optim_torch.c
                ARGS zero ${parts} ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF} TIMEOUT 120)
 endforeach()
+
+# Optimizer state save/load: resumed runs bitwise equal to uninterrupted ones (plain; ZeRO 1/2 at
+# worlds 1-3 from shards and from the consolidated state), damaged or mismatching states refused.
+ddp_add_test(NAME test_optim_state SOURCES test_optim_state.c ARGS plain TIMEOUT 60)
+foreach(spec 1:1 1:2 1:3 2:1 2:2 2:3)
+  string(REPLACE ":" ";" parts ${spec})
+  ddp_add_test(NAME test_optim_state SOURCES test_optim_state.c ARGS zero ${parts} TIMEOUT 120)
+endforeach()
