@@ -331,8 +331,9 @@ zero)
         done
     done
     # what ZeRO cannot honour: exit 2 naming the conflict
-    for bad in "--zero 1 --sync legacy" "--zero 2 --checkpoint $WORK/ck" \
-               "--zero 1 --resume $WORK/ck" "--zero 2 --bench-nosync" "--zero 1 --hook fp16" \
+    for bad in "--zero 1 --sync legacy" "--clip-grad 1 --zero-overlap" \
+               "--param-dtype bf16 --zero-overlap" "--zero-overlap --resume $WORK/ck" \
+               "--zero 2 --bench-nosync" "--zero 1 --hook fp16" \
                "--zero-overlap --zero 2" "--zero 3" "--zero-overlap --hook bf16"; do
         run 1 --subset 100 $bad
         [ "$RC" = 2 ] || fail "'$bad': exit $RC, expected 2"
