@@ -1109,12 +1109,24 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     return loss;
 }
 
+/* This step's learning rate, before its backward: with --zero-overlap the hook updates each
+ * bucket during backward. */
+static void set_step_lr(trainer_t *t)
+{
+    double factor = lr_factor(t, t->progress.global_step);
+    if (t->zero)
+        check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
+    else if (t->lib_opt)
+        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
+    else
+        t->opt.lr = t->o.lr * factor; /* factor 1 without a schedule: the plain --lr */
+}
+
 /* The optimizer step (or ZeRO's), then the gradients zeroed for the next step. */
 static void optimizer_step(trainer_t *t)
 {
     const options_t *o = &t->o;
     double t3 = ddp_time_us();
-    double factor = lr_factor(t, t->progress.global_step);
     void *const *grads = (void *const *)t->grads;
     if (o->param_bf16 && !(t->zero && o->zero == 2)) { /* ZeRO-2 converted them in backward */
         for (int k = 0; k < FM_NPARAMS; k++)
@@ -1122,14 +1134,11 @@ static void optimizer_step(trainer_t *t)
         grads = (void *const *)t->half_grads;
     }
     if (t->zero) { /* stage 2 and overlap: every gradient is with ZeRO already */
-        check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
         check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap ? grads : NULL),
               "ddp_zero_step");
     } else if (t->lib_opt) {
-        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
         check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
     } else {
-        t->opt.lr = o->lr * factor; /* factor 1 without a schedule: the plain --lr */
         fm_optim_step(&t->opt, t->model.params, t->grads);
     }
     if (o->param_bf16)
@@ -1199,6 +1208,7 @@ static double train(trainer_t *t, run_stats_t *st)
             double step_loss = 0, step_exposed = 0;
             t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
             const int skip_comm = o->bench_nosync && st->run_steps % 2 == 1;
+            set_step_lr(t);
             for (size_t k = 0; k < o->accumulate; k++) {
                 int sync = !skip_comm && k + 1 == o->accumulate;
                 step_loss += micro_step(t, s, k, sync, &step_exposed) / (double)o->accumulate;
