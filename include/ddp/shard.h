@@ -1,5 +1,8 @@
-/* Sharding: the reduce-scatter bucketer, a plain optimizer (SGD, Adam) and the ZeRO optimizer
- * (ZeroRedundancyOptimizer) that keeps each rank's optimizer state for its partition only.
+/* Sharding: the reduce-scatter bucketer, a plain optimizer (SGD, Adam, AdamW with parameter
+ * groups, a learning-rate setter and schedules, gradient clipping, f16/bf16 parameters with f32
+ * master weights, state save/load) and the ZeRO optimizer (ZeroRedundancyOptimizer) that keeps
+ * each rank's optimizer state for its partition only, with the same rules, and saves it per rank
+ * or consolidated on one rank.
  *
  * ReduceScatterBucketer (fairscale's): many small reduce-scatters become one.
  *
