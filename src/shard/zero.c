@@ -272,9 +272,11 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
         z->submitted = ddp__calloc(n1, 1, "zero");
         z->arrived = ddp__calloc(n1, 1, "zero");
         z->gshard = ddp__calloc(n1, sizeof *z->gshard, "zero");
+        /* Each shard starts 8-byte aligned: parameters of different dtypes (an odd number of
+         * bf16 elements before an f32 shard) would otherwise misalign the next. */
         size_t owned_bytes = 0;
         for (size_t i = 0; i < nparams; i++)
-            owned_bytes += z->runs[i].count * ddp_dtype_size(z->dtype[i]);
+            owned_bytes += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
         z->gshard_mem = ddp__malloc(owned_bytes ? owned_bytes : 1, "zero gradient shard");
         if (!z->submitted || !z->arrived || !z->gshard || !z->gshard_mem) {
             s = DDP_ERR_NO_MEMORY;
@@ -282,7 +284,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
         }
         for (size_t i = 0, off = 0; i < nparams; i++) {
             z->gshard[i] = z->gshard_mem + off;
-            off += z->runs[i].count * ddp_dtype_size(z->dtype[i]);
+            off += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
         }
         z->blocks = ddp__calloc((size_t)world, sizeof *z->blocks, "zero");
         z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
