@@ -400,6 +400,44 @@ static int args_main(ddp_group_t *g, void *arg)
     CHECK_STATUS(ddp_optim_create(p, 1, NULL, &o), DDP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(ddp_optim_create(p, 1, &zc.optim, NULL), DDP_ERR_INVALID_ARGUMENT);
 
+    /* Learning rates, norms and schedules: bad arguments named; schedules at their corners. */
+    CHECK_OK(ddp_optim_create(p, 1, &zc.optim, &o));
+    CHECK_STATUS(ddp_optim_set_lr(NULL, 0, 0.1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("optim");
+    CHECK_STATUS(ddp_optim_set_lr(o, 1, 0.1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("group 1");
+    CHECK_STATUS(ddp_optim_set_lr(o, DDP_OPTIM_ALL_GROUPS, -1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("lr");
+    CHECK_STATUS(ddp_optim_scale_lr(o, NAN), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("factor");
+    double lr = 0, norm = 0;
+    CHECK_STATUS(ddp_optim_get_lr(o, 0, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_optim_scale_lr(o, 0.5));
+    CHECK_OK(ddp_optim_get_lr(o, 0, &lr));
+    CHECK(lr == zc.optim.lr * 0.5);
+    CHECK_STATUS(ddp_optim_grad_norm(o, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_optim_grad_norm(o, &norm));
+    CHECK(isnan(norm)); /* no clipping step yet */
+    size_t bytes = 0;
+    CHECK_STATUS(ddp_optim_state_size(o, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_optim_state_size(o, &bytes));
+    CHECK_STATUS(ddp_optim_state_save(o, NULL, bytes), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("buf");
+    ddp_optim_destroy(o);
+    o = NULL;
+    CHECK(ddp_lr_warmup_constant(0, 4, 2.0) == 0.0);
+    CHECK(ddp_lr_warmup_constant(2, 4, 2.0) == 1.0);
+    CHECK(ddp_lr_warmup_constant(4, 4, 2.0) == 2.0);
+    CHECK(ddp_lr_warmup_cosine(4, 4, 14, 2.0, 0.0) == 2.0);
+    CHECK(fabs(ddp_lr_warmup_cosine(9, 4, 14, 2.0, 0.0) - 1.0) < 1e-15);
+    CHECK(fabs(ddp_lr_warmup_cosine(14, 4, 14, 2.0, 0.0)) < 1e-15);
+    CHECK(ddp_lr_warmup_cosine(20, 4, 14, 2.0, 0.0) >= 0.0);
+    CHECK(fabs(ddp_lr_warmup_cosine(14, 4, 14, 2.0, 0.2) - 0.2) < 1e-15);
+    CHECK(ddp_lr_warmup_linear(4, 4, 14, 2.0) == 2.0);
+    CHECK(ddp_lr_warmup_linear(9, 4, 14, 2.0) == 1.0);
+    CHECK(ddp_lr_warmup_linear(14, 4, 14, 2.0) == 0.0);
+    CHECK(ddp_lr_warmup_linear(30, 4, 14, 2.0) == 0.0);
+
     /* Stage 1 with one parameter: plain SGD arithmetic, checked by hand. */
     zc.optim.lr = 0.5;
     CHECK_OK(ddp_zero_create(g, p, 1, &zc, &z));
