@@ -8,14 +8,14 @@ usage: optim_torch_reference.py OUT
 
 Layout (little-endian): u32 ncases, then per case:
   char name[32] | i32 kind (0 sgd, 1 adam, 2 adamw) | i32 nesterov | i32 amsgrad |
-  i32 dtype (0 f32, 3 bf16) | f64 lr, momentum, dampening, beta1, beta2, eps, weight_decay,
+  i32 dtype (0 f32, 2 f16, 3 bf16) | f64 lr, momentum, dampening, beta1, beta2, eps, weight_decay,
   max_grad_norm | u32 ngroups, ngroups x (f64 lr, f64 weight_decay) |
   u32 nparams, nparams x (u32 numel, u32 group) | u32 nsteps, nsteps x f64 lr factor |
   initial parameters (f32, every parameter in order) |
   per step: gradients (f32), torch's parameters after the step (f32; for bf16 the f32 master),
   f64 norm returned by clip_grad_norm_ (NaN without clipping).
-For bf16 cases every initial value and gradient is bf16-representable (the C side stores them
-as bf16 exactly)."""
+For f16/bf16 cases every initial value and gradient is representable in that type (the C side
+stores them exactly) and torch's parameters are the f32 master weights."""
 import math
 import struct
 import sys
@@ -43,6 +43,7 @@ CASES = [
     ("adamw_clip", 2, dict(weight_decay=0.1, max_grad_norm=0.3), 0),
     ("adamw_bf16_clip", 2, dict(weight_decay=0.1, max_grad_norm=0.8), 3),
     ("sgd_bf16", 0, dict(momentum=0.9, weight_decay=0.01), 3),
+    ("adam_f16_amsgrad", 1, dict(weight_decay=0.01, amsgrad=True), 2),
 ]
 BASE_LR = {0: 0.05, 1: 0.01, 2: 0.01}
 BIAS_LR_SCALE = 2.0
@@ -71,7 +72,9 @@ def main():
         def draw(n, scale):
             x = (torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1) * scale
             x = x.float()
-            return x.bfloat16().float() if dtype == 3 else x
+            if dtype == 3:
+                return x.bfloat16().float()
+            return x.half().float() if dtype == 2 else x
 
         params = [draw(n, 1.0).requires_grad_(True) for n in SIZES]
         init = [p.detach().clone() for p in params]

@@ -135,6 +135,18 @@ typedef struct state {
     ddp_param_t params[8];
 } state_t;
 
+static int is_half(const tcase_t *t) { return t->dtype == DDP_BF16 || t->dtype == DDP_F16; }
+
+static uint16_t to_half(const tcase_t *t, float x)
+{
+    return t->dtype == DDP_BF16 ? ddp_f32_to_bf16(x) : ddp_f32_to_f16(x);
+}
+
+static float from_half(const tcase_t *t, uint16_t h)
+{
+    return t->dtype == DDP_BF16 ? ddp_bf16_to_f32(h) : ddp_f16_to_f32(h);
+}
+
 static void state_init(state_t *st, const tcase_t *t)
 {
     ddp_dtype_t dt = (ddp_dtype_t)t->dtype;
@@ -144,9 +156,9 @@ static void state_init(state_t *st, const tcase_t *t)
         st->grad[i] = malloc(t->numel[i] * es);
         CHECK(st->data[i] && st->grad[i]);
         for (uint32_t k = 0; k < t->numel[i]; k++) {
-            if (dt == DDP_BF16) {
-                uint16_t b = ddp_f32_to_bf16(t->init[i][k]);
-                CHECK(ddp_bf16_to_f32(b) == t->init[i][k]);
+            if (is_half(t)) {
+                uint16_t b = to_half(t, t->init[i][k]);
+                CHECK(from_half(t, b) == t->init[i][k]);
                 ((uint16_t *)st->data[i])[k] = b;
             } else {
                 ((float *)st->data[i])[k] = t->init[i][k];
@@ -161,9 +173,9 @@ static void state_grads(state_t *st, const tcase_t *t, uint32_t s)
     for (uint32_t i = 0; i < t->nparams; i++)
         for (uint32_t k = 0; k < t->numel[i]; k++) {
             float g = t->grad[s][i][k];
-            if (t->dtype == DDP_BF16) {
-                uint16_t b = ddp_f32_to_bf16(g);
-                CHECK(ddp_bf16_to_f32(b) == g);
+            if (is_half(t)) {
+                uint16_t b = to_half(t, g);
+                CHECK(from_half(t, b) == g);
                 ((uint16_t *)st->grad[i])[k] = b;
             } else {
                 ((float *)st->grad[i])[k] = g;
@@ -179,7 +191,7 @@ static void state_free(state_t *st, const tcase_t *t)
     }
 }
 
-/* Largest relative error of this step (f32), or failure (bf16: our value must be the bf16
+/* Largest relative error of this step (f32), or failure (f16/bf16: our value must be the
  * rounding of a number within REL_TOL of torch's f32 master). */
 static double compare(const state_t *st, const tcase_t *t, uint32_t s, int rank)
 {
@@ -187,15 +199,15 @@ static double compare(const state_t *st, const tcase_t *t, uint32_t s, int rank)
     for (uint32_t i = 0; i < t->nparams; i++)
         for (uint32_t k = 0; k < t->numel[i]; k++) {
             double want = t->expect[s][i][k];
-            if (t->dtype == DDP_BF16) {
+            if (is_half(t)) {
                 uint16_t got = ((const uint16_t *)st->data[i])[k];
-                uint16_t lo = ddp_f32_to_bf16((float)(want * (1 - REL_TOL)));
-                uint16_t hi = ddp_f32_to_bf16((float)(want * (1 + REL_TOL)));
+                uint16_t lo = to_half(t, (float)(want * (1 - REL_TOL)));
+                uint16_t hi = to_half(t, (float)(want * (1 + REL_TOL)));
                 CHECK_MSG(got == lo || got == hi,
-                          "%s rank %d step %u param %u[%u]: bf16 %g, torch's master %.9g "
+                          "%s rank %d step %u param %u[%u]: %s %g, torch's master %.9g "
                           "rounds to %g",
-                          t->name, rank, s, i, k, ddp_bf16_to_f32(got), want,
-                          ddp_bf16_to_f32(ddp_f32_to_bf16((float)want)));
+                          t->name, rank, s, i, k, ddp_dtype_name((ddp_dtype_t)t->dtype),
+                          from_half(t, got), want, from_half(t, to_half(t, (float)want)));
                 continue;
             }
             double got = ((const float *)st->data[i])[k];
