@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "ddp/shard.h"
 #include "harness.h"
@@ -106,6 +107,7 @@ static void load_reference(const char *python, const char *script)
     CHECK_MSG(fread(&extra, 1, 1, f) == 0, "reference file is longer than its cases");
     fclose(f);
     remove(path);
+    rmdir(dir);
 }
 
 static ddp_optim_config_t config_of(const tcase_t *t)

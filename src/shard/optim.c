@@ -603,7 +603,7 @@ static ddp_status_t parse_blob(const ddp__optim_view_t *v, const void *buf, size
         return ddp__error(DDP_ERR_MISMATCH, "%s: the state has %llu parameter groups, the "
                           "optimizer %zu", who, (unsigned long long)ps->ngroups, st->ngroups);
     size_t fixed = STATE_HEADER + 8 * (size_t)ps->ngroups;
-    if ((size - 8 - fixed) / STATE_RECORD < v->nparams)
+    if (size - 8 < fixed || (size - 8 - fixed) / STATE_RECORD < v->nparams)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is truncated in its "
                           "parameter records", who);
     ps->lrs = b + STATE_HEADER;
