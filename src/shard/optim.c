@@ -736,6 +736,18 @@ ddp_status_t ddp__optim_state_merge(const ddp__optim_view_t *whole, const void *
         for (size_t b = 0; b < nblobs; b++) {
             state_record_t r;
             get_record(&ps[b], i, &r);
+            /* Shards of one partition are disjoint; overlapping ones would count twice. */
+            for (size_t c = 0; c < b && r.count; c++) {
+                state_record_t o;
+                get_record(&ps[c], i, &o);
+                if (o.count && r.first < o.first + o.count && o.first < r.first + r.count) {
+                    s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: parameter %zu: shards %zu and "
+                                   "%zu both hold elements of [%llu, %llu)", who, i, c, b,
+                                   (unsigned long long)r.first,
+                                   (unsigned long long)(r.first + r.count));
+                    goto out;
+                }
+            }
             if (r.steps > runs[i].steps) runs[i].steps = r.steps;
             if (r.count == 0) continue;
             copy_arrays(&ps[b], blobs[b], i, whole->dtype[i], (size_t)r.first, (size_t)r.count,
