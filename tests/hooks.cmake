@@ -16,7 +16,7 @@ if(TARGET ddp_powersgd_static)
   ddp_add_test(NAME test_hooks_powersgd SOURCES test_hooks_powersgd.c ARGS unit 1
                LIBS ddp_powersgd_static TIMEOUT 60)
   foreach(world 1 2 3 4)
-    foreach(case exact_f32 exact_f64 feedback stats start_iter cold_start)
+    foreach(case exact_f32 exact_f64 feedback stats start_iter cold_start resume)
       ddp_add_test(NAME test_hooks_powersgd SOURCES test_hooks_powersgd.c ARGS ${case} ${world}
                    LIBS ddp_powersgd_static TIMEOUT 120)
     endforeach()

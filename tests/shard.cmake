@@ -28,3 +28,31 @@ endforeach()
 # in docs/sharding.md). The test only runs it small, to keep it building and working.
 ddp_add_test(NAME zero_bench SOURCES zero_bench.c
              ARGS --world 2 --hidden 24 --iters 2 --work 0 TIMEOUT 120)
+
+# The optimizers against PyTorch (tests/optim_torch_reference.py writes torch.optim's results;
+# the test replays them through ddp_optim and ddp_zero). Needs a Python with torch (Debian:
+# python3-torch): without it the test fails and says so, it does not skip.
+if(NOT DDP_TORCH_PYTHON)
+  if(EXISTS /usr/bin/python3)
+    set(DDP_TORCH_PYTHON /usr/bin/python3)
+  else()
+    set(DDP_TORCH_PYTHON python3)
+  endif()
+endif()
+set(DDP_TORCH_PYTHON ${DDP_TORCH_PYTHON} CACHE STRING "Python with torch for test_optim_torch")
+set(DDP_OPTIM_REF ${CMAKE_CURRENT_SOURCE_DIR}/optim_torch_reference.py)
+ddp_add_test(NAME test_optim_torch SOURCES test_optim_torch.c
+             ARGS plain ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF} TIMEOUT 120)
+foreach(spec 1:1 1:2 1:3 2:1 2:2 2:3)
+  string(REPLACE ":" ";" parts ${spec})
+  ddp_add_test(NAME test_optim_torch SOURCES test_optim_torch.c
+               ARGS zero ${parts} ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF} TIMEOUT 120)
+endforeach()
+
+# Optimizer state save/load: resumed runs bitwise equal to uninterrupted ones (plain; ZeRO 1/2 at
+# worlds 1-3 from shards and from the consolidated state), damaged or mismatching states refused.
+ddp_add_test(NAME test_optim_state SOURCES test_optim_state.c ARGS plain TIMEOUT 60)
+foreach(spec 1:1 1:2 1:3 2:1 2:2 2:3)
+  string(REPLACE ":" ";" parts ${spec})
+  ddp_add_test(NAME test_optim_state SOURCES test_optim_state.c ARGS zero ${parts} TIMEOUT 120)
+endforeach()

@@ -520,6 +520,96 @@ static int case_unit(ddp_group_t *group, void *arg)
     return 0;
 }
 
+/* ---- save/load: a resumed run continues bitwise ------------------------------------------- */
+/* 8 steps straight against 4 + save + a new Reducer and state + load + 4: every averaged
+ * gradient of the last 4 steps bitwise equal. PowerSGD starts at step 2, so the saved state holds
+ * Q and residuals, and the new Reducer starts from its initial layout and rebuilds after its first
+ * step, as a resumed trainer's does. A fresh state instead of the loaded one differs. */
+static void copy_grads(run_t *run, const scenario_t *sc, unsigned char **out)
+{
+    for (size_t i = 0; i < sc->nparams; i++) {
+        size_t bytes = numel_of(i) * ddp_dtype_size(sc->dtype);
+        out[i] = malloc(bytes + 1);
+        CHECK(out[i] != NULL);
+        memcpy(out[i], grad_of(run, i), bytes);
+    }
+}
+
+static int same_grads(run_t *run, const scenario_t *sc, unsigned char **want)
+{
+    for (size_t i = 0; i < sc->nparams; i++)
+        if (memcmp(grad_of(run, i), want[i], numel_of(i) * ddp_dtype_size(sc->dtype))) return 0;
+    return 1;
+}
+
+static int case_resume(ddp_group_t *group, void *arg)
+{
+    scenario_t *sc = arg;
+    int rank = ddp_group_rank(group);
+    ddp_powersgd_config_t pc = DDP_POWERSGD_CONFIG_INIT;
+    pc.start_powersgd_iter = 2;
+    pc.random_seed = 7;
+    unsigned char *want[4][NPARAMS];
+    run_t a, b, c, d;
+    run_open(&a, group, sc, &pc);
+    for (int s = 0; s < 8; s++) {
+        run_step(&a, sc, rank, s);
+        if (s >= 4) copy_grads(&a, sc, want[s - 4]);
+        CHECK_OK(ddp_reducer_zero_grad(a.reducer));
+    }
+    run_close(&a, sc);
+
+    run_open(&b, group, sc, &pc);
+    for (int s = 0; s < 4; s++) {
+        run_step(&b, sc, rank, s);
+        CHECK_OK(ddp_reducer_zero_grad(b.reducer));
+    }
+    size_t size;
+    CHECK_OK(ddp_powersgd_state_size(b.state, &size));
+    unsigned char *blob = malloc(size);
+    CHECK(blob != NULL);
+    CHECK_STATUS(ddp_powersgd_state_save(b.state, blob, size - 1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("size");
+    CHECK_OK(ddp_powersgd_state_save(b.state, blob, size));
+    run_close(&b, sc);
+
+    run_open(&c, group, sc, &pc);
+    /* damage and another config are refused before anything changes */
+    blob[size / 2] ^= 1;
+    CHECK_STATUS(ddp_powersgd_state_load(c.state, blob, size), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("corrupt");
+    blob[size / 2] ^= 1;
+    CHECK_STATUS(ddp_powersgd_state_load(c.state, blob, size - 8), DDP_ERR_INVALID_ARGUMENT);
+    ddp_powersgd_config_t other = pc;
+    other.matrix_approximation_rank = 2;
+    ddp_powersgd_state_t *os;
+    CHECK_OK(ddp_powersgd_state_create(&other, &os));
+    CHECK_STATUS(ddp_powersgd_state_load(os, blob, size), DDP_ERR_MISMATCH);
+    CHECK_ERROR_MENTIONS("rank 1");
+    ddp_powersgd_state_destroy(os);
+    CHECK_OK(ddp_powersgd_state_load(c.state, blob, size));
+    for (int s = 4; s < 8; s++) {
+        run_step(&c, sc, rank, s);
+        CHECK_MSG(same_grads(&c, sc, want[s - 4]), "rank %d step %d: the resumed run's "
+                  "averaged gradients differ from the uninterrupted run's", rank, s);
+        CHECK_OK(ddp_reducer_zero_grad(c.reducer));
+    }
+    run_close(&c, sc);
+
+    run_open(&d, group, sc, &pc); /* without the state: not the same run */
+    for (int s = 4; s < 8; s++) {
+        run_step(&d, sc, rank, s);
+        CHECK_OK(ddp_reducer_zero_grad(d.reducer));
+    }
+    CHECK_MSG(!same_grads(&d, sc, want[3]), "a fresh state gave the same gradients: the test "
+              "cannot tell a loaded state from none");
+    run_close(&d, sc);
+    for (int s = 0; s < 4; s++)
+        for (size_t i = 0; i < sc->nparams; i++) free(want[s][i]);
+    free(blob);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -543,6 +633,8 @@ int main(int argc, char **argv)
         sc.low_rank = 1;
         sc.dtype = DDP_F64;
         fn = case_exact;
+    } else if (!strcmp(sc.name, "resume")) {
+        fn = case_resume;
     } else if (!strcmp(sc.name, "stats")) {
         fn = case_stats;
     } else if (!strcmp(sc.name, "start_iter")) {

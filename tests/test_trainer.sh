@@ -27,6 +27,9 @@
 #               of the size it sets; a file that is not the CSV is refused
 #   metrics     --metrics FILE: one CSV row per step, the losses those of --print-losses, also
 #               across a restart (no step twice)
+#   optim       AdamW + warmup/cosine + clipping (libddp's optimizer) with ZeRO-1, ZeRO-2,
+#               PowerSGD and bf16 parameters: stopped and resumed equals uninterrupted, bitwise;
+#               each setting changes the run; bad values and mismatching resumes are named
 # Small subsets keep each case well under 30 s on two busy cores.
 set -u
 CASE=$1
@@ -343,8 +346,9 @@ zero)
         done
     done
     # what ZeRO cannot honour: exit 2 naming the conflict
-    for bad in "--zero 1 --sync legacy" "--zero 2 --checkpoint $WORK/ck" \
-               "--zero 1 --resume $WORK/ck" "--zero 2 --bench-nosync" "--zero 1 --hook fp16" \
+    for bad in "--zero 1 --sync legacy" "--clip-grad 1 --zero-overlap" \
+               "--param-dtype bf16 --zero-overlap" "--zero-overlap --resume $WORK/ck" \
+               "--zero 2 --bench-nosync" "--zero 1 --hook fp16" \
                "--zero-overlap --zero 2" "--zero 3" "--zero-overlap --hook bf16"; do
         run 1 --subset 100 $bad
         [ "$RC" = 2 ] || fail "'$bad': exit $RC, expected 2"
@@ -353,6 +357,80 @@ zero)
         [ ! -e "$WORK/ck" ] || fail "'$bad' wrote a checkpoint"
     done
     ;;
+optim)
+    # libddp's optimizer in the trainer: runs stopped by --max-steps and resumed from their
+    # checkpoint end bitwise equal to uninterrupted ones (parameters, every loss), with AdamW,
+    # warmup + cosine (or linear) schedule and clipping under ZeRO-1 and ZeRO-2, PowerSGD (its
+    # residual and Q in the checkpoint; stopped after and before start, whose count resumes),
+    # bf16 parameters; refusals and mismatches are named.
+    if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ]; then
+        echo "SKIP: no ddprun" >&2
+        exit 77
+    fi
+    # 1200 / 48 = 25 steps per epoch, 50 in all
+    base="$COMMON --batch 48 --epochs 2 --json --optim adamw --wd 0.1 --lr-schedule cosine \
+          --warmup-steps 5 --clip-grad 0.5"
+    for spec in "2:13:--zero 1" "3:31:--zero 2" "2:13:--hook powersgd:start=5" \
+                "2:3:--hook powersgd:start=5,rank=2" "3:13:--hook powersgd:start=5" \
+                "1:13:--param-dtype bf16" "2:25:--param-dtype bf16 --zero 2 --lr-schedule linear" \
+                "2:13:--zero-overlap --clip-grad 0"; do
+        n=${spec%%:*}
+        rest=${spec#*:}
+        stop=${rest%%:*}
+        extra=${rest#*:}
+        resume_extra=$(echo "$extra" | sed 's/--zero-overlap/--zero 1/')
+        what="$n ranks $extra, stopped at $stop"
+        rm -f "$WORK/ck"
+        run $n $base $extra
+        [ "$RC" = 0 ] || { fail "$what: uninterrupted run"; continue; }
+        want=$(checksums)
+        want_loss=$(json_field final_loss)
+        losses >"$WORK/full"
+        [ "$(wc -l <"$WORK/full")" = 50 ] || fail "$what: expected 50 losses"
+        one_checksum $n "$what (uninterrupted)"
+        run $n $base $extra --max-steps $stop --checkpoint "$WORK/ck"
+        [ "$RC" = 0 ] && [ -s "$WORK/ck" ] || { fail "$what: no checkpoint"; continue; }
+        losses >"$WORK/part1"
+        run $n $base $resume_extra --resume "$WORK/ck"
+        [ "$RC" = 0 ] || { fail "$what: resume"; continue; }
+        losses >"$WORK/part2"
+        cat "$WORK/part1" "$WORK/part2" >"$WORK/joined"
+        [ "$(checksums)" = "$want" ] || fail "$what: parameters $(checksums), uninterrupted $want"
+        one_checksum $n "$what (resumed)"
+        [ "$(json_field final_loss)" = "$want_loss" ] ||
+            fail "$what: final loss $(json_field final_loss) vs $want_loss"
+        cmp -s "$WORK/joined" "$WORK/full" || fail "$what: loss sequence differs"
+    done
+    # the settings change the run (a test of resuming would pass if they were ignored)
+    run 1 $base --max-steps 10
+    plain=$(checksums)
+    for other in "--clip-grad 0" "--lr-schedule linear" "--warmup-steps 0" "--param-dtype bf16" \
+                 "--optim adam"; do
+        run 1 $base --max-steps 10 $other
+        [ "$RC" = 0 ] || fail "$other: exit $RC"
+        [ "$(checksums)" != "$plain" ] || fail "$other changes nothing"
+    done
+    # bad values and a resume with other settings: named
+    for bad in "--lr-schedule step" "--param-dtype f16" "--optim lamb" "--clip-grad -1" \
+               "--warmup-steps x"; do
+        run 1 --subset 100 $bad
+        opt=${bad%% *}
+        [ "$RC" = 2 ] && grep -q -- "$opt" "$WORK/err" || fail "'$bad': exit $RC, not named"
+    done
+    run 1 $base --max-steps 3 --checkpoint "$WORK/ck"
+    for other in "--clip-grad 0.25" "--lr-schedule linear" "--warmup-steps 2" \
+                 "--param-dtype bf16" "--epochs 3"; do
+        run 1 $base --resume "$WORK/ck" $other
+        opt=${other%% *}
+        [ "$opt" = "--epochs" ] && opt="schedule length"
+        [ "$RC" = 1 ] && grep -q -- "$opt" "$WORK/err" || fail "resume with $other: exit $RC, not named"
+    done
+    run 2 $base --max-steps 3 --checkpoint "$WORK/ck" --hook powersgd:start=1
+    run 3 $base --resume "$WORK/ck" --hook powersgd:start=1
+    [ "$RC" = 1 ] && grep -q 'PowerSGD state of 2 ranks' "$WORK/err" ||
+        fail "PowerSGD state of another world size not named"
+    ;;
+
 restart)
     if [ -z "$DDPRUN" ] || [ ! -x "$DDPRUN" ]; then
         echo "SKIP: no ddprun" >&2

@@ -437,9 +437,9 @@ static void test_checkpoint(void)
                        .loss_sum = 3.25,
                        .loss_count = 9,
                        .last_epoch_loss = 0.5};
-    CHECK_MSG(fm_checkpoint_save(path, &h, &p, &m, &o, err, sizeof err) == 0, "%s", err);
+    CHECK_MSG(fm_checkpoint_save(path, &h, &p, &m, &o, NULL, err, sizeof err) == 0, "%s", err);
     fm_progress_t q;
-    CHECK_MSG(fm_checkpoint_load(path, &h, &q, &m2, &o2, err, sizeof err) == 0, "%s", err);
+    CHECK_MSG(fm_checkpoint_load(path, &h, &q, &m2, &o2, NULL, err, sizeof err) == 0, "%s", err);
     CHECK(q.epoch == 2 && q.step_in_epoch == 9 && q.global_step == 40 && q.loss_sum == 3.25 &&
           q.loss_count == 9 && q.last_epoch_loss == 0.5 && o2.steps == 77);
     CHECK(fm_mlp_checksum(&m, NULL) == fm_mlp_checksum(&m2, NULL));
@@ -455,11 +455,11 @@ static void test_checkpoint(void)
     /* another hidden size, another learning rate: named */
     fm_hyper_t other = h;
     other.hidden = 6;
-    CHECK(fm_checkpoint_load(path, &other, &q, &m2, &o2, err, sizeof err) == -1);
+    CHECK(fm_checkpoint_load(path, &other, &q, &m2, &o2, NULL, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "--hidden 5") && strstr(err, "--hidden 6"), "%s", err);
     other = h;
     other.lr = 2e-3;
-    CHECK(fm_checkpoint_load(path, &other, &q, &m2, &o2, err, sizeof err) == -1);
+    CHECK(fm_checkpoint_load(path, &other, &q, &m2, &o2, NULL, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "--lr"), "%s", err);
 
     /* truncated at several points, one flipped byte, a foreign file, a missing file */
@@ -477,7 +477,7 @@ static void test_checkpoint(void)
         f = fopen(bad, "wb");
         fwrite(data, 1, (size_t)cuts[c], f);
         fclose(f);
-        CHECK(fm_checkpoint_load(bad, &h, &q, &m2, &o2, err, sizeof err) == -1);
+        CHECK(fm_checkpoint_load(bad, &h, &q, &m2, &o2, NULL, err, sizeof err) == -1);
         CHECK_MSG(strstr(err, "truncated") || strstr(err, "not a fashion-mnist checkpoint"),
                   "cut at %ld: %s", cuts[c], err);
     }
@@ -485,15 +485,15 @@ static void test_checkpoint(void)
     f = fopen(bad, "wb");
     fwrite(data, 1, (size_t)len, f);
     fclose(f);
-    CHECK(fm_checkpoint_load(bad, &h, &q, &m2, &o2, err, sizeof err) == -1);
+    CHECK(fm_checkpoint_load(bad, &h, &q, &m2, &o2, NULL, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "corrupt") && strstr(err, "checksum"), "%s", err);
     snprintf(bad, sizeof bad, "%s/missing.bin", tmpdir);
-    CHECK(fm_checkpoint_load(bad, &h, &q, &m2, &o2, err, sizeof err) == -1);
+    CHECK(fm_checkpoint_load(bad, &h, &q, &m2, &o2, NULL, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "missing.bin") && strstr(err, "No such file"), "%s", err);
     /* an SGD run cannot take an Adam checkpoint */
     other = h;
     other.optim = FM_OPTIM_SGD;
-    CHECK(fm_checkpoint_load(path, &other, &q, &m2, &o2, err, sizeof err) == -1);
+    CHECK(fm_checkpoint_load(path, &other, &q, &m2, &o2, NULL, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "--optim"), "%s", err);
     free(data);
     fm_optim_destroy(&o);

@@ -346,8 +346,8 @@ static int args_main(ddp_group_t *g, void *arg)
 {
     (void)arg;
     float w[4] = {1, 2, 3, 4};
-    uint16_t h[2] = {0, 0};
-    ddp_param_t p[2] = {{"w", w, 4, DDP_F32, 0, 0, NULL}, {"h", h, 2, DDP_F16, 0, 0, NULL}};
+    int32_t h[2] = {0, 0}; /* integers: refused (f16/bf16 are accepted, with master copies) */
+    ddp_param_t p[2] = {{"w", w, 4, DDP_F32, 0, 0, NULL}, {"h", h, 2, DDP_I32, 0, 0, NULL}};
     ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
     ddp_zero_t *z = NULL;
     ddp_optim_t *o = NULL;
@@ -379,6 +379,19 @@ static int args_main(ddp_group_t *g, void *arg)
     CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("beta2");
     zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
+    zc.overlap = 1;
+    zc.optim.max_grad_norm = 1.0; /* no global norm before the first bucket's update */
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("max_grad_norm");
+    zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
+    uint32_t which[1] = {1};
+    ddp_optim_group_t groups[1] = {{0.1, 0.0}};
+    zc.optim.ngroups = 1;
+    zc.optim.groups = groups;
+    zc.optim.param_groups = which;
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("param_groups[0]");
+    zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
     CHECK_STATUS(ddp_zero_create(g, p, 2, &zc, &z), DDP_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("h");
     CHECK_STATUS(ddp_zero_create(g, NULL, 2, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
@@ -386,6 +399,44 @@ static int args_main(ddp_group_t *g, void *arg)
     CHECK_STATUS(ddp_optim_create(p, 2, &zc.optim, &o), DDP_ERR_UNSUPPORTED);
     CHECK_STATUS(ddp_optim_create(p, 1, NULL, &o), DDP_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(ddp_optim_create(p, 1, &zc.optim, NULL), DDP_ERR_INVALID_ARGUMENT);
+
+    /* Learning rates, norms and schedules: bad arguments named; schedules at their corners. */
+    CHECK_OK(ddp_optim_create(p, 1, &zc.optim, &o));
+    CHECK_STATUS(ddp_optim_set_lr(NULL, 0, 0.1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("optim");
+    CHECK_STATUS(ddp_optim_set_lr(o, 1, 0.1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("group 1");
+    CHECK_STATUS(ddp_optim_set_lr(o, DDP_OPTIM_ALL_GROUPS, -1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("lr");
+    CHECK_STATUS(ddp_optim_scale_lr(o, NAN), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("factor");
+    double lr = 0, norm = 0;
+    CHECK_STATUS(ddp_optim_get_lr(o, 0, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_optim_scale_lr(o, 0.5));
+    CHECK_OK(ddp_optim_get_lr(o, 0, &lr));
+    CHECK(lr == zc.optim.lr * 0.5);
+    CHECK_STATUS(ddp_optim_grad_norm(o, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_optim_grad_norm(o, &norm));
+    CHECK(isnan(norm)); /* no clipping step yet */
+    size_t bytes = 0;
+    CHECK_STATUS(ddp_optim_state_size(o, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_optim_state_size(o, &bytes));
+    CHECK_STATUS(ddp_optim_state_save(o, NULL, bytes), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("buf");
+    ddp_optim_destroy(o);
+    o = NULL;
+    CHECK(ddp_lr_warmup_constant(0, 4, 2.0) == 0.0);
+    CHECK(ddp_lr_warmup_constant(2, 4, 2.0) == 1.0);
+    CHECK(ddp_lr_warmup_constant(4, 4, 2.0) == 2.0);
+    CHECK(ddp_lr_warmup_cosine(4, 4, 14, 2.0, 0.0) == 2.0);
+    CHECK(fabs(ddp_lr_warmup_cosine(9, 4, 14, 2.0, 0.0) - 1.0) < 1e-15);
+    CHECK(fabs(ddp_lr_warmup_cosine(14, 4, 14, 2.0, 0.0)) < 1e-15);
+    CHECK(ddp_lr_warmup_cosine(20, 4, 14, 2.0, 0.0) >= 0.0);
+    CHECK(fabs(ddp_lr_warmup_cosine(14, 4, 14, 2.0, 0.2) - 0.2) < 1e-15);
+    CHECK(ddp_lr_warmup_linear(4, 4, 14, 2.0) == 2.0);
+    CHECK(ddp_lr_warmup_linear(9, 4, 14, 2.0) == 1.0);
+    CHECK(ddp_lr_warmup_linear(14, 4, 14, 2.0) == 0.0);
+    CHECK(ddp_lr_warmup_linear(30, 4, 14, 2.0) == 0.0);
 
     /* Stage 1 with one parameter: plain SGD arithmetic, checked by hand. */
     zc.optim.lr = 0.5;

@@ -54,12 +54,20 @@ typedef struct options {
     size_t save_every;      /* --save-every K: a checkpoint every K optimizer steps (0: off) */
     int resume_auto;        /* --resume auto: the --checkpoint file when it exists */
     const char *metrics;    /* --metrics FILE: one CSV row per optimizer step (rank 0) */
+    int lr_schedule;        /* FM_SCHEDULE_* */
+    size_t warmup_steps;
+    double clip_grad;       /* > 0: the global gradient norm is clipped to it */
+    int param_bf16;         /* --param-dtype bf16: the optimizer updates bf16 parameters */
 } options_t;
 
 /* What --metrics records of a step until its global loss is known (flush_losses). */
 typedef struct step_metrics {
     double lr, step_ms, exposed_ms;
 } step_metrics_t;
+
+enum { FM_SCHEDULE_CONSTANT = 0, FM_SCHEDULE_COSINE = 1, FM_SCHEDULE_LINEAR = 2 };
+static const char *const fm_schedule_names[] = {"constant", "cosine", "linear"};
+static const char *const fm_optim_names[] = {"sgd", "adam", "adamw"};
 
 typedef struct trainer {
     options_t o;
@@ -75,6 +83,13 @@ typedef struct trainer {
     void *powersgd;                   /* --hook powersgd: a ddp_powersgd_state_t */
     fm_mlp_t model;
     fm_optim_t opt;
+    /* libddp's optimizer (uses_library_optim) when not ZeRO; with bf16 parameters the optimizer
+     * updates half_params (bf16 copies of the model's values, which the model then takes) from
+     * half_grads (the gradients rounded to bf16). */
+    ddp_optim_t *lib_opt;
+    uint16_t *half_params[FM_NPARAMS], *half_grads[FM_NPARAMS];
+    fm_extra_t resume_extra; /* --resume: optimizer and hook state, loaded once they exist */
+    const char *resumed_from; /* the checkpoint this run continued from, or NULL */
     float *grads[FM_NPARAMS];     /* where this iteration's gradients are */
     float *own_grads[FM_NPARAMS]; /* legacy and ZeRO-2: our gradient buffers */
     fm_dataset_t train, test;
@@ -133,10 +148,18 @@ static void usage(FILE *out)
         "  --batch N           GLOBAL batch per micro-step, split evenly over ranks (default 128)\n"
         "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
         "                      communication (no_sync), so the effective batch is K*batch\n"
-        "  --optim sgd|adam    optimiser (default adam)\n"
-        "  --lr F              learning rate (default 1e-3 for adam, 0.05 for sgd)\n"
+        "  --optim sgd|adam|adamw   optimiser (default adam); adamw is libddp's AdamW with\n"
+        "                      decoupled weight decay on the weights only (biases: none)\n"
+        "  --lr F              (peak) learning rate (default 1e-3 for adam/adamw, 0.05 for sgd)\n"
+        "  --lr-schedule constant|cosine|linear   learning rate per step after the warmup:\n"
+        "                      constant, cosine decay to 0, or linear decay to 0 at the end of\n"
+        "                      --epochs (Hugging Face's schedules; default constant)\n"
+        "  --warmup-steps N    linear warmup from 0 over the first N steps (default 0)\n"
+        "  --clip-grad NORM    clip the global gradient norm to NORM (clip_grad_norm_; 0: off)\n"
+        "  --param-dtype f32|bf16   bf16: the optimizer keeps f32 master weights and the model\n"
+        "                      computes with their bf16 rounding (default f32)\n"
         "  --momentum F        SGD momentum (default 0.9)\n"
-        "  --wd F              weight decay, added to the gradient (default 0)\n"
+        "  --wd F              weight decay (default 0; sgd/adam: added to the gradient)\n"
         "  --beta1 F --beta2 F --eps F   Adam (defaults 0.9, 0.999, 1e-8)\n"
         "  --sync reducer|legacy   bucketed Reducer overlapping backward (default) or one\n"
         "                      flat-buffer allreduce after backward\n"
@@ -155,12 +178,16 @@ static void usage(FILE *out)
         "  --zero 1|2          ZeRO optimizer: its state sharded over the ranks; 1: each rank\n"
         "                      updates its parameters after the Reducer, 2: no Reducer,\n"
         "                      gradients reduce-scattered (not with --sync legacy, --hook\n"
-        "                      other than allreduce, --checkpoint/--resume, --bench-nosync)\n"
+        "                      other than allreduce, --bench-nosync)\n"
         "  --zero-overlap      ZeRO 1 with each bucket's update computed on its owner as soon\n"
-        "                      as its allreduce ends (implies --zero 1)\n"
+        "                      as its allreduce ends (implies --zero 1; not with --clip-grad,\n"
+        "                      --param-dtype bf16 or --resume: resume it with --zero 1)\n"
         "checkpoints:\n"
-        "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops\n"
+        "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops;\n"
+        "                      ZeRO's sharded optimizer state is gathered into it, and with\n"
+        "                      --hook powersgd every rank's PowerSGD state (residual, Q)\n"
         "  --resume FILE       continue from FILE; the result equals an uninterrupted run\n"
+        "                      (with ZeRO at any stage; PowerSGD on the same world size)\n"
         "  --resume auto       continue from the --checkpoint file if it exists, else start\n"
         "                      fresh (for ddprun --max-restarts: a restarted job goes on)\n"
         "  --save-every K      also save every K optimizer steps (needs --checkpoint)\n"
@@ -307,7 +334,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--lr",     "--momentum",    "--wd",         "--beta1",      "--beta2",
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
-            "--zero",   "--grad-blocks", "--piece-mb",   "--save-every", "--metrics"};
+            "--zero",   "--grad-blocks", "--piece-mb",   "--lr-schedule", "--warmup-steps",
+            "--clip-grad", "--param-dtype", "--save-every", "--metrics"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -371,13 +399,34 @@ static void parse_options(int argc, char **argv, options_t *o)
             o->metrics = val;
         else if (!strcmp(name, "--trace"))
             o->trace = val;
-        else if (!strcmp(name, "--optim")) {
+        else if (!strcmp(name, "--warmup-steps"))
+            o->warmup_steps = parse_size(name, val, 0);
+        else if (!strcmp(name, "--clip-grad"))
+            o->clip_grad = parse_double(name, val, 0, 1e9);
+        else if (!strcmp(name, "--lr-schedule")) {
+            int found = 0;
+            for (int k = 0; k < 3; k++)
+                if (!strcmp(val, fm_schedule_names[k])) {
+                    o->lr_schedule = k;
+                    found = 1;
+                }
+            if (!found) die_usage("--lr-schedule: '%s' is not constant, cosine or linear", val);
+        } else if (!strcmp(name, "--param-dtype")) {
+            if (!strcmp(val, "f32"))
+                o->param_bf16 = 0;
+            else if (!strcmp(val, "bf16"))
+                o->param_bf16 = 1;
+            else
+                die_usage("--param-dtype: '%s' is neither f32 nor bf16", val);
+        } else if (!strcmp(name, "--optim")) {
             if (!strcmp(val, "sgd"))
                 o->optim = FM_OPTIM_SGD;
             else if (!strcmp(val, "adam"))
                 o->optim = FM_OPTIM_ADAM;
+            else if (!strcmp(val, "adamw"))
+                o->optim = FM_OPTIM_ADAMW;
             else
-                die_usage("--optim: '%s' is neither sgd nor adam", val);
+                die_usage("--optim: '%s' is not sgd, adam or adamw", val);
         } else if (!strcmp(name, "--hook")) {
             parse_hook(o, val);
         } else if (!strcmp(name, "--zero")) {
@@ -394,7 +443,7 @@ static void parse_options(int argc, char **argv, options_t *o)
         }
         if (val && !*val) die_usage("%s: empty value", name);
     }
-    if (o->lr < 0) o->lr = o->optim == FM_OPTIM_ADAM ? 1e-3 : 0.05;
+    if (o->lr < 0) o->lr = o->optim == FM_OPTIM_SGD ? 0.05 : 1e-3;
     if (o->save_every && !o->checkpoint) die_usage("--save-every needs --checkpoint FILE");
     if (o->resume_auto && !o->checkpoint)
         die_usage("--resume auto needs --checkpoint FILE (the file it continues from)");
@@ -407,23 +456,26 @@ static void parse_options(int argc, char **argv, options_t *o)
     if (o->synthetic && o->subset) die_usage("--synthetic and --subset exclude each other");
     if (o->legacy && o->hook != FM_HOOK_ALLREDUCE)
         die_usage("--hook %s needs --sync reducer", fm_hook_names[o->hook]);
-    /* PowerSGD's error feedback and warm-started factors are not in the checkpoint, so a resumed
-     * run could not equal an uninterrupted one: refuse rather than resume differently. */
-    if (o->hook == FM_HOOK_POWERSGD && (o->checkpoint || o->resume))
-        die_usage("--hook powersgd cannot be combined with --checkpoint/--resume (its state is "
-                  "not saved)");
-    /* ZeRO: each rank keeps only its shard of the optimizer state, which the single-file
-     * checkpoint cannot hold; it steps after the Reducer (or reduce-scatters itself), so neither
-     * the legacy allreduce, a compressing hook nor unsynchronised steps fit. */
+    /* ZeRO steps after the Reducer (or reduce-scatters itself), so neither the legacy allreduce,
+     * a compressing hook nor unsynchronised steps fit. Its sharded state is gathered into the
+     * checkpoint (consolidated), so checkpoints work at any stage. */
     if (o->zero_overlap && o->zero == 2)
         die_usage("--zero-overlap works with --zero 1 only (stage 2 has no Reducer)");
     if (o->zero_overlap) o->zero = 1;
+    if (o->zero_overlap) {
+        /* The hook updates each bucket before the last gradient exists (no global norm), the
+         * Reducer's buckets must hold the optimizer's dtype, and the partition is learned in the
+         * first step, too late to load a state into. */
+        const char *what = o->clip_grad > 0 ? "--clip-grad"
+                           : o->param_bf16  ? "--param-dtype bf16"
+                           : o->resume      ? "--resume (resume its checkpoint with --zero 1)"
+                                            : NULL;
+        if (what) die_usage("--zero-overlap cannot be combined with %s", what);
+    }
     if (o->zero) {
         char hook[64];
         snprintf(hook, sizeof hook, "--hook %s (only allreduce)", fm_hook_names[o->hook]);
         const char *what = o->legacy                    ? "--sync legacy"
-                           : o->checkpoint              ? "--checkpoint"
-                           : o->resume                  ? "--resume"
                            : o->bench_nosync            ? "--bench-nosync"
                            : o->hook != FM_HOOK_ALLREDUCE ? hook
                                                         : NULL;
@@ -472,6 +524,69 @@ static void setup_group(trainer_t *t)
     g_rank = t->rank;
 }
 
+/* SGD and Adam keep the trainer's own float optimizer (optim.c), the default behaviour; ZeRO,
+ * AdamW, clipping and bf16 parameters take libddp's (ddp/shard.h). */
+static int uses_library_optim(const options_t *o)
+{
+    return o->zero || o->optim == FM_OPTIM_ADAMW || o->clip_grad > 0 || o->param_bf16;
+}
+
+/* The learning rate's multiplier for optimizer step `step` (0-based), over --epochs. */
+static double lr_factor(const trainer_t *t, uint64_t step)
+{
+    const options_t *o = &t->o;
+    uint64_t total = (uint64_t)o->epochs * t->steps_per_epoch;
+    switch (o->lr_schedule) {
+    case FM_SCHEDULE_COSINE:
+        return ddp_lr_warmup_cosine(step, o->warmup_steps, total, 1.0, 0.0);
+    case FM_SCHEDULE_LINEAR:
+        return ddp_lr_warmup_linear(step, o->warmup_steps, total, 1.0);
+    default:
+        return ddp_lr_warmup_constant(step, o->warmup_steps, 1.0);
+    }
+}
+
+/* libddp's optimizer configuration; AdamW leaves the biases (group 1) undecayed. */
+static const ddp_optim_group_t *adamw_groups(const options_t *o, ddp_optim_group_t g[2])
+{
+    g[0] = (ddp_optim_group_t){o->lr, o->weight_decay};
+    g[1] = (ddp_optim_group_t){o->lr, 0.0};
+    return g;
+}
+
+static const uint32_t fm_param_groups[FM_NPARAMS] = {0, 1, 0, 1, 0, 1}; /* W b W b W b */
+
+static ddp_optim_config_t library_config(const options_t *o, ddp_optim_group_t groups[2])
+{
+    ddp_optim_config_t c = DDP_OPTIM_CONFIG_INIT;
+    c.kind = o->optim == FM_OPTIM_ADAMW ? DDP_OPTIM_ADAMW
+             : o->optim == FM_OPTIM_ADAM ? DDP_OPTIM_ADAM
+                                         : DDP_OPTIM_SGD;
+    c.lr = o->lr;
+    c.momentum = o->optim == FM_OPTIM_SGD ? o->momentum : 0;
+    c.beta1 = o->beta1;
+    c.beta2 = o->beta2;
+    c.eps = o->eps;
+    c.weight_decay = o->weight_decay;
+    c.max_grad_norm = o->clip_grad;
+    if (o->optim == FM_OPTIM_ADAMW) {
+        c.ngroups = 2;
+        c.groups = adamw_groups(o, groups);
+        c.param_groups = fm_param_groups;
+    }
+    return c;
+}
+
+static void to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = ddp_f32_to_bf16(src[i]);
+}
+
+static void from_bf16(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = ddp_bf16_to_f32(src[i]);
+}
+
 /* ---- backward hook: hand finished gradients to the Reducer --------------------------------- */
 
 static int on_layer_done(void *ctx, int layer)
@@ -488,7 +603,12 @@ static int on_layer_done(void *ctx, int layer)
         if (!t->zero_sync) return 0;
         for (int k = 1; k >= 0; k--) {
             size_t p = (size_t)(2 * layer + 1 - k);
-            ddp_status_t st = ddp_zero_grad_ready(t->zero, p, t->grads[p]);
+            const void *g = t->grads[p];
+            if (t->o.param_bf16) { /* ZeRO holds bf16 parameters: bf16 gradients */
+                to_bf16(t->half_grads[p], t->grads[p], t->model.numel[p]);
+                g = t->half_grads[p];
+            }
+            ddp_status_t st = ddp_zero_grad_ready(t->zero, p, g);
             if (st != DDP_OK) {
                 t->status = st;
                 return 1;
@@ -639,19 +759,124 @@ static fm_hyper_t hyper_of(const options_t *o)
                     o->lr,
                     o->optim == FM_OPTIM_SGD ? o->momentum : 0,
                     o->weight_decay,
-                    o->optim == FM_OPTIM_ADAM ? o->beta1 : 0,
-                    o->optim == FM_OPTIM_ADAM ? o->beta2 : 0,
-                    o->optim == FM_OPTIM_ADAM ? o->eps : 0};
+                    o->optim != FM_OPTIM_SGD ? o->beta1 : 0,
+                    o->optim != FM_OPTIM_SGD ? o->beta2 : 0,
+                    o->optim != FM_OPTIM_SGD ? o->eps : 0,
+                    (uint64_t)uses_library_optim(o),
+                    (uint64_t)o->lr_schedule,
+                    o->warmup_steps,
+                    0,
+                    o->clip_grad,
+                    (uint64_t)o->param_bf16};
     return h;
 }
 
+/* A checkpoint's settings: the schedule's length counts only when it decays. */
+static fm_hyper_t trainer_hyper(const trainer_t *t)
+{
+    fm_hyper_t h = hyper_of(&t->o);
+    if (t->o.lr_schedule != FM_SCHEDULE_CONSTANT)
+        h.schedule_steps = (uint64_t)t->o.epochs * t->steps_per_epoch;
+    return h;
+}
+
+/* Every rank's blob of `bytes` to rank 0 (an allgather of the blobs padded to the largest, the
+ * group having no gather): on rank 0, out[r] and out_bytes[r] for every rank. */
+static void gather_blobs(trainer_t *t, const void *blob, size_t bytes, void **out,
+                         size_t *out_bytes)
+{
+    int64_t mine = (int64_t)bytes, *sizes = calloc((size_t)t->world, sizeof *sizes);
+    if (!sizes) fail("out of memory");
+    check(ddp_group_allgather(t->group, &mine, sizes, 1, DDP_I64), "gathering state sizes");
+    size_t max = 1;
+    for (int r = 0; r < t->world; r++)
+        if ((size_t)sizes[r] > max) max = (size_t)sizes[r];
+    unsigned char *padded = calloc(1, max), *all = calloc((size_t)t->world, max);
+    if (!padded || !all) fail("out of memory gathering %zu bytes of state per rank", max);
+    memcpy(padded, blob, bytes);
+    check(ddp_group_allgather(t->group, padded, all, max, DDP_U8), "gathering states");
+    for (int r = 0; r < t->world && t->rank == 0; r++) {
+        out[r] = malloc((size_t)sizes[r] ? (size_t)sizes[r] : 1);
+        if (!out[r]) fail("out of memory");
+        memcpy(out[r], all + (size_t)r * max, (size_t)sizes[r]);
+        out_bytes[r] = (size_t)sizes[r];
+    }
+    free(padded);
+    free(all);
+    free(sizes);
+}
+
+/* Collective when the state is spread over the ranks (ZeRO's shards, PowerSGD's residuals):
+ * every rank calls it; rank 0 writes. */
 static void save_checkpoint(trainer_t *t)
 {
-    if (!t->o.checkpoint || t->rank != 0) return;
+    if (!t->o.checkpoint) return;
     char err[8192];
-    fm_hyper_t h = hyper_of(&t->o);
-    if (fm_checkpoint_save(t->o.checkpoint, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
+    fm_hyper_t h = trainer_hyper(t);
+    fm_extra_t ex;
+    memset(&ex, 0, sizeof ex);
+    if (t->zero) {
+        check(ddp_zero_consolidated_state_size(t->zero, &ex.optim_state_bytes),
+              "sizing the optimizer state");
+        if (t->rank == 0 && !(ex.optim_state = malloc(ex.optim_state_bytes)))
+            fail("out of memory for the optimizer state");
+        check(ddp_zero_state_consolidate(t->zero, 0, ex.optim_state,
+                                         t->rank == 0 ? ex.optim_state_bytes : 0),
+              "gathering the ZeRO optimizer state");
+    } else if (t->lib_opt && t->rank == 0) {
+        check(ddp_optim_state_size(t->lib_opt, &ex.optim_state_bytes),
+              "sizing the optimizer state");
+        if (!(ex.optim_state = malloc(ex.optim_state_bytes)))
+            fail("out of memory for the optimizer state");
+        check(ddp_optim_state_save(t->lib_opt, ex.optim_state, ex.optim_state_bytes),
+              "saving the optimizer state");
+    }
+#ifdef FM_HAVE_POWERSGD
+    if (t->powersgd) {
+        size_t bytes;
+        check(ddp_powersgd_state_size(t->powersgd, &bytes), "sizing the PowerSGD state");
+        void *mine = malloc(bytes);
+        if (!mine) fail("out of memory for the PowerSGD state");
+        check(ddp_powersgd_state_save(t->powersgd, mine, bytes), "saving the PowerSGD state");
+        ex.hook_ranks = (uint64_t)t->world;
+        ex.hook_state = calloc((size_t)t->world, sizeof *ex.hook_state);
+        ex.hook_state_bytes = calloc((size_t)t->world, sizeof *ex.hook_state_bytes);
+        if (!ex.hook_state || !ex.hook_state_bytes) fail("out of memory");
+        gather_blobs(t, mine, bytes, ex.hook_state, ex.hook_state_bytes);
+        free(mine);
+    }
+#endif
+    if (t->rank == 0 && fm_checkpoint_save(t->o.checkpoint, &h, &t->progress, &t->model, &t->opt,
+                                           &ex, err, sizeof err))
         fail("%s", err);
+    fm_extra_free(&ex);
+}
+
+/* --resume: the optimizer and hook states, into the objects created after the checkpoint was
+ * read. Every rank read the same file: ZeRO takes its part of the consolidated state, PowerSGD
+ * this rank's own state. */
+static void load_resumed_state(trainer_t *t)
+{
+    fm_extra_t *ex = &t->resume_extra;
+    if (!t->resumed_from) return;
+    if (t->zero)
+        check(ddp_zero_state_load(t->zero, ex->optim_state, ex->optim_state_bytes),
+              "loading the ZeRO optimizer state from the checkpoint");
+    else if (t->lib_opt)
+        check(ddp_optim_state_load(t->lib_opt, ex->optim_state, ex->optim_state_bytes),
+              "loading the optimizer state from the checkpoint");
+#ifdef FM_HAVE_POWERSGD
+    if (t->powersgd) {
+        if (ex->hook_ranks != (uint64_t)t->world)
+            fail("checkpoint %s holds PowerSGD state of %llu ranks, this run has %d (each rank's "
+                 "residual is its own: resume on the same number of ranks)",
+                 t->resumed_from, (unsigned long long)ex->hook_ranks, t->world);
+        check(ddp_powersgd_state_load(t->powersgd, ex->hook_state[t->rank],
+                                      ex->hook_state_bytes[t->rank]),
+              "loading the PowerSGD state from the checkpoint");
+    }
+#endif
+    fm_extra_free(ex);
 }
 
 static void trace_path(const trainer_t *t, char *out, size_t len)
@@ -817,17 +1042,30 @@ static void build_model(trainer_t *t)
     t->opt.beta1 = o->beta1;
     t->opt.beta2 = o->beta2;
     t->opt.eps = o->eps;
-    if (!o->zero && fm_optim_create(&t->opt, t->model.numel)) /* ZeRO keeps the state itself */
+    /* libddp's optimizer keeps the state itself */
+    if (!uses_library_optim(o) && fm_optim_create(&t->opt, t->model.numel))
         fail("out of memory for the optimizer");
     t->progress.last_epoch_loss = NAN;
     const char *from = resume_source(t);
     if (from) {
         char err[8192];
-        fm_hyper_t h = hyper_of(o);
-        if (fm_checkpoint_load(from, &h, &t->progress, &t->model, &t->opt, err, sizeof err))
+        fm_hyper_t h = trainer_hyper(t);
+        if (fm_checkpoint_load(from, &h, &t->progress, &t->model, &t->opt, &t->resume_extra,
+                               err, sizeof err))
             fail("%s", err);
     }
+    t->resumed_from = from;
     if (o->resume_auto) report_resume(t, from);
+    if (o->param_bf16) { /* the model computes with the bf16 values the optimizer updates */
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            size_t n = t->model.numel[k] ? t->model.numel[k] : 1;
+            t->half_params[k] = malloc(n * sizeof(uint16_t));
+            t->half_grads[k] = malloc(n * sizeof(uint16_t));
+            if (!t->half_params[k] || !t->half_grads[k]) fail("out of memory for bf16 copies");
+            to_bf16(t->half_params[k], t->model.params[k], t->model.numel[k]);
+            from_bf16(t->model.params[k], t->half_params[k], t->model.numel[k]);
+        }
+    }
     t->pending_first_step = t->progress.global_step;
     if (o->trace) {
         char path[4096];
@@ -905,16 +1143,27 @@ static void setup_data_parallel(trainer_t *t)
                                   0,
                                   NULL};
     }
+    /* The optimizer's view of the parameters: the model's, or their bf16 copies. */
+    ddp_param_t optim_params[FM_NPARAMS];
+    memcpy(optim_params, params, sizeof optim_params);
+    if (o->param_bf16)
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            optim_params[k].data = t->half_params[k];
+            optim_params[k].dtype = DDP_BF16;
+        }
+    ddp_optim_group_t groups[2];
     if (o->zero) {
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
         zc.stage = o->zero;
         zc.overlap = o->zero_overlap;
         zc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
-        zc.optim = (ddp_optim_config_t){o->optim == FM_OPTIM_ADAM ? DDP_OPTIM_ADAM : DDP_OPTIM_SGD,
-                                        o->lr, o->momentum, 0, o->beta1, o->beta2, o->eps,
-                                        o->weight_decay};
-        check(ddp_zero_create(t->group, params, FM_NPARAMS, &zc, &t->zero),
+        zc.optim = library_config(o, groups);
+        check(ddp_zero_create(t->group, optim_params, FM_NPARAMS, &zc, &t->zero),
               "creating the ZeRO optimizer");
+    } else if (uses_library_optim(o)) {
+        ddp_optim_config_t oc = library_config(o, groups);
+        check(ddp_optim_create(optim_params, FM_NPARAMS, &oc, &t->lib_opt),
+              "creating the optimizer");
     }
     if (o->zero == 2) {
         own_gradients(t, NULL); /* no Reducer */
@@ -927,6 +1176,7 @@ static void setup_data_parallel(trainer_t *t)
         check(ddp_reducer_create(t->group, params, FM_NPARAMS, NULL, 0, &cfg, &t->reducer),
               "creating the Reducer");
     }
+    load_resumed_state(t);
     t->xbuf = malloc(t->local_batch * FM_PIXELS * sizeof(float));
     t->ybuf = malloc(t->local_batch);
     t->perm = malloc(t->train.count * sizeof(uint32_t));
@@ -943,7 +1193,7 @@ static void print_banner(const trainer_t *t)
            "(%zu per rank)%s, %s lr %g, sync %s\n",
            t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
            o->hidden, o->batch, t->local_batch, o->accumulate > 1 ? " x accumulate" : "",
-           o->optim == FM_OPTIM_ADAM ? "adam" : "sgd", o->lr,
+           fm_optim_names[o->optim], o->lr,
            o->zero == 2       ? "zero-2 (reduce-scatter)"
            : o->zero_overlap ? "reducer + zero-1 overlap"
            : o->zero         ? "reducer + zero-1"
@@ -1002,17 +1252,41 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     return loss;
 }
 
+/* This step's learning rate, before its backward: with --zero-overlap the hook updates each
+ * bucket during backward. */
+static void set_step_lr(trainer_t *t)
+{
+    double factor = lr_factor(t, t->progress.global_step);
+    if (t->zero)
+        check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
+    else if (t->lib_opt)
+        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
+    else
+        t->opt.lr = t->o.lr * factor; /* factor 1 without a schedule: the plain --lr */
+}
+
 /* The optimizer step (or ZeRO's), then the gradients zeroed for the next step. */
 static void optimizer_step(trainer_t *t)
 {
     const options_t *o = &t->o;
     double t3 = ddp_time_us();
-    if (t->zero) /* stage 2 and overlap: every gradient is with ZeRO already */
-        check(ddp_zero_step(t->zero,
-                            o->zero == 1 && !o->zero_overlap ? (void *const *)t->grads : NULL),
+    void *const *grads = (void *const *)t->grads;
+    if (o->param_bf16 && !(t->zero && o->zero == 2)) { /* ZeRO-2 converted them in backward */
+        for (int k = 0; k < FM_NPARAMS; k++)
+            to_bf16(t->half_grads[k], t->grads[k], t->model.numel[k]);
+        grads = (void *const *)t->half_grads;
+    }
+    if (t->zero) { /* stage 2 and overlap: every gradient is with ZeRO already */
+        check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap ? grads : NULL),
               "ddp_zero_step");
-    else
+    } else if (t->lib_opt) {
+        check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
+    } else {
         fm_optim_step(&t->opt, t->model.params, t->grads);
+    }
+    if (o->param_bf16)
+        for (int k = 0; k < FM_NPARAMS; k++)
+            from_bf16(t->model.params[k], t->half_params[k], t->model.numel[k]);
     if (t->reducer)
         check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
     else
@@ -1077,6 +1351,7 @@ static double train(trainer_t *t, run_stats_t *st)
             double step_loss = 0, step_exposed = 0;
             t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
             const int skip_comm = o->bench_nosync && st->run_steps % 2 == 1;
+            set_step_lr(t);
             for (size_t k = 0; k < o->accumulate; k++) {
                 int sync = !skip_comm && k + 1 == o->accumulate;
                 step_loss += micro_step(t, s, k, sync, &step_exposed) / (double)o->accumulate;
@@ -1180,6 +1455,9 @@ static void optimizer_state_bytes(trainer_t *t, double state_bytes[2])
             printf("zero-%d: optimizer state %.1f KiB on the largest rank, %.1f KiB over all %d "
                    "(unsharded: all of it on every rank)\n",
                    o->zero, state_bytes[0] / 1024.0, state_bytes[1] / 1024.0, t->world);
+    } else if (t->lib_opt) {
+        state_bytes[0] = (double)ddp_optim_state_bytes(t->lib_opt);
+        state_bytes[1] = state_bytes[0] * t->world;
     } else {
         for (int k = 0; k < FM_NPARAMS; k++)
             state_bytes[0] += (double)(t->opt.numel[k] * sizeof(float) *
@@ -1299,7 +1577,7 @@ static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_
                    "\"sync\":\"%s\",\"transport\":\"%s\",\"hook\":\"%s\",\"wire_bytes\":%llu,"
                    "\"uncompressed_bytes\":%llu,\"zero\":%d,\"zero_overlap\":%d,"
                    "\"optimizer_state_bytes\":%.0f}\n",
-                   o->hidden, o->batch, o->accumulate, o->optim == FM_OPTIM_ADAM ? "adam" : "sgd",
+                   o->hidden, o->batch, o->accumulate, fm_optim_names[o->optim],
                    o->legacy ? "legacy" : "reducer", ddp_group_transport(t->group),
                    fm_hook_names[o->hook], (unsigned long long)wire.bytes_after,
                    (unsigned long long)wire.bytes_before, o->zero, o->zero_overlap,
@@ -1321,6 +1599,12 @@ static void teardown(trainer_t *t, run_stats_t *st)
 #endif
     ddp_legacy_destroy(t->legacy);
     ddp_zero_destroy(t->zero); /* after the Reducer, whose hook may use it */
+    ddp_optim_destroy(t->lib_opt);
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        free(t->half_params[k]);
+        free(t->half_grads[k]);
+    }
+    fm_extra_free(&t->resume_extra);
     if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
     ddp_group_destroy(t->group);
     ddp_store_destroy(t->local_store);

@@ -91,7 +91,9 @@ uint64_t fm_mlp_checksum(const fm_mlp_t *model, double *sum);
 
 /* ---- optimisers (optim.c) ------------------------------------------------------------------ */
 
-enum { FM_OPTIM_SGD = 0, FM_OPTIM_ADAM = 1 };
+/* AdamW exists only through libddp's optimizer (ddp/shard.h); SGD and Adam use this file's
+ * float implementation unless a setting needs libddp's (see main.c's uses_library_optim). */
+enum { FM_OPTIM_SGD = 0, FM_OPTIM_ADAM = 1, FM_OPTIM_ADAMW = 2 };
 
 typedef struct fm_optim {
     int kind;
@@ -116,7 +118,23 @@ typedef struct fm_hyper {
     uint64_t hidden, batch, accumulate, subset, seed, optim;
     uint64_t hook; /* the Reducer's comm hook (main.c's FM_HOOK_*): it changes the gradients */
     double lr, momentum, weight_decay, beta1, beta2, eps;
+    uint64_t library_optim; /* 1: the optimizer state is libddp's (ddp/shard.h) blob */
+    uint64_t lr_schedule, warmup_steps, schedule_steps; /* schedule_steps: its length (0: none) */
+    double clip_grad;
+    uint64_t param_bf16;
 } fm_hyper_t;
+
+/* What a checkpoint holds besides the model and the trainer's own optimizer state. */
+typedef struct fm_extra {
+    void *optim_state; /* libddp's optimizer state, consolidated (hyper.library_optim) */
+    size_t optim_state_bytes;
+    uint64_t hook_ranks; /* PowerSGD: one state per rank (its residual is local); 0: none */
+    void **hook_state;
+    size_t *hook_state_bytes;
+} fm_extra_t;
+
+/* Frees what fm_checkpoint_load allocated in extra. */
+void fm_extra_free(fm_extra_t *extra);
 
 /* Where training stands. */
 typedef struct fm_progress {
@@ -128,12 +146,18 @@ typedef struct fm_progress {
     double last_epoch_loss; /* mean global loss of the last completed epoch (NaN: none yet) */
 } fm_progress_t;
 
-/* Writes atomically: a temporary file next to `path`, fsync, rename, fsync of the directory. */
+/* Writes atomically: a temporary file next to `path`, fsync, rename, fsync of the directory.
+ * The optimizer state is `opt`'s, or extra->optim_state when hyper->library_optim; extra's
+ * hook states follow (extra may be NULL without them). */
 int fm_checkpoint_save(const char *path, const fm_hyper_t *hyper, const fm_progress_t *progress,
-                       const fm_mlp_t *model, const fm_optim_t *opt, char *err, size_t errlen);
+                       const fm_mlp_t *model, const fm_optim_t *opt, const fm_extra_t *extra,
+                       char *err, size_t errlen);
 /* Verifies magic, version, size and checksum, compares hyperparameters with `hyper` (a mismatch
- * names the field and both values), then fills progress, parameters and optimizer state. */
+ * names the field and both values), then fills progress, parameters and optimizer state: `opt`'s,
+ * or a copy of the library state in extra (hyper->library_optim), with the hook states (each
+ * allocated: fm_extra_free). extra may be NULL when neither can be present. */
 int fm_checkpoint_load(const char *path, const fm_hyper_t *hyper, fm_progress_t *progress,
-                       fm_mlp_t *model, fm_optim_t *opt, char *err, size_t errlen);
+                       fm_mlp_t *model, fm_optim_t *opt, fm_extra_t *extra, char *err,
+                       size_t errlen);
 
 #endif

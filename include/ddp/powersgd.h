@@ -19,7 +19,9 @@
  *     approximation of the average (the bucket arrives divided by the world size, so the sums are
  *     averages already);
  *   - Q starts from a normal(0, 1) draw that every rank makes identically from random_seed; with
- *     warm_start it is kept (and re-orthonormalised) across iterations, else redrawn each time.
+ *     warm_start it is kept (and re-orthonormalised) across iterations, else redrawn each time;
+ *   - when the Reducer rebuilds a bucket with the same parameters in another order, each
+ *     parameter keeps its Q and residual (they are per parameter; before they restarted).
  * Results are bitwise identical on every rank. f32 buckets are computed with cblas_sgemm, f64 ones
  * with cblas_dgemm; f16/bf16 buckets are allreduced uncompressed. Everything after the hook call
  * runs as one task on the group's progress thread. */
@@ -103,6 +105,24 @@ typedef struct ddp_powersgd_stats {
 /* Statistics since create. Read from the thread that drives the reducer. */
 DDP_API ddp_status_t ddp_powersgd_stats(const ddp_powersgd_state_t *state,
                                         ddp_powersgd_stats_t *out);
+
+/* Saved state, so a run resumed from a checkpoint continues bitwise: the seed generator, the
+ * iteration count (start_powersgd_iter keeps counting from the saved run's iterations), the
+ * statistics, and per bucket its layout, Q (warm start) and this rank's residual (error
+ * feedback). The residual is local: every rank saves and loads its own state. Native byte order,
+ * ends with a checksum. size: *bytes gets the size; save: buf of at least that size. load: into
+ * a state created with the same config (a differing field is DDP_ERR_MISMATCH), before its
+ * Reducer's first iteration; everything is checked before anything changes. A resumed Reducer
+ * starts from its initial bucket layout and rebuilds again; a bucket that holds the same
+ * parameters in another order keeps each parameter's Q and residual (as at the rebuild of an
+ * uninterrupted run), so the run continues bitwise on one node (shm reduces in rank order
+ * wherever an element sits; warm_start 0 redraws Q by layout, so there the layout must match).
+ * A bucket with other parameters starts over. */
+DDP_API ddp_status_t ddp_powersgd_state_size(const ddp_powersgd_state_t *state, size_t *bytes);
+DDP_API ddp_status_t ddp_powersgd_state_save(const ddp_powersgd_state_t *state, void *buf,
+                                             size_t size);
+DDP_API ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *buf,
+                                             size_t size);
 
 /* The compression test, as the hook applies it: 1 when an n x m matrix is compressed at
  * approximation rank `rank` (clipped to min(n, m)) and min_compression_rate. */

@@ -1,5 +1,8 @@
-/* Sharding: the reduce-scatter bucketer, a plain optimizer (SGD, Adam) and the ZeRO optimizer
- * (ZeroRedundancyOptimizer) that keeps each rank's optimizer state for its partition only.
+/* Sharding: the reduce-scatter bucketer, a plain optimizer (SGD, Adam, AdamW with parameter
+ * groups, a learning-rate setter and schedules, gradient clipping, f16/bf16 parameters with f32
+ * master weights, state save/load) and the ZeRO optimizer (ZeroRedundancyOptimizer) that keeps
+ * each rank's optimizer state for its partition only, with the same rules, and saves it per rank
+ * or consolidated on one rank.
  *
  * ReduceScatterBucketer (fairscale's): many small reduce-scatters become one.
  *
@@ -104,23 +107,54 @@ DDP_API ddp_status_t ddp_rs_bucketer_counts(const ddp_rs_bucketer_t *bucketer,
 /* ---- optimizers: update rules ------------------------------------------------------------- */
 
 typedef enum ddp_optim_kind {
-    DDP_OPTIM_SGD = 0, /* torch.optim.SGD: weight decay added to the gradient, no dampening */
-    DDP_OPTIM_ADAM = 1 /* torch.optim.Adam: L2 weight decay, bias-corrected moments */
+    DDP_OPTIM_SGD = 0,  /* torch.optim.SGD: weight decay added to the gradient */
+    DDP_OPTIM_ADAM = 1, /* torch.optim.Adam: L2 weight decay, bias-corrected moments */
+    DDP_OPTIM_ADAMW = 2 /* torch.optim.AdamW: decoupled weight decay */
 } ddp_optim_kind_t;
 
-/* SGD:  d = g + wd*p; with momentum: buf = (first step) d, else momentum*buf + d;
- *       d = nesterov ? d + momentum*buf : buf;  p -= lr*d.
- * Adam: d = g + wd*p; m = b1*m + (1-b1)*d; v = b2*v + (1-b2)*d*d (t = steps of this parameter);
- *       p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
- * Computed in double per element and stored in the parameter's dtype (f32 or f64), so the same
- * gradients give bitwise the same parameters in the plain optimizer and in ZeRO. */
+/* The update rules, exactly torch.optim's (1.13, single-tensor) with lr and weight_decay (wd)
+ * of the parameter's group, t = steps of this parameter so far including this one, g the
+ * gradient (times the clipping coefficient, see max_grad_norm):
+ * SGD:   d = g + wd*p; with momentum: buf = (t == 1) d, else momentum*buf + (1-dampening)*d;
+ *        d = nesterov ? d + momentum*buf : buf;  p -= lr*d.
+ * Adam:  d = g + wd*p; m = b1*m + (1-b1)*d; v = b2*v + (1-b2)*d*d; amsgrad: vmax = max(vmax, v)
+ *        and vmax replaces v below; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+ * AdamW: p *= 1 - lr*wd (rounded to the storage type, as torch's in-place mul_); then Adam's
+ *        moments and update from g (no wd in d).
+ * Computed in double per element and stored in the working type (f32 or f64; f16 and bf16
+ * parameters are updated in an f32 master copy kept by the optimizer and written back rounded to
+ * nearest even, as torch's .to(torch.bfloat16)), so the same gradients give bitwise the same
+ * parameters in the plain optimizer and in ZeRO. */
+typedef struct ddp_optim_group {
+    double lr;
+    double weight_decay;
+} ddp_optim_group_t;
+
+/* Passed as a group index: every group. */
+#define DDP_OPTIM_ALL_GROUPS ((size_t)-1)
+
 typedef struct ddp_optim_config {
     ddp_optim_kind_t kind;
     double lr;
     double momentum; /* SGD; 0: no momentum buffer is kept */
-    int nesterov;    /* SGD; needs momentum > 0 */
-    double beta1, beta2, eps; /* Adam */
+    int nesterov;    /* SGD; needs momentum > 0 and dampening 0 */
+    double beta1, beta2, eps; /* Adam, AdamW */
     double weight_decay;
+    /* Fields below were added later; zero keeps the behaviour of before. */
+    double dampening; /* SGD, in [0, 1] */
+    int amsgrad;      /* Adam, AdamW: keep the running maximum of v */
+    /* > 0: every step first computes the global L2 norm of all gradients (the norm over every
+     * shard and rank under ZeRO) and multiplies them by min(1, max_grad_norm / (norm + 1e-6)),
+     * as torch.nn.utils.clip_grad_norm_; the caller's gradients are not written.
+     * ddp_optim_grad_norm / ddp_zero_grad_norm return the norm before clipping. 0: off. */
+    double max_grad_norm;
+    /* Parameter groups (torch's param_groups): ngroups entries of (lr, weight_decay), which
+     * replace lr and weight_decay for their parameters; param_groups[i] is the group of
+     * parameter i (NULL: all in group 0). Both arrays are copied at create. ngroups 0: one group
+     * with lr and weight_decay above. */
+    size_t ngroups;
+    const ddp_optim_group_t *groups;
+    const uint32_t *param_groups;
 } ddp_optim_config_t;
 
 /* Fills *config with the defaults (DDP_OPTIM_CONFIG_INIT's), from C or C++. NULL is ignored. */
@@ -128,7 +162,7 @@ DDP_API void ddp_optim_config_init(ddp_optim_config_t *config);
 
 /* In C, designated initializers (adding a field cannot shift the others); in C++, the same
  * values from ddp_optim_config_init. Defaults: SGD, lr 0.01, no momentum, Adam's betas
- * 0.9/0.999 and eps 1e-8, no weight decay. */
+ * 0.9/0.999 and eps 1e-8, no weight decay, no dampening, no amsgrad, no clipping, one group. */
 #ifndef __cplusplus
 #define DDP_OPTIM_CONFIG_INIT                                                                     \
     {.kind = DDP_OPTIM_SGD,                                                                       \
@@ -138,7 +172,13 @@ DDP_API void ddp_optim_config_init(ddp_optim_config_t *config);
      .beta1 = 0.9,                                                                                \
      .beta2 = 0.999,                                                                              \
      .eps = 1e-8,                                                                                 \
-     .weight_decay = 0.0}
+     .weight_decay = 0.0,                                                                         \
+     .dampening = 0.0,                                                                            \
+     .amsgrad = 0,                                                                                \
+     .max_grad_norm = 0.0,                                                                        \
+     .ngroups = 0,                                                                                \
+     .groups = NULL,                                                                              \
+     .param_groups = NULL}
 #else
 #define DDP_OPTIM_CONFIG_INIT                                                                     \
     ([] {                                                                                         \
@@ -149,17 +189,61 @@ DDP_API void ddp_optim_config_init(ddp_optim_config_t *config);
 #endif
 
 /* The plain optimizer: every parameter's state on this rank (for single-process training and as
- * the reference ZeRO is compared with). Parameters: data, numel, dtype (f32 or f64) of each
- * ddp_param_t are used; the array is copied, data must outlive the optimizer. */
+ * the reference ZeRO is compared with). Parameters: data, numel, dtype (f32, f64, f16 or bf16)
+ * of each ddp_param_t are used; the array is copied, data must outlive the optimizer. f16/bf16
+ * parameters get an f32 master copy, initialised from their values here. */
 typedef struct ddp_optim ddp_optim_t;
 DDP_API ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
                                       const ddp_optim_config_t *config, ddp_optim_t **out);
 DDP_API void ddp_optim_destroy(ddp_optim_t *optim);
-/* grads[i]: parameter i's gradient (numel elements of its dtype). Updates every parameter. */
+/* grads[i]: parameter i's gradient (numel elements of its dtype; only read). Clips (when
+ * max_grad_norm > 0) and updates every parameter. */
 DDP_API ddp_status_t ddp_optim_step(ddp_optim_t *optim, void *const *grads);
 /* Bytes of optimizer state tensors held: SGD's momentum buffers (none without momentum), Adam's
- * two moments. Per-parameter step counters (scalars) are not counted. */
+ * two moments (three with amsgrad), and the f32 master copies of f16/bf16 parameters.
+ * Per-parameter step counters (scalars) are not counted. */
 DDP_API size_t ddp_optim_state_bytes(const ddp_optim_t *optim);
+
+/* The global gradient norm (before clipping) of the last step; NaN before a step with
+ * max_grad_norm > 0 (the norm is computed only when clipping). */
+DDP_API ddp_status_t ddp_optim_grad_norm(const ddp_optim_t *optim, double *norm);
+
+/* Learning rate of `group` (DDP_OPTIM_ALL_GROUPS: every group), taking effect at the next step.
+ * scale_lr sets every group's lr to its initial lr (the config's) times factor, as
+ * torch.optim.lr_scheduler.LambdaLR does with a schedule's multiplier. get_lr reads one group's.
+ * Between steps only (not while a step runs). */
+DDP_API ddp_status_t ddp_optim_set_lr(ddp_optim_t *optim, size_t group, double lr);
+DDP_API ddp_status_t ddp_optim_scale_lr(ddp_optim_t *optim, double factor);
+DDP_API ddp_status_t ddp_optim_get_lr(const ddp_optim_t *optim, size_t group, double *lr);
+
+/* Saved state: step counts, moments, master copies and every group's lr, in one byte blob
+ * (native byte order; layout in docs/sharding.md; ends with a checksum). The blob of a plain
+ * optimizer is "consolidated" (whole parameters): ddp_zero_state_load takes it too, at any world
+ * size, and ddp_zero_state_consolidate makes the same format. size: *bytes gets the size. save:
+ * buf of at least that size. load: checks magic, version, checksum, kind, amsgrad, momentum
+ * buffers, every parameter's numel, dtype and group, and the number of groups (each mismatch
+ * named) before changing anything; restores the groups' learning rates. The parameters are the
+ * caller's to restore (their values equal the rounded master copies). */
+DDP_API ddp_status_t ddp_optim_state_size(const ddp_optim_t *optim, size_t *bytes);
+DDP_API ddp_status_t ddp_optim_state_save(const ddp_optim_t *optim, void *buf, size_t size);
+DDP_API ddp_status_t ddp_optim_state_load(ddp_optim_t *optim, const void *buf, size_t size);
+
+/* ---- learning-rate schedules ----------------------------------------------------------------
+ * Pure functions: the learning rate of optimizer step `step` (0-based: the first step is 0),
+ * equal to Hugging Face transformers' schedules (transformers.optimization) with LambdaLR after
+ * `step` scheduler steps, times peak_lr:
+ *   warmup (all three): step < warmup_steps: peak_lr * step / max(1, warmup_steps);
+ *   cosine: get_cosine_with_min_lr_schedule_with_warmup (num_cycles 0.5): progress =
+ *     (step - warmup) / max(1, total - warmup); f = max(0, 0.5 (1 + cos(pi progress)));
+ *     lr = min_lr + (peak_lr - min_lr) f  (min_lr 0: get_cosine_schedule_with_warmup);
+ *   linear: get_linear_schedule_with_warmup: peak_lr max(0, (total - step) / max(1, total -
+ *     warmup));
+ *   constant: get_constant_schedule_with_warmup: peak_lr after the warmup. */
+DDP_API double ddp_lr_warmup_cosine(uint64_t step, uint64_t warmup_steps, uint64_t total_steps,
+                                    double peak_lr, double min_lr);
+DDP_API double ddp_lr_warmup_linear(uint64_t step, uint64_t warmup_steps, uint64_t total_steps,
+                                    double peak_lr);
+DDP_API double ddp_lr_warmup_constant(uint64_t step, uint64_t warmup_steps, double peak_lr);
 
 /* ---- ZeRO --------------------------------------------------------------------------------- */
 
@@ -230,6 +314,41 @@ DDP_API size_t ddp_zero_owned_numel(const ddp_zero_t *zero);
 /* Stage 1: the rank that owns parameter `index` (-1 in overlap mode before the hook saw its
  * bucket). Stage 2: every rank owns a chunk, *rank = -1. */
 DDP_API ddp_status_t ddp_zero_param_owner(const ddp_zero_t *zero, size_t index, int *rank);
+
+/* The global gradient norm (before clipping) of the last step, computed when config.optim has
+ * max_grad_norm > 0: the square root of the allreduced sum of every rank's squares over its
+ * partition (stage 1: its parameters' averaged gradients; stage 2: its shards of the averages),
+ * the same value on every rank. NaN before such a step. Clipping is refused with overlap (each
+ * bucket is updated before the last gradient exists). */
+DDP_API ddp_status_t ddp_zero_grad_norm(const ddp_zero_t *zero, double *norm);
+
+/* As ddp_optim_set_lr / scale_lr / get_lr. Every rank must make the same changes (each updates
+ * its own partition with them). Between steps only; in overlap mode before the next backward. */
+DDP_API ddp_status_t ddp_zero_set_lr(ddp_zero_t *zero, size_t group, double lr);
+DDP_API ddp_status_t ddp_zero_scale_lr(ddp_zero_t *zero, double factor);
+DDP_API ddp_status_t ddp_zero_get_lr(const ddp_zero_t *zero, size_t group, double *lr);
+
+/* Sharded state: this rank's runs only (no communication); each rank saves its own and loads it
+ * back into a ZeRO optimizer with the same parameters, stage and world size (the partition must
+ * be the same: a run not covered by the blob is named in the error). Overlap mode: after the
+ * hook has seen every bucket (after the first step). Same blob format as ddp_optim_state_*. */
+DDP_API ddp_status_t ddp_zero_state_size(const ddp_zero_t *zero, size_t *bytes);
+DDP_API ddp_status_t ddp_zero_state_save(const ddp_zero_t *zero, void *buf, size_t size);
+/* Loads a shard saved by this rank's counterpart, or a consolidated blob (whole parameters:
+ * from ddp_zero_state_consolidate or ddp_optim_state_save, any world size or stage): each rank
+ * takes its part. Every rank calls it (each with a blob) before the next step. Overlap mode
+ * learns its partition from the hook during the first step, too late to load into:
+ * DDP_ERR_UNSUPPORTED there. */
+DDP_API ddp_status_t ddp_zero_state_load(ddp_zero_t *zero, const void *buf, size_t size);
+
+/* Consolidated state on `root`: collective. Every rank's shard travels to every rank (an
+ * allgather of the shards padded to the largest, so each rank briefly holds about the whole
+ * state) and root merges them into whole parameters, the plain optimizer's format.
+ * consolidated_state_size is the same on every rank; root passes a buffer of that size, the
+ * others NULL and 0. */
+DDP_API ddp_status_t ddp_zero_consolidated_state_size(const ddp_zero_t *zero, size_t *bytes);
+DDP_API ddp_status_t ddp_zero_state_consolidate(ddp_zero_t *zero, int root, void *buf,
+                                                size_t size);
 
 /* The overlap comm hook (ddp_comm_hook_fn): state is a ddp_zero_t created with overlap = 1 and the
  * same parameters, in the same order, as the Reducer's. One task on the progress thread allreduces

@@ -12,6 +12,7 @@
  * Overlap (stage 1 with ddp_zero_hook): whole Reducer buckets are assigned greedily as the hook
  * first sees them; one progress-thread task per bucket allreduces it and, on its owner, updates
  * its parameters right away, hidden behind the rest of backward. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,8 @@ typedef struct zero_chunk {
 struct ddp_zero {
     ddp_group_t *group;
     int rank, world, stage, overlap;
-    ddp_optim_config_t optim;
+    ddp__optim_setup_t setup; /* hyperparameters per parameter group */
+    double grad_norm;         /* of the last step with clipping; NaN before */
     size_t nparams;
     void **data;
     size_t *numel;
@@ -114,6 +116,7 @@ void ddp_zero_destroy(ddp_zero_t *z)
     free(z->tail);
     free(z->zeros);
     free(z->stage_buf);
+    ddp__optim_setup_free(&z->setup);
     free(z);
 }
 
@@ -162,6 +165,12 @@ static ddp_status_t check_config(const ddp_zero_config_t *c, int world)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: config.overlap needs stage 1 "
                           "(stage is %d)", c->stage);
     (void)world;
+    /* The overlap hook updates each bucket as soon as it is reduced, before the gradients of
+     * later buckets exist, so there is no global norm to clip by at that point. */
+    if (c->overlap && c->optim.max_grad_norm > 0.0)
+        return ddp__error(DDP_ERR_UNSUPPORTED, "zero create: config.optim.max_grad_norm needs "
+                          "the whole gradient before any update; overlap updates each bucket as "
+                          "it is reduced (use stage 1 without overlap, or stage 2)");
     return ddp__optim_check_config(&c->optim, "zero create");
 }
 
@@ -192,8 +201,13 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
     z->world = world;
     z->stage = config->stage;
     z->overlap = config->overlap;
-    z->optim = config->optim;
+    z->grad_norm = NAN;
     z->nparams = nparams;
+    s = ddp__optim_setup_init(&z->setup, &config->optim, nparams, "zero create");
+    if (s != DDP_OK) {
+        free(z);
+        return s;
+    }
     size_t n1 = nparams ? nparams : 1;
     z->data = ddp__calloc(n1, sizeof *z->data, "zero");
     z->numel = ddp__calloc(n1, sizeof *z->numel, "zero");
@@ -233,7 +247,8 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
             if (z->owner[i] != z->rank) continue;
             z->runs[i].count = z->numel[i];
             if (z->numel[i] == 0) continue;
-            s = ddp__optim_run_alloc(&z->runs[i], &z->optim, z->dtype[i]);
+            s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
+                                     z->data[i]);
             if (s != DDP_OK) goto fail;
         }
     } else if (z->stage == 2) {
@@ -249,16 +264,19 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
             if (z->numel[i] % (size_t)world != 0 && c * es * (size_t)world > max_stage)
                 max_stage = c * es * (size_t)world;
             if (z->runs[i].count == 0) continue;
-            s = ddp__optim_run_alloc(&z->runs[i], &z->optim, z->dtype[i]);
+            s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
+                                     (unsigned char *)z->data[i] + first * es);
             if (s != DDP_OK) goto fail;
         }
         z->chunks = ddp__calloc(n1, sizeof *z->chunks, "zero");
         z->submitted = ddp__calloc(n1, 1, "zero");
         z->arrived = ddp__calloc(n1, 1, "zero");
         z->gshard = ddp__calloc(n1, sizeof *z->gshard, "zero");
+        /* Each shard starts 8-byte aligned: parameters of different dtypes (an odd number of
+         * bf16 elements before an f32 shard) would otherwise misalign the next. */
         size_t owned_bytes = 0;
         for (size_t i = 0; i < nparams; i++)
-            owned_bytes += z->runs[i].count * ddp_dtype_size(z->dtype[i]);
+            owned_bytes += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
         z->gshard_mem = ddp__malloc(owned_bytes ? owned_bytes : 1, "zero gradient shard");
         if (!z->submitted || !z->arrived || !z->gshard || !z->gshard_mem) {
             s = DDP_ERR_NO_MEMORY;
@@ -266,7 +284,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
         }
         for (size_t i = 0, off = 0; i < nparams; i++) {
             z->gshard[i] = z->gshard_mem + off;
-            off += z->runs[i].count * ddp_dtype_size(z->dtype[i]);
+            off += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
         }
         z->blocks = ddp__calloc((size_t)world, sizeof *z->blocks, "zero");
         z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
@@ -398,6 +416,26 @@ ddp_status_t ddp_zero_grad_ready(ddp_zero_t *z, size_t index, const void *grad)
     return stage2_submit(z, index, grad);
 }
 
+/* With max_grad_norm: the global norm from this rank's share (grads[i] holds run i's
+ * gradient elements; runs of count 0 are skipped) and one allreduce of the partial sums of
+ * squares, so every rank gets the same norm and coefficient. */
+static ddp_status_t clip_coefficient(ddp_zero_t *z, const void *const *grads, double *coef)
+{
+    *coef = 1.0;
+    if (!(z->setup.base.max_grad_norm > 0.0)) return DDP_OK;
+    double sumsq = 0.0;
+    for (size_t i = 0; i < z->nparams; i++)
+        if (z->runs[i].count > 0 && (z->stage == 2 || z->owner[i] == z->rank))
+            sumsq += ddp__optim_grad_sumsq(z->dtype[i], grads[i], z->runs[i].count);
+    ddp_status_t s = ddp_group_allreduce(z->group, &sumsq, &sumsq, 1, DDP_F64, DDP_SUM);
+    if (s != DDP_OK)
+        return ddp__error_context(s, "zero step %llu: allreduce of the gradient norm",
+                                  (unsigned long long)z->steps);
+    z->grad_norm = sqrt(sumsq);
+    *coef = ddp__optim_clip_coef(z->grad_norm, z->setup.base.max_grad_norm);
+    return DDP_OK;
+}
+
 static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
 {
     size_t world = (size_t)z->world;
@@ -414,16 +452,23 @@ static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
     if (f != DDP_OK)
         return ddp__error_context(f, "zero step %llu: gradient reduce-scatter",
                                   (unsigned long long)z->steps);
-    /* Each rank updates its chunk of every parameter from its shard of the average. */
     for (size_t i = 0; i < z->nparams; i++) {
         if (!z->arrived[i])
             return ddp__error(DDP_ERR_INVALID_USAGE, "zero step %llu: no reduced gradient "
                               "arrived for parameter %zu (%s)", (unsigned long long)z->steps, i,
                               pname(z, i));
         z->arrived[i] = 0;
+    }
+    /* The norm of the averaged gradient: each rank holds disjoint shards of it. */
+    double coef = 1.0;
+    s = clip_coefficient(z, (const void *const *)z->gshard, &coef);
+    if (s != DDP_OK) return s;
+    /* Each rank updates its chunk of every parameter from its shard of the average. */
+    for (size_t i = 0; i < z->nparams; i++) {
         ddp__optim_run_t *run = &z->runs[i];
         unsigned char *p = (unsigned char *)z->data[i] + run->first * ddp_dtype_size(z->dtype[i]);
-        ddp__optim_run_update(run, &z->optim, z->dtype[i], p, z->gshard[i]);
+        ddp__optim_run_update_to(run, ddp__optim_hp(&z->setup, i), z->dtype[i], p, p,
+                                 z->gshard[i], coef);
     }
 
     /* Reassemble: in place when the chunks tile the parameter exactly, else through staging. */
@@ -498,9 +543,15 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
             if (z->numel[i] > 0 && !grads[i])
                 return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                                   "zero step: grads[%zu] (parameter %s) is NULL", i, pname(z, i));
+        /* The norm over the owned parameters' averaged gradients, summed over ranks: every
+         * parameter is owned by exactly one rank. */
+        double coef = 1.0;
+        s = clip_coefficient(z, (const void *const *)grads, &coef);
+        if (s != DDP_OK) return s;
         for (size_t i = 0; i < z->nparams; i++)
             if (z->owner[i] == z->rank)
-                ddp__optim_run_update(&z->runs[i], &z->optim, z->dtype[i], z->data[i], grads[i]);
+                ddp__optim_run_update_to(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
+                                         z->data[i], z->data[i], grads[i], coef);
         s = broadcast_from_owners(z);
     }
     if (s == DDP_OK) z->steps++;
@@ -524,8 +575,9 @@ static ddp_status_t overlap_task(ddp_group_t *group, void *arg)
     size_t es = ddp_dtype_size(zb->dtype);
     for (size_t j = 0; j < zb->nparams; j++) {
         size_t p = zb->params[j];
-        ddp__optim_run_update_to(&z->runs[p], &z->optim, z->dtype[p], z->data[p], z->shadow[p],
-                                 (const unsigned char *)zb->data + zb->offsets[j] * es);
+        ddp__optim_run_update_to(&z->runs[p], ddp__optim_hp(&z->setup, p), z->dtype[p],
+                                 z->data[p], z->shadow[p],
+                                 (const unsigned char *)zb->data + zb->offsets[j] * es, 1.0);
     }
     return DDP_OK;
 }
@@ -598,7 +650,8 @@ static ddp_status_t learn_bucket(ddp_zero_t *z, const ddp_comm_bucket_t *b, zero
         if (best != z->rank) continue;
         z->runs[p].count = z->numel[p];
         if (z->numel[p] == 0) continue;
-        ddp_status_t s = ddp__optim_run_alloc(&z->runs[p], &z->optim, z->dtype[p]);
+        ddp_status_t s = ddp__optim_run_alloc(&z->runs[p], ddp__optim_hp(&z->setup, p),
+                                              z->dtype[p], z->data[p]);
         if (s != DDP_OK) return s;
         z->shadow[p] = ddp__malloc(z->numel[p] * ddp_dtype_size(z->dtype[p]), "zero shadow");
         if (!z->shadow[p]) return DDP_ERR_NO_MEMORY;
@@ -654,7 +707,7 @@ size_t ddp_zero_state_bytes(const ddp_zero_t *z)
     if (!z) return 0;
     size_t bytes = 0;
     for (size_t i = 0; i < z->nparams; i++)
-        bytes += ddp__optim_run_bytes(&z->runs[i], &z->optim, z->dtype[i]);
+        bytes += ddp__optim_run_bytes(&z->runs[i], &z->setup.base, z->dtype[i]);
     return bytes;
 }
 
@@ -676,4 +729,181 @@ ddp_status_t ddp_zero_param_owner(const ddp_zero_t *z, size_t index, int *rank)
                           "(%zu parameters)", index, z->nparams);
     *rank = z->stage == 2 ? -1 : z->owner[index];
     return DDP_OK;
+}
+
+ddp_status_t ddp_zero_grad_norm(const ddp_zero_t *z, double *norm)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero grad norm: zero is NULL");
+    if (!norm) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero grad norm: norm is NULL");
+    *norm = z->grad_norm;
+    return DDP_OK;
+}
+
+/* ---- learning rates ------------------------------------------------------------------------ */
+
+ddp_status_t ddp_zero_set_lr(ddp_zero_t *z, size_t group, double lr)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero set lr: zero is NULL");
+    return ddp__optim_set_lr(&z->setup, group, lr, "zero set lr");
+}
+
+ddp_status_t ddp_zero_scale_lr(ddp_zero_t *z, double factor)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero scale lr: zero is NULL");
+    return ddp__optim_scale_lr(&z->setup, factor, "zero scale lr");
+}
+
+ddp_status_t ddp_zero_get_lr(const ddp_zero_t *z, size_t group, double *lr)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero get lr: zero is NULL");
+    return ddp__optim_get_lr(&z->setup, group, lr, "zero get lr");
+}
+
+/* ---- saved state ----------------------------------------------------------------------------
+ * A shard is this rank's runs in the optimizer state format (optim.c); consolidation gathers
+ * every shard everywhere and merges them on the root into whole parameters. */
+
+static ddp__optim_view_t shard_view(const ddp_zero_t *z)
+{
+    return (ddp__optim_view_t){&z->setup, z->nparams, z->numel, z->dtype, z->runs,
+                               (uint32_t)z->world, (uint32_t)z->rank};
+}
+
+/* Overlap mode learns the partition in the first step; before that the shard is not defined. */
+static ddp_status_t check_partition_known(const ddp_zero_t *z, const char *who)
+{
+    for (size_t i = 0; i < z->nparams; i++)
+        if (z->stage == 1 && z->owner[i] < 0)
+            return ddp__error(DDP_ERR_INVALID_USAGE, "%s: parameter %zu (%s) has no owner yet "
+                              "(overlap mode assigns buckets in the first step)", who, i,
+                              pname(z, i));
+    return DDP_OK;
+}
+
+ddp_status_t ddp_zero_state_size(const ddp_zero_t *z, size_t *bytes)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero state size: zero is NULL");
+    if (!bytes) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero state size: bytes is NULL");
+    ddp_status_t s = check_partition_known(z, "zero state size");
+    if (s != DDP_OK) return s;
+    ddp__optim_view_t v = shard_view(z);
+    *bytes = ddp__optim_state_size(&v);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_zero_state_save(const ddp_zero_t *z, void *buf, size_t size)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero state save: zero is NULL");
+    ddp_status_t s = check_partition_known(z, "zero state save");
+    if (s != DDP_OK) return s;
+    ddp__optim_view_t v = shard_view(z);
+    return ddp__optim_state_write(&v, buf, size, "zero state save");
+}
+
+ddp_status_t ddp_zero_state_load(ddp_zero_t *z, const void *buf, size_t size)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero state load: zero is NULL");
+    if (z->overlap)
+        return ddp__error(DDP_ERR_UNSUPPORTED, "zero state load: overlap mode learns which rank "
+                          "owns which bucket during the first step, after which loading is too "
+                          "late; resume with stage 1 without overlap or stage 2");
+    ddp__optim_view_t v = shard_view(z);
+    return ddp__optim_state_read(&v, &z->setup, z->runs, buf, size, "zero state load");
+}
+
+/* The whole-parameter view: runs of numel elements (no arrays: only sizes are read). */
+static ddp__optim_run_t *whole_runs(const ddp_zero_t *z)
+{
+    ddp__optim_run_t *runs = ddp__calloc(z->nparams ? z->nparams : 1, sizeof *runs,
+                                         "zero consolidated state");
+    if (runs)
+        for (size_t i = 0; i < z->nparams; i++) runs[i].count = z->numel[i];
+    return runs;
+}
+
+ddp_status_t ddp_zero_consolidated_state_size(const ddp_zero_t *z, size_t *bytes)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero consolidated state size: zero is "
+                              "NULL");
+    if (!bytes)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero consolidated state size: bytes is "
+                          "NULL");
+    ddp__optim_run_t *runs = whole_runs(z);
+    if (!runs) return DDP_ERR_NO_MEMORY;
+    ddp__optim_view_t v = {&z->setup, z->nparams, z->numel, z->dtype, runs, 1, 0};
+    *bytes = ddp__optim_state_size(&v);
+    free(runs);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_zero_state_consolidate(ddp_zero_t *z, int root, void *buf, size_t size)
+{
+    const char *who = "zero state consolidate";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!z) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: zero is NULL", who);
+    if (root < 0 || root >= z->world)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: root is %d, expected 0..%d", who, root,
+                          z->world - 1);
+    ddp_status_t s = check_partition_known(z, who);
+    if (s != DDP_OK) return s;
+    /* The root's buffer is checked after the exchange, so that a bad one fails there and every
+     * other rank still completes the collective rather than waiting for the timeout. */
+    ddp__optim_view_t mine = shard_view(z);
+    int64_t my_size = (int64_t)ddp__optim_state_size(&mine), max_size = my_size;
+    size_t world = (size_t)z->world;
+    int64_t *sizes = ddp__calloc(world, sizeof *sizes, "zero consolidated state");
+    if (!sizes) return DDP_ERR_NO_MEMORY;
+    s = ddp_group_allgather(z->group, &my_size, sizes, 1, DDP_I64);
+    if (s != DDP_OK) {
+        free(sizes);
+        return ddp__error_context(s, "%s: allgather of the shard sizes", who);
+    }
+    for (size_t r = 0; r < world; r++)
+        if (sizes[r] > max_size) max_size = sizes[r];
+    unsigned char *all = ddp__calloc(world, (size_t)max_size, "zero consolidated state");
+    unsigned char *own = ddp__calloc(1, (size_t)max_size, "zero consolidated state");
+    const void **blobs = ddp__calloc(world, sizeof *blobs, "zero consolidated state");
+    size_t *blob_sizes = ddp__calloc(world, sizeof *blob_sizes, "zero consolidated state");
+    ddp__optim_run_t *runs = whole_runs(z);
+    if (!all || !own || !blobs || !blob_sizes || !runs) {
+        s = DDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    s = ddp__optim_state_write(&mine, own, (size_t)max_size, who);
+    if (s != DDP_OK) goto out;
+    s = ddp_group_allgather(z->group, own, all, (size_t)max_size, DDP_U8);
+    if (s != DDP_OK) {
+        ddp__error_context(s, "%s: allgather of the shards", who);
+        goto out;
+    }
+    if (z->rank != root) goto out;
+    for (size_t r = 0; r < world; r++) {
+        blobs[r] = all + r * (size_t)max_size;
+        blob_sizes[r] = (size_t)sizes[r];
+    }
+    ddp__optim_view_t whole = {&z->setup, z->nparams, z->numel, z->dtype, runs, 1, 0};
+    size_t need = ddp__optim_state_size(&whole);
+    if (!buf || size < need) {
+        s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: root's buffer is %s of %zu bytes; the "
+                       "consolidated state needs %zu (ddp_zero_consolidated_state_size)", who,
+                       buf ? "" : "NULL instead", size, need);
+        goto out;
+    }
+    s = ddp__optim_state_merge(&whole, blobs, blob_sizes, world, buf, size, who);
+out:
+    free(sizes);
+    free(all);
+    free(own);
+    free(blobs);
+    free(blob_sizes);
+    free(runs);
+    return s;
 }

@@ -41,6 +41,7 @@ typedef struct psgd_slot {
     size_t numel;
     size_t nparams;
     size_t *layout; /* nparams x (offset, numel, rows) */
+    size_t *param_ids; /* the Reducer's parameter index of each (NULL: not given) */
 
     size_t ncomp, nplain;
     psgd_matrix_t *comp;
@@ -61,6 +62,10 @@ typedef struct psgd_slot {
 struct ddp_powersgd_state {
     ddp_powersgd_config_t config;
     uint64_t rng; /* draws the per-use seeds of Q, identically on every rank */
+    /* Added to the Reducer's iteration count: a state loaded from a checkpoint continues the
+     * saved run's count, while the new Reducer counts from 0 again. */
+    uint64_t iteration_offset;
+    uint64_t next_iteration; /* one past the largest iteration seen (offset included) */
     psgd_slot_t **slots;
     size_t nslots;
     ddp_powersgd_stats_t stats;
@@ -158,6 +163,7 @@ ddp_status_t ddp_powersgd_state_create(const ddp_powersgd_config_t *config,
 static void slot_release(psgd_slot_t *s)
 {
     free(s->layout);
+    free(s->param_ids);
     free(s->comp);
     free(s->plain_spans);
     free(s->p);
@@ -227,6 +233,11 @@ static ddp_status_t slot_plan(psgd_slot_t *s, const ddp_powersgd_config_t *cfg,
     s->plain_spans = calloc(np, sizeof *s->plain_spans);
     if (!s->layout || !s->comp || !s->plain_spans) goto no_memory;
     bucket_layout(b, s->layout);
+    if (b->nparams > 0 && b->params && b->offsets && b->numels) {
+        s->param_ids = malloc(np * sizeof(size_t));
+        if (!s->param_ids) goto no_memory;
+        memcpy(s->param_ids, b->params, np * sizeof(size_t));
+    }
     for (size_t i = 0; i < np; i++) {
         size_t offset = s->layout[3 * i], numel = s->layout[3 * i + 1], n = s->layout[3 * i + 2];
         if (offset > b->numel || numel > b->numel - offset)
@@ -291,6 +302,53 @@ static int slot_matches(const psgd_slot_t *s, const ddp_comm_bucket_t *b)
     return 1;
 }
 
+/* The same parameters in another order (the Reducer's one-time rebuild, or a resumed run whose
+ * new Reducer starts from its initial layout): carries Q and the residual over, parameter by
+ * parameter, into `fresh` (planned for the new layout). Each matrix's arithmetic is the same
+ * wherever it sits in the bucket (the allreduces are elementwise), so the run continues as if
+ * nothing had moved. Returns 0 (nothing carried) when the parameters differ or are not known,
+ * or when Q is redrawn every iteration (warm_start 0: its draw depends on the layout). */
+static int slot_carry(const psgd_slot_t *old, psgd_slot_t *fresh, int warm_start)
+{
+    if (!old->layout || !old->param_ids || !fresh->param_ids || old->dtype != fresh->dtype ||
+        old->numel != fresh->numel || old->nparams != fresh->nparams ||
+        (old->have_q && !warm_start))
+        return 0;
+    size_t es = ddp_dtype_size(fresh->dtype), np = fresh->nparams;
+    size_t *from = malloc(np * sizeof *from);
+    if (!from) return 0;
+    for (size_t j = 0; j < np; j++) {
+        size_t k = 0;
+        while (k < np && old->param_ids[k] != fresh->param_ids[j]) k++;
+        if (k == np || old->layout[3 * k + 1] != fresh->layout[3 * j + 1] ||
+            old->layout[3 * k + 2] != fresh->layout[3 * j + 2]) {
+            free(from);
+            return 0;
+        }
+        from[j] = k;
+    }
+    for (size_t j = 0; j < np; j++) {
+        size_t k = from[j], o_off = old->layout[3 * k], n_off = fresh->layout[3 * j];
+        if (old->have_error)
+            memcpy((char *)fresh->error + n_off * es, (const char *)old->error + o_off * es,
+                   fresh->layout[3 * j + 1] * es);
+        if (!old->have_q) continue;
+        /* The compression decision depends on the shape only: both plans agree. */
+        for (size_t a = 0; a < fresh->ncomp; a++) {
+            if (fresh->comp[a].offset != n_off) continue;
+            for (size_t c = 0; c < old->ncomp; c++)
+                if (old->comp[c].offset == o_off)
+                    memcpy((char *)fresh->q + fresh->comp[a].q_offset * es,
+                           (const char *)old->q + old->comp[c].q_offset * es,
+                           fresh->comp[a].m * fresh->comp[a].r * es);
+        }
+    }
+    fresh->have_q = old->have_q;
+    fresh->have_error = old->have_error;
+    free(from);
+    return 1;
+}
+
 static ddp_status_t slot_for(ddp_powersgd_state_t *st, const ddp_comm_bucket_t *b,
                              psgd_slot_t **out)
 {
@@ -313,13 +371,18 @@ static ddp_status_t slot_for(ddp_powersgd_state_t *st, const ddp_comm_bucket_t *
         st->slots[b->index] = s;
     }
     if (!slot_matches(s, b)) {
-        /* First use, or the reducer rebuilt its buckets: start over (fresh Q, no residual). */
-        slot_release(s);
-        ddp_status_t r = slot_plan(s, &st->config, b);
+        /* First use, or the reducer rebuilt its buckets: the same parameters reordered keep
+         * their Q and residual; anything else starts over (fresh Q, no residual). */
+        psgd_slot_t fresh;
+        memset(&fresh, 0, sizeof fresh);
+        ddp_status_t r = slot_plan(&fresh, &st->config, b);
         if (r != DDP_OK) {
-            slot_release(s);
+            slot_release(&fresh);
             return r;
         }
+        slot_carry(s, &fresh, st->config.warm_start);
+        slot_release(s);
+        *s = fresh;
     }
     *out = s;
     return DDP_OK;
@@ -376,8 +439,10 @@ ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group, const ddp_comm_b
                               ddp_dtype_name(bucket->dtype));
     size_t bytes = bucket->numel * esize;
 
+    uint64_t iteration = bucket->iteration + st->iteration_offset;
+    if (iteration + 1 > st->next_iteration) st->next_iteration = iteration + 1;
     /* Vanilla allreduce before start_powersgd_iter, and for half-precision buckets. */
-    if (bucket->iteration < st->config.start_powersgd_iter || bucket->dtype == DDP_F16 ||
+    if (iteration < st->config.start_powersgd_iter || bucket->dtype == DDP_F16 ||
         bucket->dtype == DDP_BF16) {
         ddp_status_t r = ddp_group_allreduce_async(group, bucket->data, bucket->data,
                                                    bucket->numel, bucket->dtype, DDP_SUM, work);
@@ -414,5 +479,262 @@ ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group, const ddp_comm_b
     st->stats.wire.numel += bucket->numel;
     st->stats.wire.bytes_before += bytes;
     st->stats.wire.bytes_after += after * esize;
+    return DDP_OK;
+}
+
+/* ---- saved state ------------------------------------------------------------------------------
+ * What a resumed run needs to continue bitwise: the seed generator, the iteration count, the
+ * statistics, and per bucket its layout, Q (warm start) and the local residual (error feedback).
+ * P and the uncompressed buffer are recomputed every iteration. Layout (native byte order):
+ *   u64 magic "DDPPSGD1" | config fields | u64 rng, next_iteration | stats | u64 nslots |
+ *   per slot: u64 present; if present: u64 index, dtype, numel, nparams, have_q, have_error,
+ *   have_ids, 3 x nparams u64 layout, [nparams u64 parameter indices], q (q_numel elements),
+ *   error (numel elements) | u64 checksum */
+#define PSGD_MAGIC 0x3144474753505044ull /* "DDPPSGD1" */
+
+typedef struct psgd_writer {
+    unsigned char *p; /* NULL: only count */
+    size_t len;
+} psgd_writer_t;
+
+static void w_put(psgd_writer_t *w, const void *x, size_t n)
+{
+    if (w->p && n) memcpy(w->p + w->len, x, n);
+    w->len += n;
+}
+
+static void w_u64(psgd_writer_t *w, uint64_t v) { w_put(w, &v, 8); }
+
+static uint64_t psgd_fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static void write_state(const ddp_powersgd_state_t *st, psgd_writer_t *w)
+{
+    const ddp_powersgd_config_t *c = &st->config;
+    w_u64(w, PSGD_MAGIC);
+    w_u64(w, (uint64_t)c->matrix_approximation_rank);
+    w_u64(w, c->start_powersgd_iter);
+    w_put(w, &c->min_compression_rate, 8);
+    w_u64(w, (uint64_t)c->use_error_feedback);
+    w_u64(w, (uint64_t)c->warm_start);
+    w_put(w, &c->orthogonalization_epsilon, 8);
+    w_u64(w, c->random_seed);
+    w_u64(w, st->rng);
+    w_u64(w, st->next_iteration);
+    w_put(w, &st->stats, sizeof st->stats);
+    w_u64(w, st->nslots);
+    for (size_t i = 0; i < st->nslots; i++) {
+        const psgd_slot_t *s = st->slots[i];
+        int present = s && s->layout;
+        w_u64(w, (uint64_t)present);
+        if (!present) continue;
+        size_t es = ddp_dtype_size(s->dtype);
+        w_u64(w, s->index);
+        w_u64(w, (uint64_t)s->dtype);
+        w_u64(w, s->numel);
+        w_u64(w, s->nparams);
+        w_u64(w, (uint64_t)s->have_q);
+        w_u64(w, (uint64_t)s->have_error);
+        w_u64(w, (uint64_t)(s->param_ids != NULL));
+        w_put(w, s->layout, 3 * s->nparams * sizeof(size_t));
+        if (s->param_ids) w_put(w, s->param_ids, s->nparams * sizeof(size_t));
+        w_put(w, s->q, s->q_numel * es);
+        w_put(w, s->error, s->numel * es);
+    }
+}
+
+ddp_status_t ddp_powersgd_state_size(const ddp_powersgd_state_t *state, size_t *bytes)
+{
+    clear_error();
+    if (!state)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD state size: state is NULL");
+    if (!bytes)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD state size: bytes is NULL");
+    psgd_writer_t w = {NULL, 0};
+    write_state(state, &w);
+    *bytes = w.len + 8;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_powersgd_state_save(const ddp_powersgd_state_t *state, void *buf, size_t size)
+{
+    clear_error();
+    if (!state)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD state save: state is NULL");
+    if (!buf) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD state save: buf is NULL");
+    psgd_writer_t w = {NULL, 0};
+    write_state(state, &w);
+    if (size < w.len + 8)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD state save: size is %zu bytes, "
+                              "the state needs %zu", size, w.len + 8);
+    w.p = buf;
+    w.len = 0;
+    write_state(state, &w);
+    uint64_t sum = psgd_fnv1a(buf, w.len);
+    memcpy(w.p + w.len, &sum, 8);
+    return DDP_OK;
+}
+
+typedef struct psgd_reader {
+    const unsigned char *p;
+    size_t left;
+} psgd_reader_t;
+
+static int r_get(psgd_reader_t *r, void *out, size_t n)
+{
+    if (r->left < n) return -1;
+    if (n) memcpy(out, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 0;
+}
+
+static int r_u64(psgd_reader_t *r, uint64_t *v) { return r_get(r, v, 8); }
+
+ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *buf, size_t size)
+{
+    clear_error();
+    const char *who = "PowerSGD state load";
+    if (!state) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: state is NULL", who);
+    if (!buf) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL", who);
+    if (size < 16)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes are too few", who, size);
+    uint64_t magic, stored;
+    memcpy(&magic, buf, 8);
+    if (magic != PSGD_MAGIC)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: not a PowerSGD state (bad magic)",
+                              who);
+    memcpy(&stored, (const unsigned char *)buf + size - 8, 8);
+    if (psgd_fnv1a(buf, size - 8) != stored)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is corrupt or truncated "
+                              "(%zu bytes, checksum mismatch)", who, size);
+    psgd_reader_t r = {(const unsigned char *)buf + 8, size - 16};
+    uint64_t rank, start, efb, warm, seed, rng, next, nslots;
+    double rate, eps;
+    ddp_powersgd_stats_t stats;
+    if (r_u64(&r, &rank) || r_u64(&r, &start) || r_get(&r, &rate, 8) || r_u64(&r, &efb) ||
+        r_u64(&r, &warm) || r_get(&r, &eps, 8) || r_u64(&r, &seed) || r_u64(&r, &rng) ||
+        r_u64(&r, &next) || r_get(&r, &stats, sizeof stats) || r_u64(&r, &nslots))
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: truncated header", who);
+    const ddp_powersgd_config_t *c = &state->config;
+    if (rank != (uint64_t)c->matrix_approximation_rank || start != c->start_powersgd_iter ||
+        rate != c->min_compression_rate || efb != (uint64_t)c->use_error_feedback ||
+        warm != (uint64_t)c->warm_start || eps != c->orthogonalization_epsilon ||
+        seed != c->random_seed)
+        return ddp_hook_error(DDP_ERR_MISMATCH, "%s: the state was saved with rank %llu, start "
+                              "%llu, min_compression_rate %g, error feedback %llu, warm start "
+                              "%llu, epsilon %g, seed %llu; this state's config differs", who,
+                              (unsigned long long)rank, (unsigned long long)start, rate,
+                              (unsigned long long)efb, (unsigned long long)warm, eps,
+                              (unsigned long long)seed);
+    if (nslots > r.left / 8)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %llu buckets in %zu bytes", who,
+                              (unsigned long long)nslots, r.left);
+    /* Built aside, installed only when everything read back. */
+    psgd_slot_t **slots = calloc(nslots ? nslots : 1, sizeof *slots);
+    size_t *layout = NULL, *ids = NULL, *offsets = NULL, *numels = NULL, *rows = NULL;
+    ddp_status_t status = DDP_OK;
+    if (!slots) return ddp_hook_error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
+    for (size_t i = 0; i < nslots && status == DDP_OK; i++) {
+        uint64_t present, index, dtype, numel, nparams, have_q, have_error, have_ids;
+        if (r_u64(&r, &present)) goto truncated;
+        if (!present) continue;
+        if (r_u64(&r, &index) || r_u64(&r, &dtype) || r_u64(&r, &numel) || r_u64(&r, &nparams) ||
+            r_u64(&r, &have_q) || r_u64(&r, &have_error) || r_u64(&r, &have_ids))
+            goto truncated;
+        size_t es = ddp_dtype_size((ddp_dtype_t)dtype);
+        if (index != i || (dtype != DDP_F32 && dtype != DDP_F64) || nparams == 0 ||
+            nparams > r.left / (3 * sizeof(size_t)) || numel > r.left / es) {
+            status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: bucket %zu's record is "
+                                    "invalid (index %llu, dtype %llu, %llu parameters)", who, i,
+                                    (unsigned long long)index, (unsigned long long)dtype,
+                                    (unsigned long long)nparams);
+            break;
+        }
+        layout = malloc(3 * nparams * sizeof *layout);
+        ids = malloc(nparams * sizeof *ids);
+        offsets = malloc(nparams * sizeof *offsets);
+        numels = malloc(nparams * sizeof *numels);
+        rows = malloc(nparams * sizeof *rows);
+        slots[i] = calloc(1, sizeof *slots[i]);
+        if (!layout || !ids || !offsets || !numels || !rows || !slots[i]) {
+            status = ddp_hook_error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
+            break;
+        }
+        if (r_get(&r, layout, 3 * nparams * sizeof *layout)) goto truncated;
+        if (have_ids && r_get(&r, ids, nparams * sizeof *ids)) goto truncated;
+        for (size_t j = 0; j < nparams; j++) {
+            offsets[j] = layout[3 * j];
+            numels[j] = layout[3 * j + 1];
+            rows[j] = layout[3 * j + 2];
+        }
+        /* The bucket as the hook saw it: plan it the same way, then fill Q and the residual. */
+        ddp_comm_bucket_t b;
+        memset(&b, 0, sizeof b);
+        b.index = i;
+        b.dtype = (ddp_dtype_t)dtype;
+        b.numel = numel;
+        b.nparams = nparams;
+        b.params = have_ids ? ids : NULL;
+        b.offsets = offsets;
+        b.numels = numels;
+        b.rows = rows;
+        status = slot_plan(slots[i], c, &b);
+        if (status != DDP_OK) break;
+        if (!slot_matches(slots[i], &b)) {
+            status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: bucket %zu's layout does not "
+                                    "plan back to itself", who, i);
+            break;
+        }
+        if (r_get(&r, slots[i]->q, slots[i]->q_numel * es) ||
+            r_get(&r, slots[i]->error, numel * es))
+            goto truncated;
+        slots[i]->have_q = (int)have_q;
+        slots[i]->have_error = (int)have_error;
+        free(layout);
+        free(ids);
+        free(offsets);
+        free(numels);
+        free(rows);
+        layout = ids = offsets = numels = rows = NULL;
+    }
+    if (status == DDP_OK && r.left != 0)
+        status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes left over after the "
+                                "last bucket", who, r.left);
+    goto done;
+truncated:
+    status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is truncated", who);
+done:
+    free(layout);
+    free(ids);
+    free(offsets);
+    free(numels);
+    free(rows);
+    if (status != DDP_OK) {
+        for (size_t i = 0; i < nslots; i++) {
+            if (slots[i]) slot_release(slots[i]);
+            free(slots[i]);
+        }
+        free(slots);
+        return status;
+    }
+    for (size_t i = 0; i < state->nslots; i++) {
+        if (state->slots[i]) slot_release(state->slots[i]);
+        free(state->slots[i]);
+    }
+    free(state->slots);
+    state->slots = slots;
+    state->nslots = nslots;
+    state->rng = rng;
+    state->stats = stats;
+    state->next_iteration = next;
+    state->iteration_offset = next;
     return DDP_OK;
 }
