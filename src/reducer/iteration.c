@@ -57,22 +57,6 @@ static void on_piece_done(void *arg, ddp_status_t status)
     atomic_fetch_sub(&b->owner->callbacks_pending, 1);
 }
 
-/* x /= world, f16/bf16 through f32 (what c10d's div_ does on half tensors). */
-static void prescale(void *data, size_t n, ddp_dtype_t dtype, int world)
-{
-    if (world == 1 || n == 0) return;
-    if (dtype == DDP_F32) {
-        float *x = data, w = (float)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else if (dtype == DDP_F64) {
-        double *x = data, w = (double)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else {
-        float w = (float)world;
-        for (size_t i = 0; i < n; i++) store(dtype, data, i, (float)load(dtype, data, i) / w);
-    }
-}
-
 ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
 {
     ddp__clear_error(); /* status.h: no stale text after a success */
@@ -155,7 +139,8 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
          * pass over the bucket on the caller's (backward's) thread — the transports divide
          * once after summing, shm inside its reduction loop. */
         int prescaled = r->config.comm_hook && !r->config.comm_hook_averages;
-        if (prescaled) prescale(b->data, b->numel, b->dtype, r->world);
+        /* c10d's div_, f16/bf16 through f32 */
+        if (prescaled && r->world > 1) ddp__divide_by(b->data, b->numel, b->dtype, r->world);
         ddp_comm_bucket_t *v = &b->view;
         v->index = b->index;
         v->data = b->data;

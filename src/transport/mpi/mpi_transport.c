@@ -477,33 +477,14 @@ static MPI_Op mpi_op(ddp_reduce_op_t op)
     }
 }
 
-/* The type a reduction runs in: the dtype itself, or f32 for f16/bf16, or i64 for an AVG of
- * i32/u8 (so that the sum does not wrap before the division). u8 SUM and PROD also run in i64
- * and wrap when narrowed back: OpenMPI 4.1's AVX op component adds MPI_UINT8_T with unsigned
- * saturation (200 + 100 gives 255, not 44), which test_mpi_transport caught. */
+/* The type a reduction runs in: core's accumulation type (ddp__acc_dtype: f32 for f16/bf16, i64
+ * for an AVG of i32/u8), and for MPI also i64 for u8 SUM and PROD, which wrap when narrowed back:
+ * OpenMPI 4.1's AVX op component adds MPI_UINT8_T with unsigned saturation (200 + 100 gives 255,
+ * not 44), which test_mpi_transport caught. */
 static ddp_dtype_t reduce_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op)
 {
-    if (dtype == DDP_F16 || dtype == DDP_BF16) return DDP_F32;
-    if (op == DDP_AVG && dtype == DDP_I32) return DDP_I64;
-    if (dtype == DDP_U8 && (op == DDP_SUM || op == DDP_AVG || op == DDP_PROD)) return DDP_I64;
-    return dtype;
-}
-
-/* AVG: divides n summed elements of `dtype` (f32, f64 or i64) by the world size. */
-static void divide(ddp_dtype_t dtype, void *buf, size_t n, int world)
-{
-    if (dtype == DDP_F32) {
-        float *x = buf;
-        float w = (float)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else if (dtype == DDP_F64) {
-        double *x = buf;
-        double w = (double)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else if (dtype == DDP_I64) {
-        int64_t *x = buf;
-        for (size_t i = 0; i < n; i++) x[i] /= world; /* C truncates toward zero */
-    }
+    if (dtype == DDP_U8 && (op == DDP_SUM || op == DDP_PROD)) return DDP_I64;
+    return ddp__acc_dtype(dtype, op);
 }
 
 static void *scratch(mpi_state_t *s, size_t bytes)
@@ -828,9 +809,7 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
     *done = 0;
     if (inline_data) {
         void *result = s->fused_recv.payload;
-        if (c->op == DDP_AVG) divide(rtype, result, c->count, s->world);
-        if (rtype != c->dtype) ddp__acc_narrow(c->recv, result, c->count, c->dtype);
-        else memcpy(c->recv, result, c->count * ddp_dtype_size(c->dtype));
+        ddp__acc_finish(c->recv, result, c->count, c->dtype, rtype, c->op, s->world);
         *done = 1;
     }
     return DDP_OK;
@@ -867,7 +846,7 @@ static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
     if (rtype == c->dtype) {
         const void *send = c->send == c->recv ? MPI_IN_PLACE : c->send;
         status = allreduce_chunks(s, c, send, c->recv, n, c->dtype);
-        if (status == DDP_OK && c->op == DDP_AVG) divide(c->dtype, c->recv, n, s->world);
+        if (status == DDP_OK && c->op == DDP_AVG) ddp__divide_by(c->recv, n, c->dtype, s->world);
         return status;
     }
     void *wide = scratch(s, n * ddp_dtype_size(rtype));
@@ -875,8 +854,7 @@ static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
     ddp__acc_widen(wide, c->send, n, c->dtype);
     status = allreduce_chunks(s, c, MPI_IN_PLACE, wide, n, rtype);
     if (status != DDP_OK) return status;
-    if (c->op == DDP_AVG) divide(rtype, wide, n, s->world);
-    ddp__acc_narrow(c->recv, wide, n, c->dtype);
+    ddp__acc_finish(c->recv, wide, n, c->dtype, rtype, c->op, s->world);
     return DDP_OK;
 }
 
@@ -934,9 +912,7 @@ static ddp_status_t run_reduce_scatter(mpi_state_t *s, const ddp__collective_t *
     if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Ireduce_scatter_block");
     ddp_status_t status = wait_request(s, &req, c, "MPI_Ireduce_scatter_block");
     if (status != DDP_OK) return status;
-    if (c->op == DDP_AVG) divide(rtype, out, n, s->world);
-    if (rtype != c->dtype) ddp__acc_narrow(recv, out, n, c->dtype);
-    else if (out != recv) memcpy(recv, out, n * esz);
+    ddp__acc_finish(recv, out, n, c->dtype, rtype, c->op, s->world);
     return DDP_OK;
 }
 
