@@ -10,18 +10,12 @@
 
 #include "reducer/reducer_internal.h"
 
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Completion callbacks run on the progress thread; before bucket memory or descriptors are
  * freed or statistics read, wait for every one of them (bounded by the group's timeout). */
 void ddp__reducer_wait_callbacks(ddp_reducer_t *r)
 {
     double deadline = ddp__now_us() + (double)ddp_group_timeout_ms(r->group) * 1000.0;
-    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) sleep_us(20);
+    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) ddp__sleep_us(20);
 }
 
 static void on_bucket_done(void *arg, ddp_status_t status)

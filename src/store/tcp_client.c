@@ -36,8 +36,6 @@ struct tcp_client {
 
 static struct tcp_client *impl_of(ddp_store_t *store) { return store->impl; }
 
-static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
-
 static int ms_left(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000000000); }
 
 static ddp_status_t send_all(struct tcp_client *tc, int fd, const uint8_t *data, size_t len,
@@ -247,7 +245,7 @@ static ddp_status_t acquire(ddp_store_t *store, int *fd)
         free(p);
         return DDP_OK;
     }
-    return open_connection(tc, deadline_after(atomic_load(&store->timeout_ms)), fd);
+    return open_connection(tc, ddp__deadline_precise_ns(atomic_load(&store->timeout_ms)), fd);
 }
 
 static void release(ddp_store_t *store, int fd, int healthy)
@@ -288,7 +286,7 @@ static ddp_status_t call(ddp_store_t *store, const ddp__store_request_t *req, in
     if (s == DDP_OK) {
         int64_t budget = wait_ms > 0 ? wait_ms + REPLY_GRACE_MS : atomic_load(&store->timeout_ms);
         int in_sync = 0;
-        s = roundtrip(tc, fd, &frame, deadline_after(budget), body, body_len, &in_sync);
+        s = roundtrip(tc, fd, &frame, ddp__deadline_precise_ns(budget), body, body_len, &in_sync);
         release(store, fd, in_sync);
     }
     ddp__bytes_free(&frame);
@@ -479,7 +477,7 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
     }
     /* Open the first connection now: it proves the server is up and takes our token. */
     int fd = -1;
-    s = open_connection(tc, deadline_after(timeout_ms), &fd);
+    s = open_connection(tc, ddp__deadline_precise_ns(timeout_ms), &fd);
     if (s != DDP_OK) goto free_client;
     ddp_store_t *store = ddp__store_new(&tcp_ops, tc, timeout_ms);
     if (!store) {
