@@ -101,10 +101,10 @@ typedef struct ddp__fingerprint {
 } ddp__fingerprint_t;
 
 /* The fingerprint of `c`; padding and the op of a kind without one are zero. */
-ddp__fingerprint_t ddp__fingerprint_of(const ddp__collective_t *c);
+DDP_MODULE_API ddp__fingerprint_t ddp__fingerprint_of(const ddp__collective_t *c);
 /* Writes "seq S allreduce f32 sum count N root R" into buf ("-" for the op of a kind without one,
  * so two descriptions differ only where ranks disagree). */
-void ddp__fingerprint_text(const ddp__fingerprint_t *f, char *buf, size_t size);
+DDP_MODULE_API void ddp__fingerprint_text(const ddp__fingerprint_t *f, char *buf, size_t size);
 /* The same for a collective. */
 DDP_MODULE_API void ddp__fingerprint_describe(const ddp__collective_t *c, char *buf, size_t size);
 

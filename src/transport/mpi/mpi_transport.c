@@ -37,7 +37,8 @@
 #include "ddp/mpi.h"
 
 enum {
-    FP_FIELDS = 6,       /* seq, kind, dtype, op, count, root */
+    /* transport.h's ddp__fingerprint_t as 64-bit words (seq first), reduced by MIN */
+    FP_FIELDS = sizeof(ddp__fingerprint_t) / sizeof(int64_t),
     ABORT_TAG = 0xdd0,   /* point-to-point tag of abort notices on the group's communicator */
     ABORT_TEXT_MAX = 512,
     EXCHANGE_TAG = 0xdd1, /* point-to-point tag of fingerprint records */
@@ -503,27 +504,21 @@ static void *scratch(mpi_state_t *s, size_t bytes)
 
 /* ---- fingerprints ------------------------------------------------------------------------ */
 
+/* The common fingerprint (transport.h) as the words the fused record reduces: MIN over each word
+ * and over its complement finds any word on which ranks differ, whatever fields it packs. */
+_Static_assert(sizeof(ddp__fingerprint_t) % sizeof(int64_t) == 0, "fingerprint is whole words");
+
 static void fingerprint_fields(const ddp__collective_t *c, int64_t out[FP_FIELDS])
 {
-    out[0] = (int64_t)c->seq;
-    out[1] = (int64_t)c->kind;
-    out[2] = (int64_t)c->dtype;
-    out[3] = (int64_t)c->op;
-    out[4] = (int64_t)c->count;
-    out[5] = (int64_t)c->root;
+    ddp__fingerprint_t f = ddp__fingerprint_of(c);
+    memcpy(out, &f, sizeof f);
 }
 
-static ddp__collective_t collective_from_fields(const int64_t f[FP_FIELDS])
+static ddp__fingerprint_t fingerprint_from_fields(const int64_t w[FP_FIELDS])
 {
-    ddp__collective_t c;
-    memset(&c, 0, sizeof c);
-    c.seq = (uint64_t)f[0];
-    c.kind = (ddp__collective_kind_t)f[1];
-    c.dtype = (ddp_dtype_t)f[2];
-    c.op = (ddp_reduce_op_t)f[3];
-    c.count = (size_t)f[4];
-    c.root = (int)f[5];
-    return c;
+    ddp__fingerprint_t f;
+    memcpy(&f, w, sizeof f);
+    return f;
 }
 
 /* The ranks disagree: gathers every fingerprint and names rank 0 and the first rank that differs
@@ -553,11 +548,11 @@ static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
     while (other < s->world && memcmp(all, all + (size_t)other * FP_FIELDS, sizeof mine) == 0)
         other++;
     if (other == s->world) other = 1; /* cannot happen: min and max differed */
-    ddp__collective_t first = collective_from_fields(all);
-    ddp__collective_t second = collective_from_fields(all + (size_t)other * FP_FIELDS);
+    ddp__fingerprint_t first = fingerprint_from_fields(all);
+    ddp__fingerprint_t second = fingerprint_from_fields(all + (size_t)other * FP_FIELDS);
     char a[256], b[256];
-    describe(&first, a, sizeof a);
-    describe(&second, b, sizeof b);
+    ddp__fingerprint_text(&first, a, sizeof a);
+    ddp__fingerprint_text(&second, b, sizeof b);
     free(all);
     status = ddp__error(DDP_ERR_MISMATCH,
                         "MPI transport, group '%s': collective mismatch: rank 0 called %s but "
@@ -578,14 +573,14 @@ static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
 static MPI_Datatype fused_type = MPI_DATATYPE_NULL;
 static MPI_Op fused_op = MPI_OP_NULL;
 
-/* Whether an allreduce described by fingerprint fields f travels inside the record. */
-static int inline_allreduce(const int64_t *f)
+/* Whether an allreduce described by fingerprint f travels inside the record. */
+static int inline_allreduce(const ddp__fingerprint_t *f)
 {
-    if (f[1] != DDP__ALLREDUCE || f[2] < 0 || f[2] >= DDP_DTYPE_COUNT || f[3] < 0 ||
-        f[3] >= DDP_OP_COUNT || f[4] <= 0)
+    if (f->kind != DDP__ALLREDUCE || f->dtype < 0 || f->dtype >= DDP_DTYPE_COUNT || f->op < 0 ||
+        f->op >= DDP_OP_COUNT || f->count == 0 || f->count > INT64_MAX)
         return 0;
-    ddp_dtype_t rtype = reduce_dtype((ddp_dtype_t)f[2], (ddp_reduce_op_t)f[3]);
-    return (uint64_t)f[4] <= INLINE_BYTES / ddp_dtype_size(rtype);
+    ddp_dtype_t rtype = reduce_dtype((ddp_dtype_t)f->dtype, (ddp_reduce_op_t)f->op);
+    return f->count <= INLINE_BYTES / ddp_dtype_size(rtype);
 }
 
 #define COMBINE(T, a, b, n, op)                                                                   \
@@ -630,10 +625,11 @@ static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *ty
     fused_record_t *in = invec, *inout = inoutvec;
     for (int k = 0; k < *len; k++) {
         fused_record_t *a = &in[k], *b = &inout[k];
-        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 && inline_allreduce(a->fp)) {
-            ddp_reduce_op_t op = (ddp_reduce_op_t)a->fp[3];
-            size_t n = (size_t)a->fp[4];
-            switch (reduce_dtype((ddp_dtype_t)a->fp[2], op)) {
+        ddp__fingerprint_t f = fingerprint_from_fields(a->fp);
+        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 && inline_allreduce(&f)) {
+            ddp_reduce_op_t op = (ddp_reduce_op_t)f.op;
+            size_t n = (size_t)f.count;
+            switch (reduce_dtype((ddp_dtype_t)f.dtype, op)) {
             case DDP_F32: COMBINE(alias_f32, a->payload, b->payload, n, op); break;
             case DDP_F64: COMBINE(alias_f64, a->payload, b->payload, n, op); break;
             case DDP_I32: COMBINE_INT(alias_i32, uint32_t, a->payload, b->payload, n, op); break;
@@ -744,11 +740,11 @@ static ddp_status_t combine_records(mpi_state_t *s, int inline_data)
     const fused_record_t *r = s->records;
     for (int q = 1; q < s->world; q++) {
         if (memcmp(r[0].fp, r[q].fp, FP_FIELDS * sizeof(int64_t)) != 0) {
-            ddp__collective_t first = collective_from_fields(r[0].fp);
-            ddp__collective_t other = collective_from_fields(r[q].fp);
+            ddp__fingerprint_t first = fingerprint_from_fields(r[0].fp);
+            ddp__fingerprint_t other = fingerprint_from_fields(r[q].fp);
             char a[256], b[256];
-            describe(&first, a, sizeof a);
-            describe(&other, b, sizeof b);
+            ddp__fingerprint_text(&first, a, sizeof a);
+            ddp__fingerprint_text(&other, b, sizeof b);
             return break_state(s, ddp__error(DDP_ERR_MISMATCH,
                                              "MPI transport, group '%s': collective mismatch: "
                                              "rank 0 called %s but rank %d called %s",
@@ -780,7 +776,8 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
         s->fused_send.fp[i] = f[i];
         s->fused_send.fp[FP_FIELDS + i] = ~f[i]; /* min of ~x is ~max of x */
     }
-    int inline_data = inline_allreduce(f);
+    ddp__fingerprint_t mine = fingerprint_from_fields(f);
+    int inline_data = inline_allreduce(&mine);
     ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
     if (inline_data) {
         if (rtype != c->dtype) ddp__acc_widen(s->fused_send.payload, c->send, c->count, c->dtype);
