@@ -108,7 +108,8 @@ ddp_status_t ddp__tcp_listen(int *listen_fd, char *published, size_t size)
 
     int fd = -1;
     int err = ddp__socket_listen((struct sockaddr *)&addr, len, 128, 0, &fd);
-    if (err != 0) return ddp__error_errno(DDP_ERR_SYSTEM, err, "tcp transport: bind/listen");
+    if (err != 0)
+        return ddp__error_errno(DDP_ERR_SYSTEM, err, "tcp transport: socket/bind/listen");
     if (ddp__socket_local_port(fd, &addr) < 0) {
         int e = errno;
         close(fd);
