@@ -35,6 +35,24 @@ int64_t ddp__deadline_ns(int timeout_ms)
     return ddp__coarse_now_ns() + (int64_t)timeout_ms * 1000000LL + slack;
 }
 
+struct timespec ddp__timespec_in(int clock, int64_t ns)
+{
+    struct timespec ts;
+    clock_gettime((clockid_t)clock, &ts);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec += (long)(ns % 1000000000LL);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+int64_t ddp__deadline_precise_ns(int64_t timeout_ms)
+{
+    return ddp__now_ns() + timeout_ms * 1000000LL;
+}
+
 double ddp__now_us(void) { return (double)ddp__now_ns() / 1000.0; }
 
 double ddp_time_us(void) { return ddp__now_us(); }

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "ddp/ddp.h"
 
@@ -71,9 +72,15 @@ int64_t ddp__coarse_now_ns(void);
 /* A deadline `timeout_ms` from now on the ddp__now_ns clock, from the coarse clock plus slack
  * for its lag: never early, up to ~8 ms late. */
 int64_t ddp__deadline_ns(int timeout_ms);
+/* The same from the precise clock (a read more, never late): for a store's waits, whose
+ * timeouts callers and tests time to the millisecond. */
+int64_t ddp__deadline_precise_ns(int64_t timeout_ms);
 /* Whole milliseconds left until `deadline_ns` (rounded up, so 0 only once it has passed), at
  * most `cap_ms`: the timeout argument of poll() and of store waits. */
 int ddp__ms_left(int64_t deadline_ns, int cap_ms);
+/* The time `ns` (>= 0) from now on clock `clock` (a clockid_t: CLOCK_REALTIME, or the clock
+ * a condition variable was set to): the absolute timeout pthread_cond_timedwait takes. */
+struct timespec ddp__timespec_in(int clock, int64_t ns);
 /* Sleeps `us` microseconds (resumed across signals); nothing for us <= 0. */
 void ddp__sleep_us(int64_t us);
 

@@ -419,7 +419,77 @@ void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, dd
     ddp__reduce_multi(dsts, 1, srcs, nsrcs, count, dtype, op);
 }
 
-/* ---- accumulation types ----------------------------------------------------------------------- */
+/* ---- accumulation types and AVG's division (the rules of reduce.h, written once) ------------ */
+
+ddp_dtype_t ddp__acc_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op)
+{
+    if (dtype == DDP_F16 || dtype == DDP_BF16) return DDP_F32;
+    if (op == DDP_AVG && (dtype == DDP_I32 || dtype == DDP_U8)) return DDP_I64;
+    return dtype;
+}
+
+void ddp__acc_combine(void *dst, const void *x, const void *y, size_t count, ddp_dtype_t acc_dtype,
+                      ddp_reduce_op_t op)
+{
+    /* The kernels above (vectorised where the CPU allows), two sources in this order. AVG is
+     * reduced as SUM: the division happens once, at the end (ddp__acc_finish). */
+    const void *srcs[2] = {x, y};
+    ddp__reduce(dst, srcs, 2, count, acc_dtype, op == DDP_AVG ? DDP_SUM : op);
+}
+
+void ddp__divide_by(void *data, size_t count, ddp_dtype_t dtype, int n)
+{
+    /* x / w rather than x * (1 / w): the division is exact where the quotient is representable,
+     * and every caller must give the same bits as the kernels' in-block AVG. */
+    switch (dtype) {
+    case DDP_F32: {
+        float *x = data, w = (float)n;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / w;
+        break;
+    }
+    case DDP_F64: {
+        double *x = data, w = (double)n;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / w;
+        break;
+    }
+    case DDP_F16: {
+        uint16_t *x = data;
+        float w = (float)n;
+        for (size_t i = 0; i < count; i++) x[i] = ddp_f32_to_f16(ddp_f16_to_f32(x[i]) / w);
+        break;
+    }
+    case DDP_BF16: {
+        uint16_t *x = data;
+        float w = (float)n;
+        for (size_t i = 0; i < count; i++) x[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(x[i]) / w);
+        break;
+    }
+    case DDP_I32: {
+        int32_t *x = data;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / n;
+        break;
+    }
+    case DDP_I64: {
+        int64_t *x = data;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / n;
+        break;
+    }
+    case DDP_U8: {
+        uint8_t *x = data;
+        for (size_t i = 0; i < count; i++) x[i] = (uint8_t)(x[i] / n);
+        break;
+    }
+    default: break;
+    }
+}
+
+void ddp__acc_finish(void *out, void *acc, size_t count, ddp_dtype_t dtype, ddp_dtype_t acc_dtype,
+                     ddp_reduce_op_t op, int n)
+{
+    if (op == DDP_AVG) ddp__divide_by(acc, count, acc_dtype, n);
+    if (acc_dtype != dtype) ddp__acc_narrow(out, acc, count, dtype);
+    else if (out != acc) memcpy(out, acc, count * ddp_dtype_size(dtype));
+}
 
 void ddp__acc_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype)
 {

@@ -40,11 +40,37 @@ void ddp__stream_fence(void);
 void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
                  ddp_reduce_op_t op);
 
-/* Transports that carry partial results in an accumulation type (f16/bf16 in f32, i32/u8 in
- * i64) convert with these. widen: dtype -> f32 or i64; narrow: back (halves rounded to nearest
- * even, integers truncated); other dtypes are left alone. */
+/* ---- the rules of a reduction done in steps ---------------------------------------------------
+ * A transport that reduces in several steps (a ring, recursive doubling, shm then tcp, MPI)
+ * carries partial results in an accumulation type, so that the result is rounded once, exactly
+ * as ddp__reduce does in one step: f16/bf16 in f32, and for AVG the i32 and u8 sums in i64 (u8
+ * avg of 200 and 100 is 150, not a wrapped sum divided). AVG is a SUM in every step and one
+ * division by the number of ranks at the end, on identical bytes on every rank. These are the
+ * only definitions of those rules; every transport and the reducer call them. */
+
+/* The type partial results of `op` over `dtype` travel and are combined in. */
+DDP_MODULE_API ddp_dtype_t ddp__acc_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op);
+
+/* widen: dtype -> its accumulation type (f32 for f16/bf16, i64 for i32/u8); narrow: back
+ * (halves rounded to nearest even, integers truncated); other dtypes are left alone. */
 DDP_MODULE_API void ddp__acc_widen(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
 DDP_MODULE_API void ddp__acc_narrow(void *dst, const void *src, size_t count, ddp_dtype_t dtype);
+
+/* One step: dst[i] = x[i] op y[i] (x first) for `count` elements of an accumulation dtype (f32,
+ * f64, i32, i64, u8); AVG combines as SUM. dst may alias x or y. */
+void ddp__acc_combine(void *dst, const void *x, const void *y, size_t count,
+                      ddp_dtype_t acc_dtype, ddp_reduce_op_t op);
+
+/* data[i] /= n in place: f32 and f64 in their own precision, f16/bf16 through f32 rounded once
+ * to nearest even, integers truncated toward zero. AVG's division, and the reducer's prescaling
+ * of a bucket before a summing hook. n >= 1. */
+DDP_MODULE_API void ddp__divide_by(void *data, size_t count, ddp_dtype_t dtype, int n);
+
+/* The last step: `acc` holds `count` reduced elements in `acc_dtype` (ddp__acc_dtype, or a wider
+ * type of the same family a transport chose); divides them by n for AVG (in place in acc), then
+ * writes them to `out` in `dtype` (narrowing, or copying when out != acc). */
+DDP_MODULE_API void ddp__acc_finish(void *out, void *acc, size_t count, ddp_dtype_t dtype,
+                                    ddp_dtype_t acc_dtype, ddp_reduce_op_t op, int n);
 
 /* Name of the kernel variant chosen at run time ("avx2+f16c" or "baseline"), for benchmarks. */
 const char *ddp__reduce_variant(void);

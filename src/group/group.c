@@ -286,13 +286,7 @@ static ddp_status_t wait_work(ddp_work_t *w)
     int64_t limit_ns = (int64_t)g->timeout_ms * 1000000LL + margin_ns;
     pthread_mutex_lock(&g->mu);
     while (!w->done) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = ddp__timespec_in(CLOCK_REALTIME, 100 * 1000000LL);
         pthread_cond_timedwait(&g->done_cv, &g->mu, &ts);
         if (w->done) break;
         int64_t idle = ddp__now_ns() - atomic_load(&g->last_progress_ns);

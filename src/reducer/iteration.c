@@ -10,18 +10,12 @@
 
 #include "reducer/reducer_internal.h"
 
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Completion callbacks run on the progress thread; before bucket memory or descriptors are
  * freed or statistics read, wait for every one of them (bounded by the group's timeout). */
 void ddp__reducer_wait_callbacks(ddp_reducer_t *r)
 {
     double deadline = ddp__now_us() + (double)ddp_group_timeout_ms(r->group) * 1000.0;
-    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) sleep_us(20);
+    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) ddp__sleep_us(20);
 }
 
 static void on_bucket_done(void *arg, ddp_status_t status)
@@ -55,22 +49,6 @@ static void on_piece_done(void *arg, ddp_status_t status)
         ddp_trace_span(b->owner->config.trace, name, "comm", DDP__COMM_LANE, q->launch_us, t);
     }
     atomic_fetch_sub(&b->owner->callbacks_pending, 1);
-}
-
-/* x /= world, f16/bf16 through f32 (what c10d's div_ does on half tensors). */
-static void prescale(void *data, size_t n, ddp_dtype_t dtype, int world)
-{
-    if (world == 1 || n == 0) return;
-    if (dtype == DDP_F32) {
-        float *x = data, w = (float)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else if (dtype == DDP_F64) {
-        double *x = data, w = (double)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else {
-        float w = (float)world;
-        for (size_t i = 0; i < n; i++) store(dtype, data, i, (float)load(dtype, data, i) / w);
-    }
 }
 
 ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
@@ -156,7 +134,8 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
          * pass over the bucket on the caller's (backward's) thread — the transports divide
          * once after summing, shm inside its reduction loop. */
         int prescaled = r->config.comm_hook && !r->config.comm_hook_averages;
-        if (prescaled) prescale(b->data, b->numel, b->dtype, r->world);
+        /* c10d's div_, f16/bf16 through f32 */
+        if (prescaled && r->world > 1) ddp__divide_by(b->data, b->numel, b->dtype, r->world);
         ddp_comm_bucket_t *v = &b->view;
         v->index = b->index;
         v->data = b->data;

@@ -28,35 +28,6 @@ struct ddp_legacy {
     int sync;
 };
 
-static void divide(void *data, size_t n, ddp_dtype_t dtype, int world)
-{
-    if (world == 1) return;
-    switch (dtype) {
-    case DDP_F32: {
-        float *x = data;
-        for (size_t i = 0; i < n; i++) x[i] /= (float)world;
-        break;
-    }
-    case DDP_F64: {
-        double *x = data;
-        for (size_t i = 0; i < n; i++) x[i] /= (double)world;
-        break;
-    }
-    case DDP_F16: {
-        uint16_t *x = data;
-        for (size_t i = 0; i < n; i++) x[i] = ddp_f32_to_f16(ddp_f16_to_f32(x[i]) / (float)world);
-        break;
-    }
-    case DDP_BF16: {
-        uint16_t *x = data;
-        for (size_t i = 0; i < n; i++)
-            x[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(x[i]) / (float)world);
-        break;
-    }
-    default: break;
-    }
-}
-
 /* Frees without touching the error text (create's failure paths keep theirs). */
 static void free_legacy(ddp_legacy_t *legacy)
 {
@@ -159,7 +130,7 @@ static ddp_status_t flush(ddp_legacy_t *l, const size_t *members, size_t n)
         memcpy(l->buffer + offset * es, p->grad, p->numel * es);
         offset += p->numel;
     }
-    divide(l->buffer, offset, dtype, l->world);
+    if (l->world > 1) ddp__divide_by(l->buffer, offset, dtype, l->world);
     ddp_status_t s = ddp_group_allreduce(l->group, l->buffer, l->buffer, offset, dtype, DDP_SUM);
     if (s != DDP_OK)
         return ddp__error_context(s, "legacy allreduce of %zu parameters starting at '%s'", n,
@@ -193,7 +164,7 @@ ddp_status_t ddp_legacy_allreduce(ddp_legacy_t *l, const unsigned char *has_grad
             legacy_param_t *p = &l->params[i];
             if ((int)p->dtype != d) continue;
             if (p->numel > l->buffer_numel) {
-                divide(p->grad, p->numel, p->dtype, l->world);
+                if (l->world > 1) ddp__divide_by(p->grad, p->numel, p->dtype, l->world);
                 s = ddp_group_allreduce(l->group, p->grad, p->grad, p->numel, p->dtype, DDP_SUM);
                 if (s != DDP_OK) ddp__error_context(s, "legacy allreduce of '%s'", p->name);
                 continue;

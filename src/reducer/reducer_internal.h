@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "core/reduce.h"
 #include "ddp/ddp.h"
 #include "group/group_internal.h"
 

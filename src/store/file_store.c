@@ -198,8 +198,6 @@ static ddp_status_t append(struct file_store *fs, int op, const char *key, const
     return DDP_OK;
 }
 
-static int64_t deadline_after(int timeout_ms) { return ddp__now_ns() + (int64_t)timeout_ms * 1000000; }
-
 /* A forked child shares its parent's open file description, and with it the parent's
  * open-file-description lock: the two would not exclude each other. So a handle used in a new
  * process first opens the file again for itself. The cached table stays valid. */
@@ -225,7 +223,7 @@ static ddp_status_t begin(ddp_store_t *store, int writer)
     ddp_status_t s = reopen_after_fork(fs);
     if (s != DDP_OK) goto unlock_mutex;
     s = lock_file(fs, writer ? F_WRLCK : F_RDLCK,
-                               deadline_after(atomic_load(&store->timeout_ms)));
+                               ddp__deadline_precise_ns(atomic_load(&store->timeout_ms)));
     if (s != DDP_OK) goto unlock_mutex;
     s = refresh(fs, writer);
     if (s == DDP_OK) return DDP_OK;
@@ -287,7 +285,7 @@ static ddp_status_t poll_keys(ddp_store_t *store, const char *const *keys, size_
 {
     unsigned char *missing = ddp__calloc(nkeys, 1, "file store wait");
     if (!missing) return DDP_ERR_NO_MEMORY;
-    int64_t deadline = deadline_after(timeout_ms);
+    int64_t deadline = ddp__deadline_precise_ns(timeout_ms);
     int64_t backoff_us = 1000;
     ddp_status_t s = DDP_OK;
     for (;;) {

@@ -30,14 +30,7 @@ static ddp_status_t hash_set(ddp_store_t *store, const char *key, const void *va
 static ddp_status_t wait_locked(struct hash_store *hs, const char *const *keys, size_t nkeys,
                                 int timeout_ms)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    struct timespec deadline = ddp__timespec_in(CLOCK_MONOTONIC, (int64_t)timeout_ms * 1000000LL);
     size_t first_missing = 0;
     for (;;) {
         while (first_missing < nkeys && ddp__kv_find(&hs->table, keys[first_missing]))

@@ -4,8 +4,6 @@
  * bounded by a deadline through poll(). */
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/socket.h"
 #include "store/store_impl.h"
 #include "store/tcp_frame.h"
 
@@ -37,21 +36,7 @@ struct tcp_client {
 
 static struct tcp_client *impl_of(ddp_store_t *store) { return store->impl; }
 
-static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
-
 static int ms_left(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000000000); }
-
-/* Waits for `events` on fd. Returns 1 ready, 0 timed out, -1 error (errno). */
-static int wait_fd(int fd, short events, int64_t deadline_ns)
-{
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, ms_left(deadline_ns));
-        if (n > 0) return 1;
-        if (n == 0 && ddp__now_ns() >= deadline_ns) return 0;
-        if (n < 0 && errno != EINTR) return -1;
-    }
-}
 
 static ddp_status_t send_all(struct tcp_client *tc, int fd, const uint8_t *data, size_t len,
                              int64_t deadline_ns)
@@ -65,7 +50,7 @@ static ddp_status_t send_all(struct tcp_client *tc, int fd, const uint8_t *data,
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd(fd, POLLOUT, deadline_ns);
+            int r = ddp__socket_wait(fd, POLLOUT, deadline_ns);
             if (r == 0)
                 return ddp__error(DDP_ERR_TIMEOUT, "TCP store %s:%d: timed out sending a request",
                                   tc->host, tc->port);
@@ -98,7 +83,7 @@ static ddp_status_t recv_all(struct tcp_client *tc, int fd, uint8_t *data, size_
                               tc->host, tc->port);
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int r = wait_fd(fd, POLLIN, deadline_ns);
+            int r = ddp__socket_wait(fd, POLLIN, deadline_ns);
             if (r == 0)
                 return ddp__error(DDP_ERR_TIMEOUT,
                                   "TCP store %s:%d: timed out waiting for the server's reply",
@@ -182,45 +167,23 @@ static ddp_status_t authenticate(struct tcp_client *tc, int fd, int64_t deadline
  * wrong token is answered with an error reply and is not retried. */
 static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, int *out_fd)
 {
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", tc->port);
     int64_t backoff_ms = 10;
     int last_err = 0;
     int evicted = 0; /* the last attempt connected but was closed before the AUTH reply */
     for (;;) {
-        struct addrinfo hints, *res = NULL;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_NUMERICSERV;
-        int gai = getaddrinfo(tc->host, portstr, &hints, &res);
+        struct addrinfo *res = NULL;
+        int gai = ddp__socket_resolve(tc->host, tc->port, 0, &res);
         if (gai != 0 && gai != EAI_AGAIN)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "TCP store: host '%s': %s", tc->host,
                               gai_strerror(gai));
         for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-            int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                            ai->ai_protocol);
-            if (fd < 0) {
-                last_err = errno;
+            int fd = -1;
+            int err = ddp__socket_connect(ai->ai_addr, ai->ai_addrlen, deadline_ns, &fd);
+            if (err != 0) {
+                last_err = err;
                 continue;
             }
-            int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-            if (rc != 0 && errno == EINPROGRESS) {
-                int r = wait_fd(fd, POLLOUT, deadline_ns);
-                int soerr = 0;
-                socklen_t sl = sizeof soerr;
-                if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
-                    rc = 0;
-                else
-                    errno = r == 1 ? soerr : ETIMEDOUT;
-            }
-            if (rc != 0) {
-                last_err = errno;
-                close(fd);
-                continue;
-            }
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            ddp__socket_nodelay(fd);
             ddp_status_t s = authenticate(tc, fd, deadline_ns);
             if (s == DDP_OK) {
                 freeaddrinfo(res);
@@ -282,7 +245,7 @@ static ddp_status_t acquire(ddp_store_t *store, int *fd)
         free(p);
         return DDP_OK;
     }
-    return open_connection(tc, deadline_after(atomic_load(&store->timeout_ms)), fd);
+    return open_connection(tc, ddp__deadline_precise_ns(atomic_load(&store->timeout_ms)), fd);
 }
 
 static void release(ddp_store_t *store, int fd, int healthy)
@@ -323,7 +286,7 @@ static ddp_status_t call(ddp_store_t *store, const ddp__store_request_t *req, in
     if (s == DDP_OK) {
         int64_t budget = wait_ms > 0 ? wait_ms + REPLY_GRACE_MS : atomic_load(&store->timeout_ms);
         int in_sync = 0;
-        s = roundtrip(tc, fd, &frame, deadline_after(budget), body, body_len, &in_sync);
+        s = roundtrip(tc, fd, &frame, ddp__deadline_precise_ns(budget), body, body_len, &in_sync);
         release(store, fd, in_sync);
     }
     ddp__bytes_free(&frame);
@@ -514,7 +477,7 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
     }
     /* Open the first connection now: it proves the server is up and takes our token. */
     int fd = -1;
-    s = open_connection(tc, deadline_after(timeout_ms), &fd);
+    s = open_connection(tc, ddp__deadline_precise_ns(timeout_ms), &fd);
     if (s != DDP_OK) goto free_client;
     ddp_store_t *store = ddp__store_new(&tcp_ops, tc, timeout_ms);
     if (!store) {

@@ -8,8 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/socket.h"
 #include "store/store_impl.h"
 #include "store/tcp_frame.h"
 
@@ -496,8 +495,7 @@ static void accept_all(struct ddp_store_server *srv)
         if (full && unauthenticated > 0) return;
         struct sockaddr_storage addr;
         socklen_t alen = sizeof addr;
-        int fd = accept4(srv->listen_fd, (struct sockaddr *)&addr, &alen,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = ddp__socket_accept(srv->listen_fd, &addr, &alen);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno == EMFILE || errno == ENFILE) {
@@ -529,8 +527,7 @@ static void accept_all(struct ddp_store_server *srv)
             close(fd);
             continue;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        ddp__socket_nodelay(fd);
         struct conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
@@ -672,50 +669,27 @@ ddp_status_t ddp_store_server_start(const char *bind_addr, int port, const char 
     s = ddp__kv_init(&srv->table);
     if (s != DDP_OK) goto free_token;
 
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", port);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int gai = getaddrinfo(bind_addr, portstr, &hints, &res);
+    struct addrinfo *res = NULL;
+    int gai = ddp__socket_resolve(bind_addr, port, AI_PASSIVE, &res);
     if (gai != 0) {
         s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: bind_addr '%s': %s", fn, bind_addr,
                        gai_strerror(gai));
         goto free_table;
     }
     int err = 0;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                        ai->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-            srv->listen_fd = fd;
-            break;
-        }
-        err = errno;
-        close(fd);
-    }
+    for (struct addrinfo *ai = res; ai && srv->listen_fd < 0; ai = ai->ai_next)
+        err = ddp__socket_listen(ai->ai_addr, ai->ai_addrlen, 1024, 1, &srv->listen_fd);
     freeaddrinfo(res);
     if (srv->listen_fd < 0) {
         s = ddp__error_errno(DDP_ERR_SYSTEM, err, "%s: cannot listen on %s:%d", fn, bind_addr,
                              port);
         goto free_table;
     }
-    struct sockaddr_storage addr;
-    socklen_t alen = sizeof addr;
-    if (getsockname(srv->listen_fd, (struct sockaddr *)&addr, &alen) != 0) {
+    srv->port = ddp__socket_local_port(srv->listen_fd, NULL);
+    if (srv->port < 0) {
         s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "%s: getsockname", fn);
         goto close_listen;
     }
-    srv->port = ntohs(addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&addr)->sin6_port
-                                                 : ((struct sockaddr_in *)&addr)->sin_port);
     if (pipe2(srv->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "%s: pipe", fn);
         goto close_listen;

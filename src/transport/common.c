@@ -21,19 +21,6 @@ const char *ddp__collective_kind_name(ddp__collective_kind_t kind)
 
 static int has_op(int32_t kind) { return kind == DDP__ALLREDUCE || kind == DDP__REDUCE_SCATTER; }
 
-ddp__fingerprint_t ddp__fingerprint_of(const ddp__collective_t *c)
-{
-    ddp__fingerprint_t f;
-    memset(&f, 0, sizeof f);
-    f.seq = c->seq;
-    f.count = c->count;
-    f.kind = (int32_t)c->kind;
-    f.dtype = (int32_t)c->dtype;
-    f.op = (int32_t)c->op;
-    f.root = c->root;
-    return f;
-}
-
 void ddp__fingerprint_text(const ddp__fingerprint_t *f, char *buf, size_t size)
 {
     snprintf(buf, size, "seq %llu %s %s %s count %llu root %d", (unsigned long long)f->seq,

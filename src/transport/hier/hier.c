@@ -172,7 +172,7 @@ static ddp_status_t check_fingerprints(hier_t *h, const ddp__collective_t *c)
 static ddp_status_t allreduce(hier_t *h, const void *send, void *recv, size_t count,
                               ddp_dtype_t dtype, ddp_reduce_op_t op, int64_t deadline)
 {
-    ddp_dtype_t at = ddp__tcp_acc_type(dtype, op);
+    ddp_dtype_t at = ddp__acc_dtype(dtype, op);
     ddp_status_t s;
     if (at == dtype && op != DDP_AVG) {
         if (!h->local && send != recv) memmove(recv, send, count * ddp_dtype_size(dtype));
@@ -191,9 +191,7 @@ static ddp_status_t allreduce(hier_t *h, const void *send, void *recv, size_t co
     if ((s = sub(h, 0, DDP__ALLREDUCE, w, w, count, at, sop, 0, deadline))) return s;
     if ((s = sub(h, 1, DDP__ALLREDUCE, w, w, count, at, sop, 0, deadline))) return s;
     if ((s = sub(h, 0, DDP__BROADCAST, w, w, count, at, 0, 0, deadline))) return s;
-    if (op == DDP_AVG) ddp__tcp_divide(w, count, at, h->world);
-    if (at != dtype) ddp__acc_narrow(recv, w, count, dtype);
-    else memcpy(recv, w, count * as);
+    ddp__acc_finish(recv, w, count, dtype, at, op, h->world);
     return DDP_OK;
 }
 

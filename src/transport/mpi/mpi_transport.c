@@ -37,7 +37,8 @@
 #include "ddp/mpi.h"
 
 enum {
-    FP_FIELDS = 6,       /* seq, kind, dtype, op, count, root */
+    /* transport.h's ddp__fingerprint_t as 64-bit words (seq first), reduced by MIN */
+    FP_FIELDS = sizeof(ddp__fingerprint_t) / sizeof(int64_t),
     ABORT_TAG = 0xdd0,   /* point-to-point tag of abort notices on the group's communicator */
     ABORT_TEXT_MAX = 512,
     EXCHANGE_TAG = 0xdd1, /* point-to-point tag of fingerprint records */
@@ -477,33 +478,14 @@ static MPI_Op mpi_op(ddp_reduce_op_t op)
     }
 }
 
-/* The type a reduction runs in: the dtype itself, or f32 for f16/bf16, or i64 for an AVG of
- * i32/u8 (so that the sum does not wrap before the division). u8 SUM and PROD also run in i64
- * and wrap when narrowed back: OpenMPI 4.1's AVX op component adds MPI_UINT8_T with unsigned
- * saturation (200 + 100 gives 255, not 44), which test_mpi_transport caught. */
+/* The type a reduction runs in: core's accumulation type (ddp__acc_dtype: f32 for f16/bf16, i64
+ * for an AVG of i32/u8), and for MPI also i64 for u8 SUM and PROD, which wrap when narrowed back:
+ * OpenMPI 4.1's AVX op component adds MPI_UINT8_T with unsigned saturation (200 + 100 gives 255,
+ * not 44), which test_mpi_transport caught. */
 static ddp_dtype_t reduce_dtype(ddp_dtype_t dtype, ddp_reduce_op_t op)
 {
-    if (dtype == DDP_F16 || dtype == DDP_BF16) return DDP_F32;
-    if (op == DDP_AVG && dtype == DDP_I32) return DDP_I64;
-    if (dtype == DDP_U8 && (op == DDP_SUM || op == DDP_AVG || op == DDP_PROD)) return DDP_I64;
-    return dtype;
-}
-
-/* AVG: divides n summed elements of `dtype` (f32, f64 or i64) by the world size. */
-static void divide(ddp_dtype_t dtype, void *buf, size_t n, int world)
-{
-    if (dtype == DDP_F32) {
-        float *x = buf;
-        float w = (float)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else if (dtype == DDP_F64) {
-        double *x = buf;
-        double w = (double)world;
-        for (size_t i = 0; i < n; i++) x[i] /= w;
-    } else if (dtype == DDP_I64) {
-        int64_t *x = buf;
-        for (size_t i = 0; i < n; i++) x[i] /= world; /* C truncates toward zero */
-    }
+    if (dtype == DDP_U8 && (op == DDP_SUM || op == DDP_PROD)) return DDP_I64;
+    return ddp__acc_dtype(dtype, op);
 }
 
 static void *scratch(mpi_state_t *s, size_t bytes)
@@ -522,27 +504,21 @@ static void *scratch(mpi_state_t *s, size_t bytes)
 
 /* ---- fingerprints ------------------------------------------------------------------------ */
 
+/* The common fingerprint (transport.h) as the words the fused record reduces: MIN over each word
+ * and over its complement finds any word on which ranks differ, whatever fields it packs. */
+_Static_assert(sizeof(ddp__fingerprint_t) % sizeof(int64_t) == 0, "fingerprint is whole words");
+
 static void fingerprint_fields(const ddp__collective_t *c, int64_t out[FP_FIELDS])
 {
-    out[0] = (int64_t)c->seq;
-    out[1] = (int64_t)c->kind;
-    out[2] = (int64_t)c->dtype;
-    out[3] = (int64_t)c->op;
-    out[4] = (int64_t)c->count;
-    out[5] = (int64_t)c->root;
+    ddp__fingerprint_t f = ddp__fingerprint_of(c);
+    memcpy(out, &f, sizeof f);
 }
 
-static ddp__collective_t collective_from_fields(const int64_t f[FP_FIELDS])
+static ddp__fingerprint_t fingerprint_from_fields(const int64_t w[FP_FIELDS])
 {
-    ddp__collective_t c;
-    memset(&c, 0, sizeof c);
-    c.seq = (uint64_t)f[0];
-    c.kind = (ddp__collective_kind_t)f[1];
-    c.dtype = (ddp_dtype_t)f[2];
-    c.op = (ddp_reduce_op_t)f[3];
-    c.count = (size_t)f[4];
-    c.root = (int)f[5];
-    return c;
+    ddp__fingerprint_t f;
+    memcpy(&f, w, sizeof f);
+    return f;
 }
 
 /* The ranks disagree: gathers every fingerprint and names rank 0 and the first rank that differs
@@ -572,11 +548,11 @@ static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
     while (other < s->world && memcmp(all, all + (size_t)other * FP_FIELDS, sizeof mine) == 0)
         other++;
     if (other == s->world) other = 1; /* cannot happen: min and max differed */
-    ddp__collective_t first = collective_from_fields(all);
-    ddp__collective_t second = collective_from_fields(all + (size_t)other * FP_FIELDS);
+    ddp__fingerprint_t first = fingerprint_from_fields(all);
+    ddp__fingerprint_t second = fingerprint_from_fields(all + (size_t)other * FP_FIELDS);
     char a[256], b[256];
-    describe(&first, a, sizeof a);
-    describe(&second, b, sizeof b);
+    ddp__fingerprint_text(&first, a, sizeof a);
+    ddp__fingerprint_text(&second, b, sizeof b);
     free(all);
     status = ddp__error(DDP_ERR_MISMATCH,
                         "MPI transport, group '%s': collective mismatch: rank 0 called %s but "
@@ -597,14 +573,14 @@ static ddp_status_t report_mismatch(mpi_state_t *s, const ddp__collective_t *c)
 static MPI_Datatype fused_type = MPI_DATATYPE_NULL;
 static MPI_Op fused_op = MPI_OP_NULL;
 
-/* Whether an allreduce described by fingerprint fields f travels inside the record. */
-static int inline_allreduce(const int64_t *f)
+/* Whether an allreduce described by fingerprint f travels inside the record. */
+static int inline_allreduce(const ddp__fingerprint_t *f)
 {
-    if (f[1] != DDP__ALLREDUCE || f[2] < 0 || f[2] >= DDP_DTYPE_COUNT || f[3] < 0 ||
-        f[3] >= DDP_OP_COUNT || f[4] <= 0)
+    if (f->kind != DDP__ALLREDUCE || f->dtype < 0 || f->dtype >= DDP_DTYPE_COUNT || f->op < 0 ||
+        f->op >= DDP_OP_COUNT || f->count == 0 || f->count > INT64_MAX)
         return 0;
-    ddp_dtype_t rtype = reduce_dtype((ddp_dtype_t)f[2], (ddp_reduce_op_t)f[3]);
-    return (uint64_t)f[4] <= INLINE_BYTES / ddp_dtype_size(rtype);
+    ddp_dtype_t rtype = reduce_dtype((ddp_dtype_t)f->dtype, (ddp_reduce_op_t)f->op);
+    return f->count <= INLINE_BYTES / ddp_dtype_size(rtype);
 }
 
 #define COMBINE(T, a, b, n, op)                                                                   \
@@ -649,10 +625,11 @@ static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *ty
     fused_record_t *in = invec, *inout = inoutvec;
     for (int k = 0; k < *len; k++) {
         fused_record_t *a = &in[k], *b = &inout[k];
-        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 && inline_allreduce(a->fp)) {
-            ddp_reduce_op_t op = (ddp_reduce_op_t)a->fp[3];
-            size_t n = (size_t)a->fp[4];
-            switch (reduce_dtype((ddp_dtype_t)a->fp[2], op)) {
+        ddp__fingerprint_t f = fingerprint_from_fields(a->fp);
+        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 && inline_allreduce(&f)) {
+            ddp_reduce_op_t op = (ddp_reduce_op_t)f.op;
+            size_t n = (size_t)f.count;
+            switch (reduce_dtype((ddp_dtype_t)f.dtype, op)) {
             case DDP_F32: COMBINE(alias_f32, a->payload, b->payload, n, op); break;
             case DDP_F64: COMBINE(alias_f64, a->payload, b->payload, n, op); break;
             case DDP_I32: COMBINE_INT(alias_i32, uint32_t, a->payload, b->payload, n, op); break;
@@ -763,11 +740,11 @@ static ddp_status_t combine_records(mpi_state_t *s, int inline_data)
     const fused_record_t *r = s->records;
     for (int q = 1; q < s->world; q++) {
         if (memcmp(r[0].fp, r[q].fp, FP_FIELDS * sizeof(int64_t)) != 0) {
-            ddp__collective_t first = collective_from_fields(r[0].fp);
-            ddp__collective_t other = collective_from_fields(r[q].fp);
+            ddp__fingerprint_t first = fingerprint_from_fields(r[0].fp);
+            ddp__fingerprint_t other = fingerprint_from_fields(r[q].fp);
             char a[256], b[256];
-            describe(&first, a, sizeof a);
-            describe(&other, b, sizeof b);
+            ddp__fingerprint_text(&first, a, sizeof a);
+            ddp__fingerprint_text(&other, b, sizeof b);
             return break_state(s, ddp__error(DDP_ERR_MISMATCH,
                                              "MPI transport, group '%s': collective mismatch: "
                                              "rank 0 called %s but rank %d called %s",
@@ -799,7 +776,8 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
         s->fused_send.fp[i] = f[i];
         s->fused_send.fp[FP_FIELDS + i] = ~f[i]; /* min of ~x is ~max of x */
     }
-    int inline_data = inline_allreduce(f);
+    ddp__fingerprint_t mine = fingerprint_from_fields(f);
+    int inline_data = inline_allreduce(&mine);
     ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
     if (inline_data) {
         if (rtype != c->dtype) ddp__acc_widen(s->fused_send.payload, c->send, c->count, c->dtype);
@@ -828,9 +806,7 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
     *done = 0;
     if (inline_data) {
         void *result = s->fused_recv.payload;
-        if (c->op == DDP_AVG) divide(rtype, result, c->count, s->world);
-        if (rtype != c->dtype) ddp__acc_narrow(c->recv, result, c->count, c->dtype);
-        else memcpy(c->recv, result, c->count * ddp_dtype_size(c->dtype));
+        ddp__acc_finish(c->recv, result, c->count, c->dtype, rtype, c->op, s->world);
         *done = 1;
     }
     return DDP_OK;
@@ -867,7 +843,7 @@ static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
     if (rtype == c->dtype) {
         const void *send = c->send == c->recv ? MPI_IN_PLACE : c->send;
         status = allreduce_chunks(s, c, send, c->recv, n, c->dtype);
-        if (status == DDP_OK && c->op == DDP_AVG) divide(c->dtype, c->recv, n, s->world);
+        if (status == DDP_OK && c->op == DDP_AVG) ddp__divide_by(c->recv, n, c->dtype, s->world);
         return status;
     }
     void *wide = scratch(s, n * ddp_dtype_size(rtype));
@@ -875,8 +851,7 @@ static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
     ddp__acc_widen(wide, c->send, n, c->dtype);
     status = allreduce_chunks(s, c, MPI_IN_PLACE, wide, n, rtype);
     if (status != DDP_OK) return status;
-    if (c->op == DDP_AVG) divide(rtype, wide, n, s->world);
-    ddp__acc_narrow(c->recv, wide, n, c->dtype);
+    ddp__acc_finish(c->recv, wide, n, c->dtype, rtype, c->op, s->world);
     return DDP_OK;
 }
 
@@ -934,9 +909,7 @@ static ddp_status_t run_reduce_scatter(mpi_state_t *s, const ddp__collective_t *
     if (rc != MPI_SUCCESS) return post_failed(s, rc, c, "MPI_Ireduce_scatter_block");
     ddp_status_t status = wait_request(s, &req, c, "MPI_Ireduce_scatter_block");
     if (status != DDP_OK) return status;
-    if (c->op == DDP_AVG) divide(rtype, out, n, s->world);
-    if (rtype != c->dtype) ddp__acc_narrow(recv, out, n, c->dtype);
-    else if (out != recv) memcpy(recv, out, n * esz);
+    ddp__acc_finish(recv, out, n, c->dtype, rtype, c->op, s->world);
     return DDP_OK;
 }
 

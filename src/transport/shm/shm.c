@@ -61,14 +61,10 @@
 #endif
 #define DDP__SHM_MAX_WORLD 64
 
-/* What every rank must agree on for one collective, plus the zero-copy hints. */
+/* What every rank must agree on for one collective (the common record of transport.h), plus
+ * the zero-copy hints. This is the local copy; what crosses processes is the mailbox below. */
 typedef struct shm_fingerprint {
-    uint64_t seq;
-    uint64_t count;
-    int32_t kind;
-    int32_t dtype;
-    int32_t op;
-    int32_t root;
+    ddp__fingerprint_t id;
     int64_t buffer_id; /* -1: not in a segment buffer */
     uint64_t send_offset;
     uint64_t recv_offset;
@@ -90,7 +86,13 @@ typedef struct shm_header {
 } shm_header_t;
 
 /* One cache line: the fingerprint of a collective's first phase, the step it was written for,
- * and the data of a small collective, so that a waiter's one poll brings all three. */
+ * and the data of a small collective, so that a waiter's one poll brings all three.
+ * Why not the common 32-byte ddp__fingerprint_t here: with the 8-byte stamp it would leave 24
+ * bytes of data in the line instead of 32 (a 32-byte allreduce, 4 f64 or 8 f32, would lose the
+ * one-line path), or push the data into a second line that every waiter must also pull. kind,
+ * dtype and op fit in a byte each, which buys those 8 bytes; the mailbox is packed from and
+ * read back into ddp__fingerprint_t (fingerprint_in), so the rule of what must match and the
+ * text of a mismatch stay the common ones. */
 #define MAILBOX_DATA 32
 typedef struct shm_mailbox {
     _Atomic uint64_t stamp; /* the step this mailbox was written for (stored last, release) */
@@ -639,24 +641,22 @@ static ddp_status_t sync_all(shm_state_t *S, const ddp__collective_t *c, int64_t
 static void fingerprint_of(const ddp__collective_t *c, shm_fingerprint_t *fp)
 {
     memset(fp, 0, sizeof *fp);
-    fp->seq = c->seq;
-    fp->count = c->count;
-    fp->kind = (int32_t)c->kind;
-    fp->dtype = (int32_t)c->dtype;
-    fp->op = (int32_t)c->op;
-    fp->root = c->root;
+    fp->id = ddp__fingerprint_of(c);
     fp->buffer_id = -1;
 }
 
-static void collective_of(const shm_mailbox_t *mb, ddp__collective_t *c)
+/* The common record a mailbox was packed from (for the text of a mismatch). */
+static ddp__fingerprint_t fingerprint_in(const shm_mailbox_t *mb)
 {
-    memset(c, 0, sizeof *c);
-    c->seq = mb->seq;
-    c->count = mb->count;
-    c->kind = (ddp__collective_kind_t)mb->kind;
-    c->dtype = (ddp_dtype_t)mb->dtype;
-    c->op = (ddp_reduce_op_t)mb->op;
-    c->root = mb->root;
+    ddp__fingerprint_t f;
+    memset(&f, 0, sizeof f);
+    f.seq = mb->seq;
+    f.count = mb->count;
+    f.kind = mb->kind;
+    f.dtype = mb->dtype;
+    f.op = mb->op;
+    f.root = mb->root;
+    return f;
 }
 
 /* The first phase of every collective: publish the fingerprint (with up to MAILBOX_DATA bytes
@@ -674,12 +674,12 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
     if (S->refused) return poisoned_error(S, S->rank, S->refused, c);
     shm_rank_t *me = &S->ranks[S->rank];
     shm_mailbox_t *mb = &me->mailbox[q];
-    mb->seq = mine->seq;
-    mb->count = mine->count;
-    mb->kind = (uint8_t)mine->kind;
-    mb->dtype = (uint8_t)mine->dtype;
-    mb->op = (uint8_t)mine->op;
-    mb->root = mine->root;
+    mb->seq = mine->id.seq;
+    mb->count = mine->id.count;
+    mb->kind = (uint8_t)mine->id.kind;
+    mb->dtype = (uint8_t)mine->id.dtype;
+    mb->op = (uint8_t)mine->id.op;
+    mb->root = mine->id.root;
     if (data_bytes) memcpy(mb->data, data, data_bytes);
     me->hints[q].buffer_id = mine->buffer_id;
     me->hints[q].send_offset = mine->send_offset;
@@ -694,12 +694,10 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
         const shm_mailbox_t *mj = &S->ranks[j].mailbox[q];
         if (mj->seq != m0->seq || mj->count != m0->count || mj->kind != m0->kind ||
             mj->dtype != m0->dtype || mj->op != m0->op || mj->root != m0->root) {
-            ddp__collective_t c0, cj;
+            ddp__fingerprint_t f0 = fingerprint_in(m0), fj = fingerprint_in(mj);
             char d0[256], dj[256];
-            collective_of(m0, &c0);
-            collective_of(mj, &cj);
-            ddp__fingerprint_describe(&c0, d0, sizeof d0);
-            ddp__fingerprint_describe(&cj, dj, sizeof dj);
+            ddp__fingerprint_text(&f0, d0, sizeof d0);
+            ddp__fingerprint_text(&fj, dj, sizeof dj);
             return ddp__error(DDP_ERR_MISMATCH,
                               "collective mismatch (seen on rank %d): rank 0 called %s but rank %d "
                               "called %s",

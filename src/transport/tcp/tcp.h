@@ -62,20 +62,6 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
                                   int world, int listen_fd, int timeout_ms,
                                   ddp__tcp_conn_t *conns);
 
-/* ---- reductions (on src/core/reduce.h's kernels) ----------------------------------------------
- * dst[i] = x[i] op y[i] for `count` elements of an accumulation dtype (f32, f64, i32, i64, u8);
- * dst may alias x or y. AVG reduces as SUM (the division happens once, at the end). */
-void ddp__tcp_combine(void *dst, const void *x, const void *y, size_t count, ddp_dtype_t dtype,
-                      ddp_reduce_op_t op);
-/* Divides `count` accumulated elements by `world` in place (for AVG). */
-void ddp__tcp_divide(void *acc, size_t count, ddp_dtype_t dtype, int world);
-
-/* Partial results travel in an accumulation type so that the result is rounded once, as
- * src/core/reduce.h defines it for every transport: f16/bf16 in f32, and for AVG the i32 and u8
- * sums in i64 (u8 avg of 200 and 100 is 150, not a wrapped sum divided). Shared with the
- * hierarchical transport; ddp__acc_widen/_narrow (core/reduce.h) convert. */
-ddp_dtype_t ddp__tcp_acc_type(ddp_dtype_t dtype, ddp_reduce_op_t op);
-
 /* ---- test hooks ---------------------------------------------------------------------------- */
 /* Allreduce messages of at most this many bytes use recursive doubling, larger ones the ring
  * (default 64 KiB). Process-wide; tests set 0 to force the ring or SIZE_MAX to force doubling. */

@@ -4,7 +4,6 @@
  * closed without an answer while the rendezvous goes on (like the store server's own check). */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
@@ -18,16 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/socket.h"
 #include "transport/tcp/tcp.h"
 
 static int remaining_ms(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000000); }
-
-static int set_nonblocking(int fd)
-{
-    int flags = fcntl(fd, F_GETFL, 0);
-    if (flags < 0) return -1;
-    return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
 
 /* ---- choosing the address ----------------------------------------------------------------
  * DDP_SOCKET_IFNAME names the interface explicitly (first IPv4 address, else IPv6). Without it
@@ -113,15 +106,11 @@ ddp_status_t ddp__tcp_listen(int *listen_fd, char *published, size_t size)
     if (addr.ss_family == AF_INET) ((struct sockaddr_in *)&addr)->sin_port = 0;
     else ((struct sockaddr_in6 *)&addr)->sin6_port = 0;
 
-    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ddp__error_errno(DDP_ERR_SYSTEM, errno, "tcp transport: socket");
-    if (bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, 128) != 0) {
-        int e = errno;
-        close(fd);
-        return ddp__error_errno(DDP_ERR_SYSTEM, e, "tcp transport: bind/listen");
-    }
-    len = sizeof addr;
-    if (getsockname(fd, (struct sockaddr *)&addr, &len) != 0 || set_nonblocking(fd) != 0) {
+    int fd = -1;
+    int err = ddp__socket_listen((struct sockaddr *)&addr, len, 128, 0, &fd);
+    if (err != 0)
+        return ddp__error_errno(DDP_ERR_SYSTEM, err, "tcp transport: socket/bind/listen");
+    if (ddp__socket_local_port(fd, &addr) < 0) {
         int e = errno;
         close(fd);
         return ddp__error_errno(DDP_ERR_SYSTEM, e, "tcp transport: getsockname");
@@ -175,45 +164,31 @@ static ddp_status_t connect_to(const char *published, int peer, int64_t deadline
     if (sscanf(published, "%46s %15s", host, port) != 2)
         return ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d published a malformed "
                           "address '%s'", peer, published);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-    int rc = getaddrinfo(host, port, &hints, &res);
+    char *end = NULL;
+    long portnum = strtol(port, &end, 10);
+    if (*end != '\0' || portnum < 0 || portnum > 65535)
+        return ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d published '%s': bad port",
+                          peer, published);
+    struct addrinfo *res = NULL;
+    int rc = ddp__socket_resolve(host, (int)portnum, AI_NUMERICHOST, &res);
     if (rc != 0)
         return ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d published '%s': %s", peer,
                           published, gai_strerror(rc));
     int delay_ms = 5;
     int last_errno = 0;
     for (;;) {
-        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            last_errno = errno;
-            break;
-        }
-        set_nonblocking(fd);
-        int r = connect(fd, res->ai_addr, res->ai_addrlen);
-        if (r != 0 && errno == EINPROGRESS) {
-            struct pollfd pfd = {fd, POLLOUT, 0};
-            int ms = remaining_ms(deadline_ns);
-            if (ms > 0 && poll(&pfd, 1, ms) == 1) {
-                int err = 0;
-                socklen_t elen = sizeof err;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
-                r = err == 0 ? 0 : -1;
-                errno = err;
-            } else {
-                errno = ETIMEDOUT;
-            }
-        }
-        if (r == 0) {
+        int fd = -1;
+        last_errno = ddp__socket_connect(res->ai_addr, res->ai_addrlen, deadline_ns, &fd);
+        if (last_errno == 0) {
             freeaddrinfo(res);
             *out = fd;
             return DDP_OK;
         }
-        last_errno = errno;
-        close(fd);
+        /* Refused while the peer is not listening yet: retry with backoff until the deadline.
+         * Out of descriptors or memory for a socket: no point in waiting, fail now. */
+        if (last_errno == EMFILE || last_errno == ENFILE || last_errno == ENOBUFS ||
+            last_errno == ENOMEM || last_errno == EAFNOSUPPORT)
+            break;
         if (remaining_ms(deadline_ns) == 0) break;
         ddp__sleep_us((int64_t)delay_ms * 1000);
         if (delay_ms < 200) delay_ms *= 2;
@@ -409,10 +384,8 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
         }
         if (pfds[0].revents) {
             for (;;) {
-                int fd = accept(listen_fd, NULL, NULL);
+                int fd = ddp__socket_accept(listen_fd, NULL, NULL);
                 if (fd < 0) break;
-                fcntl(fd, F_SETFD, FD_CLOEXEC);
-                set_nonblocking(fd);
                 if (npend == MAX_PENDING) {
                     /* Too many strangers at once: drop the oldest. */
                     close(pend[0].fd);
@@ -462,9 +435,8 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
 
     for (int peer = 0; peer < world; peer++) {
         if (peer == rank) continue;
-        int one = 1;
-        setsockopt(conns[peer].fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        set_nonblocking(conns[peer].fd);
+        ddp__socket_nodelay(conns[peer].fd);
+        ddp__socket_nonblocking(conns[peer].fd);
     }
     for (int i = 0; i < npend; i++) close(pend[i].fd);
     free(pend);

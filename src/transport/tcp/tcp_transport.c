@@ -697,18 +697,6 @@ done:
     return s;
 }
 
-/* ---- accumulation types (ddp__tcp_acc_type; conversions in core/reduce.c) ---------- */
-
-/* acc (accumulation type) -> out (collective dtype), dividing first for AVG. */
-static void finalize(void *out, void *acc, size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
-                     int world)
-{
-    ddp_dtype_t at = ddp__tcp_acc_type(dtype, op);
-    if (op == DDP_AVG) ddp__tcp_divide(acc, count, at, world);
-    if (at != dtype) ddp__acc_narrow(out, acc, count, dtype);
-    else if (out != acc) memcpy(out, acc, count * ddp_dtype_size(dtype));
-}
-
 /* ---- the ring -------------------------------------------------------------------------------
  * Segment j of the vector has seg_cnt[j] elements at seg_off[j]. At reduce-scatter step s rank r
  * sends segment (r - s + shift) and receives (r - s - 1 + shift) from r - 1, combining it with its
@@ -750,10 +738,10 @@ static void ring_on_recv(void *ctx, size_t i)
     if (!ri->rs) return;
     char *acc = g->acc + ri->elem * g->as;
     /* Combine as (incoming partial) op (mine): the same order on every rank for a segment. */
-    ddp__tcp_combine(acc, g->tmp, g->src + ri->elem * g->as, ri->count, g->at, g->c->op);
+    ddp__acc_combine(acc, g->tmp, g->src + ri->elem * g->as, ri->count, g->at, g->c->op);
     if (ri->last && g->final)
-        finalize(g->final + (ri->elem - g->final_from) * ddp_dtype_size(g->c->dtype), acc,
-                 ri->count, g->c->dtype, g->c->op, g->n);
+        ddp__acc_finish(g->final + (ri->elem - g->final_from) * ddp_dtype_size(g->c->dtype), acc,
+                        ri->count, g->c->dtype, g->at, g->c->op, g->n);
 }
 
 static size_t nchunks(size_t count, size_t chunk) { return (count + chunk - 1) / chunk; }
@@ -865,7 +853,7 @@ static size_t chunk_elems(size_t esize)
 static ddp_status_t allreduce_ring(tcp_state_t *t, const ddp__collective_t *c)
 {
     size_t es = ddp_dtype_size(c->dtype);
-    ddp_dtype_t at = ddp__tcp_acc_type(c->dtype, c->op);
+    ddp_dtype_t at = ddp__acc_dtype(c->dtype, c->op);
     size_t as = ddp_dtype_size(at);
     ring_t g;
     memset(&g, 0, sizeof g);
@@ -905,7 +893,7 @@ static ddp_status_t reduce_scatter_ring(tcp_state_t *t, const ddp__collective_t 
 {
     int n = t->world;
     size_t es = ddp_dtype_size(c->dtype);
-    ddp_dtype_t at = ddp__tcp_acc_type(c->dtype, c->op);
+    ddp_dtype_t at = ddp__acc_dtype(c->dtype, c->op);
     size_t as = ddp_dtype_size(at);
     size_t total = c->count * (size_t)n;
     ring_t g;
@@ -986,7 +974,7 @@ static ddp_status_t allreduce_doubling(tcp_state_t *t, const ddp__collective_t *
 {
     int n = t->world, r = t->rank;
     size_t es = ddp_dtype_size(c->dtype);
-    ddp_dtype_t at = ddp__tcp_acc_type(c->dtype, c->op);
+    ddp_dtype_t at = ddp__acc_dtype(c->dtype, c->op);
     size_t as = ddp_dtype_size(at);
     size_t abytes = c->count * as;
     ddp_status_t s = ensure(&t->work, &t->work_bytes, 2 * abytes, "recursive doubling");
@@ -1007,16 +995,16 @@ static ddp_status_t allreduce_doubling(tcp_state_t *t, const ddp__collective_t *
     if (r < extra) {
         s = swap_with(t, c, r + p2, NULL, 0, tmp, abytes);
         if (s != DDP_OK) return s;
-        ddp__tcp_combine(acc, acc, tmp, c->count, at, c->op);
+        ddp__acc_combine(acc, acc, tmp, c->count, at, c->op);
     }
     for (int mask = 1; mask < p2; mask *= 2) {
         int peer = r ^ mask;
         s = swap_with(t, c, peer, acc, abytes, tmp, abytes);
         if (s != DDP_OK) return s;
-        if (r < peer) ddp__tcp_combine(acc, acc, tmp, c->count, at, c->op);
-        else ddp__tcp_combine(acc, tmp, acc, c->count, at, c->op);
+        if (r < peer) ddp__acc_combine(acc, acc, tmp, c->count, at, c->op);
+        else ddp__acc_combine(acc, tmp, acc, c->count, at, c->op);
     }
-    finalize(c->recv, acc, c->count, c->dtype, c->op, n);
+    ddp__acc_finish(c->recv, acc, c->count, c->dtype, at, c->op, n);
     if (r < extra) return swap_with(t, c, r + p2, c->recv, c->count * es, NULL, 0);
     return DDP_OK;
 }

@@ -1,0 +1,24 @@
+# The house rule of docs/architecture.md: every include and call goes down a layer
+# (tools/check_layers.sh). The script runs on the real tree, and on copies of src/ with one
+# violation planted each, to show that each of its checks fires.
+add_test(NAME test_layers COMMAND sh ${PROJECT_SOURCE_DIR}/tools/check_layers.sh)
+set_tests_properties(test_layers PROPERTIES PASS_REGULAR_EXPRESSION "OK: every include and call goes down")
+
+# ddp_layers_violation(NAME FILE LINE EXPECTED): appends LINE to src/FILE in a copy of the
+# tree (tests/layers_planted.sh); the check must print EXPECTED.
+function(ddp_layers_violation name file line expected)
+  add_test(NAME test_layers.${name}
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/layers_planted.sh ${PROJECT_SOURCE_DIR} ${file} "${line}")
+  set_tests_properties(test_layers.${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expected}")
+endfunction()
+
+ddp_layers_violation(core_includes_group core/socket.c "#include \"group/group_internal.h\""
+  "FAIL: an include goes up a layer")
+ddp_layers_violation(store_includes_transport store/tcp_client.c
+  "#include \"transport/transport.h\"" "FAIL: an include goes up a layer")
+ddp_layers_violation(transport_includes_sibling transport/shm/shm.c "#include \"transport/tcp/tcp.h\""
+  "FAIL: a transport includes another transport's header")
+ddp_layers_violation(transport_calls_group transport/tcp/tcp_socket.c
+  "static int f(void *g) { return ddp_group_size(g) }" "FAIL: transports call the group layer")
+ddp_layers_violation(core_declares_upper core/reduce.h "void ddp__tcp_listen(void)"
+  "FAIL: core declares functions of layers above")
