@@ -16,11 +16,18 @@ fail() {
     FAILED=1
 }
 
-# A worker that prints its attempt and store, and as rank 1 dies by SIGKILL on attempts below $1.
+# A worker that prints its attempt and store, and as rank 1 dies by SIGKILL on attempts below $1
+# once rank 0 has printed its line (a file rank 0 writes after its echo: without it, a loaded
+# machine can start rank 0's shell after rank 1's death and ddprun stops it before it prints).
 worker() {
     cat <<SH
 echo "attempt \$DDP_RESTART_COUNT \$TORCHELASTIC_RESTART_COUNT rank \$RANK store \$MASTER_PORT"
-if [ "\$RANK" = 1 ] && [ "\$DDP_RESTART_COUNT" -lt $1 ]; then kill -9 \$\$; fi
+[ "\$RANK" = 0 ] && : >"$WORK/printed.\$DDP_RESTART_COUNT"
+if [ "\$RANK" = 1 ] && [ "\$DDP_RESTART_COUNT" -lt $1 ]; then
+    n=0
+    while [ ! -e "$WORK/printed.\$DDP_RESTART_COUNT" ] && [ \$n -lt 200 ]; do sleep 0.05; n=\$((n + 1)); done
+    kill -9 \$\$
+fi
 sleep 0.2
 SH
 }
