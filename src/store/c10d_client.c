@@ -252,6 +252,16 @@ static void put_bytes(ddp__bytes_t *b, const void *data, size_t len)
     if (len) ddp__bytes_append(b, data, len);
 }
 
+/* A key as torch's own TCPStore client sends it: with "/" in front (TCPStore::keyPrefix_), so a
+ * key set here is the key a torch process reads with store.get(key), and the other way. */
+static void put_key(ddp__bytes_t *b, const char *key)
+{
+    size_t len = strlen(key);
+    put_u64(b, (uint64_t)len + 1);
+    ddp__bytes_append(b, "/", 1);
+    if (len) ddp__bytes_append(b, key, len);
+}
+
 static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     c10d_client_t *c = impl_of(store);
@@ -373,7 +383,7 @@ static ddp_status_t c10d_set(ddp_store_t *store, const char *key, const void *va
 {
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_SET);
-    put_bytes(&b, key, strlen(key));
+    put_key(&b, key);
     put_bytes(&b, value, len);
     reply_t r = {0};
     /* SET has no reply: a later request on the same connection is ordered after it. */
@@ -390,7 +400,7 @@ static ddp_status_t wait_keys(ddp_store_t *store, const char *const *keys, size_
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_WAIT);
     put_u64(&b, nkeys);
-    for (size_t i = 0; i < nkeys; i++) put_bytes(&b, keys[i], strlen(keys[i]));
+    for (size_t i = 0; i < nkeys; i++) put_key(&b, keys[i]);
     if (b.failed) {
         ddp__bytes_free(&b);
         return ddp__error(DDP_ERR_NO_MEMORY, "c10d store: out of memory encoding a request");
@@ -414,7 +424,7 @@ static ddp_status_t wait_keys(ddp_store_t *store, const char *const *keys, size_
             ddp__bytes_t q = {0};
             ddp__bytes_u8(&q, Q_CHECK);
             put_u64(&q, 1);
-            put_bytes(&q, keys[i], strlen(keys[i]));
+            put_key(&q, keys[i]);
             reply_t one = {0};
             if (call(store, &q, REPLY_BYTE, REPLY_GRACE_MS, "CHECK", &one) != DDP_OK) known = 0;
             else missing[i] = one.byte != CHECK_READY;
@@ -442,7 +452,7 @@ static ddp_status_t c10d_get(ddp_store_t *store, const char *key, int timeout_ms
     if (s != DDP_OK) return s;
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_GET);
-    put_bytes(&b, key, strlen(key));
+    put_key(&b, key);
     reply_t r = {0};
     s = call(store, &b, REPLY_VECTOR, handle_budget(store), "a GET reply", &r);
     if (s != DDP_OK) return s;
@@ -455,7 +465,7 @@ static ddp_status_t c10d_add(ddp_store_t *store, const char *key, int64_t delta,
 {
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_ADD);
-    put_bytes(&b, key, strlen(key));
+    put_key(&b, key);
     put_u64(&b, (uint64_t)delta);
     reply_t r = {0};
     ddp_status_t s = call(store, &b, REPLY_I64, handle_budget(store), "an ADD reply", &r);
@@ -473,7 +483,7 @@ static ddp_status_t c10d_compare_set(ddp_store_t *store, const char *key, const 
 {
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_COMPARE_SET);
-    put_bytes(&b, key, strlen(key));
+    put_key(&b, key);
     put_bytes(&b, expected, expected_len);
     put_bytes(&b, desired, desired_len);
     reply_t r = {0};
@@ -490,7 +500,7 @@ static ddp_status_t c10d_check(ddp_store_t *store, const char *const *keys, size
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_CHECK);
     put_u64(&b, nkeys);
-    for (size_t i = 0; i < nkeys; i++) put_bytes(&b, keys[i], strlen(keys[i]));
+    for (size_t i = 0; i < nkeys; i++) put_key(&b, keys[i]);
     reply_t r = {0};
     ddp_status_t s = call(store, &b, REPLY_BYTE, handle_budget(store), "a CHECK reply", &r);
     if (s != DDP_OK) return s;
@@ -510,7 +520,7 @@ static ddp_status_t c10d_remove(ddp_store_t *store, const char *key, int *delete
 {
     ddp__bytes_t b = {0};
     ddp__bytes_u8(&b, Q_DELETE_KEY);
-    put_bytes(&b, key, strlen(key));
+    put_key(&b, key);
     reply_t r = {0};
     ddp_status_t s = call(store, &b, REPLY_I64, handle_budget(store), "a DELETE_KEY reply", &r);
     if (s == DDP_OK) *deleted = r.i64 > 0;
