@@ -74,7 +74,13 @@
     X("SLURM_NODEID", "", TEXT, 0, 0, "", "index of this node under srun (node 0 hosts the store)") \
     X("SLURM_STEP_NODELIST", "", TEXT, 0, 0, "",                                                   \
       "the step's nodes under srun (else SLURM_JOB_NODELIST); the first hosts the store")         \
-    X("SLURM_JOB_ID", "", TEXT, 0, 0, "", "under srun: with SLURM_STEP_ID, derives the store's port")
+    X("SLURM_JOB_NODELIST", "", TEXT, 0, 0, "", "the job's nodes under srun")                    \
+    X("SLURM_STEP_NUM_TASKS", "", TEXT, 0, 0, "", "number of ranks of this srun step")            \
+    X("SLURM_STEP_TASKS_PER_NODE", "", TEXT, 0, 0, "",                                             \
+      "ranks per node of this step, as 2(x3),1 (else SLURM_TASKS_PER_NODE)")                      \
+    X("SLURM_TASKS_PER_NODE", "", TEXT, 0, 0, "", "ranks per node of the job under srun")         \
+    X("SLURM_JOB_ID", "", TEXT, 0, 0, "", "under srun: with SLURM_STEP_ID, derives the store's port") \
+    X("SLURM_STEP_ID", "", TEXT, 0, 0, "", "the srun step's id")
 
 /* The launcher's variables (RANK ... MPI_LOCALNRANKS) are TEXT here: ddp_env_read checks them and
  * reports its own errors, which say which launcher set them. */

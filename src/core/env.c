@@ -6,6 +6,7 @@
  * compressed host lists ("node[01-04,07]"). */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -414,6 +415,30 @@ ddp_status_t ddp_env_hostlist_host(const char *list, int index, char *out, size_
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "host list '%s' has %lld hosts, not %d",
                           list, total, index + 1);
     return DDP_OK;
+}
+
+/* ---- the rendezvous host ------------------------------------------------------------------- */
+
+static pthread_mutex_t rendezvous_lock = PTHREAD_MUTEX_INITIALIZER;
+static char rendezvous_host[256];
+
+void ddp__set_rendezvous_host(const char *host)
+{
+    pthread_mutex_lock(&rendezvous_lock);
+    snprintf(rendezvous_host, sizeof rendezvous_host, "%s", host ? host : "");
+    pthread_mutex_unlock(&rendezvous_lock);
+}
+
+const char *ddp__rendezvous_host(void)
+{
+    /* Written once per rendezvous, before the transports that read it are created: the
+     * pointer stays valid, the text is replaced only by a later rendezvous. */
+    pthread_mutex_lock(&rendezvous_lock);
+    const char *host = rendezvous_host[0] ? rendezvous_host : NULL;
+    pthread_mutex_unlock(&rendezvous_lock);
+    if (host) return host;
+    host = ddp__env("DDP_STORE_ADDR");
+    return host ? host : ddp__env("MASTER_ADDR");
 }
 
 ddp_status_t ddp_env_read(ddp_env_t *out)

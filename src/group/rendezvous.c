@@ -35,6 +35,7 @@ static ddp_status_t random_hex(char *out, size_t size)
 static ddp_status_t connect_to(const char *host, int port, const char *token, int timeout_ms,
                                ddp_store_t **store)
 {
+    ddp__set_rendezvous_host(host);
     ddp_status_t s = ddp_store_tcp_connect(host, port, token, timeout_ms, store);
     return s == DDP_OK ? s : ddp__error_context(s, "connecting to the store at %s:%d", host, port);
 }
@@ -231,6 +232,7 @@ ddp_status_t ddp__rendezvous(const ddp_env_t *env, int timeout_ms, ddp__rendezvo
         s = connect_to(env->master_addr, env->master_port, env->token, timeout_ms, &out->store);
     } else if (env->store_source) {
         /* torchrun's convention: MASTER_ADDR may name its c10d TCPStore or a libddp store. */
+        ddp__set_rendezvous_host(env->master_addr);
         s = ddp_store_connect(env->master_addr, env->master_port, env->token, timeout_ms,
                               &out->store);
         if (s != DDP_OK)
