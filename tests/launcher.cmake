@@ -10,3 +10,7 @@ if(TARGET ddprun)
   target_compile_definitions(test_launcher PRIVATE DDPRUN_PATH="$<TARGET_FILE:ddprun>")
   add_dependencies(test_launcher ddprun)
 endif()
+
+# ddp_group_create_from_env under srun's variables set by hand, one node: the store the first
+# task hosts, shared memory, the secret file's rules (tests/netns/multihost.sh slurm: 2-3 hosts).
+ddp_add_test(NAME test_slurm_env SOURCES test_slurm_env.c TIMEOUT 120)

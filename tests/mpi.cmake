@@ -66,6 +66,25 @@ if(DDP_HAVE_MPI)
   ddp_add_mpi_test(NAME test_mpi_env SOURCES test_mpi_env.c NP 1 2 3 TIMEOUT 120)
   ddp_add_test(NAME test_mpi_env SOURCES test_mpi_env.c mpi_register.c LIBS ddp_mpi_static ARGS --no-launcher TIMEOUT 60 LABELS mpi)
 
+  # Unchanged programs under plain mpirun (shared libddp, which loads libddp_mpi.so for the
+  # rendezvous only): hello_ddp and ddp-bench must get shared memory, and say so.
+  if(TARGET hello_ddp)
+    foreach(np 2 3)
+      add_test(NAME test_mpi_launch.hello.np${np}
+               COMMAND sh -c "out=$(\"$0\" --oversubscribe -np ${np} \"$1\" 2>&1) || { echo \"$out\"; exit 1; }; echo \"$out\"; echo \"$out\" | grep -q '^hello_ddp: transport shm$' && echo \"$out\" | grep -q '^hello_ddp: ${np} ranks, w ='"
+                       ${DDP_MPIRUN} $<TARGET_FILE:hello_ddp>)
+      set_tests_properties(test_mpi_launch.hello.np${np} PROPERTIES TIMEOUT 120 LABELS mpi
+                           ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+    endforeach()
+  endif()
+  if(TARGET ddp-bench)
+    add_test(NAME test_mpi_launch.bench.np2
+             COMMAND sh -c "out=$(\"$0\" --oversubscribe -np 2 \"$1\" -b 8 -e 64K -f 32 -c 1 2>&1) || { echo \"$out\"; exit 1; }; echo \"$out\"; echo \"$out\" | grep -q '2 ranks, transport shm' && echo \"$out\" | grep -q 'Wrong elements *: 0'"
+                     ${DDP_MPIRUN} $<TARGET_FILE:ddp-bench>)
+    set_tests_properties(test_mpi_launch.bench.np2 PROPERTIES TIMEOUT 120 LABELS mpi
+                         ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endif()
+
   # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
   ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c mpi_register.c
                LIBS ddp_mpi_static MPI::MPI_C TIMEOUT 60
