@@ -105,6 +105,10 @@ args="--max-steps 12 --hidden 256 --subset 4096 --bucket-mb 0.25 --print-checksu
 shm_out=$("$ddprun" -n 2 --no-prefix env OPENBLAS_NUM_THREADS=1 DDP_TRANSPORT=shm "$fm" $args 2>&1)
 mpi_out=$("$ddprun" -n 1 --no-prefix sh -c 'unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK; exec "$@"' sh \
       env OPENBLAS_NUM_THREADS=1 DDP_TRANSPORT=mpi "$mpirun" --oversubscribe -np 2 "$fm" $args 2>&1)
+# Plain mpirun, no store and no transport named: the trainer must get shared memory (its rank
+# 0's store address carried by MPI) and end exactly where the ddprun run ends.
+def_out=$(env OPENBLAS_NUM_THREADS=1 "$mpirun" --oversubscribe -np 2 "$fm" $args 2>&1)
+echo "$def_out" | grep -q '2 ranks (shm)' || { echo "$def_out"; echo "the plain mpirun run is not 2 ranks over shm"; exit 1; }
 echo "$shm_out" | grep -q '2 ranks (shm)' || { echo "$shm_out"; echo "the first run is not 2 ranks over shm"; exit 1; }
 echo "$mpi_out" | grep -q '2 ranks (mpi)' || { echo "$mpi_out"; echo "the second run is not 2 ranks over mpi"; exit 1; }
 # The progress bar ends its lines with \r, so a checksum line may follow one on the same line.
@@ -116,6 +120,9 @@ echo "mpi: $mpi"
 [ -n "$shm" ] || { echo "the shm run gave no checksum"; exit 1; }
 [ "$(echo "$mpi" | sort -u | sed 's/rank=[0-9]*/rank=R/' | sort -u | wc -l)" = 1 ] || { echo "mpi ranks differ"; exit 1; }
 [ "$(echo "$mpi" | grep 'rank=0')" = "$shm" ] || { echo "mpi and shm runs differ"; exit 1; }
+def=$(echo "$def_out" | grep -o 'checksum rank=0 .*')
+echo "mpirun default: $def"
+[ "$def" = "$shm" ] || { echo "the plain mpirun run differs from the ddprun run"; exit 1; }
 echo "identical"
 ]=])
     add_test(NAME test_mpi_trainer.np2
