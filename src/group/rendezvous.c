@@ -77,7 +77,7 @@ static ddp_status_t through_mpi(const ddp_env_t *env, int timeout_ms, ddp__rende
             snprintf(msg, sizeof msg, "E rank 0 could not host the store: %s", ddp_last_error());
     }
     int mpi_rank = -1, mpi_world = -1;
-    s = mpi->bootstrap_bcast(msg, sizeof msg, &mpi_rank, &mpi_world);
+    s = mpi->bootstrap_bcast(msg, sizeof msg, timeout_ms, &mpi_rank, &mpi_world);
     if (s != DDP_OK) return ddp__error_context(s, "the rendezvous through MPI");
     msg[sizeof msg - 1] = '\0';
     if (mpi_rank != env->rank || mpi_world != env->world_size)
