@@ -50,8 +50,9 @@
     X("WORLD_SIZE", "", TEXT, 0, 0, "", "number of ranks in the job")                              \
     X("LOCAL_RANK", "", TEXT, 0, 0, "", "rank of this process on its host")                        \
     X("LOCAL_WORLD_SIZE", "", TEXT, 0, 0, "", "number of ranks on this host")                      \
-    X("DDP_STORE_ADDR", "", TEXT, 0, 0, "", "host of the libddp TCP store (set by ddprun)")      \
-    X("DDP_STORE_PORT", "", TEXT, 0, 0, "", "port of the libddp TCP store (set by ddprun)")      \
+    X("DDP_STORE_ADDR", "", TEXT, 0, 0, "a host name or address",                                \
+      "host of the libddp TCP store (set by ddprun)")                                             \
+    X("DDP_STORE_PORT", "", TEXT, 0, 0, "1 to 65535", "port of the libddp TCP store (set by ddprun)") \
     X("MASTER_ADDR", "", TEXT, 0, 0, "",                                                           \
       "host of the store when DDP_STORE_ADDR is unset: a c10d TCPStore (torchrun) or libddp's")   \
     X("MASTER_PORT", "", TEXT, 0, 0, "",                                                           \

@@ -1101,14 +1101,16 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
  * when the group is broken: a dead rank leaves no key) before stopping its server. */
 static void leave_hosted_store(ddp_group_t *g)
 {
-    if (!g->hosted_by_rank || !g->store || g->world < 2) return;
+    if (!g->hosted_by_rank || !g->store || g->world < 2 || atomic_load(&g->broken)) return;
     char key[64];
     if (!g->server) {
+        /* The host may be gone already (its rank failed after ours last heard of it): a few
+         * seconds to reconnect at most, not the store's whole timeout. */
+        ddp_store_set_timeout(g->store, g->timeout_ms < 5000 ? g->timeout_ms : 5000);
         snprintf(key, sizeof key, "ddp/launch/left/%d", g->rank);
         ddp_store_set(g->store, key, "1", 1);
         return;
     }
-    if (atomic_load(&g->broken)) return;
     char **keys = calloc((size_t)g->world, sizeof *keys);
     int n = 0;
     for (int r = 0; keys && r < g->world; r++) {
