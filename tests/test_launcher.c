@@ -349,9 +349,9 @@ static int worker_env(const char *d)
 
     char path[700], text[1024];
     snprintf(path, sizeof path, "%s/env.%d", d, env.rank);
-    snprintf(text, sizeof text, "%d %d %d %d %d %s %d %s\n", env.rank, env.world_size,
+    snprintf(text, sizeof text, "%d %d %d %d %d %s %d %s %d\n", env.rank, env.world_size,
              env.local_rank, env.local_world_size, env_int("GROUP_RANK"), env.master_addr,
-             env.master_port, env.token);
+             env.master_port, env.token, torch_port);
     write_text(path, text);
 
     ddp_store_t *store = NULL;
@@ -474,15 +474,20 @@ static int worker_output(void)
 static void check_env_files(int world, int nproc, int port_expected, const char *token_expected)
 {
     char first_port[32] = "", first_token[256] = "";
+    int first_torch_port = 0;
     for (int r = 0; r < world; r++) {
         char path[700];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
         char *text = read_text(path);
         CHECK_MSG(text, "rank %d wrote no environment", r);
-        int rank, ws, lr, lws, group, port;
+        int rank, ws, lr, lws, group, port, torch_port;
         char addr[256], token[256];
-        CHECK(sscanf(text, "%d %d %d %d %d %255s %d %255s", &rank, &ws, &lr, &lws, &group, addr,
-                     &port, token) == 8);
+        CHECK(sscanf(text, "%d %d %d %d %d %255s %d %255s %d", &rank, &ws, &lr, &lws, &group, addr,
+                     &port, token, &torch_port) == 9);
+        /* Every rank, on every node, is told the same MASTER_PORT for torch. */
+        if (r == 0) first_torch_port = torch_port;
+        CHECK_MSG(torch_port == first_torch_port, "rank %d has MASTER_PORT %d, rank 0 %d", r,
+                  torch_port, first_torch_port);
         CHECK(rank == r && ws == world && lws == nproc);
         CHECK(lr == r % nproc && group == r / nproc);
         CHECK(strcmp(addr, "127.0.0.1") == 0);

@@ -2,13 +2,18 @@
  * tasks on one node meet at the store the first task hosts (port from the job and step ids,
  * secret from $HOME/.ddp/store-secret, created 0600) and run over shared memory; with
  * DDP_STORE_TOKEN exported no secret file is made; a secret file others can read is refused,
- * naming the fix; and the derived ports stay in their range. (tests/netns/multihost.sh slurm
+ * naming the fix; a port another process holds fails the host at once and the others within
+ * their timeout; and the derived ports stay in their range. (tests/netns/multihost.sh slurm
  * runs the same on 2 and 3 network-namespace hosts, where the group is hierarchical.) */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/internal.h"
 #include "group/rendezvous.h"
 #include "harness.h"
 
@@ -50,7 +55,30 @@ static int task(int rank, int world, long long job)
     return 0;
 }
 
-static void run_tasks(int world, long long job)
+/* A task whose job's port is held by someone else: the host must fail at once naming the port
+ * and the way out, the others within their timeout (DDP_TIMEOUT=4), never hang. */
+static int blocked_task(int rank, int world, long long job)
+{
+    set_slurm(rank, world, job);
+    setenv("DDP_TIMEOUT", "4", 1);
+    double t0 = (double)ddp__now_ns() * 1e-9;
+    ddp_group_t *g = NULL;
+    ddp_status_t s = ddp_group_create_from_env(NULL, &g);
+    double took = (double)ddp__now_ns() * 1e-9 - t0;
+    CHECK_MSG(s != DDP_OK && g == NULL, "rank %d created a group on a port another holds", rank);
+    if (rank == 0) {
+        CHECK_ERROR_MENTIONS("DDP_STORE_PORT");
+        CHECK_ERROR_MENTIONS("SLURM_JOB_ID");
+        CHECK_MSG(took < 2, "the host failed after %.1f s", took);
+    } else {
+        CHECK_MSG(took < 15, "rank %d failed after %.1f s", rank, took);
+    }
+    printf("port taken: rank %d failed after %.1f s: %s\n", rank, took, ddp_last_error());
+    fflush(stdout);
+    return 0;
+}
+
+static void run_tasks_with(int world, long long job, int (*fn)(int, int, long long))
 {
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
@@ -58,7 +86,7 @@ static void run_tasks(int world, long long job)
         CHECK(pids[r] >= 0);
         if (pids[r] == 0) {
             alarm(60);
-            _exit(task(r, world, job));
+            _exit(fn(r, world, job));
         }
     }
     for (int r = 0; r < world; r++) {
@@ -68,6 +96,8 @@ static void run_tasks(int world, long long job)
                   status);
     }
 }
+
+static void run_tasks(int world, long long job) { run_tasks_with(world, job, task); }
 
 int main(void)
 {
@@ -87,6 +117,7 @@ int main(void)
     CHECK_MSG(stat(secret, &st) == 0, "no secret file at %s", secret);
     CHECK_MSG((st.st_mode & 0777) == 0600, "the secret has mode %o", st.st_mode & 0777);
     printf("3 tasks under srun's variables over shm, secret %s 0600: ok\n", secret);
+    fflush(stdout); /* before the next forks */
 
     /* The same file serves the next step; a step of another job meets at another port. */
     run_tasks(2, job + 1);
@@ -115,6 +146,19 @@ int main(void)
     unsetenv("SLURM_STEP_NODELIST");
     CHECK_STATUS(ddp_group_create_from_env(NULL, &g), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("SLURM_STEP_NODELIST");
+
+    /* Another process holds the port this job's step derives. */
+    int blocker = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)ddp__slurm_store_port(job + 4, 0));
+    CHECK_MSG(bind(blocker, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(blocker, 8) == 0,
+              "cannot hold port %d for the test", ntohs(sa.sin_port));
+    setenv("SLURM_STEP_NODELIST", "localhost", 1);
+    run_tasks_with(2, job + 4, blocked_task);
+    close(blocker);
 
     /* Ports: in range, and different for neighbouring jobs and steps. */
     int seen_equal = 0;

@@ -220,8 +220,10 @@ ddp_status_t ddp__store_probe(const char *host, int port, int64_t deadline_ns,
     if (s == DDP_OK || s == DDP_ERR_TIMEOUT)
         return ddp__error(DDP_ERR_PROTOCOL,
                           "the server at %s:%d speaks neither libddp's store protocol nor "
-                          "PyTorch's c10d TCPStore protocol (%s to a c10d CHECK probe)",
-                          host, port, s == DDP_OK ? "an unexpected reply" : "no reply in 5 s");
+                          "PyTorch's c10d TCPStore protocol (%s to a c10d CHECK probe%s)",
+                          host, port, s == DDP_OK ? "an unexpected reply" : "no reply",
+                          s == DDP_OK ? "" : reply_deadline < deadline_ns ? " in 5 s"
+                                                                          : " before the timeout");
     return s;
 }
 
