@@ -85,6 +85,15 @@ if(DDP_HAVE_MPI)
                          ENVIRONMENT "${DDP_MPI_TEST_ENV}")
   endif()
 
+  # The same across 2 network-namespace hosts (root only; SKIP otherwise): hierarchical.
+  if(TARGET hello_ddp)
+    add_test(NAME test_mpi_launch.netns.2hosts
+             COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/netns/mpirun.sh ${DDP_MPIRUN}
+                     $<TARGET_FILE:hello_ddp> 2)
+    set_tests_properties(test_mpi_launch.netns.2hosts PROPERTIES TIMEOUT 180 LABELS mpi
+                         SKIP_RETURN_CODE 77 RUN_SERIAL TRUE ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endif()
+
   # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
   ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c mpi_register.c
                LIBS ddp_mpi_static MPI::MPI_C TIMEOUT 60

@@ -4,8 +4,12 @@
  * the MPI module's bootstrap op, so the core never links MPI), or under srun at a place every task
  * can compute: the first host of the step's node list, a port derived from the job and step ids.
  * With a store, the group then picks shared memory inside a host and TCP between hosts. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +48,33 @@ static ddp_status_t connect_to(const char *host, int port, const char *token, in
 
 #define BOOTSTRAP_BYTES 768
 
+/* The address other hosts reach rank 0's store by: the IPv4 address of DDP_SOCKET_IFNAME when
+ * set, else of the first interface that is up and not loopback, else the hostname. Not the
+ * hostname first: Debian maps it to 127.0.1.1, which no other host can reach. */
+static ddp_status_t advertise_address(char *out, size_t size)
+{
+    const char *ifname = ddp__env("DDP_SOCKET_IFNAME");
+    struct ifaddrs *list = NULL;
+    if (getifaddrs(&list) == 0) {
+        for (struct ifaddrs *a = list; a; a = a->ifa_next) {
+            if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+            if (ifname ? strcmp(a->ifa_name, ifname) != 0
+                       : (a->ifa_flags & IFF_LOOPBACK) || !(a->ifa_flags & IFF_UP))
+                continue;
+            inet_ntop(AF_INET, &((struct sockaddr_in *)a->ifa_addr)->sin_addr, out,
+                      (socklen_t)size);
+            freeifaddrs(list);
+            return DDP_OK;
+        }
+        freeifaddrs(list);
+    }
+    if (ifname)
+        return ddp__error(DDP_ERR_NOT_FOUND, "DDP_SOCKET_IFNAME=%s has no IPv4 address", ifname);
+    if (gethostname(out, size) != 0) return ddp__error_errno(DDP_ERR_SYSTEM, errno, "gethostname");
+    out[size - 1] = '\0';
+    return DDP_OK;
+}
+
 static ddp_status_t through_mpi(const ddp_env_t *env, int timeout_ms, ddp__rendezvous_t *out)
 {
     ddp_status_t s;
@@ -58,16 +89,15 @@ static ddp_status_t through_mpi(const ddp_env_t *env, int timeout_ms, ddp__rende
                           env->world_size, env->source, why);
     }
     /* One host (mpirun's local size is the world): loopback. Several: every interface, and the
-     * address others reach this host by, its name. The token keeps other users' processes out. */
+     * address others reach this host by (advertise_address). The token keeps other users'
+     * processes out. */
     int one_host = env->local_world_size == env->world_size;
     char msg[BOOTSTRAP_BYTES];
     memset(msg, 0, sizeof msg);
     if (env->rank == 0) {
         char token[40] = "", host[256] = "127.0.0.1";
         s = random_hex(token, sizeof token);
-        if (s == DDP_OK && !one_host && gethostname(host, sizeof host) != 0)
-            s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "gethostname");
-        host[sizeof host - 1] = '\0';
+        if (s == DDP_OK && !one_host) s = advertise_address(host, sizeof host);
         if (s == DDP_OK)
             s = ddp_store_server_start(one_host ? "127.0.0.1" : "0.0.0.0", 0, token, &out->server);
         if (s == DDP_OK)
