@@ -6,7 +6,7 @@ set(DDP_PYTHON_WITH_TORCH /usr/bin/python3 CACHE FILEPATH "a python3 that import
 execute_process(COMMAND ${DDP_PYTHON_WITH_TORCH} -c "import torch.distributed"
                 RESULT_VARIABLE ddp_torch_missing OUTPUT_QUIET ERROR_QUIET)
 if(ddp_torch_missing EQUAL 0)
-  foreach(case ops group recognise)
+  foreach(case ops group recognise restart)
     ddp_add_test(NAME test_store_c10d SOURCES test_store_c10d.c ARGS ${case} TIMEOUT 120
                  LABELS store)
   endforeach()

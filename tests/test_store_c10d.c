@@ -4,6 +4,8 @@
  *              timeouts naming the missing key, a blocked get beside other calls
  *   group      3 ranks started the way torchrun starts workers (RANK, WORLD_SIZE, MASTER_ADDR,
  *              MASTER_PORT naming the c10d store, no libddp store) form a group over shm
+ *   restart    a torchrun restart on the same store after a half-done attempt (its keys are
+ *              prefixed by TORCHELASTIC_RESTART_COUNT)
  *   recognise  ddp_store_tcp_connect to a c10d store fails at once naming c10d (long and empty
  *              token); ddp_store_c10d_connect to a libddp store fails at once naming it;
  *              ddp_store_connect picks the right client for both, and names a server that
@@ -244,6 +246,47 @@ static void test_group(void)
     printf("group: 3 ranks over shm through a c10d TCPStore: ok\n");
 }
 
+/* torchrun restarts workers on the same store: attempt 0's rank 0 bumps the group's instance
+ * counter and dies before rank 1 arrives; attempt 1's two ranks must still meet (each attempt's
+ * keys under their own prefix, from TORCHELASTIC_RESTART_COUNT), not disagree on the instance
+ * and wait out the timeout. */
+static void test_restart(void)
+{
+    host_t h = start_host(0);
+    setenv("DDP_TIMEOUT", "20", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+    pid_t lone = fork();
+    CHECK(lone >= 0);
+    if (lone == 0) {
+        alarm(60);
+        _exit(group_rank(0, 2, h.port));
+    }
+    usleep(1500000); /* it has connected and counted itself by now; it waits for rank 1 */
+    kill(lone, SIGKILL);
+    waitpid(lone, NULL, 0);
+
+    setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+    double t0 = now_s();
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        CHECK(pids[r] >= 0);
+        if (pids[r] == 0) {
+            alarm(60);
+            _exit(group_rank(r, 2, h.port));
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        int status = 0;
+        CHECK(waitpid(pids[r], &status, 0) == pids[r]);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "attempt 1 rank %d failed (status %d)", r, status);
+    }
+    CHECK_MSG(now_s() - t0 < 15, "attempt 1 took %.1f s", now_s() - t0);
+    CHECK(stop_host(&h) == 0);
+    printf("restart: attempt 1 met after attempt 0 died half-way: ok (%.1f s)\n", now_s() - t0);
+}
+
 static void test_recognise(void)
 {
     host_t h = start_host(0);
@@ -304,8 +347,9 @@ int main(int argc, char **argv)
     if (strcmp(which, "ops") == 0) test_ops();
     else if (strcmp(which, "group") == 0) test_group();
     else if (strcmp(which, "recognise") == 0) test_recognise();
+    else if (strcmp(which, "restart") == 0) test_restart();
     else {
-        fprintf(stderr, "usage: test_store_c10d ops|group|recognise\n");
+        fprintf(stderr, "usage: test_store_c10d ops|group|recognise|restart\n");
         return 2;
     }
     return 0;

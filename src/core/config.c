@@ -58,6 +58,8 @@
     X("MASTER_PORT", "", TEXT, 0, 0, "",                                                           \
       "port of that store (ddprun leaves it free for torch)")                                      \
     X("GROUP_RANK", "", TEXT, 0, 0, "", "rank of this host (node) in the job (set by ddprun)")     \
+    X("TORCHELASTIC_RESTART_COUNT", "", TEXT, 0, 0, "",                                            \
+      "torchrun's restart attempt: each attempt's store keys get their own prefix")               \
     X("OMPI_COMM_WORLD_RANK", "", TEXT, 0, 0, "",                                                  \
       "global rank under Open MPI mpirun (when RANK is unset)")                                   \
     X("OMPI_COMM_WORLD_SIZE", "", TEXT, 0, 0, "", "number of ranks under Open MPI mpirun")         \

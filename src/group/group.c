@@ -53,6 +53,7 @@ struct ddp_group {
     _Atomic int refs; /* 1 until destroy + 1 per live work */
     ddp_store_t *store;
     int owns_store;
+    ddp_store_t *base_store;    /* the store `store` is a prefix view of (create_from_env), or NULL */
     ddp_store_server_t *server; /* the store this rank hosts (create_from_env), or NULL */
     int hosted_by_rank;         /* the store lives in a rank: see ddp_group_destroy */
     char prefix[512]; /* store keys of this group instance: "ddp/group/<name>/<instance>" */
@@ -1088,9 +1089,11 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
                         out);
     if (s != DDP_OK) {
         ddp_store_destroy(meet.store);
+        ddp_store_destroy(meet.base);
         ddp_store_server_stop(meet.server);
         return s;
     }
+    (*out)->base_store = meet.base;
     (*out)->server = meet.server;
     (*out)->hosted_by_rank = meet.hosted_by_rank;
     return DDP_OK;
@@ -1276,6 +1279,8 @@ void ddp_group_destroy(ddp_group_t *group)
         ddp_store_destroy(group->store);
     }
     group->store = NULL;
+    ddp_store_destroy(group->base_store);
+    group->base_store = NULL;
     ddp_store_server_stop(group->server);
     group->server = NULL;
     group_unref(group);

@@ -279,8 +279,29 @@ ddp_status_t ddp__rendezvous(const ddp_env_t *env, int timeout_ms, ddp__rendezvo
                        "MASTER_PORT (a c10d TCPStore, as torchrun exports, or a libddp store)",
                        env->world_size, env->source);
     }
+    /* torchrun restarts its workers on the same store (its agent's): each attempt's keys go
+     * under their own prefix, as torch's own workers' do (/worker/attempt_N), so keys a failed
+     * attempt left half-written - a group's instance counter one rank had bumped - cannot
+     * mislead the next attempt. */
+    const char *attempt = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (s == DDP_OK && attempt && *attempt) {
+        char *end = NULL;
+        long n = strtol(attempt, &end, 10);
+        if (*end || n < 0 || end == attempt) {
+            s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                           "TORCHELASTIC_RESTART_COUNT='%s' is not a non-negative integer",
+                           attempt);
+        } else {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "ddp/attempt_%ld", n);
+            out->base = out->store;
+            out->store = NULL;
+            s = ddp_store_prefix_create(out->base, prefix, &out->store);
+        }
+    }
     if (s != DDP_OK) {
         ddp_store_destroy(out->store);
+        ddp_store_destroy(out->base);
         ddp_store_server_stop(out->server);
         memset(out, 0, sizeof *out);
     }

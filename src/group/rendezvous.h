@@ -7,6 +7,8 @@
 
 typedef struct ddp__rendezvous {
     ddp_store_t *store;          /* connected; the group owns it */
+    ddp_store_t *base;           /* when `store` is a prefix view of it (a restart attempt's
+                                    keys): the group destroys it after `store`; else NULL */
     ddp_store_server_t *server;  /* the server this rank hosts, or NULL; the group owns it */
     int hosted_by_rank;          /* the store lives in a rank (mpirun, srun): its host must
                                     outlast the others' use of it (see ddp_group_destroy) */
