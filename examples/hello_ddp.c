@@ -83,6 +83,8 @@ int main(void)
     if (s != DDP_OK) {
         fail("training", s);
     } else if (rank == 0) {
+        /* What the launcher gave: shm inside a host, hierarchical across hosts, mpi if asked. */
+        printf("hello_ddp: transport %s\n", ddp_group_transport(group));
         printf("hello_ddp: %d ranks, w =", world);
         for (int f = 0; f < FEATURES; f++) printf(" %.3f", w[f]);
         printf(", b = %.3f (true: 1..8, 0.5)\n", b);

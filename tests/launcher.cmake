@@ -18,3 +18,7 @@ if(TARGET ddprun)
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_ddprun_jobs.sh $<TARGET_FILE:ddprun>)
   set_tests_properties(test_ddprun_jobs PROPERTIES TIMEOUT 90)
 endif()
+
+# ddp_group_create_from_env under srun's variables set by hand, one node: the store the first
+# task hosts, shared memory, the secret file's rules (tests/netns/multihost.sh slurm: 2-3 hosts).
+ddp_add_test(NAME test_slurm_env SOURCES test_slurm_env.c TIMEOUT 120)

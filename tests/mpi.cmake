@@ -66,6 +66,34 @@ if(DDP_HAVE_MPI)
   ddp_add_mpi_test(NAME test_mpi_env SOURCES test_mpi_env.c NP 1 2 3 TIMEOUT 120)
   ddp_add_test(NAME test_mpi_env SOURCES test_mpi_env.c mpi_register.c LIBS ddp_mpi_static ARGS --no-launcher TIMEOUT 60 LABELS mpi)
 
+  # Unchanged programs under plain mpirun (shared libddp, which loads libddp_mpi.so for the
+  # rendezvous only): hello_ddp and ddp-bench must get shared memory, and say so.
+  if(TARGET hello_ddp)
+    foreach(np 2 3)
+      add_test(NAME test_mpi_launch.hello.np${np}
+               COMMAND sh -c "out=$(\"$0\" --oversubscribe -np ${np} \"$1\" 2>&1) || { echo \"$out\"; exit 1; }; echo \"$out\"; echo \"$out\" | grep -q '^hello_ddp: transport shm$' && echo \"$out\" | grep -q '^hello_ddp: ${np} ranks, w ='"
+                       ${DDP_MPIRUN} $<TARGET_FILE:hello_ddp>)
+      set_tests_properties(test_mpi_launch.hello.np${np} PROPERTIES TIMEOUT 120 LABELS mpi
+                           ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+    endforeach()
+  endif()
+  if(TARGET ddp-bench)
+    add_test(NAME test_mpi_launch.bench.np2
+             COMMAND sh -c "out=$(\"$0\" --oversubscribe -np 2 \"$1\" -b 8 -e 64K -f 32 -c 1 2>&1) || { echo \"$out\"; exit 1; }; echo \"$out\"; echo \"$out\" | grep -q '2 ranks, transport shm' && echo \"$out\" | grep -q 'Wrong elements *: 0'"
+                     ${DDP_MPIRUN} $<TARGET_FILE:ddp-bench>)
+    set_tests_properties(test_mpi_launch.bench.np2 PROPERTIES TIMEOUT 120 LABELS mpi
+                         ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endif()
+
+  # The same across 2 network-namespace hosts (root only; SKIP otherwise): hierarchical.
+  if(TARGET hello_ddp)
+    add_test(NAME test_mpi_launch.netns.2hosts
+             COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/netns/mpirun.sh ${DDP_MPIRUN}
+                     $<TARGET_FILE:hello_ddp> 2)
+    set_tests_properties(test_mpi_launch.netns.2hosts PROPERTIES TIMEOUT 180 LABELS mpi
+                         SKIP_RETURN_CODE 77 RUN_SERIAL TRUE ENVIRONMENT "${DDP_MPI_TEST_ENV}")
+  endif()
+
   # Processes not started by mpirun (the harness forks them): singleton MPI must be refused.
   ddp_add_test(NAME test_mpi_singleton SOURCES test_mpi_singleton.c mpi_register.c
                LIBS ddp_mpi_static MPI::MPI_C TIMEOUT 60
@@ -86,6 +114,10 @@ args="--max-steps 12 --hidden 256 --subset 4096 --bucket-mb 0.25 --print-checksu
 shm_out=$("$ddprun" -n 2 --no-prefix env OPENBLAS_NUM_THREADS=1 DDP_TRANSPORT=shm "$fm" $args 2>&1)
 mpi_out=$("$ddprun" -n 1 --no-prefix sh -c 'unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK; exec "$@"' sh \
       env OPENBLAS_NUM_THREADS=1 DDP_TRANSPORT=mpi "$mpirun" --oversubscribe -np 2 "$fm" $args 2>&1)
+# Plain mpirun, no store and no transport named: the trainer must get shared memory (its rank
+# 0's store address carried by MPI) and end exactly where the ddprun run ends.
+def_out=$(env OPENBLAS_NUM_THREADS=1 "$mpirun" --oversubscribe -np 2 "$fm" $args 2>&1)
+echo "$def_out" | grep -q '2 ranks (shm)' || { echo "$def_out"; echo "the plain mpirun run is not 2 ranks over shm"; exit 1; }
 echo "$shm_out" | grep -q '2 ranks (shm)' || { echo "$shm_out"; echo "the first run is not 2 ranks over shm"; exit 1; }
 echo "$mpi_out" | grep -q '2 ranks (mpi)' || { echo "$mpi_out"; echo "the second run is not 2 ranks over mpi"; exit 1; }
 # The progress bar ends its lines with \r, so a checksum line may follow one on the same line.
@@ -97,6 +129,9 @@ echo "mpi: $mpi"
 [ -n "$shm" ] || { echo "the shm run gave no checksum"; exit 1; }
 [ "$(echo "$mpi" | sort -u | sed 's/rank=[0-9]*/rank=R/' | sort -u | wc -l)" = 1 ] || { echo "mpi ranks differ"; exit 1; }
 [ "$(echo "$mpi" | grep 'rank=0')" = "$shm" ] || { echo "mpi and shm runs differ"; exit 1; }
+def=$(echo "$def_out" | grep -o 'checksum rank=0 .*')
+echo "mpirun default: $def"
+[ "$def" = "$shm" ] || { echo "the plain mpirun run differs from the ddprun run"; exit 1; }
 echo "identical"
 ]=])
     add_test(NAME test_mpi_trainer.np2

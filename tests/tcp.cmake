@@ -20,14 +20,14 @@ foreach(layout AB AAB ABAB AABBC)
 endforeach()
 
 # Multi-host over network namespaces (root only; SKIP otherwise): 2 and 3 hosts of 2 ranks each
-# launched by ddprun (hierarchical), 2 hosts with DDP_HIERARCHICAL=0 (flat tcp), and a host
-# killed in the middle of a job.
+# launched by ddprun (hierarchical), 2 hosts with DDP_HIERARCHICAL=0 (flat tcp), a host
+# killed in the middle of a job, and 2 and 3 hosts started with srun's variables (no ddprun).
 if(TARGET ddprun)
   add_executable(test_tcp_multihost_worker test_tcp_multihost_worker.c)
   target_link_libraries(test_tcp_multihost_worker PRIVATE ddp_test_harness m)
   set_target_properties(test_tcp_multihost_worker PROPERTIES
     RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-  foreach(run "2;check" "3;check" "2;flat" "2;kill")
+  foreach(run "2;check" "3;check" "2;flat" "2;kill" "2;slurm" "3;slurm")
     list(GET run 0 hosts)
     list(GET run 1 mode)
     add_test(NAME test_tcp_multihost.${hosts}hosts_${mode}

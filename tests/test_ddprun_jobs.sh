@@ -21,7 +21,7 @@ fail() {
 # machine can start rank 0's shell after rank 1's death and ddprun stops it before it prints).
 worker() {
     cat <<SH
-echo "attempt \$DDP_RESTART_COUNT \$TORCHELASTIC_RESTART_COUNT rank \$RANK store \$MASTER_PORT"
+echo "attempt \$DDP_RESTART_COUNT \$TORCHELASTIC_RESTART_COUNT rank \$RANK store \$DDP_STORE_PORT"
 [ "\$RANK" = 0 ] && : >"$WORK/printed.\$DDP_RESTART_COUNT"
 if [ "\$RANK" = 1 ] && [ "\$DDP_RESTART_COUNT" -lt $1 ]; then
     n=0

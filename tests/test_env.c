@@ -9,6 +9,9 @@ static const char *const all_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "DDP_STORE_TOKEN", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    "DDP_STORE_ADDR", "DDP_STORE_PORT", "GROUP_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+    "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID",
+    "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
 };
 
 static void clear_env(void)
@@ -232,6 +235,138 @@ static void test_nothing_set(void)
     CHECK_ERROR_MENTIONS("out");
 }
 
+/* ddprun's own pair wins over MASTER_*, which it leaves to torch (and which then need not be
+ * valid for libddp); MASTER_* alone is still read, for torchrun. */
+static void test_store_pairs(void)
+{
+    set_torchrun("1", "2", NULL, NULL);
+    setenv("DDP_STORE_ADDR", "10.0.0.9", 1);
+    setenv("DDP_STORE_PORT", "4100", 1);
+    setenv("MASTER_ADDR", "10.0.0.9", 1);
+    setenv("MASTER_PORT", "not-for-libddp", 1);
+    ddp_env_t env;
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(strcmp(env.master_addr, "10.0.0.9") == 0 && env.master_port == 4100);
+    CHECK(strcmp(env.store_source, "DDP_STORE_ADDR") == 0);
+    unsetenv("DDP_STORE_ADDR");
+    unsetenv("DDP_STORE_PORT");
+    setenv("MASTER_PORT", "29500", 1);
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(env.master_port == 29500 && strcmp(env.store_source, "MASTER_ADDR") == 0);
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(env.store_source == NULL && env.master_addr[0] == '\0');
+    setenv("DDP_STORE_PORT", "4100", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "DDP_STORE_ADDR is not set", "DDP_STORE_PORT=4100");
+    setenv("DDP_STORE_ADDR", "h", 1);
+    setenv("DDP_STORE_PORT", "70000", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "DDP_STORE_PORT='70000'", NULL);
+}
+
+/* srun's variables: rank, size, node, tasks on this node from the compressed per-node list,
+ * node list, job and step; mpirun's win inside an allocation. */
+static void test_slurm(void)
+{
+    clear_env();
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("SLURM_LOCALID", "0", 1);
+    setenv("SLURM_NODEID", "2", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "3(x2),1,1", 1); /* nodes 0,1: 3 tasks; 2: 1; 3: 1 */
+    setenv("SLURM_STEP_NODELIST", "node[01-03],gpu7", 1);
+    setenv("SLURM_JOB_ID", "123456", 1);
+    setenv("SLURM_STEP_ID", "2", 1);
+    ddp_env_t env;
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(strcmp(env.source, "slurm") == 0);
+    CHECK(env.rank == 5 && env.world_size == 8 && env.local_rank == 0);
+    CHECK_MSG(env.local_world_size == 1, "local world %d", env.local_world_size);
+    CHECK(env.node_rank == 2 && env.job_id == 123456 && env.step_id == 2);
+    CHECK(strcmp(env.nodelist, "node[01-03],gpu7") == 0);
+    CHECK(env.store_source == NULL);
+    setenv("SLURM_NODEID", "1", 1);
+    setenv("SLURM_LOCALID", "2", 1);
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(env.local_world_size == 3 && env.local_rank == 2);
+
+    /* A step smaller than the job. */
+    setenv("SLURM_STEP_NUM_TASKS", "6", 1);
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(env.world_size == 6);
+    setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "SLURM_STEP_NUM_TASKS=4", "SLURM_PROCID=5");
+    unsetenv("SLURM_STEP_NUM_TASKS");
+
+    setenv("SLURM_LOCALID", "3", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "SLURM_STEP_TASKS_PER_NODE='3(x2),1,1'",
+                 "SLURM_LOCALID=3");
+    setenv("SLURM_LOCALID", "0", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "3(2)", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "SLURM_STEP_TASKS_PER_NODE='3(2)'", "2(x3),1");
+    setenv("SLURM_STEP_TASKS_PER_NODE", "3", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "no entry for SLURM_NODEID=1", NULL);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "3(x2),1,1", 1);
+    setenv("SLURM_STEP_NODELIST", "node[03-01]", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "SLURM_STEP_NODELIST", "[03-01]");
+    setenv("SLURM_STEP_NODELIST", "node[01-03],gpu7", 1);
+    setenv("SLURM_JOB_ID", "12x", 1);
+    expect_error(DDP_ERR_INVALID_ARGUMENT, "SLURM_JOB_ID='12x'", NULL);
+    setenv("SLURM_JOB_ID", "123456", 1);
+
+    /* Open MPI's mpirun inside the allocation: its variables win. */
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    CHECK_OK(ddp_env_read(&env));
+    CHECK(strcmp(env.source, "openmpi") == 0 && env.world_size == 2);
+    clear_env();
+    /* The batch script's own environment (SLURM_NTASKS, no SLURM_PROCID) is no launcher. */
+    setenv("SLURM_NTASKS", "8", 1);
+    expect_error(DDP_ERR_NOT_FOUND, "SLURM_PROCID", NULL);
+    clear_env();
+}
+
+static void expect_hosts(const char *list, int count, const char *const *hosts)
+{
+    int n = -1;
+    char host[64];
+    for (int i = 0; i < count; i++) {
+        CHECK_OK(ddp_env_hostlist_host(list, i, host, sizeof host, &n));
+        CHECK_MSG(n == count, "'%s' has %d hosts, expected %d", list, n, count);
+        CHECK_MSG(strcmp(host, hosts[i]) == 0, "host %d of '%s' is '%s', expected '%s'", i, list,
+                  host, hosts[i]);
+    }
+    CHECK_STATUS(ddp_env_hostlist_host(list, count, host, sizeof host, &n), DDP_ERR_INVALID_ARGUMENT);
+}
+
+static void test_hostlist(void)
+{
+    const char *a[] = {"node01", "node02", "node03", "node04", "node07", "gpu3"};
+    expect_hosts("node[01-04,07],gpu3", 6, a);
+    const char *b[] = {"localhost"};
+    expect_hosts("localhost", 1, b);
+    const char *c[] = {"rack1-n9", "rack1-n10", "rack2-n9", "rack2-n10"};
+    expect_hosts("rack[1-2]-n[9-10]", 4, c);
+    const char *d[] = {"a", "b098", "b099", "b100", "c5"};
+    expect_hosts("a,b[098-100],c[5]", 5, d);
+    const char *e[] = {"x7y", "x8y"};
+    expect_hosts("x[7,8]y", 2, e);
+
+    const char *bad[] = {"node[01-", "node]01[", "node[]", "node[4-2]", "a,,b", "", "n[1,]",
+                         "n[a-b]"};
+    char host[64];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_MSG(ddp_env_hostlist_host(bad[i], 0, host, sizeof host, NULL) ==
+                      DDP_ERR_INVALID_ARGUMENT,
+                  "'%s' was accepted", bad[i]);
+        CHECK_MSG(strlen(ddp_last_error()) > 0, "no text for '%s'", bad[i]);
+    }
+    /* Far more hosts than exist anywhere is refused rather than overflowing. */
+    CHECK_STATUS(ddp_env_hostlist_host("n[0-99999999]x[0-99999999]", 0, host, sizeof host, NULL),
+                 DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("too many");
+}
+
 static void test_config_table_lists_launcher_variables(void)
 {
     const ddp_env_var_t *table = NULL;
@@ -251,6 +386,9 @@ int main(void)
     test_openmpi();
     test_pmi();
     test_nothing_set();
+    test_store_pairs();
+    test_slurm();
+    test_hostlist();
     test_config_table_lists_launcher_variables();
     printf("test_env: ok\n");
     return 0;

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -311,6 +312,21 @@ static pid_t spawn_sleeper(void)
     return pid;
 }
 
+/* 1 when something accepts TCP connections on addr:port. */
+static int port_listens(const char *addr, int port)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) return 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0);
+    int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    return ok;
+}
+
 /* worker-env DIR: writes what it was given, checks ddp_env_read agrees, and meets every other
  * rank through the TCP store ddprun hosts. */
 static int worker_env(const char *d)
@@ -321,14 +337,21 @@ static int worker_env(const char *d)
     CHECK(env.rank == env_int("RANK") && env.world_size == env_int("WORLD_SIZE"));
     CHECK(env.local_rank == env_int("LOCAL_RANK"));
     CHECK(env.local_world_size == env_int("LOCAL_WORLD_SIZE"));
-    CHECK(env.master_port == env_int("MASTER_PORT") && env.master_port > 0);
+    /* ddprun's store is named by DDP_STORE_*; MASTER_ADDR/MASTER_PORT are left to torch: the
+     * same host, another port, and nothing listening on it yet. */
+    CHECK(env.master_port == env_int("DDP_STORE_PORT") && env.master_port > 0);
+    CHECK(strcmp(env.store_source, "DDP_STORE_ADDR") == 0);
+    CHECK(getenv("MASTER_ADDR") && strcmp(getenv("MASTER_ADDR"), env.master_addr) == 0);
+    int torch_port = env_int("MASTER_PORT");
+    CHECK(torch_port > 0 && torch_port <= 65535 && torch_port != env.master_port);
+    CHECK_MSG(!port_listens(env.master_addr, torch_port), "MASTER_PORT %d is taken", torch_port);
     CHECK(strlen(env.token) >= 16);
 
     char path[700], text[1024];
     snprintf(path, sizeof path, "%s/env.%d", d, env.rank);
-    snprintf(text, sizeof text, "%d %d %d %d %d %s %d %s\n", env.rank, env.world_size,
+    snprintf(text, sizeof text, "%d %d %d %d %d %s %d %s %d\n", env.rank, env.world_size,
              env.local_rank, env.local_world_size, env_int("GROUP_RANK"), env.master_addr,
-             env.master_port, env.token);
+             env.master_port, env.token, torch_port);
     write_text(path, text);
 
     ddp_store_t *store = NULL;
@@ -451,15 +474,20 @@ static int worker_output(void)
 static void check_env_files(int world, int nproc, int port_expected, const char *token_expected)
 {
     char first_port[32] = "", first_token[256] = "";
+    int first_torch_port = 0;
     for (int r = 0; r < world; r++) {
         char path[700];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
         char *text = read_text(path);
         CHECK_MSG(text, "rank %d wrote no environment", r);
-        int rank, ws, lr, lws, group, port;
+        int rank, ws, lr, lws, group, port, torch_port;
         char addr[256], token[256];
-        CHECK(sscanf(text, "%d %d %d %d %d %255s %d %255s", &rank, &ws, &lr, &lws, &group, addr,
-                     &port, token) == 8);
+        CHECK(sscanf(text, "%d %d %d %d %d %255s %d %255s %d", &rank, &ws, &lr, &lws, &group, addr,
+                     &port, token, &torch_port) == 9);
+        /* Every rank, on every node, is told the same MASTER_PORT for torch. */
+        if (r == 0) first_torch_port = torch_port;
+        CHECK_MSG(torch_port == first_torch_port, "rank %d has MASTER_PORT %d, rank 0 %d", r,
+                  torch_port, first_torch_port);
         CHECK(rank == r && ws == world && lws == nproc);
         CHECK(lr == r % nproc && group == r / nproc);
         CHECK(strcmp(addr, "127.0.0.1") == 0);
@@ -1100,7 +1128,8 @@ static void scenario_options(void)
                                 "--master-port", "--token",    "--no-prefix",  "--timeout",
                                 "--grace",    "--heartbeat-timeout", "--print-config", "--help",
                                 "RANK",       "WORLD_SIZE",    "LOCAL_RANK",   "LOCAL_WORLD_SIZE",
-                                "MASTER_ADDR", "MASTER_PORT",  "DDP_STORE_TOKEN", "GROUP_RANK"};
+                                "MASTER_ADDR", "MASTER_PORT",  "DDP_STORE_TOKEN", "GROUP_RANK",
+                                "DDP_STORE_ADDR", "DDP_STORE_PORT"};
     for (size_t i = 0; i < sizeof documented / sizeof documented[0]; i++) {
         CHECK_MSG(strstr(out, documented[i]), "--help does not mention %s", documented[i]);
     }

@@ -1,9 +1,10 @@
 /* ddp_group_create_from_env under mpirun with no store: no ddprun, no MASTER_ADDR, and the
- * application never touches MPI. The group must be MPI_COMM_WORLD over the MPI transport (self
- * with one process), run allreduces of 0, 1, 7 (prime) and 262147 (odd, large) elements and a
- * barrier, split into store-less subgroups (member lists compared with a collective), and report
- * ranks that pass different lists. Transports that need a store must be refused naming
- * MASTER_ADDR. With --no-launcher (started without mpirun) the torchrun variables alone and no
+ * application never touches MPI. By default the group must be shared memory (self with one
+ * process), met through a store rank 0 hosts and MPI announced; tcp asked by name too; and mpi
+ * asked by name must be MPI_COMM_WORLD over the MPI transport. Each runs allreduces of 0, 1, 7
+ * (prime) and 262147 (odd, large) elements; the mpi group also a barrier and store-less
+ * subgroups (member lists compared with a collective), reporting ranks that pass different
+ * lists. With --no-launcher (started without mpirun) the torchrun variables alone and no
  * MASTER_ADDR must be refused with a text naming MASTER_ADDR. */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,8 @@ static int under_mpirun(void)
     /* Nothing of torchrun's may be around: the environment must come from mpirun alone. */
     unsetenv("MASTER_ADDR");
     unsetenv("MASTER_PORT");
+    unsetenv("DDP_STORE_ADDR");
+    unsetenv("DDP_STORE_PORT");
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
     unsetenv("LOCAL_RANK");
@@ -42,23 +45,34 @@ static int under_mpirun(void)
     CHECK_MSG(rank_text && size_text, "run this under Open MPI's mpirun");
     int rank = atoi(rank_text), world = atoi(size_text);
 
-    /* A transport that needs a store is refused before any connection, naming MASTER_ADDR. */
+    static const size_t sizes[] = {0, 1, 7, 262147};
     ddp_group_options_t o = DDP_GROUP_OPTIONS_INIT;
+    o.timeout_ms = 60000;
     ddp_group_t *g = NULL;
+    /* auto: the ranks meet at a store rank 0 hosts, whose address MPI carried (the bootstrap op
+     * of the MPI module), and share memory on this one host, as under ddprun. */
+    CHECK_OK(ddp_group_create_from_env(&o, &g));
+    CHECK(ddp_group_rank(g) == rank && ddp_group_size(g) == world);
+    CHECK_MSG(strcmp(ddp_group_transport(g), world == 1 ? "self" : "shm") == 0, "transport %s",
+              ddp_group_transport(g));
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) fill_and_check(g, sizes[k]);
+    ddp_group_destroy(g);
+    /* A transport that needs a store, by name: the same rendezvous gives it one. */
     if (world > 1) {
         o.transport = "tcp";
-        CHECK_STATUS(ddp_group_create_from_env(&o, &g), DDP_ERR_INVALID_ARGUMENT);
-        CHECK_ERROR_MENTIONS("MASTER_ADDR");
-        CHECK(g == NULL);
+        CHECK_OK(ddp_group_create_from_env(&o, &g));
+        CHECK_MSG(strcmp(ddp_group_transport(g), "tcp") == 0, "transport %s",
+                  ddp_group_transport(g));
+        fill_and_check(g, 7);
+        ddp_group_destroy(g);
     }
 
-    o.transport = NULL;
-    o.timeout_ms = 60000;
+    /* mpi, by name: MPI_COMM_WORLD itself, store-less. */
+    o.transport = "mpi";
     CHECK_OK(ddp_group_create_from_env(&o, &g));
     CHECK(ddp_group_rank(g) == rank && ddp_group_size(g) == world);
     CHECK_MSG(strcmp(ddp_group_transport(g), world == 1 ? "self" : "mpi") == 0, "transport %s",
               ddp_group_transport(g));
-    static const size_t sizes[] = {0, 1, 7, 262147};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) fill_and_check(g, sizes[k]);
     CHECK_OK(ddp_group_barrier(g));
 
@@ -108,7 +122,7 @@ static int under_mpirun(void)
 static int no_launcher(void)
 {
     static const char *const vars[] = {
-        "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR", "MASTER_PORT", "DDP_STORE_ADDR", "DDP_STORE_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
         "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "DDP_TRANSPORT"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);

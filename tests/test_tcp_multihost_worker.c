@@ -1,5 +1,6 @@
 /* Worker of the multi-host test (tests/netns/multihost.sh starts it through ddprun on every pretend
  * host, each a network namespace with its own hostname).
+ *   check-slurm: (no ddprun: srun's variables by hand) only the group from the environment.
  *   check: the hierarchical transport driven directly over the job's TCP store, then a process
  *          group from the launcher's environment (which must have chosen "hierarchical" when
  *          the group's registry knows it); every collective x dtype x size against the float64
@@ -130,17 +131,21 @@ static uint64_t exercise(runner_fn run, void *ctx, int rank, int world)
     return h;
 }
 
-static int check_mode(const ddp_env_t *env, const char *expect)
+static int check_mode(const ddp_env_t *env, const char *expect, int with_direct)
 {
-    /* 1. The hierarchical transport itself, over the job's store. */
+    /* 1. The hierarchical transport itself, over the job's store (when a launcher named one:
+     *    under srun the store is found by the group itself). */
     ddp_store_t *store = NULL;
-    CHECK_OK(ddp_store_tcp_connect(env->master_addr, env->master_port, env->token, 30000, &store));
-    direct_t d = {NULL, 0};
-    CHECK_OK(ddp__transport_hierarchical.create(store, "multihost-direct", env->rank,
-                                                env->world_size, 60000, &d.state));
-    uint64_t hd = exercise(run_direct, &d, env->rank, env->world_size);
-    printf("HASH direct %d %016llx\n", env->rank, (unsigned long long)hd);
-    ddp__transport_hierarchical.destroy(d.state);
+    if (with_direct) {
+        CHECK_OK(ddp_store_tcp_connect(env->master_addr, env->master_port, env->token, 30000,
+                                       &store));
+        direct_t d = {NULL, 0};
+        CHECK_OK(ddp__transport_hierarchical.create(store, "multihost-direct", env->rank,
+                                                    env->world_size, 60000, &d.state));
+        uint64_t hd = exercise(run_direct, &d, env->rank, env->world_size);
+        printf("HASH direct %d %016llx\n", env->rank, (unsigned long long)hd);
+        ddp__transport_hierarchical.destroy(d.state);
+    }
 
     /* 2. A process group from the launcher's environment. */
     ddp_group_t *g = NULL;
@@ -197,6 +202,12 @@ int main(int argc, char **argv)
     ddp_env_t env;
     CHECK_OK(ddp_env_read(&env));
     if (strcmp(mode, "kill") == 0) return kill_mode(&env);
-    /* check-flat: the script set DDP_HIERARCHICAL=0, so the group must use flat tcp. */
-    return check_mode(&env, strcmp(mode, "check-flat") == 0 ? "tcp" : "hierarchical");
+    /* check-flat: the script set DDP_HIERARCHICAL=0, so the group must use flat tcp.
+     * check-slurm: started with srun's variables only: the group alone, which must find its
+     * store (hosted by the first node's first task) and choose hierarchical. */
+    if (strcmp(mode, "check-slurm") == 0) {
+        CHECK_MSG(strcmp(env.source, "slurm") == 0, "launcher '%s', not slurm", env.source);
+        return check_mode(&env, "hierarchical", 0);
+    }
+    return check_mode(&env, strcmp(mode, "check-flat") == 0 ? "tcp" : "hierarchical", 1);
 }

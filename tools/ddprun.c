@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -21,6 +23,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -122,8 +125,10 @@ static const char usage_text[] =
     "\n"
     "environment set for worker i of node K (N workers per node, M nodes):\n"
     "  RANK=K*N+i  WORLD_SIZE=M*N  LOCAL_RANK=i  LOCAL_WORLD_SIZE=N  GROUP_RANK=K\n"
-    "  MASTER_ADDR, MASTER_PORT   where the store listens\n"
+    "  DDP_STORE_ADDR, DDP_STORE_PORT   where ddprun's store listens (libddp's rendezvous)\n"
     "  DDP_STORE_TOKEN            the store's secret\n"
+    "  MASTER_ADDR, MASTER_PORT   node 0's address and a port nothing listens on, left free\n"
+    "                             for torch's own store (init_process_group), as torchrun does\n"
     "  DDPRUN_JOB_ID              marks every process of this run (random per run)\n"
     "  DDP_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT   the attempt: 0, then 1.. after restarts\n"
     "Workers run in their own process groups. If ddprun dies (even by SIGKILL), or the job\n"
@@ -743,8 +748,9 @@ static char *env_entry(const char *name, const char *fmt, ...)
 }
 
 static const char *const set_names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                        "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                        "DDP_STORE_TOKEN", "DDPRUN_JOB_ID", "DDP_RESTART_COUNT",
+                                        "GROUP_RANK", "DDP_STORE_ADDR", "DDP_STORE_PORT",
+                                        "MASTER_ADDR", "MASTER_PORT", "DDP_STORE_TOKEN",
+                                        "DDPRUN_JOB_ID", "DDP_RESTART_COUNT",
                                         "TORCHELASTIC_RESTART_COUNT"};
 #define NUM_SET_NAMES (sizeof set_names / sizeof set_names[0])
 
@@ -760,7 +766,8 @@ static int is_set_name(const char *entry)
 typedef struct job {
     options_t opt;
     const char *master_addr;
-    int master_port;
+    int master_port;  /* our store's (DDP_STORE_PORT) */
+    int torch_port;   /* free for torch's own store (MASTER_PORT), as torchrun leaves it */
     char token[128];
     worker_t *workers;
     int nworkers;
@@ -813,8 +820,10 @@ static char **worker_environment(const job_t *job, const worker_t *w)
     envp[k++] = env_entry("LOCAL_RANK", "%d", w->local_rank);
     envp[k++] = env_entry("LOCAL_WORLD_SIZE", "%d", o->nproc);
     envp[k++] = env_entry("GROUP_RANK", "%d", o->node_rank);
+    envp[k++] = env_entry("DDP_STORE_ADDR", "%s", job->master_addr);
+    envp[k++] = env_entry("DDP_STORE_PORT", "%d", job->master_port);
     envp[k++] = env_entry("MASTER_ADDR", "%s", job->master_addr);
-    envp[k++] = env_entry("MASTER_PORT", "%d", job->master_port);
+    envp[k++] = env_entry("MASTER_PORT", "%d", job->torch_port);
     envp[k++] = env_entry("DDP_STORE_TOKEN", "%s", job->token);
     envp[k++] = env_entry("DDPRUN_JOB_ID", "%s", job_id);
     envp[k++] = env_entry("DDP_RESTART_COUNT", "%d", job->attempt);
@@ -1150,6 +1159,33 @@ static void *watcher_main(void *arg)
     return NULL;
 }
 
+/* A port nothing listens on at addr now, for torch's own store (MASTER_PORT): bind port 0, read
+ * what the kernel gave, close. torchrun does the same; the port may be taken again before torch
+ * binds it, a small race both accept. 0 when none could be found. */
+static int free_port(const char *addr)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(addr, "0", &hints, &res) != 0) return 0;
+    int port = 0;
+    for (struct addrinfo *ai = res; ai && !port; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        struct sockaddr_storage bound;
+        socklen_t len = sizeof bound;
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&bound, &len) == 0)
+            port = ntohs(bound.ss_family == AF_INET6
+                             ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                             : ((struct sockaddr_in *)&bound)->sin_port);
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return port;
+}
+
 /* Node 0 hosts the store (multi-node: every node also connects to it as a client). */
 static int setup_store(job_t *job)
 {
@@ -1171,6 +1207,11 @@ static int setup_store(job_t *job)
             return -1;
         }
         job->master_port = ddp_store_server_port(job->server);
+        job->torch_port = free_port(job->master_addr);
+        if (job->torch_port == 0) {
+            fprintf(stderr, "ddprun: no free port on %s for MASTER_PORT\n", job->master_addr);
+            return -1;
+        }
     }
     if (o->nnodes == 1) return 0;
 
@@ -1227,6 +1268,20 @@ static int setup_store(job_t *job)
             return -1;
         }
         ddp_free(current);
+    }
+    if (s == DDP_OK) {
+        /* Every node's workers get node 0's choice of MASTER_PORT. */
+        char text[16];
+        if (o->node_rank == 0) {
+            snprintf(text, sizeof text, "%d", job->torch_port);
+            s = ddp_store_set(job->store, "ddprun/torch_port", text, strlen(text));
+        } else {
+            void *v = NULL;
+            size_t len = 0;
+            s = ddp_store_get(job->store, "ddprun/torch_port", &v, &len);
+            if (s == DDP_OK) job->torch_port = atoi((const char *)v);
+            ddp_free(v);
+        }
     }
     if (s != DDP_OK) {
         fprintf(stderr, "ddprun: node %d: rendezvous through the store failed: %s\n",

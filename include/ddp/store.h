@@ -1,9 +1,10 @@
 /* Rendezvous stores: a small key-value service through which ranks find each other.
  *
- * One interface, four implementations: in-memory (threads of one process), file (processes on one
- * machine or a shared filesystem), TCP (a server hosted by a rank or the launcher, many clients) and
- * prefix (namespaces the keys of another store). Keys are NUL-terminated strings of at most
- * DDP_STORE_MAX_KEY bytes; values are byte strings of at most DDP_STORE_MAX_VALUE bytes.
+ * One interface, five implementations: in-memory (threads of one process), file (processes on one
+ * machine or a shared filesystem), TCP (a server hosted by a rank or the launcher, many clients),
+ * c10d (a client of PyTorch's TCPStore) and prefix (namespaces the keys of another store). Keys
+ * are NUL-terminated strings of at most DDP_STORE_MAX_KEY bytes; values are byte strings of at
+ * most DDP_STORE_MAX_VALUE bytes.
  *
  * Thread-safety: a store handle may be used from several threads at once.
  * Timeouts: every blocking call waits at most the store's timeout (ddp_store_set_timeout; default
@@ -41,6 +42,21 @@ DDP_API ddp_status_t ddp_store_file_create(const char *path, ddp_store_t **out);
  * timeout_ms (0: DDP_TIMEOUT) passes. */
 DDP_API ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token,
                                            int timeout_ms, ddp_store_t **out);
+
+/* Connects to PyTorch's c10d TCPStore at host:port (torch.distributed.TCPStore, the store
+ * torchrun's agent hosts on MASTER_ADDR:MASTER_PORT), speaking torch 1.13's wire protocol
+ * (docs/store-protocol.md lists the subset). c10d has no authentication. Retries while nothing
+ * listens, until timeout_ms (0: DDP_TIMEOUT). A server that is a libddp store is
+ * DDP_ERR_PROTOCOL at once, naming it. */
+DDP_API ddp_status_t ddp_store_c10d_connect(const char *host, int port, int timeout_ms,
+                                            ddp_store_t **out);
+
+/* Connects to whichever store listens at host:port: libddp's own (authenticating with `token`)
+ * or a c10d TCPStore (token unused), told apart by one probe on a first connection (a c10d
+ * CHECK of no keys: c10d answers it, a libddp server closes the connection). A server speaking
+ * neither protocol is DDP_ERR_PROTOCOL within 5 s of connecting. */
+DDP_API ddp_status_t ddp_store_connect(const char *host, int port, const char *token,
+                                       int timeout_ms, ddp_store_t **out);
 
 /* A view of `base` whose keys are prefixed with "<prefix>/". Does not own `base`: base must
  * outlive the prefix store. */

@@ -50,9 +50,16 @@
     X("WORLD_SIZE", "", TEXT, 0, 0, "", "number of ranks in the job")                              \
     X("LOCAL_RANK", "", TEXT, 0, 0, "", "rank of this process on its host")                        \
     X("LOCAL_WORLD_SIZE", "", TEXT, 0, 0, "", "number of ranks on this host")                      \
-    X("MASTER_ADDR", "", TEXT, 0, 0, "", "address of the host running the TCP store")              \
-    X("MASTER_PORT", "", TEXT, 0, 0, "", "port of the TCP store")                                  \
+    X("DDP_STORE_ADDR", "", TEXT, 0, 0, "a host name or address",                                \
+      "host of the libddp TCP store (set by ddprun)")                                             \
+    X("DDP_STORE_PORT", "", TEXT, 0, 0, "1 to 65535", "port of the libddp TCP store (set by ddprun)") \
+    X("MASTER_ADDR", "", TEXT, 0, 0, "",                                                           \
+      "host of the store when DDP_STORE_ADDR is unset: a c10d TCPStore (torchrun) or libddp's")   \
+    X("MASTER_PORT", "", TEXT, 0, 0, "",                                                           \
+      "port of that store (ddprun leaves it free for torch)")                                      \
     X("GROUP_RANK", "", TEXT, 0, 0, "", "rank of this host (node) in the job (set by ddprun)")     \
+    X("TORCHELASTIC_RESTART_COUNT", "", TEXT, 0, 0, "",                                            \
+      "torchrun's restart attempt: each attempt's store keys get their own prefix")               \
     X("OMPI_COMM_WORLD_RANK", "", TEXT, 0, 0, "",                                                  \
       "global rank under Open MPI mpirun (when RANK is unset)")                                   \
     X("OMPI_COMM_WORLD_SIZE", "", TEXT, 0, 0, "", "number of ranks under Open MPI mpirun")         \
@@ -63,7 +70,20 @@
       "global rank under MPICH mpiexec (when RANK and OMPI_* are unset)")                         \
     X("PMI_SIZE", "", TEXT, 0, 0, "", "number of ranks under MPICH mpiexec")                       \
     X("MPI_LOCALRANKID", "", TEXT, 0, 0, "", "rank on this host under MPICH mpiexec")              \
-    X("MPI_LOCALNRANKS", "", TEXT, 0, 0, "", "number of ranks on this host under MPICH mpiexec")
+    X("MPI_LOCALNRANKS", "", TEXT, 0, 0, "", "number of ranks on this host under MPICH mpiexec")  \
+    X("SLURM_PROCID", "", TEXT, 0, 0, "", "global rank under srun (when no other launcher's is set)") \
+    X("SLURM_NTASKS", "", TEXT, 0, 0, "", "number of ranks under srun (SLURM_STEP_NUM_TASKS wins)") \
+    X("SLURM_LOCALID", "", TEXT, 0, 0, "", "rank on this node under srun")                         \
+    X("SLURM_NODEID", "", TEXT, 0, 0, "", "index of this node under srun (node 0 hosts the store)") \
+    X("SLURM_STEP_NODELIST", "", TEXT, 0, 0, "",                                                   \
+      "the step's nodes under srun (else SLURM_JOB_NODELIST); the first hosts the store")         \
+    X("SLURM_JOB_NODELIST", "", TEXT, 0, 0, "", "the job's nodes under srun")                    \
+    X("SLURM_STEP_NUM_TASKS", "", TEXT, 0, 0, "", "number of ranks of this srun step")            \
+    X("SLURM_STEP_TASKS_PER_NODE", "", TEXT, 0, 0, "",                                             \
+      "ranks per node of this step, as 2(x3),1 (else SLURM_TASKS_PER_NODE)")                      \
+    X("SLURM_TASKS_PER_NODE", "", TEXT, 0, 0, "", "ranks per node of the job under srun")         \
+    X("SLURM_JOB_ID", "", TEXT, 0, 0, "", "under srun: with SLURM_STEP_ID, derives the store's port") \
+    X("SLURM_STEP_ID", "", TEXT, 0, 0, "", "the srun step's id")
 
 /* The launcher's variables (RANK ... MPI_LOCALNRANKS) are TEXT here: ddp_env_read checks them and
  * reports its own errors, which say which launcher set them. */

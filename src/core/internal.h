@@ -63,6 +63,13 @@ DDP_MODULE_API ddp_status_t ddp__env_seconds_ms(const char *name, int *out_ms);
  * names, tokens), which have no rule to check. */
 const char *ddp__env(const char *name);
 
+/* The host of the store this process met the other ranks through: what the last
+ * ddp_group_create_from_env rendezvous chose (a rank-hosted store under mpirun or srun), else
+ * DDP_STORE_ADDR, else MASTER_ADDR; NULL when none. The TCP transport binds to the address that
+ * routes there (the interface facing the other hosts). The setter copies; thread-safe. */
+const char *ddp__rendezvous_host(void);
+void ddp__set_rendezvous_host(const char *host);
+
 /* Clocks. */
 double ddp__now_us(void);    /* monotonic */
 DDP_MODULE_API int64_t ddp__now_ns(void);   /* monotonic */

@@ -21,6 +21,7 @@
 
 #include "core/internal.h"
 #include "group/group_internal.h"
+#include "group/rendezvous.h"
 #include "transport/transport.h"
 
 #define GROUP_MAX_WORLD 4096
@@ -52,6 +53,9 @@ struct ddp_group {
     _Atomic int refs; /* 1 until destroy + 1 per live work */
     ddp_store_t *store;
     int owns_store;
+    ddp_store_t *base_store;    /* the store `store` is a prefix view of (create_from_env), or NULL */
+    ddp_store_server_t *server; /* the store this rank hosts (create_from_env), or NULL */
+    int hosted_by_rank;         /* the store lives in a rank: see ddp_group_destroy */
     char prefix[512]; /* store keys of this group instance: "ddp/group/<name>/<instance>" */
     int rank;
     int world;
@@ -1052,49 +1056,76 @@ ddp_status_t ddp_group_create_from_env(const ddp_group_options_t *options, ddp_g
     ddp_status_t s = ddp_env_read(&env);
     if (s != DDP_OK) return ddp__error_context(s, "group_create_from_env");
     const char *name = options && options->name ? options->name : "default";
-    ddp_store_t *store = NULL;
-    /* Without MASTER_ADDR, when launched by mpirun/mpiexec (or when a storeless transport - mpi
-     * - is asked for) the group has no store: a storeless transport connects the ranks
-     * (MPI_COMM_WORLD in rank order). */
+    /* A storeless transport asked for by name (mpi) connects the ranks by itself when no store
+     * is named. Otherwise the ranks meet through a store (src/group/rendezvous.c: the one the
+     * launcher names, or one a rank hosts), and the group picks shared memory inside a host. */
     const char *asked = options && options->transport && strcmp(options->transport, "auto")
                             ? options->transport
                             : NULL;
     if (!asked) TRY(ddp__env_text("DDP_TRANSPORT", &asked));
-    int mpi_launcher = strcmp(env.source, "openmpi") == 0 || strcmp(env.source, "pmi") == 0;
-    int auto_asked = !asked || strcmp(asked, "auto") == 0;
     int storeless = 0;
-    if (env.master_addr[0] == '\0' && env.world_size > 1 && (mpi_launcher || !auto_asked)) {
+    if (!env.store_source && env.world_size > 1 && asked && strcmp(asked, "auto") != 0 &&
+        ddp__transport_known(asked)) {
         ddp_status_t found = DDP_OK;
-        const ddp__transport_ops_t *ops = auto_asked ? ddp__transport_storeless(&found)
-                                        : ddp__transport_known(asked) ? ddp__transport_find(asked, &found)
-                                                                      : NULL;
-        if (ops && ops->storeless) {
-            storeless = 1;
-        } else if (auto_asked || (!ops && found == DDP_ERR_UNSUPPORTED)) {
-            char why[DDP_ERROR_TEXT_MAX];
-            snprintf(why, sizeof why, "%s", ddp_last_error());
-            return ddp__error(DDP_ERR_UNSUPPORTED,
-                              "group_create_from_env: %d ranks from launcher '%s' without "
-                              "MASTER_ADDR need a transport that connects them without a store "
-                              "(%s); set MASTER_ADDR and MASTER_PORT to a TCP store",
-                              env.world_size, env.source, why);
-        }
+        const ddp__transport_ops_t *ops = ddp__transport_find(asked, &found);
+        if (ops && ops->storeless) storeless = 1;
+        else if (!ops) return ddp__error_context(found, "group_create_from_env");
     }
+    ddp__rendezvous_t meet;
+    memset(&meet, 0, sizeof meet);
     if (env.world_size > 1 && !storeless) {
-        if (env.master_addr[0] == '\0' || env.master_port <= 0)
-            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                              "group_create_from_env: MASTER_ADDR and MASTER_PORT must name the "
-                              "TCP store (launcher '%s' gave '%s' port %d)",
-                              env.source, env.master_addr, env.master_port);
-        s = ddp_store_tcp_connect(env.master_addr, env.master_port, env.token, timeout_ms, &store);
+        s = ddp__rendezvous(&env, timeout_ms, &meet);
         if (s != DDP_OK)
-            return ddp__error_context(s, "group_create_from_env: connecting to the store at %s:%d",
-                                      env.master_addr, env.master_port);
+            return ddp__error_context(s, "group_create_from_env (rank %d of %d, launcher '%s')",
+                                      env.rank, env.world_size, env.source);
     }
-    s = create_internal(store, 1, env.rank, env.world_size, options, name, timeout_ms, NULL,
+    s = create_internal(meet.store, 1, env.rank, env.world_size, options, name, timeout_ms, NULL,
                         out);
-    if (s != DDP_OK) ddp_store_destroy(store);
-    return s;
+    if (s != DDP_OK) {
+        ddp_store_destroy(meet.store);
+        ddp_store_destroy(meet.base);
+        ddp_store_server_stop(meet.server);
+        return s;
+    }
+    (*out)->base_store = meet.base;
+    (*out)->server = meet.server;
+    (*out)->hosted_by_rank = meet.hosted_by_rank;
+    return DDP_OK;
+}
+
+/* A store hosted by a rank must outlive the other ranks' use of it: each rank leaves a key when
+ * its group is gone, and the host waits for them all (bounded by the group's timeout, skipped
+ * when the group is broken: a dead rank leaves no key) before stopping its server. */
+static void leave_hosted_store(ddp_group_t *g)
+{
+    if (!g->hosted_by_rank || !g->store || g->world < 2 || atomic_load(&g->broken)) return;
+    char key[64];
+    if (!g->server) {
+        /* The host may be gone already (its rank failed after ours last heard of it): a few
+         * seconds to reconnect at most, not the store's whole timeout. */
+        ddp_store_set_timeout(g->store, g->timeout_ms < 5000 ? g->timeout_ms : 5000);
+        snprintf(key, sizeof key, "ddp/launch/left/%d", g->rank);
+        ddp_store_set(g->store, key, "1", 1);
+        return;
+    }
+    char **keys = calloc((size_t)g->world, sizeof *keys);
+    int n = 0;
+    for (int r = 0; keys && r < g->world; r++) {
+        if (r == g->rank) continue;
+        snprintf(key, sizeof key, "ddp/launch/left/%d", r);
+        keys[n] = strdup(key);
+        if (!keys[n]) break;
+        n++;
+    }
+    if (keys && n == g->world - 1) {
+        ddp_status_t s = ddp_store_wait(g->store, (const char *const *)keys, (size_t)n,
+                                        g->timeout_ms);
+        if (s != DDP_OK)
+            DDP_LOG(DDP_LOG_WARN, "rank %d: stopping the store it hosts before every rank left: %s",
+                    g->rank, ddp_last_error());
+    }
+    for (int i = 0; keys && i < n; i++) free(keys[i]);
+    free(keys);
 }
 
 ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
@@ -1237,7 +1268,14 @@ void ddp_group_destroy(ddp_group_t *group)
     if (group->ops) group->ops->destroy(group->state);
     group->ops = NULL;
     group->state = NULL;
-    if (group->owns_store) ddp_store_destroy(group->store);
+    if (group->owns_store) {
+        leave_hosted_store(group);
+        ddp_store_destroy(group->store);
+    }
     group->store = NULL;
+    ddp_store_destroy(group->base_store);
+    group->base_store = NULL;
+    ddp_store_server_stop(group->server);
+    group->server = NULL;
     group_unref(group);
 }

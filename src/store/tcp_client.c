@@ -14,11 +14,15 @@
 
 #include "core/socket.h"
 #include "store/store_impl.h"
+#include "store/c10d.h"
 #include "store/tcp_frame.h"
 
 /* Extra time a client gives the server to answer a get/wait after the wait's own timeout, before
  * it concludes the server is gone. */
 #define REPLY_GRACE_MS 2000
+/* How long the first AUTH of a connect waits for its reply before the client asks whether the
+ * server speaks another protocol (a c10d TCPStore waits for more bytes and never answers). */
+#define AUTH_PATIENCE_MS 2000
 
 struct pooled {
     int fd;
@@ -170,6 +174,7 @@ static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, 
     int64_t backoff_ms = 10;
     int last_err = 0;
     int evicted = 0; /* the last attempt connected but was closed before the AUTH reply */
+    int probed = 0;  /* asked whether the server speaks c10d (ddp__store_probe) */
     for (;;) {
         struct addrinfo *res = NULL;
         int gai = ddp__socket_resolve(tc->host, tc->port, 0, &res);
@@ -184,13 +189,32 @@ static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, 
                 continue;
             }
             ddp__socket_nodelay(fd);
-            ddp_status_t s = authenticate(tc, fd, deadline_ns);
+            /* A libddp server answers AUTH in well under a second; one that stays silent or
+             * hangs up is asked, once, whether it speaks c10d's protocol instead. */
+            int64_t auth_deadline =
+                probed ? deadline_ns : ddp__deadline_precise_ns(AUTH_PATIENCE_MS);
+            if (auth_deadline > deadline_ns) auth_deadline = deadline_ns;
+            ddp_status_t s = authenticate(tc, fd, auth_deadline);
             if (s == DDP_OK) {
                 freeaddrinfo(res);
                 *out_fd = fd;
                 return DDP_OK;
             }
             close(fd);
+            if ((s == DDP_ERR_REMOTE || s == DDP_ERR_TIMEOUT) && !probed) {
+                probed = 1;
+                ddp__store_kind_t kind;
+                if (ddp__store_probe(tc->host, tc->port, deadline_ns, &kind) == DDP_OK &&
+                    kind == DDP__STORE_KIND_C10D) {
+                    freeaddrinfo(res);
+                    return ddp__error(DDP_ERR_PROTOCOL,
+                                      "TCP store %s:%d speaks PyTorch's c10d TCPStore protocol, "
+                                      "not libddp's: connect with ddp_store_connect or "
+                                      "ddp_store_c10d_connect",
+                                      tc->host, tc->port);
+                }
+                if (s == DDP_ERR_TIMEOUT && ddp__now_ns() < deadline_ns) s = DDP_ERR_REMOTE;
+            }
             /* Out of time after earlier evictions: the message below says why. */
             if (s == DDP_ERR_TIMEOUT && evicted) break;
             if (s != DDP_ERR_REMOTE) {

@@ -85,6 +85,13 @@ typedef struct ddp__transport_ops {
                           void **state);
 
     int storeless; /* 1: create accepts store == NULL (see create) */
+
+    /* Optional, storeless transports: broadcasts len bytes from rank 0 of the launcher's world
+     * to every rank through the transport's runtime (MPI_Ibcast over MPI_COMM_WORLD), without a
+     * store, and gives this process's rank and the world's size there. Collective over the
+     * launcher's world; DDP_ERR_TIMEOUT when not every rank joined within timeout_ms. ddp_group_create_from_env uses it under mpirun to hand out the address
+     * of a store rank 0 hosts, so the group can use shared memory and TCP like ddprun's. */
+    ddp_status_t (*bootstrap_bcast)(void *buf, size_t len, int timeout_ms, int *rank, int *world);
 } ddp__transport_ops_t;
 
 /* ---- shared by transports (src/transport/common.c) ------------------------------------------ */

@@ -6,11 +6,15 @@
 #   check: every collective is correct and bitwise identical on every rank (HASH lines agree),
 #          and the group runs on the hierarchical transport (the worker asserts it).
 #   flat:  the same with DDP_HIERARCHICAL=0: the group must run on flat tcp.
+#   slurm: no ddprun: 2 workers per host started with srun's variables set by hand (SLURM_PROCID,
+#          SLURM_NODEID, a compressed node list of the hosts' addresses, job and step ids, a
+#          shared HOME for the secret); the group must find the store the first host's first
+#          task hosts and run hierarchical.
 #   kill:  once the job runs, every process of the last host is killed with SIGKILL; the ranks
 #          of host 0 must report the failure (DETECTED lines), not hang.
 # Skips (exit 77) when not root or when network namespaces are not permitted. The namespaces
 # are removed on every exit path.
-# Usage: multihost.sh DDPRUN WORKER NHOSTS check|flat|kill
+# Usage: multihost.sh DDPRUN WORKER NHOSTS check|flat|slurm|kill
 set -u
 DDPRUN=$1
 WORKER=$2
@@ -90,6 +94,37 @@ if [ "$MODE" = flat ]; then
     IFNAME_ENV="$IFNAME_ENV DDP_HIERARCHICAL=0"
     WORKER_MODE=check-flat
 fi
+if [ "$MODE" = slurm ]; then
+    k=0
+    while [ $k -lt "$NHOSTS" ]; do
+        for i in 0 1; do
+            ip netns exec "${P}h$k" unshare --uts sh -c "hostname ddp-host-$k && exec env \
+                -u DDP_STORE_TOKEN -u MASTER_ADDR -u MASTER_PORT HOME=$LOGDIR DDP_TIMEOUT=60 \
+                $IFNAME_ENV SLURM_PROCID=$((k * 2 + i)) SLURM_NTASKS=$((NHOSTS * 2)) \
+                SLURM_LOCALID=$i SLURM_NODEID=$k SLURM_STEP_TASKS_PER_NODE='2(x$NHOSTS)' \
+                SLURM_STEP_NODELIST='10.99.0.[1-$NHOSTS]' SLURM_JOB_ID=$$ SLURM_STEP_ID=0 \
+                '$WORKER' check-slurm" >"$LOGDIR/host$k.$i.log" 2>&1 &
+            RUNNERS="$RUNNERS $!"
+        done
+        k=$((k + 1))
+    done
+    status=0
+    for pid in $RUNNERS; do
+        wait "$pid" || status=1
+    done
+    for f in "$LOGDIR"/host*.log; do cat "$f" >>"$LOGDIR/all"; done
+    [ $status -eq 0 ] || { for f in "$LOGDIR"/host*.log; do echo "---- $f"; tail -n 20 "$f"; done; exit 1; }
+    grep -E "TRANSPORT" "$LOGDIR/all" | sort | uniq -c
+    n=$(grep -c "TRANSPORT [0-9]* hierarchical" "$LOGDIR/all")
+    [ "$n" -eq $((NHOSTS * 2)) ] || fail "$n ranks ran hierarchical"
+    distinct=$(grep "HASH group " "$LOGDIR/all" | awk '{print $NF}' | sort -u | wc -l)
+    [ "$distinct" -eq 1 ] || fail "group outputs differ between ranks"
+    mode=$(stat -c %a "$LOGDIR/.ddp/store-secret")
+    [ "$mode" = 600 ] || fail "the store's secret has mode $mode"
+    echo "PASS: $((NHOSTS * 2)) ranks on $NHOSTS hosts under srun's variables, hierarchical, identical"
+    exit 0
+fi
+
 k=0
 while [ $k -lt "$NHOSTS" ]; do
     ip netns exec "${P}h$k" unshare --uts sh -c "hostname ddp-host-$k && exec env \

@@ -1458,6 +1458,27 @@ void ddp__mpi_inject_fault(void *state)
     if (s) s->inject_fault = 1;
 }
 
+/* The bootstrap of ddp_group_create_from_env under mpirun: rank 0's store address to every
+ * rank, one MPI_Ibcast over MPI_COMM_WORLD (initialising MPI if the program did not), waited
+ * for at most timeout_ms, so a rank that never arrives (it failed before the rendezvous) is a
+ * timeout on the others, not a hang. */
+static ddp_status_t mpi_bootstrap_bcast(void *buf, size_t len, int timeout_ms, int *rank,
+                                        int *world)
+{
+    if (len > INT_MAX)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI bootstrap: %zu bytes is too many", len);
+    ddp_status_t s = ensure_mpi();
+    if (s != DDP_OK) return s;
+    MPI_Request req = MPI_REQUEST_NULL;
+    enter_mpi();
+    int rc = MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(MPI_COMM_WORLD, world);
+    if (rc == MPI_SUCCESS) rc = MPI_Ibcast(buf, (int)len, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
+    leave_mpi();
+    if (rc != MPI_SUCCESS) return ddp__mpi_error(rc, "MPI bootstrap: MPI_Ibcast");
+    return wait_setup(&req, timeout_ms, "MPI bootstrap: the broadcast of rank 0's store address");
+}
+
 /* Exported from libddp_mpi.so: src/transport/registry.c finds the table by this name. */
 DDP_MODULE_API const ddp__transport_ops_t ddp__transport_mpi = {
     .name = "mpi",
@@ -1469,6 +1490,7 @@ DDP_MODULE_API const ddp__transport_ops_t ddp__transport_mpi = {
     .destroy = mpi_destroy,
     .split = ddp__mpi_split,
     .storeless = 1,
+    .bootstrap_bcast = mpi_bootstrap_bcast,
 };
 
 ddp_status_t ddp_mpi_register(void)

@@ -24,9 +24,10 @@ static int remaining_ms(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 
 
 /* ---- choosing the address ----------------------------------------------------------------
  * DDP_SOCKET_IFNAME names the interface explicitly (first IPv4 address, else IPv6). Without it
- * we ask the kernel which source address it would use to reach MASTER_ADDR (a connected UDP
- * socket sends nothing): on a multi-homed host that is the interface facing the other hosts,
- * which is what peers can reach. Without MASTER_ADDR the job is single-host: 127.0.0.1. */
+ * we ask the kernel which source address it would use to reach the store's host
+ * (ddp__rendezvous_host: the store the ranks met through, else DDP_STORE_ADDR, else MASTER_ADDR;
+ * a connected UDP socket sends nothing): on a multi-homed host that is the interface facing the
+ * other hosts, which is what peers can reach. Without one the job is single-host: 127.0.0.1. */
 static ddp_status_t address_of_interface(const char *ifname, struct sockaddr_storage *out,
                                          socklen_t *len)
 {
@@ -66,9 +67,9 @@ static ddp_status_t address_towards(const char *host, const char *port,
     hints.ai_socktype = SOCK_DGRAM;
     int rc = getaddrinfo(host, port, &hints, &res);
     if (rc != 0)
-        return ddp__error(DDP_ERR_SYSTEM, "MASTER_ADDR=%s: cannot resolve: %s", host,
+        return ddp__error(DDP_ERR_SYSTEM, "store host %s: cannot resolve: %s", host,
                           gai_strerror(rc));
-    ddp_status_t status = ddp__error(DDP_ERR_SYSTEM, "MASTER_ADDR=%s: no route", host);
+    ddp_status_t status = ddp__error(DDP_ERR_SYSTEM, "store host %s: no route", host);
     for (struct addrinfo *a = res; a; a = a->ai_next) {
         int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         if (fd < 0) continue;
@@ -80,7 +81,7 @@ static ddp_status_t address_towards(const char *host, const char *port,
                 break;
             }
         }
-        status = ddp__error_errno(DDP_ERR_SYSTEM, errno, "MASTER_ADDR=%s: no route", host);
+        status = ddp__error_errno(DDP_ERR_SYSTEM, errno, "store host %s: no route", host);
         close(fd);
     }
     freeaddrinfo(res);
@@ -93,12 +94,11 @@ ddp_status_t ddp__tcp_listen(int *listen_fd, char *published, size_t size)
     socklen_t len = 0;
     ddp_status_t s;
     const char *ifname = ddp__env("DDP_SOCKET_IFNAME");
-    const char *master = ddp__env("MASTER_ADDR");
+    const char *master = ddp__rendezvous_host();
     if (ifname) {
         s = address_of_interface(ifname, &addr, &len);
     } else if (master) {
-        const char *port = ddp__env("MASTER_PORT");
-        s = address_towards(master, port ? port : "29500", &addr, &len);
+        s = address_towards(master, "29500", &addr, &len); /* any port: nothing is sent */
     } else {
         s = address_towards("127.0.0.1", "29500", &addr, &len);
     }

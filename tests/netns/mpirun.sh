@@ -1,0 +1,88 @@
+#!/bin/sh
+# Plain mpirun across NHOSTS network-namespace "hosts" (as tests/netns/multihost.sh builds them:
+# own hostname, one veth leg on a bridge, 10.99.0.k+1), Open MPI starting its daemons on the other
+# hosts through a remote-shell agent that enters their namespace instead of ssh. hello_ddp, with
+# no store named, must meet through rank 0's store (address carried by MPI), run hierarchical
+# (shm inside each host, TCP between), and fit the same weights as on one host.
+# Skips (exit 77) when not root or network namespaces are not permitted.
+# Usage: mpirun.sh MPIRUN HELLO_DDP NHOSTS
+set -u
+MPIRUN=$1
+HELLO=$2
+NHOSTS=$3
+
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: network namespaces need root"
+    exit 77
+fi
+if ! command -v ip >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1; then
+    echo "SKIP: needs ip (iproute2) and unshare (util-linux)"
+    exit 77
+fi
+
+P="ddpm$$"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ddp-netns-mpi-XXXXXX")
+NAMESPACES=""
+cleanup() {
+    for ns in $NAMESPACES; do
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+    done
+    for ns in $NAMESPACES; do ip netns del "$ns" 2>/dev/null; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
+
+if ! ip netns add "${P}sw" 2>/dev/null; then
+    echo "SKIP: 'ip netns add' is not permitted here"
+    exit 77
+fi
+NAMESPACES="${P}sw"
+ip -n "${P}sw" link set lo up || fail "switch namespace"
+ip -n "${P}sw" link add br0 type bridge || fail "bridge"
+ip -n "${P}sw" link set br0 up || fail "bridge up"
+: >"$WORK/hosts"
+k=0
+while [ $k -lt "$NHOSTS" ]; do
+    ns="${P}h$k"
+    ip netns add "$ns" || fail "netns $ns"
+    NAMESPACES="$NAMESPACES $ns"
+    ip -n "$ns" link add eth0 type veth peer name "${P}p$k" netns "${P}sw" || fail "veth $k"
+    ip -n "${P}sw" link set "${P}p$k" master br0 up || fail "bridge port $k"
+    ip -n "$ns" addr add "10.99.0.$((k + 1))/24" dev eth0 || fail "address $k"
+    ip -n "$ns" link set eth0 up || fail "eth0 up $k"
+    ip -n "$ns" link set lo up || fail "lo up $k"
+    echo "10.99.0.$((k + 1)) slots=2" >>"$WORK/hosts"
+    k=$((k + 1))
+done
+
+# Open MPI calls the agent as `AGENT HOST COMMAND...` to start its daemon on HOST.
+cat >"$WORK/rsh" <<AGENT
+#!/bin/sh
+host=\$1; shift
+k=\$(( \${host##*.} - 1 ))
+exec ip netns exec "${P}h\$k" unshare --uts sh -c "hostname ddp-host-\$k; \$*"
+AGENT
+chmod +x "$WORK/rsh"
+
+world=$((NHOSTS * 2))
+# The single-host reference: plain mpirun, shared memory.
+ref=$("$MPIRUN" --oversubscribe -np "$world" "$HELLO" 2>&1) || { echo "$ref"; fail "one host"; }
+echo "$ref" | grep -q '^hello_ddp: transport shm$' || { echo "$ref"; fail "one host is not shm"; }
+
+out=$(ip netns exec "${P}h0" unshare --uts sh -c "hostname ddp-host-0 && exec env \
+    OMPI_MCA_plm=rsh OMPI_MCA_plm_rsh_agent=$WORK/rsh OMPI_MCA_btl=self,vader,tcp \
+    OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
+    OMPI_MCA_rmaps_base_oversubscribe=1 \
+    '$MPIRUN' --hostfile '$WORK/hosts' -np $world -x DDP_TIMEOUT=60 '$HELLO'" 2>&1) ||
+    { echo "$out"; fail "mpirun across $NHOSTS hosts"; }
+echo "$out"
+echo "$out" | grep -q '^hello_ddp: transport hierarchical$' || fail "not hierarchical across hosts"
+line=$(echo "$out" | grep "^hello_ddp: $world ranks, w =") || fail "no result line"
+[ "$line" = "$(echo "$ref" | grep "^hello_ddp: $world ranks, w =")" ] || fail "the weights differ from one host's"
+echo "PASS: plain mpirun across $NHOSTS hosts: hierarchical, same weights as one host"
