@@ -149,7 +149,7 @@ static void describe(const header_t *h, char *buf, size_t size)
 /* Breaks the group with a mismatch and returns it as this thread's error. */
 static ddp_status_t fail_mismatch(ddp_group_t *g, const char *text)
 {
-    ddp__group_fail(g, DDP_ERR_MISMATCH, text);
+    ddp__group_fail(g, DDP_ERR_MISMATCH, text, 0);
     return ddp__error(DDP_ERR_MISMATCH, "%s", text);
 }
 
@@ -452,7 +452,7 @@ static ddp_status_t task(ddp_group_t *g, void *arg)
         if (s != DDP_OK) {
             char text[DDP_ERROR_TEXT_MAX];
             snprintf(text, sizeof text, "%s", ddp_last_error());
-            ddp__group_fail(g, s, text);
+            ddp__group_fail(g, s, text, 1);
             return ddp__error(s, "%s", text);
         }
         header_t mine = h;
@@ -473,8 +473,10 @@ static ddp_status_t task(ddp_group_t *g, void *arg)
                      "point-to-point mismatch (seen on rank %d): rank %d called %s but rank %d "
                      "called %s",
                      rank, lo, d0, hi, d1);
-            ddp__group_fail(pair, DDP_ERR_MISMATCH, text);
-            return fail_mismatch(g, text);
+            /* Both sides of the pair know; the parent's other ranks learn through its abort. */
+            ddp__group_fail(pair, DDP_ERR_MISMATCH, text, 0);
+            ddp__group_fail(g, DDP_ERR_MISMATCH, text, 1);
+            return ddp__error(DDP_ERR_MISMATCH, "%s", text);
         }
         if (s == DDP_OK)
             s = ddp_group_broadcast(pair, a->kind == K_SEND ? (void *)a->send : a->recv, a->count,
@@ -488,7 +490,7 @@ static ddp_status_t task(ddp_group_t *g, void *arg)
                      "rank %d, rank 1 is rank %d): %s",
                      kind_name(a->kind), a->kind == K_SEND ? "to" : "from", peer, a->tag, rank, lo,
                      hi, ddp_last_error());
-            ddp__group_fail(g, s, text);
+            ddp__group_fail(g, s, text, 1);
             return ddp__error(s, "%s", text);
         }
         break;

@@ -125,8 +125,9 @@ static void work_unref(ddp_work_t *w)
 
 /* ---- breaking the group ------------------------------------------------------------------- */
 
-/* Records the first failure and tells the transport, so peers stop waiting for this rank. */
-static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
+/* Records the first failure and, with tell_peers, tells the transport, so peers stop waiting
+ * for this rank. */
+static void break_group_ex(ddp_group_t *g, ddp_status_t status, const char *text, int tell_peers)
 {
     int first = 0;
     pthread_mutex_lock(&g->mu);
@@ -140,8 +141,13 @@ static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
     if (first) {
         DDP_LOG(DDP_LOG_WARN, "group %s rank %d broken: %s: %s", g->prefix, g->rank,
                 ddp_status_string(status), text);
-        if (g->ops && g->ops->abort) g->ops->abort(g->state, text);
+        if (tell_peers && g->ops && g->ops->abort) g->ops->abort(g->state, text);
     }
+}
+
+static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
+{
+    break_group_ex(g, status, text, 1);
 }
 
 /* DDP_ERR_ABORTED with the original cause, as the calling thread's error. */
@@ -1293,9 +1299,9 @@ ddp_status_t ddp__group_task(ddp_group_t *g, ddp_task_fn fn, void *arg, void (*f
     return s;
 }
 
-void ddp__group_fail(ddp_group_t *g, ddp_status_t status, const char *text)
+void ddp__group_fail(ddp_group_t *g, ddp_status_t status, const char *text, int tell_peers)
 {
-    break_group(g, status, text);
+    break_group_ex(g, status, text, tell_peers);
 }
 
 ddp_status_t ddp__group_pair(ddp_group_t *g, int peer, ddp_group_t **out)
@@ -1315,14 +1321,16 @@ ddp_status_t ddp__group_pair(ddp_group_t *g, int peer, ddp_group_t **out)
                           g->rank, g->prefix);
     /* The pair is a group of two on the parent's store, named after the parent instance and
      * the two ranks: both sides make it at their first send/recv with each other, in issue
-     * order, so it is made exactly once per pair. Its transport follows the parent's: shm for
-     * shm, otherwise tcp (an MPI pair would need every rank of MPI_COMM_WORLD). */
+     * order, so it is made exactly once per pair. Its transport follows the parent's: shm and
+     * mpi as the parent (an MPI pair is made by its two members only), tcp for tcp and
+     * hierarchical (two ranks need no hierarchy). */
     int lo = g->rank < peer ? g->rank : peer, hi = g->rank < peer ? peer : g->rank;
     char name[600];
     snprintf(name, sizeof name, "%s/p2p%d_%d", g->prefix + strlen("ddp/group/"), lo, hi);
     ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
     options.timeout_ms = g->timeout_ms;
-    options.transport = strcmp(g->ops->name, "shm") == 0 ? "shm" : "tcp";
+    options.transport = !strcmp(g->ops->name, "shm") || !strcmp(g->ops->name, "mpi")
+                            ? g->ops->name : "tcp";
     ddp_group_t *pair = NULL;
     ddp_status_t s = create_internal(g->store, 0, g->rank == lo ? 0 : 1, 2, &options, name,
                                      g->timeout_ms, NULL, &pair);

@@ -16,8 +16,10 @@ ddp_status_t ddp__group_task(ddp_group_t *group, ddp_task_fn fn, void *arg,
                              void (*free_arg)(void *), ddp_work_t **work);
 
 /* Breaks the group with `status` and `text` (as a failed collective does): later works fail
- * with DDP_ERR_ABORTED quoting it, and the transport tells the peers. */
-void ddp__group_fail(ddp_group_t *group, ddp_status_t status, const char *text);
+ * with DDP_ERR_ABORTED quoting it; with tell_peers the transport tells the peers (not needed
+ * when every rank reached the same verdict from the same data: an MPI abort notice nobody
+ * receives outlives its communicator). */
+void ddp__group_fail(ddp_group_t *group, ddp_status_t status, const char *text, int tell_peers);
 
 /* The two-rank group this rank shares with `peer` (made through the group's store on first use,
  * destroyed with the group). Call only while running a task of `group`. DDP_ERR_UNSUPPORTED on
