@@ -24,8 +24,9 @@ static ddp_group_t *make_group(ddp_store_t *store, int rank, int world, const ch
                                int timeout_ms)
 {
     if (!strcmp(transport, "hierarchical")) {
-        /* Two ranks per pretend host: shm inside, tcp among the leaders. */
-        char host[32];
+        /* Two ranks per pretend host: shm inside, tcp among the leaders. The hook keeps the
+         * pointer: static storage. */
+        static char host[32];
         snprintf(host, sizeof host, "pretend-host-%d", rank / 2);
         ddp__hier_set_host_identity(host);
     }
@@ -333,6 +334,22 @@ static int p2p_rank(int rank, int world, ddp_store_t *store, void *arg)
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
+/* The ranks of a timeout case meet again through the store (not the broken group), so the
+ * rank that stayed away leaves only after the others have timed out. */
+static void after_timeout(ddp_store_t *store, int rank, int world, const char *what)
+{
+    char key[64];
+    snprintf(key, sizeof key, "test/%s/done/%d", what, rank);
+    CHECK_OK(ddp_store_set(store, key, "1", 1));
+    char keys[8][64];
+    const char *list[8];
+    for (int r = 0; r < world; r++) {
+        snprintf(keys[r], sizeof keys[r], "test/%s/done/%d", what, r);
+        list[r] = keys[r];
+    }
+    CHECK_OK(ddp_store_wait(store, list, (size_t)world, 60000));
+}
+
 static int errors_rank(int rank, int world, ddp_store_t *store, void *arg)
 {
     (void)arg;
@@ -396,20 +413,29 @@ static int errors_rank(int rank, int world, ddp_store_t *store, void *arg)
         ddp_group_t *g = make_group(store, rank, world, "gathertimeout", 1500);
         if (rank != last) {
             s = ddp_group_gather(g, buf, out, 4, DDP_F32, 0);
-            CHECK_STATUS(s, DDP_ERR_TIMEOUT);
             char want[32];
             snprintf(want, sizeof want, "rank %d", last);
-            CHECK_ERROR_MENTIONS(want);
-        } else {
-            usleep(3000 * 1000);
+            if (strcmp(transport, "hierarchical") != 0) {
+                CHECK_STATUS(s, DDP_ERR_TIMEOUT);
+                CHECK_ERROR_MENTIONS(want);
+            } else {
+                /* Hierarchical: ranks wait for their host's leader, leaders for each other's
+                 * hosts, and a give-up is relayed; who is named depends on who waited on whom
+                 * (docs/tcp-transport.md), so only the failure itself is checked here. */
+                CHECK_MSG(s == DDP_ERR_TIMEOUT || s == DDP_ERR_REMOTE, "gather returned %s",
+                          ddp_status_string(s));
+            }
         }
+        after_timeout(store, rank, world, "gathertimeout"); /* before leaving: a leaver is named at once */
         ddp_group_destroy(g);
     }
-    /* recv from a rank that never sends: the timeout names it */
+    /* recv from a rank that never sends (after the pair's first message): the timeout names it */
     if (CASE(7)) {
         ddp_group_t *g = make_group(store, rank, world, "recvtimeout", 1500);
-        if (rank == 0) {
-            CHECK_OK(ddp_group_barrier(g));
+        if (rank == 0 || rank == last) {
+            float x = 1;
+            if (rank == 0) CHECK_OK(ddp_group_recv(g, &x, 1, DDP_F32, last, 0));
+            else CHECK_OK(ddp_group_send(g, &x, 1, DDP_F32, 0, 0));
         }
         if (rank == 0) {
             s = ddp_group_recv(g, buf, 4, DDP_F32, last, 0);
@@ -417,10 +443,8 @@ static int errors_rank(int rank, int world, ddp_store_t *store, void *arg)
             char want[32];
             snprintf(want, sizeof want, "rank %d", last);
             CHECK_ERROR_MENTIONS(want);
-        } else {
-            CHECK_OK(ddp_group_barrier(g));
-            usleep(3000 * 1000);
         }
+        after_timeout(store, rank, world, "recvtimeout");
         ddp_group_destroy(g);
     }
     return 0;
