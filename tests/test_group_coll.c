@@ -238,14 +238,56 @@ static void check_coalesced(ddp_group_t *g, ddp_dtype_t dt, size_t n, unsigned s
     for (int b = 0; b < 4; b++) free(bufs[b]);
 }
 
+#define EXPECT_ARG(expr, mention)                                                                 \
+    do {                                                                                          \
+        CHECK_STATUS((expr), DDP_ERR_INVALID_ARGUMENT);                                           \
+        CHECK_ERROR_MENTIONS(mention);                                                            \
+    } while (0)
+
+/* Bad arguments are refused at the call, on the calling rank alone, naming what is wrong (and
+ * nothing is issued: the group stays usable). */
+static void check_args(ddp_group_t *g)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    float in[64] = {0}, out[64 * 8];
+    ddp_work_t *w = NULL;
+    size_t counts[8], bad[8];
+    for (int r = 0; r < world; r++) counts[r] = bad[r] = 2;
+    bad[rank] = 3;
+    void *bufs[2] = {in, NULL};
+    size_t bcounts[2] = {4, 4};
+    EXPECT_ARG(ddp_group_reduce(NULL, in, out, 4, DDP_F32, DDP_SUM, 0), "group is NULL");
+    EXPECT_ARG(ddp_group_reduce(g, in, out, 4, (ddp_dtype_t)99, DDP_SUM, 0), "dtype 99");
+    EXPECT_ARG(ddp_group_reduce(g, in, out, 4, DDP_F32, (ddp_reduce_op_t)99, 0), "op 99");
+    EXPECT_ARG(ddp_group_reduce(g, in, out, 4, DDP_F32, DDP_SUM, world), "root");
+    EXPECT_ARG(ddp_group_reduce(g, NULL, out, 4, DDP_F32, DDP_SUM, 0), "send is NULL");
+    EXPECT_ARG(ddp_group_reduce_async(g, in, out, 4, DDP_F32, DDP_SUM, 0, NULL), "work is NULL");
+    if (rank == 0) EXPECT_ARG(ddp_group_gather(g, in, NULL, 4, DDP_F32, 0), "recv (on the root) is NULL");
+    EXPECT_ARG(ddp_group_scatter(g, in, NULL, 4, DDP_F32, 0), "recv is NULL");
+    EXPECT_ARG(ddp_group_gather(g, in, out, SIZE_MAX / 2, DDP_F32, 0), "too large");
+    EXPECT_ARG(ddp_group_alltoall(g, NULL, out, 4, DDP_F32), "send is NULL");
+    EXPECT_ARG(ddp_group_allgatherv(g, in, 2, out, NULL, NULL, DDP_F32), "recv_counts is NULL");
+    EXPECT_ARG(ddp_group_allgatherv(g, in, 2, out, bad, NULL, DDP_F32), "differs from recv_counts");
+    EXPECT_ARG(ddp_group_reduce_scatterv(g, in, out, NULL, DDP_F32, DDP_SUM), "recv_counts is NULL");
+    EXPECT_ARG(ddp_group_alltoallv(g, in, counts, NULL, in, counts, NULL, DDP_F32), "not in place");
+    EXPECT_ARG(ddp_group_allreduce_coalesced(g, bufs, bcounts, 2, DDP_F32, DDP_SUM), "bufs[1] is NULL");
+    EXPECT_ARG(ddp_group_broadcast_coalesced(g, bufs, bcounts, 1, DDP_F32, -1), "root -1");
+    EXPECT_ARG(ddp_group_send(g, in, 4, DDP_F32, rank, 0), "is this rank");
+    EXPECT_ARG(ddp_group_recv(g, in, 4, DDP_F32, world, 0), "peer");
+    EXPECT_ARG(ddp_group_send_async(g, in, 4, DDP_F32, (rank + 1) % world, 0, NULL), "work is NULL");
+    (void)w;
+    CHECK_OK(ddp_group_barrier(g)); /* still usable */
+}
+
 static int data_rank(int rank, int world, ddp_store_t *store, void *arg)
 {
     (void)arg;
     ddp_group_t *g = make_group(store, rank, world, "coll", 60000);
+    check_args(g);
     unsigned salt = 1;
     for (size_t d = 0; d < NDTYPES; d++)
         for (size_t s = 0; s < NSIZES; s++, salt++) {
-            /* The largest size in f32 and u8 only: the data path does not depend on dtype. */
+            /* The largest size in f32 and bf16 only: the data path does not depend on dtype. */
             if (sizes[s] > 2000 && dtypes[d] != DDP_F32 && dtypes[d] != DDP_BF16) continue;
             check_rooted(g, dtypes[d], sizes[s], salt);
             check_alltoall(g, dtypes[d], sizes[s], salt);

@@ -227,8 +227,13 @@ static ddp_status_t task(ddp_group_t *g, void *arg)
     ddp_status_t s = DDP_OK;
     void *tmp = NULL, *tmp2 = NULL;
     unsigned char *all = NULL;
+    /* Count arrays every rank must share: per buffer (coalesced) or per rank (allgatherv,
+     * reduce_scatterv). alltoallv's differ by rank and are checked as a matrix below. */
     uint64_t hash = 0;
-    if (a->counts) hash = hash_counts(a->counts, a->kind == K_ALLTOALLV ? 0 : (a->kind == K_ALLREDUCE_COALESCED || a->kind == K_BROADCAST_COALESCED ? a->nbufs : (size_t)world), 0);
+    if (a->kind == K_ALLREDUCE_COALESCED || a->kind == K_BROADCAST_COALESCED)
+        hash = hash_counts(a->counts, a->nbufs, 0);
+    else if (a->kind == K_ALLGATHERV || a->kind == K_REDUCE_SCATTERV)
+        hash = hash_counts(a->counts, (size_t)world, 0);
     header_t h = header_of(a, hash);
 
     switch (a->kind) {
