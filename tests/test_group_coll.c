@@ -453,6 +453,9 @@ static int errors_rank(int rank, int world, ddp_store_t *store, void *arg)
     /* timeout: the last rank never calls gather; the others' error names it */
     if (CASE(6)) {
         ddp_group_t *g = make_group(store, rank, world, "gathertimeout", 1500);
+        /* Everyone at seq 1 together, so the waiting ranks' deadlines fall together (else the
+         * first to give up makes the others fail with its DDP_ERR_REMOTE instead). */
+        CHECK_OK(ddp_group_barrier(g));
         if (rank != last) {
             s = ddp_group_gather(g, buf, out, 4, DDP_F32, 0);
             char want[32];
