@@ -124,6 +124,23 @@ int main(void)
     sweep(3, "allgather", "-d i32 -b 12 -e 1M -f 9 --inplace 1", 0, 6);
     sweep(1, "allreduce", "-d f32 -b 4 -e 64K -f 16", 0, 4);
 
+    /* The collectives built from the five, and send/recv: checked sweeps on 3 ranks (unequal
+     * blocks for the v forms; the last rank idles in sendrecv) and a spoiled element caught. */
+    static const char *const more[] = {"reduce", "gather", "scatter", "alltoall", "allgatherv",
+                                       "reduce_scatterv", "alltoallv", "allreduce_coalesced",
+                                       "broadcast_coalesced", "sendrecv"};
+    for (size_t k = 0; k < sizeof more / sizeof more[0]; k++) {
+        sweep(3, more[k], "-d f32 -b 4 -e 1M -f 9 --root 2", k % 2, 6);
+        char spoil[1024];
+        snprintf(spoil, sizeof spoil, "%s -n 2 --no-prefix %s -o %s -b 64 -e 64 --test-corrupt 1 " QUICK,
+                 DDPRUN_PATH, DDP_BENCH_PATH, more[k]);
+        int spoiled = run(spoil);
+        CHECK_MSG(spoiled != 0 && strstr(out_text, "\"wrong\":1,"),
+                  "-o %s: a spoiled element went unnoticed:\n%s", more[k], out_text);
+    }
+    sweep(2, "reduce_scatterv", "-d bf16 -r avg -b 2 -e 64K -f 15", 0, 4);
+    sweep(2, "allreduce_coalesced", "-d i32 -r prod -b 4 -e 4K -f 11", 0, 3);
+
     /* The check catches a wrong element: the run fails and the row counts it. */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s -n 2 --no-prefix %s -o allreduce -b 64 -e 64 --test-corrupt 1 " QUICK,

@@ -120,6 +120,121 @@ DDP_API ddp_status_t ddp_group_allgather(ddp_group_t *group, const void *send, v
                                          size_t send_count, ddp_dtype_t dtype);
 DDP_API ddp_status_t ddp_group_barrier(ddp_group_t *group);
 
+/* ---- more collectives: rooted, all-to-all, variable counts, coalesced ----------------------
+ * Same rules as above: async forms return a work at once, blocking forms issue and wait; works
+ * run in issue order; every rank must make the same call (kind, dtype, op, root, counts: a
+ * difference is DDP_ERR_MISMATCH on every rank, naming rank 0's call and the first that differs);
+ * results are bitwise identical wherever they are replicated; f16/bf16 are reduced in f32 and
+ * rounded once. Arrays of counts, displacements and buffer pointers are copied at issue: only the
+ * data buffers must stay valid until the work completes. Counts and displacements are in
+ * elements. These are built from the five above (one small allgather of a header to agree, then
+ * allreduce, reduce_scatter, allgather or broadcast), on every transport. */
+
+/* recv on `root` = op over ranks of send (count elements); recv is ignored (may be NULL) on the
+ * other ranks. In place when send == recv on the root. */
+DDP_API ddp_status_t ddp_group_reduce_async(ddp_group_t *group, const void *send, void *recv,
+                                            size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                            int root, ddp_work_t **work);
+/* recv on `root` (world_size * send_count elements) = every rank's send, in rank order; recv is
+ * ignored elsewhere. In place on the root when send == recv + root * send_count elements. */
+DDP_API ddp_status_t ddp_group_gather_async(ddp_group_t *group, const void *send, void *recv,
+                                            size_t send_count, ddp_dtype_t dtype, int root,
+                                            ddp_work_t **work);
+/* recv (recv_count elements) on rank r = block r of send on `root` (world_size * recv_count
+ * elements; ignored elsewhere). In place on the root when recv == send + root * recv_count. */
+DDP_API ddp_status_t ddp_group_scatter_async(ddp_group_t *group, const void *send, void *recv,
+                                             size_t recv_count, ddp_dtype_t dtype, int root,
+                                             ddp_work_t **work);
+/* send and recv hold world_size blocks of `count` elements: block j of rank i's send becomes
+ * block i of rank j's recv. send == recv is allowed. */
+DDP_API ddp_status_t ddp_group_alltoall_async(ddp_group_t *group, const void *send, void *recv,
+                                              size_t count, ddp_dtype_t dtype, ddp_work_t **work);
+/* Rank r's send (send_count == recv_counts[r] elements) lands at recv + displs[r] on every
+ * rank. recv_counts (world_size entries) must be equal on every rank; displs (NULL: packed in
+ * rank order) are this rank's own layout. In place when send == recv + displs[rank]. */
+DDP_API ddp_status_t ddp_group_allgatherv_async(ddp_group_t *group, const void *send,
+                                                size_t send_count, void *recv,
+                                                const size_t *recv_counts, const size_t *displs,
+                                                ddp_dtype_t dtype, ddp_work_t **work);
+/* send holds world_size blocks, block r of recv_counts[r] elements, packed in rank order; recv
+ * (recv_counts[rank] elements) = op over ranks of block[rank]. recv_counts equal on every rank. */
+DDP_API ddp_status_t ddp_group_reduce_scatterv_async(ddp_group_t *group, const void *send,
+                                                     void *recv, const size_t *recv_counts,
+                                                     ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                                     ddp_work_t **work);
+/* send_counts[j] elements at send + send_displs[j] go to rank j, which receives them at
+ * recv + recv_displs[i] (recv_counts[i] elements, i = this rank); displacements NULL: packed.
+ * recv_counts[j] on rank i must equal send_counts[i] on rank j (checked on every rank: a
+ * difference is DDP_ERR_MISMATCH naming both). Not in place (send != recv). */
+DDP_API ddp_status_t ddp_group_alltoallv_async(ddp_group_t *group, const void *send,
+                                               const size_t *send_counts,
+                                               const size_t *send_displs, void *recv,
+                                               const size_t *recv_counts,
+                                               const size_t *recv_displs, ddp_dtype_t dtype,
+                                               ddp_work_t **work);
+/* In place allreduce of nbufs buffers (bufs[i] of counts[i] elements, one dtype) as one
+ * operation: packed into one buffer, one allreduce, unpacked. counts equal on every rank. */
+DDP_API ddp_status_t ddp_group_allreduce_coalesced_async(ddp_group_t *group, void *const *bufs,
+                                                         const size_t *counts, size_t nbufs,
+                                                         ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                                         ddp_work_t **work);
+/* bufs on every rank = bufs on `root`, as one broadcast. */
+DDP_API ddp_status_t ddp_group_broadcast_coalesced_async(ddp_group_t *group, void *const *bufs,
+                                                         const size_t *counts, size_t nbufs,
+                                                         ddp_dtype_t dtype, int root,
+                                                         ddp_work_t **work);
+
+DDP_API ddp_status_t ddp_group_reduce(ddp_group_t *group, const void *send, void *recv,
+                                      size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                      int root);
+DDP_API ddp_status_t ddp_group_gather(ddp_group_t *group, const void *send, void *recv,
+                                      size_t send_count, ddp_dtype_t dtype, int root);
+DDP_API ddp_status_t ddp_group_scatter(ddp_group_t *group, const void *send, void *recv,
+                                       size_t recv_count, ddp_dtype_t dtype, int root);
+DDP_API ddp_status_t ddp_group_alltoall(ddp_group_t *group, const void *send, void *recv,
+                                        size_t count, ddp_dtype_t dtype);
+DDP_API ddp_status_t ddp_group_allgatherv(ddp_group_t *group, const void *send,
+                                          size_t send_count, void *recv,
+                                          const size_t *recv_counts, const size_t *displs,
+                                          ddp_dtype_t dtype);
+DDP_API ddp_status_t ddp_group_reduce_scatterv(ddp_group_t *group, const void *send, void *recv,
+                                               const size_t *recv_counts, ddp_dtype_t dtype,
+                                               ddp_reduce_op_t op);
+DDP_API ddp_status_t ddp_group_alltoallv(ddp_group_t *group, const void *send,
+                                         const size_t *send_counts, const size_t *send_displs,
+                                         void *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs, ddp_dtype_t dtype);
+DDP_API ddp_status_t ddp_group_allreduce_coalesced(ddp_group_t *group, void *const *bufs,
+                                                   const size_t *counts, size_t nbufs,
+                                                   ddp_dtype_t dtype, ddp_reduce_op_t op);
+DDP_API ddp_status_t ddp_group_broadcast_coalesced(ddp_group_t *group, void *const *bufs,
+                                                   const size_t *counts, size_t nbufs,
+                                                   ddp_dtype_t dtype, int root);
+
+/* ---- point to point ------------------------------------------------------------------------
+ * send: count elements of buf to rank `peer`; recv: count elements from `peer` into buf.
+ * Ordering rule (like NCCL): a send/recv is a collective of two ranks in the group's issue order.
+ * Between two ranks, the k-th point-to-point call of one to the other matches the k-th of the
+ * other, and it runs when both reach it in their queues; a recv issued before work the peer
+ * issues ahead of its send waits behind it (a cycle of such waits fails with DDP_ERR_TIMEOUT
+ * naming the rank, not a hang). The matched pair must agree on dtype, count and tag and be one
+ * send and one recv: otherwise DDP_ERR_MISMATCH on both, naming both calls (tags are checked,
+ * not used to reorder). Ranks not involved do nothing. The first message between two ranks
+ * makes their pair (through the group's store, with the group's timeout; shm for an shm group,
+ * tcp otherwise); a group without a store (MPI without MASTER_ADDR) returns
+ * DDP_ERR_UNSUPPORTED. peer == own rank is DDP_ERR_INVALID_ARGUMENT. A failed send/recv
+ * breaks the group like a failed collective. */
+DDP_API ddp_status_t ddp_group_send_async(ddp_group_t *group, const void *buf, size_t count,
+                                          ddp_dtype_t dtype, int peer, int tag,
+                                          ddp_work_t **work);
+DDP_API ddp_status_t ddp_group_recv_async(ddp_group_t *group, void *buf, size_t count,
+                                          ddp_dtype_t dtype, int peer, int tag,
+                                          ddp_work_t **work);
+DDP_API ddp_status_t ddp_group_send(ddp_group_t *group, const void *buf, size_t count,
+                                    ddp_dtype_t dtype, int peer, int tag);
+DDP_API ddp_status_t ddp_group_recv(ddp_group_t *group, void *buf, size_t count,
+                                    ddp_dtype_t dtype, int peer, int tag);
+
 /* ---- tasks: ordered user code on the progress thread --------------------------------------
  * Runs fn(group, arg) on the progress thread, in issue order with the collectives. Inside fn,
  * the blocking collective calls above execute inline (they are the next sequence numbers on

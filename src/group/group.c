@@ -22,6 +22,7 @@
 #include "core/internal.h"
 #include "group/group_internal.h"
 #include "group/rendezvous.h"
+#include "group/group_private.h"
 #include "transport/transport.h"
 
 #define GROUP_MAX_WORLD 4096
@@ -35,6 +36,7 @@ struct ddp_work {
     ddp__collective_t coll;
     ddp_task_fn task_fn;
     void *task_arg;
+    void (*task_free)(void *); /* internal tasks (collectives.c): frees task_arg with the work */
     /* Guarded by group->mu. */
     int done;
     ddp_status_t status;
@@ -80,11 +82,17 @@ struct ddp_group {
     char broken_text[DDP_ERROR_TEXT_MAX];
 
     int splits; /* caller's thread: number of ddp_group_split calls so far */
+    /* Point-to-point: pairs[peer] is the two-rank group this rank shares with `peer`, made on
+     * first use (send/recv), touched only by whoever holds `busy`. */
+    ddp_group_t **pairs;
     fallback_buffer_t *fallback_buffers; /* guarded by mu */
 };
 
 /* The group whose progress thread this is (NULL on other threads). */
 static _Thread_local ddp_group_t *progress_group;
+/* The group whose internal task this thread runs inline (it holds `busy`), so that the blocking
+ * collectives the task calls run inline too instead of queueing behind it. */
+static _Thread_local ddp_group_t *inline_group;
 
 /* ---- reference counting ------------------------------------------------------------------- */
 
@@ -112,6 +120,7 @@ static void work_unref(ddp_work_t *w)
 {
     if (atomic_fetch_sub(&w->refs, 1) == 1) {
         ddp_group_t *g = w->group;
+        if (w->task_free) w->task_free(w->task_arg);
         free(w->error_text);
         free(w);
         group_unref(g);
@@ -120,8 +129,9 @@ static void work_unref(ddp_work_t *w)
 
 /* ---- breaking the group ------------------------------------------------------------------- */
 
-/* Records the first failure and tells the transport, so peers stop waiting for this rank. */
-static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
+/* Records the first failure and, with tell_peers, tells the transport, so peers stop waiting
+ * for this rank. */
+static void break_group_ex(ddp_group_t *g, ddp_status_t status, const char *text, int tell_peers)
 {
     int first = 0;
     pthread_mutex_lock(&g->mu);
@@ -135,8 +145,13 @@ static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
     if (first) {
         DDP_LOG(DDP_LOG_WARN, "group %s rank %d broken: %s: %s", g->prefix, g->rank,
                 ddp_status_string(status), text);
-        if (g->ops && g->ops->abort) g->ops->abort(g->state, text);
+        if (tell_peers && g->ops && g->ops->abort) g->ops->abort(g->state, text);
     }
+}
+
+static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
+{
+    break_group_ex(g, status, text, 1);
 }
 
 /* DDP_ERR_ABORTED with the original cause, as the calling thread's error. */
@@ -316,7 +331,7 @@ static ddp_status_t wait_work(ddp_work_t *w)
  * issue + wait. */
 static ddp_status_t run_blocking(ddp_group_t *g, ddp__collective_t *c)
 {
-    if (progress_group == g) return run_collective(g, c);
+    if (progress_group == g || inline_group == g) return run_collective(g, c);
     /* Fast path: nothing queued and nothing running, so this collective is next in issue order
      * anyway; run it on the calling thread and save two thread hand-offs (the latency of a small
      * collective is then the transport's alone). The busy flag keeps the progress thread out. */
@@ -1254,6 +1269,104 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
     return create_internal(parent->store, 0, my_index, nranks, &sub, name, timeout_ms, NULL, out);
 }
 
+/* ---- internal tasks and point-to-point pairs (group_private.h) ---------------------------- */
+
+ddp_status_t ddp__group_task(ddp_group_t *g, ddp_task_fn fn, void *arg, void (*free_arg)(void *),
+                             ddp_work_t **work)
+{
+    ddp_status_t s;
+    if (work) {
+        s = enqueue(g, NULL, fn, arg, work);
+        if (s == DDP_OK) (*work)->task_free = free_arg;
+        else if (free_arg) free_arg(arg);
+        return s;
+    }
+    if (progress_group == g || inline_group == g) {
+        if (atomic_load(&g->broken)) s = aborted_error(g, "collective");
+        else s = fn(g, arg);
+        if (free_arg) free_arg(arg);
+        return s;
+    }
+    /* Idle: run on the calling thread, as run_blocking does for one collective. */
+    pthread_mutex_lock(&g->mu);
+    int inline_ok = !g->head && !g->busy && !g->stop;
+    if (inline_ok) g->busy = 1;
+    pthread_mutex_unlock(&g->mu);
+    if (inline_ok) {
+        if (atomic_load(&g->broken)) {
+            s = aborted_error(g, "collective");
+        } else {
+            inline_group = g;
+            atomic_store(&g->last_progress_ns, ddp__now_ns());
+            s = fn(g, arg);
+            atomic_store(&g->last_progress_ns, ddp__now_ns());
+            inline_group = NULL;
+        }
+        if (free_arg) free_arg(arg);
+        pthread_mutex_lock(&g->mu);
+        g->busy = 0;
+        if (g->head || g->stop) pthread_cond_signal(&g->queue_cv);
+        pthread_mutex_unlock(&g->mu);
+        return s;
+    }
+    ddp_work_t *w = NULL;
+    s = enqueue(g, NULL, fn, arg, &w);
+    if (s != DDP_OK) {
+        if (free_arg) free_arg(arg);
+        return s;
+    }
+    w->task_free = free_arg;
+    s = wait_work(w);
+    char text[DDP_ERROR_TEXT_MAX];
+    snprintf(text, sizeof text, "%s", ddp_last_error());
+    ddp_work_free(w);
+    if (s != DDP_OK) ddp__set_error_text(text);
+    return s;
+}
+
+void ddp__group_fail(ddp_group_t *g, ddp_status_t status, const char *text, int tell_peers)
+{
+    break_group_ex(g, status, text, tell_peers);
+}
+
+ddp_status_t ddp__group_pair(ddp_group_t *g, int peer, ddp_group_t **out)
+{
+    if (!g->pairs) {
+        g->pairs = ddp__calloc((size_t)g->world, sizeof *g->pairs, "point-to-point pairs");
+        if (!g->pairs) return DDP_ERR_NO_MEMORY;
+    }
+    if (g->pairs[peer]) {
+        *out = g->pairs[peer];
+        return DDP_OK;
+    }
+    if (!g->store)
+        return ddp__error(DDP_ERR_UNSUPPORTED,
+                          "send/recv on rank %d: group %s has no store (a store-less MPI group), "
+                          "and point-to-point pairs are made through the store",
+                          g->rank, g->prefix);
+    /* The pair is a group of two on the parent's store, named after the parent instance and
+     * the two ranks: both sides make it at their first send/recv with each other, in issue
+     * order, so it is made exactly once per pair. Its transport follows the parent's: shm and
+     * mpi as the parent (an MPI pair is made by its two members only), tcp for tcp and
+     * hierarchical (two ranks need no hierarchy). */
+    int lo = g->rank < peer ? g->rank : peer, hi = g->rank < peer ? peer : g->rank;
+    char name[600];
+    snprintf(name, sizeof name, "%s/p2p%d_%d", g->prefix + strlen("ddp/group/"), lo, hi);
+    ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
+    options.timeout_ms = g->timeout_ms;
+    options.transport = !strcmp(g->ops->name, "shm") || !strcmp(g->ops->name, "mpi")
+                            ? g->ops->name : "tcp";
+    ddp_group_t *pair = NULL;
+    ddp_status_t s = create_internal(g->store, 0, g->rank == lo ? 0 : 1, 2, &options, name,
+                                     g->timeout_ms, NULL, &pair);
+    if (s != DDP_OK)
+        return ddp__error_context(s, "rank %d making its point-to-point pair with rank %d", g->rank,
+                                  peer);
+    g->pairs[peer] = pair;
+    *out = pair;
+    return DDP_OK;
+}
+
 void ddp_group_destroy(ddp_group_t *group)
 {
     if (!group) return;
@@ -1264,6 +1377,11 @@ void ddp_group_destroy(ddp_group_t *group)
         pthread_mutex_unlock(&group->mu);
         if (progress_group != group) pthread_join(group->thread, NULL);
         else pthread_detach(group->thread);
+    }
+    if (group->pairs) {
+        for (int r = 0; r < group->world; r++) ddp_group_destroy(group->pairs[r]);
+        free(group->pairs);
+        group->pairs = NULL;
     }
     if (group->ops) group->ops->destroy(group->state);
     group->ops = NULL;

@@ -18,10 +18,20 @@ typedef enum ddp_bench_collective {
     DDP_BENCH_REDUCE_SCATTER,
     DDP_BENCH_ALLGATHER,
     DDP_BENCH_BARRIER,
+    DDP_BENCH_REDUCE,
+    DDP_BENCH_GATHER,
+    DDP_BENCH_SCATTER,
+    DDP_BENCH_ALLTOALL,
+    DDP_BENCH_ALLGATHERV,
+    DDP_BENCH_REDUCE_SCATTERV,
+    DDP_BENCH_ALLTOALLV,
+    DDP_BENCH_ALLREDUCE_COALESCED,
+    DDP_BENCH_BROADCAST_COALESCED,
+    DDP_BENCH_SENDRECV,
 } ddp_bench_collective_t;
 
 /* How many collectives there are (outside the enum, so that switches need not handle it). */
-enum { DDP_BENCH_COLLECTIVE_COUNT = DDP_BENCH_BARRIER + 1 };
+enum { DDP_BENCH_COLLECTIVE_COUNT = DDP_BENCH_SENDRECV + 1 };
 
 /* Everything `ddp-bench -o <collective>` was asked to do (see usage() in main.c). */
 typedef struct ddp_bench_options {

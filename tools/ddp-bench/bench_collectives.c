@@ -16,8 +16,10 @@
 
 #include "bench.h"
 
-static const char *const collective_names[] = {"allreduce", "broadcast", "reduce_scatter",
-                                               "allgather", "barrier"};
+static const char *const collective_names[] = {
+    "allreduce", "broadcast",       "reduce_scatter",  "allgather",           "barrier",
+    "reduce",    "gather",          "scatter",         "alltoall",            "allgatherv",
+    "reduce_scatterv", "alltoallv", "allreduce_coalesced", "broadcast_coalesced", "sendrecv"};
 
 const char *ddp_bench_collective_name(ddp_bench_collective_t collective)
 {
@@ -33,7 +35,19 @@ typedef struct bench {
     size_t elem;           /* bytes per element */
     void *send, *recv;     /* send == recv when in place (recv is always the big one) */
     size_t capacity;       /* bytes in each buffer */
+    /* Variable counts (per rank, elements): allgatherv/reduce_scatterv use vc/vd, alltoallv
+     * sc/sd (what this rank sends) and rc/rd (what it receives). Set by plan_size. */
+    size_t *vc, *vd, *sc, *sd, *rc, *rd;
+    void *bufs[4];         /* coalesced: four pieces of recv */
+    size_t bcounts[4];
 } bench_t;
+
+/* alltoallv: elements rank i sends rank j when the largest block is c (blocks differ by rank). */
+static size_t a2av_count(const bench_t *b, size_t c, int i, int j)
+{
+    size_t w = (size_t)b->world;
+    return c - ((size_t)((i + j) % b->world) * c) / (2 * w);
+}
 
 /* ---- elements as doubles --------------------------------------------------------------- */
 
@@ -150,6 +164,58 @@ static size_plan_t plan_size(const bench_t *b, size_t bytes)
         break;
     case DDP_BENCH_BARRIER:
         break;
+    case DDP_BENCH_REDUCE:
+    case DDP_BENCH_SENDRECV:
+        p.count = p.total = elems;
+        break;
+    case DDP_BENCH_GATHER:
+    case DDP_BENCH_SCATTER:
+    case DDP_BENCH_ALLTOALL:
+        p.count = elems / w;
+        p.total = p.count * w;
+        break;
+    case DDP_BENCH_ALLGATHERV:
+    case DDP_BENCH_REDUCE_SCATTERV: {
+        /* Rank r's block: c - r*c/(2n) elements, so blocks differ (the padded path). */
+        size_t c = elems / w, off = 0;
+        for (int r = 0; r < b->world; r++) {
+            b->vc[r] = c - ((size_t)r * c) / (2 * w);
+            b->vd[r] = off;
+            off += b->vc[r];
+        }
+        p.count = c;
+        p.total = off;
+        break;
+    }
+    case DDP_BENCH_ALLTOALLV: {
+        size_t c = elems / w, so = 0, ro = 0;
+        for (int j = 0; j < b->world; j++) {
+            b->sc[j] = a2av_count(b, c, b->rank, j);
+            b->sd[j] = so;
+            so += b->sc[j];
+            b->rc[j] = a2av_count(b, c, j, b->rank);
+            b->rd[j] = ro;
+            ro += b->rc[j];
+        }
+        p.count = c;
+        p.total = so;
+        break;
+    }
+    case DDP_BENCH_ALLREDUCE_COALESCED:
+    case DDP_BENCH_BROADCAST_COALESCED: {
+        bench_t *m = (bench_t *)b; /* the pieces are scratch of the plan */
+        m->bcounts[0] = elems / 2;
+        m->bcounts[1] = elems / 4;
+        m->bcounts[2] = elems / 8;
+        m->bcounts[3] = elems - elems / 2 - elems / 4 - elems / 8;
+        size_t off = 0;
+        for (int k = 0; k < 4; k++) {
+            m->bufs[k] = recv + off * b->elem;
+            off += m->bcounts[k];
+        }
+        p.count = p.total = elems;
+        break;
+    }
     }
     if (b->o->collective == DDP_BENCH_BROADCAST) p.send = p.recv;
     return p;
@@ -166,6 +232,35 @@ static ddp_status_t run_once(const bench_t *b, const size_plan_t *p)
         return ddp_group_reduce_scatter(g, p->send, p->recv, p->count, t, b->o->op);
     case DDP_BENCH_ALLGATHER: return ddp_group_allgather(g, p->send, p->recv, p->count, t);
     case DDP_BENCH_BARRIER: return ddp_group_barrier(g);
+    case DDP_BENCH_REDUCE:
+        return ddp_group_reduce(g, p->send, p->recv, p->count, t, b->o->op, b->o->root);
+    case DDP_BENCH_GATHER: return ddp_group_gather(g, p->send, p->recv, p->count, t, b->o->root);
+    case DDP_BENCH_SCATTER: return ddp_group_scatter(g, p->send, p->recv, p->count, t, b->o->root);
+    case DDP_BENCH_ALLTOALL: return ddp_group_alltoall(g, p->send, p->recv, p->count, t);
+    case DDP_BENCH_ALLGATHERV:
+        return ddp_group_allgatherv(g, p->send, b->vc[b->rank], p->recv, b->vc, b->vd, t);
+    case DDP_BENCH_REDUCE_SCATTERV:
+        return ddp_group_reduce_scatterv(g, p->send, p->recv, b->vc, t, b->o->op);
+    case DDP_BENCH_ALLTOALLV:
+        return ddp_group_alltoallv(g, p->send, b->sc, b->sd, p->recv, b->rc, b->rd, t);
+    case DDP_BENCH_ALLREDUCE_COALESCED:
+        return ddp_group_allreduce_coalesced(g, b->bufs, b->bcounts, 4, t, b->o->op);
+    case DDP_BENCH_BROADCAST_COALESCED:
+        return ddp_group_broadcast_coalesced(g, b->bufs, b->bcounts, 4, t, b->o->root);
+    case DDP_BENCH_SENDRECV: {
+        /* Ranks 2k and 2k+1 exchange one message each way; a last odd rank idles. */
+        int peer = b->rank ^ 1;
+        if (peer >= b->world) return DDP_OK;
+        ddp_status_t s;
+        if (b->rank % 2 == 0) {
+            s = ddp_group_send(g, p->send, p->count, t, peer, 0);
+            if (s == DDP_OK) s = ddp_group_recv(g, p->recv, p->count, t, peer, 1);
+        } else {
+            s = ddp_group_recv(g, p->recv, p->count, t, peer, 0);
+            if (s == DDP_OK) s = ddp_group_send(g, p->send, p->count, t, peer, 1);
+        }
+        return s;
+    }
     }
     return DDP_ERR_INVALID_ARGUMENT;
 }
@@ -195,7 +290,8 @@ static void fill(const bench_t *b, const size_plan_t *p, int check)
     ddp_dtype_t t = b->o->dtype;
     ddp_bench_collective_t c = b->o->collective;
     int reducing = c == DDP_BENCH_ALLREDUCE || c == DDP_BENCH_REDUCE_SCATTER;
-    if (!check && b->o->inplace && reducing && (b->o->op == DDP_SUM || b->o->op == DDP_PROD)) {
+    int feeds_back = (b->o->inplace && reducing) || c == DDP_BENCH_ALLREDUCE_COALESCED;
+    if (!check && feeds_back && (b->o->op == DDP_SUM || b->o->op == DDP_PROD)) {
         double v = b->o->op == DDP_SUM ? 0.0 : 1.0;
         for (size_t i = 0; i < p->total; i++) store(b->recv, i, t, v);
         return;
@@ -219,6 +315,37 @@ static void fill(const bench_t *b, const size_plan_t *p, int check)
         break;
     }
     case DDP_BENCH_BARRIER:
+        break;
+    case DDP_BENCH_REDUCE:
+    case DDP_BENCH_ALLTOALL:
+    case DDP_BENCH_REDUCE_SCATTERV:
+    case DDP_BENCH_ALLTOALLV:
+    case DDP_BENCH_SENDRECV:
+        /* This rank's whole send buffer follows the global pattern of its rank. */
+        for (size_t i = 0; i < p->total; i++) store((void *)p->send, i, t, input_value(b, b->rank, i));
+        memset(b->recv, 0xff, b->capacity);
+        break;
+    case DDP_BENCH_GATHER:
+        for (size_t j = 0; j < p->count; j++)
+            store((void *)p->send, j, t, input_value(b, b->rank, (size_t)b->rank * p->count + j));
+        memset(b->recv, 0xff, b->capacity);
+        break;
+    case DDP_BENCH_SCATTER:
+        for (size_t i = 0; i < p->total; i++)
+            store((void *)p->send, i, t, b->rank == b->o->root ? input_value(b, b->rank, i) : 100.0);
+        memset(b->recv, 0xff, b->capacity);
+        break;
+    case DDP_BENCH_ALLGATHERV:
+        for (size_t j = 0; j < b->vc[b->rank]; j++)
+            store((void *)p->send, j, t, input_value(b, b->rank, b->vd[b->rank] + j));
+        memset(b->recv, 0xff, b->capacity);
+        break;
+    case DDP_BENCH_ALLREDUCE_COALESCED:
+        for (size_t i = 0; i < p->total; i++) store(b->recv, i, t, input_value(b, b->rank, i));
+        break;
+    case DDP_BENCH_BROADCAST_COALESCED:
+        for (size_t i = 0; i < p->total; i++)
+            store(b->recv, i, t, b->rank == b->o->root ? input_value(b, b->rank, i) : 100.0);
         break;
     }
 }
@@ -248,6 +375,57 @@ static long long count_wrong(const bench_t *b, const size_plan_t *p)
             wrong += load(p->recv, i, t) != input_value(b, (int)(i / p->count), i);
         break;
     case DDP_BENCH_BARRIER:
+        break;
+    case DDP_BENCH_REDUCE:
+        if (b->rank == b->o->root)
+            for (size_t i = 0; i < p->count; i++)
+                wrong += !same(b, load(p->recv, i, t), expected_reduction(b, i));
+        break;
+    case DDP_BENCH_GATHER:
+        if (b->rank == b->o->root)
+            for (size_t i = 0; i < p->total; i++)
+                wrong += load(p->recv, i, t) != input_value(b, (int)(i / p->count), i);
+        break;
+    case DDP_BENCH_SCATTER:
+        for (size_t j = 0; j < p->count; j++)
+            wrong += load(p->recv, j, t) !=
+                     input_value(b, b->o->root, (size_t)b->rank * p->count + j);
+        break;
+    case DDP_BENCH_ALLTOALL:
+        for (int i = 0; i < b->world; i++)
+            for (size_t j = 0; j < p->count; j++)
+                wrong += load(p->recv, (size_t)i * p->count + j, t) !=
+                         input_value(b, i, (size_t)b->rank * p->count + j);
+        break;
+    case DDP_BENCH_ALLGATHERV:
+        for (int r = 0; r < b->world; r++)
+            for (size_t j = 0; j < b->vc[r]; j++)
+                wrong += load(p->recv, b->vd[r] + j, t) != input_value(b, r, b->vd[r] + j);
+        break;
+    case DDP_BENCH_REDUCE_SCATTERV:
+        for (size_t j = 0; j < b->vc[b->rank]; j++)
+            wrong += !same(b, load(p->recv, j, t), expected_reduction(b, b->vd[b->rank] + j));
+        break;
+    case DDP_BENCH_ALLTOALLV:
+        for (int j = 0; j < b->world; j++) {
+            size_t at = 0; /* where rank j's block for this rank starts in j's send */
+            for (int m = 0; m < b->rank; m++) at += a2av_count(b, p->count, j, m);
+            for (size_t k = 0; k < b->rc[j]; k++)
+                wrong += load(p->recv, b->rd[j] + k, t) != input_value(b, j, at + k);
+        }
+        break;
+    case DDP_BENCH_ALLREDUCE_COALESCED:
+        for (size_t i = 0; i < p->total; i++)
+            wrong += !same(b, load(b->recv, i, t), expected_reduction(b, i));
+        break;
+    case DDP_BENCH_BROADCAST_COALESCED:
+        for (size_t i = 0; i < p->total; i++)
+            wrong += load(b->recv, i, t) != input_value(b, b->o->root, i);
+        break;
+    case DDP_BENCH_SENDRECV:
+        if ((b->rank ^ 1) < b->world)
+            for (size_t i = 0; i < p->count; i++)
+                wrong += load(p->recv, i, t) != input_value(b, b->rank ^ 1, i);
         break;
     }
     return wrong;
@@ -341,8 +519,10 @@ static double bus_factor(const bench_t *b)
 static const char *redop_column(const bench_t *b)
 {
     ddp_bench_collective_t c = b->o->collective;
-    return c == DDP_BENCH_ALLREDUCE || c == DDP_BENCH_REDUCE_SCATTER ? ddp_reduce_op_name(b->o->op)
-                                                                     : "none";
+    return c == DDP_BENCH_ALLREDUCE || c == DDP_BENCH_REDUCE_SCATTER || c == DDP_BENCH_REDUCE ||
+                   c == DDP_BENCH_REDUCE_SCATTERV || c == DDP_BENCH_ALLREDUCE_COALESCED
+               ? ddp_reduce_op_name(b->o->op)
+               : "none";
 }
 
 static void print_header(const bench_t *b)
@@ -445,7 +625,22 @@ int ddp_bench_collectives(ddp_group_t *group, const ddp_bench_options_t *options
         .elem = ddp_dtype_size(options->dtype),
         .capacity = options->collective == DDP_BENCH_BARRIER ? 0 : options->max_bytes,
     };
-    if (alloc_buffers(&b)) return DDP_BENCH_EXIT_FAILED;
+    size_t w = (size_t)b.world;
+    size_t *counts = calloc(6 * w, sizeof *counts);
+    if (!counts) {
+        fprintf(stderr, "ddp-bench: rank %d: out of memory for count arrays\n", b.rank);
+        return DDP_BENCH_EXIT_FAILED;
+    }
+    b.vc = counts;
+    b.vd = counts + w;
+    b.sc = counts + 2 * w;
+    b.sd = counts + 3 * w;
+    b.rc = counts + 4 * w;
+    b.rd = counts + 5 * w;
+    if (alloc_buffers(&b)) {
+        free(counts);
+        return DDP_BENCH_EXIT_FAILED;
+    }
 
     int rc = DDP_BENCH_EXIT_OK;
     double busbw_sum = 0;
@@ -474,5 +669,6 @@ int ddp_bench_collectives(ddp_group_t *group, const ddp_bench_options_t *options
     if (b.rank == 0 && rc != DDP_BENCH_EXIT_OK && !options->json)
         printf("# FAILED: a collective failed or returned wrong elements\n");
     free_buffers(&b);
+    free(counts);
     return rc;
 }

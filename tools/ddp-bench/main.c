@@ -18,8 +18,10 @@ static void usage(FILE *out)
             "       ddprun -n N ddp-bench -o reducer [reducer options]\n"
             "Times libddp collectives over a range of sizes, like nccl-tests.\n"
             "  -o, --op NAME          allreduce (default), broadcast, reduce_scatter, allgather,\n"
-            "                         barrier, or reducer (everything after `-o reducer` goes to\n"
-            "                         the Reducer benchmark)\n"
+            "                         barrier, reduce, gather, scatter, alltoall, allgatherv,\n"
+            "                         reduce_scatterv, alltoallv, allreduce_coalesced,\n"
+            "                         broadcast_coalesced, sendrecv, or reducer (everything\n"
+            "                         after `-o reducer` goes to the Reducer benchmark)\n"
             "  -b, --minbytes SIZE    smallest size in bytes, K/M/G suffixes (default 8)\n"
             "  -e, --maxbytes SIZE    largest size (default 256M)\n"
             "  -f, --stepfactor N     multiply the size by N each step (default 4)\n"
@@ -29,9 +31,9 @@ static void usage(FILE *out)
             "  -w, --warmup N         untimed warmup iterations per size (default 3)\n"
             "      --rounds N         timing rounds per size; the median is shown (default 5)\n"
             "      --min-ms MS        raise the iterations so a round lasts >= MS (default 10)\n"
-            "      --root R           broadcast root (default 0)\n"
+            "      --root R           root of broadcast, reduce, gather, scatter (default 0)\n"
             "  -c, --check 0|1        count wrong elements against exact expected values\n"
-            "      --inplace 0|1      in-place collectives (default 0)\n"
+            "      --inplace 0|1      in-place collectives (default 0; the five first only)\n"
             "      --segment 0|1      buffers from ddp_group_alloc_buffer, i.e. in the\n"
             "                         transport's memory (default 0: malloc)\n"
             "      --json             one JSON object per size instead of the table\n"
@@ -41,7 +43,12 @@ static void usage(FILE *out)
             "SIZE is the whole buffer: the allreduce/broadcast buffer, the reduce_scatter input,\n"
             "the allgather output. time = per iteration, max over ranks, median over rounds;\n"
             "algbw = SIZE / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (reduce_scatter,\n"
-            "allgather), 1 (broadcast). Exit: 0 ok, 1 failure or wrong elements, 2 bad option.\n");
+            "allgather), 1 (broadcast). reduce: SIZE is the buffer; gather/scatter/allgatherv:\n"
+            "the gathered buffer; reduce_scatterv: the input; alltoall(v): each rank's send\n"
+            "buffer (v forms: unequal counts, the largest block SIZE/n); coalesced: 4 buffers\n"
+            "of SIZE/2, /4, /8 and the rest; sendrecv: one message, ranks 2k and 2k+1 exchange\n"
+            "(send then recv on even ranks, recv then send on odd; time is one exchange).\n"
+            "busbw = algbw for these. Exit: 0 ok, 1 failure or wrong elements, 2 bad option.\n");
 }
 
 /* Only rank 0 prints results and --help; before the group exists RANK (or OMPI's rank) says who
@@ -149,7 +156,9 @@ static int parse_options(int argc, char **argv, ddp_bench_options_t *o)
                 }
             if (!found)
                 USAGE_ERROR("-o: unknown operation '%s' (expected allreduce, broadcast, "
-                            "reduce_scatter, allgather, barrier or reducer)", v);
+                            "reduce_scatter, allgather, barrier, reduce, gather, scatter, "
+                            "alltoall, allgatherv, reduce_scatterv, alltoallv, "
+                            "allreduce_coalesced, broadcast_coalesced, sendrecv or reducer)", v);
         } else if (OPTION("-b", "--minbytes")) {
             if (parse_size(v, &o->min_bytes)) USAGE_ERROR("-b: bad size '%s'", v);
         } else if (OPTION("-e", "--maxbytes")) {
@@ -266,6 +275,10 @@ int main(int argc, char **argv)
     } else if (options.root >= ddp_group_size(group)) {
         fprintf(stderr, "ddp-bench: --root %d is not a rank of this %d-rank job\n", options.root,
                 ddp_group_size(group));
+        rc = DDP_BENCH_EXIT_USAGE;
+    } else if (options.inplace && options.collective > DDP_BENCH_BARRIER) {
+        fprintf(stderr, "ddp-bench: --inplace 1 is for allreduce, broadcast, reduce_scatter and "
+                        "allgather, not %s\n", ddp_bench_collective_name(options.collective));
         rc = DDP_BENCH_EXIT_USAGE;
     } else {
         rc = ddp_bench_collectives(group, &options);

@@ -841,8 +841,11 @@ static ddp_status_t run_allreduce(mpi_state_t *s, const ddp__collective_t *c)
     size_t n = c->count;
     ddp_status_t status;
     if (rtype == c->dtype) {
-        const void *send = c->send == c->recv ? MPI_IN_PLACE : c->send;
-        status = allreduce_chunks(s, c, send, c->recv, n, c->dtype);
+        /* MPI requires MPI_IN_PLACE on every rank or on none, but libddp lets each rank choose
+         * (a reduce built on allreduce is in place on its root only): every rank reduces in
+         * place, after copying its input into recv when it is not already there. */
+        if (c->send != c->recv && n) memcpy(c->recv, c->send, n * ddp_dtype_size(c->dtype));
+        status = allreduce_chunks(s, c, MPI_IN_PLACE, c->recv, n, c->dtype);
         if (status == DDP_OK && c->op == DDP_AVG) ddp__divide_by(c->recv, n, c->dtype, s->world);
         return status;
     }

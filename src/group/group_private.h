@@ -1,0 +1,29 @@
+/* What the group's own files share beyond group.c: internal tasks (the collectives built from
+ * others in collectives.c run as tasks, in issue order) and the two-rank groups that carry
+ * point-to-point messages. Not for the layers above (they use group_internal.h). */
+#ifndef DDP_GROUP_GROUP_PRIVATE_H
+#define DDP_GROUP_GROUP_PRIVATE_H
+
+#include "ddp/ddp.h"
+
+/* Runs fn(group, arg) in issue order with the group's other works. With work != NULL it is
+ * queued and *work returned (free_arg(arg) runs when the work is released); with work == NULL it
+ * runs now and its status is returned: inline on the progress thread or the calling thread when
+ * the group is idle, else queued and waited for. The blocking collectives fn calls run inline
+ * (they are the next sequence numbers on every rank). free_arg may be NULL; it also runs when
+ * the task could not be issued. */
+ddp_status_t ddp__group_task(ddp_group_t *group, ddp_task_fn fn, void *arg,
+                             void (*free_arg)(void *), ddp_work_t **work);
+
+/* Breaks the group with `status` and `text` (as a failed collective does): later works fail
+ * with DDP_ERR_ABORTED quoting it; with tell_peers the transport tells the peers (not needed
+ * when every rank reached the same verdict from the same data: an MPI abort notice nobody
+ * receives outlives its communicator). */
+void ddp__group_fail(ddp_group_t *group, ddp_status_t status, const char *text, int tell_peers);
+
+/* The two-rank group this rank shares with `peer` (made through the group's store on first use,
+ * destroyed with the group). Call only while running a task of `group`. DDP_ERR_UNSUPPORTED on
+ * a group without a store. */
+ddp_status_t ddp__group_pair(ddp_group_t *group, int peer, ddp_group_t **pair);
+
+#endif
