@@ -600,12 +600,12 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         int world = getSize();
         TORCH_CHECK(input.numel() == output.numel(), "libddp backend: alltoall_base: input has ",
                     input.numel(), " elements and output ", output.numel());
-        TORCH_CHECK(input.dim() > 0 && input.size(0) % world == 0, "libddp backend: "
-                    "alltoall_base: the first dimension must split evenly over ", world, " ranks");
-        TORCH_CHECK(equal_splits(inputSplitSizes, input.size(0), world) &&
+        TORCH_CHECK(input.dim() > 0 && equal_splits(inputSplitSizes, input.size(0), world) &&
                         equal_splits(outputSplitSizes, output.size(0), world),
                     "libddp backend: alltoall_base with uneven split sizes is not supported yet: "
                     "it needs an alltoallv in libddp's group, which this build does not have");
+        TORCH_CHECK(input.size(0) % world == 0, "libddp backend: alltoall_base: the first "
+                    "dimension (", input.size(0), ") must split evenly over ", world, " ranks");
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::ALLTOALL_BASE, "alltoall_base", outs);
         at::Tensor in = input.contiguous();
@@ -678,8 +678,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     static size_t bytes_of(const at::Tensor& t) { return (size_t)t.numel() * t.element_size(); }
 
     static bool equal_splits(const std::vector<int64_t>& splits, int64_t rows, int world) {
-        if (splits.empty()) return true;
-        if ((int)splits.size() != world) return false;
+        if (splits.empty()) return true;  // equal by definition; the caller checks divisibility
+        if ((int)splits.size() != world || rows % world != 0) return false;
         for (int64_t s : splits)
             if (s != rows / world) return false;
         return true;
