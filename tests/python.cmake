@@ -25,3 +25,12 @@ if(DDP_PYTHON)
     message(STATUS "Python tests: not registered (${DDP_PYTHON} lacks numpy or pytest)")
   endif()
 endif()
+
+# pip install ./python into a fresh venv, then the installed copy runs (compiles the backend:
+# a few minutes on a loaded machine).
+if(TARGET ddp_torch)
+  add_test(NAME test_python_pip_install
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_python_pip.sh ${DDP_PYTHON}
+                   ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  set_tests_properties(test_python_pip_install PROPERTIES TIMEOUT 900 LABELS python)
+endif()
