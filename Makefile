@@ -1,6 +1,7 @@
-# Thin wrapper over CMake: `make` builds into build/ (Release), `make test` runs every test through
-# ctest, `make python-install` installs the Python package, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on 2
-# ranks.
+# Thin wrapper over CMake: `make` builds into build/ (Release; with the torch backend when torch
+# is found), `make test` runs every test through ctest, `make python-install` installs the Python
+# package, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on
+# 2 ranks.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
