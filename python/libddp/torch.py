@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from . import _candidate_dirs
 
-__all__ = ["BACKEND", "extension_path", "ProcessGroupDDP", "transport"]
+__all__ = ["BACKEND", "NATIVE_EXTENDED_OPS", "extension_path", "ProcessGroupDDP", "transport"]
 
 BACKEND = "ddp"
 
@@ -59,6 +59,9 @@ def _load() -> Any:
 
 _ext = _load()
 ProcessGroupDDP = _ext.ProcessGroupDDP
+#: True when the backend was built against libddp's extended group API: reduce, gather,
+#: scatter, alltoall (uneven splits too), coalesced allreduce and send/recv run natively.
+NATIVE_EXTENDED_OPS: bool = bool(_ext.group_v2)
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:

@@ -189,13 +189,34 @@ def collectives_body(rank, world):
         dist.all_reduce(t, group=sub)
         out["subgroup"] = (t, None)
 
+    if libddp.torch.NATIVE_EXTENDED_OPS and world > 1:
+        # Point-to-point around the ring, and alltoall with uneven splits: rank r sends r+j+1
+        # rows to rank j.
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        got = torch.empty(3)
+        if rank == 0:
+            dist.send(torch.arange(3.0) + rank, dst=nxt)
+            dist.recv(got, src=prv)
+        else:
+            dist.recv(got, src=prv)
+            dist.send(torch.arange(3.0) + rank, dst=nxt)
+        out["p2p"] = (got, torch.arange(3.0) + prv)
+        ins = [rank + j + 1 for j in range(world)]
+        outs = [i + rank + 1 for i in range(world)]
+        src = torch.cat([torch.full((ins[j], 2), 100.0 * rank + j) for j in range(world)])
+        dst = torch.empty(sum(outs), 2)
+        dist.all_to_all_single(dst, src, output_split_sizes=outs, input_split_sizes=ins)
+        want = torch.cat([torch.full((outs[i], 2), 100.0 * i + rank) for i in range(world)])
+        out["alltoall_uneven"] = (dst, want)
+
     # Unsupported: a clear RuntimeError naming the op.
     errors = {}
     for name, call in (
-            ("send", lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world)),
+            ("send", lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world)
+             if not libddp.torch.NATIVE_EXTENDED_OPS else None),
             ("BXOR", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int32),
                                              op=dist.ReduceOp.BXOR)),
-            ("uneven", lambda: dist.all_to_all_single(
+            ("uneven", lambda: None if libddp.torch.NATIVE_EXTENDED_OPS else dist.all_to_all_single(
                 torch.empty(world + 1), torch.empty(world + 1),
                 output_split_sizes=[2] + [1] * (world - 1),
                 input_split_sizes=[2] + [1] * (world - 1))),
@@ -278,9 +299,13 @@ def test_collectives_match_gloo(world):
         assert res[r]["subgroup"][0].item() == (1.0 if world == 1 else float(world + 1))
     for r in range(world):
         errors = res[r]["errors"]
-        assert "send" in errors["send"] and "point-to-point" in errors["send"], errors["send"]
         assert "BXOR" in errors["BXOR"], errors["BXOR"]
-        assert world == 1 or "uneven" in errors["uneven"], errors["uneven"]
+        if not libddp.torch.NATIVE_EXTENDED_OPS:
+            assert "send" in errors["send"] and "point-to-point" in errors["send"], errors["send"]
+            assert world == 1 or "uneven" in errors["uneven"], errors["uneven"]
+        elif world > 1:
+            for case in ("p2p", "alltoall_uneven"):
+                assert torch.equal(*res[r][case]), (case, r, res[r][case])
         assert "Short" in errors["dtype int16"] or "int16" in errors["dtype int16"], \
             errors["dtype int16"]
 

@@ -33,6 +33,10 @@
 
 #include "ddp/ddp.h"
 
+#ifndef DDP_TORCH_GROUP_V2
+#define DDP_TORCH_GROUP_V2 0
+#endif
+
 #if TORCH_VERSION_MAJOR >= 2
 #error "libddp's torch backend is written against torch 1.13's c10d::ProcessGroup; torch 2.x needs the c10d::Backend subclass (see docs/pytorch.md)"
 #endif
@@ -392,6 +396,25 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
         }
         auto w = make_work(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
+#if DDP_TORCH_GROUP_V2
+        bool one_dtype = true;
+        for (auto& t : tensors) one_dtype = one_dtype && t.scalar_type() == tensors[0].scalar_type();
+        if (one_dtype) {
+            // One libddp operation: packed, reduced once, unpacked (one latency for all).
+            std::vector<void*> bufs;
+            std::vector<size_t> counts;
+            for (auto& t : tensors) {
+                at::Tensor b = in_place_buffer(*w, t);
+                bufs.push_back(b.data_ptr());
+                counts.push_back((size_t)b.numel());
+            }
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_coalesced_async(group_, bufs.data(), counts.data(),
+                                                           bufs.size(), dt, op, h);
+            });
+            return launch(w);
+        }
+#endif
         // One libddp allreduce per tensor, issued back to back: each is zero copy, and they run in
         // issue order, so the last one's completion completes the whole.
         for (auto& t : tensors) {
@@ -508,6 +531,209 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         return launch(w);
     }
 
+#if DDP_TORCH_GROUP_V2
+    // ---- native on the extended group API (reduce ... send/recv) -----------------------------
+
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const c10d::ReduceOptions& opts) override {
+        check_single("reduce", tensors);
+        check_root("reduce", opts.rootRank);
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        reduction_of("reduce", tensors[0], opts.reduceOp, &dt, &op);
+        auto w = make_work(c10d::OpType::REDUCE, "reduce", tensors);
+        int root = (int)opts.rootRank;
+        if (getRank() == root) {
+            at::Tensor buf = in_place_buffer(*w, tensors[0]);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_reduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                              (size_t)buf.numel(), dt, op, root, h);
+            });
+        } else {
+            at::Tensor in = tensors[0].contiguous();
+            w->keep_.push_back(in);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_reduce_async(group_, in.data_ptr(), nullptr, (size_t)in.numel(),
+                                              dt, op, root, h);
+            });
+        }
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::GatherOptions& opts) override {
+        check_single("gather", inputs);
+        check_root("gather", opts.rootRank);
+        bool root = getRank() == opts.rootRank;
+        if (root) {
+            TORCH_CHECK(outputs.size() == 1, "libddp backend: gather on the root takes one output "
+                        "list, got ", outputs.size());
+            check_gather_list("gather", outputs[0], inputs[0]);
+        } else {
+            TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "libddp backend: gather: only the root (rank ", opts.rootRank,
+                        ") passes output tensors");
+        }
+        std::vector<at::Tensor> none;
+        auto w = make_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : none);
+        at::Tensor in = inputs[0].contiguous();
+        w->keep_.push_back(in);
+        at::Tensor all;
+        if (root) {
+            all = at::empty({getSize() * in.numel()}, in.options());
+            w->keep_.push_back(all);
+            std::vector<at::Tensor> targets = outputs[0];
+            int64_t n = in.numel();
+            w->finish_ = [all, targets, n]() mutable {
+                for (size_t j = 0; j < targets.size(); j++)
+                    targets[j].copy_(all.narrow(0, (int64_t)j * n, n).view(targets[j].sizes()));
+            };
+        }
+        int r = (int)opts.rootRank;
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_gather_async(group_, in.data_ptr(), root ? all.data_ptr() : nullptr,
+                                          bytes_of(in), DDP_U8, r, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ScatterOptions& opts) override {
+        check_single("scatter", outputs);
+        check_root("scatter", opts.rootRank);
+        bool root = getRank() == opts.rootRank;
+        at::Tensor flat;
+        if (root) {
+            TORCH_CHECK(inputs.size() == 1, "libddp backend: scatter on the root takes one input "
+                        "list, got ", inputs.size());
+            check_gather_list("scatter", inputs[0], outputs[0]);
+            flat = at::cat(flat_views(inputs[0]));
+        } else {
+            TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "libddp backend: scatter: only the root (rank ", opts.rootRank,
+                        ") passes input tensors");
+        }
+        auto w = make_work(c10d::OpType::SCATTER, "scatter", outputs);
+        if (root) w->keep_.push_back(flat);
+        at::Tensor out = in_place_buffer(*w, outputs[0]);
+        int r = (int)opts.rootRank;
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_scatter_async(group_, root ? flat.data_ptr() : nullptr,
+                                           out.data_ptr(), bytes_of(out), DDP_U8, r, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& outputSplitSizes,
+                                                 std::vector<int64_t>& inputSplitSizes,
+                                                 const c10d::AllToAllOptions&) override {
+        check_cpu("alltoall_base", output);
+        check_cpu("alltoall_base", input);
+        check_same_dtype("alltoall_base", input, output);
+        int world = getSize();
+        std::vector<at::Tensor> outs{output};
+        auto w = make_work(c10d::OpType::ALLTOALL_BASE, "alltoall_base", outs);
+        at::Tensor in = input.contiguous();
+        w->keep_.push_back(in);
+        at::Tensor out = in_place_buffer(*w, output);
+        if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
+            TORCH_CHECK(input.numel() == output.numel() && input.numel() % world == 0,
+                        "libddp backend: alltoall_base: input (", input.numel(), ") and output (",
+                        output.numel(), ") must have equal sizes divisible by ", world);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_alltoall_async(group_, in.data_ptr(), out.data_ptr(),
+                                                bytes_of(in) / world, DDP_U8, h);
+            });
+            return launch(w);
+        }
+        // Splits count rows of the first dimension; libddp counts bytes here.
+        auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+            std::vector<size_t> c(world);
+            int64_t row = t.dim() ? t.numel() / std::max<int64_t>(t.size(0), 1) : 1;
+            for (int j = 0; j < world; j++)
+                c[j] = splits.empty() ? bytes_of(t) / world
+                                      : (size_t)(splits[j] * row) * t.element_size();
+            return c;
+        };
+        TORCH_CHECK((inputSplitSizes.empty() || (int)inputSplitSizes.size() == world) &&
+                        (outputSplitSizes.empty() || (int)outputSplitSizes.size() == world),
+                    "libddp backend: alltoall_base: split sizes must have ", world, " entries");
+        std::vector<size_t> sc = counts(inputSplitSizes, in), rc = counts(outputSplitSizes, out);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_alltoallv_async(group_, in.data_ptr(), sc.data(), nullptr,
+                                             out.data_ptr(), rc.data(), nullptr, DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const c10d::AllToAllOptions&) override {
+        int world = getSize();
+        TORCH_CHECK((int)outputs.size() == world && (int)inputs.size() == world,
+                    "libddp backend: alltoall takes ", world, " input and output tensors, got ",
+                    inputs.size(), " and ", outputs.size());
+        std::vector<size_t> sc(world), rc(world);
+        for (int i = 0; i < world; i++) {
+            check_cpu("alltoall", inputs[i]);
+            check_cpu("alltoall", outputs[i]);
+            check_same_dtype("alltoall", inputs[i], inputs[0]);
+            check_same_dtype("alltoall", outputs[i], inputs[0]);
+            sc[i] = bytes_of(inputs[i]);
+            rc[i] = bytes_of(outputs[i]);
+        }
+        auto w = make_work(c10d::OpType::ALLTOALL, "alltoall", outputs);
+        at::Tensor in = at::cat(flat_views(inputs));
+        int64_t total = 0;
+        for (auto& o : outputs) total += o.numel();
+        at::Tensor all = at::empty({total}, in.options());
+        w->keep_.push_back(in);
+        w->keep_.push_back(all);
+        std::vector<at::Tensor> outs = outputs;
+        w->finish_ = [all, outs]() mutable {
+            int64_t at = 0;
+            for (auto& o : outs) {
+                o.copy_(all.narrow(0, at, o.numel()).view(o.sizes()));
+                at += o.numel();
+            }
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_alltoallv_async(group_, in.data_ptr(), sc.data(), nullptr,
+                                             all.data_ptr(), rc.data(), nullptr, DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                        int tag) override {
+        check_single("send", tensors);
+        check_root("send", dstRank);
+        auto w = make_work(c10d::OpType::SEND, "send", tensors);
+        at::Tensor buf = tensors[0].contiguous();
+        w->keep_.push_back(buf);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, dstRank,
+                                        tag, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                        int tag) override {
+        check_single("recv", tensors);
+        check_root("recv", srcRank);
+        auto w = make_work(c10d::OpType::RECV, "recv", tensors);
+        at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, srcRank,
+                                        tag, h);
+        });
+        return launch(w);
+    }
+#else
     // ---- emulated on the collectives libddp's group has ----------------------------------------
 
     // reduce = allreduce; non-roots reduce into a temporary so their tensor stays as it was.
@@ -657,16 +883,21 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         return launch(w);
     }
 
-    // ---- missing -----------------------------------------------------------------------------
-
     c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override {
         TORCH_CHECK(false, kNoP2P("send"));
     }
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override {
         TORCH_CHECK(false, kNoP2P("recv"));
     }
+#endif  // DDP_TORCH_GROUP_V2
+
+    // ---- missing -----------------------------------------------------------------------------
+
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-        TORCH_CHECK(false, kNoP2P("recv from any source"));
+        TORCH_CHECK(false, DDP_TORCH_GROUP_V2
+                               ? "libddp backend: recv from any source is not supported: libddp "
+                                 "pairs each recv with a send from a named rank"
+                               : kNoP2P("recv from any source"));
     }
 
   private:
@@ -811,4 +1042,6 @@ PYBIND11_MODULE(_ddp_torch, m) {
           py::arg("size"), py::arg("timeout"),
           "Creates the backend's process group (the creator torch.distributed calls)");
     m.attr("torch_version") = TORCH_VERSION;
+    // True when built against the group's extended API (native reduce ... send/recv).
+    m.attr("group_v2") = py::bool_(DDP_TORCH_GROUP_V2 != 0);
 }
