@@ -38,7 +38,8 @@
 #endif
 
 #if TORCH_VERSION_MAJOR >= 2
-#error "libddp's torch backend is written against torch 1.13's c10d::ProcessGroup; torch 2.x needs the c10d::Backend subclass (see docs/pytorch.md)"
+// torch 2.x moved collectives to c10d::Backend: this file would need that subclass.
+#error "libddp torch backend: written for torch 1.13 c10d::ProcessGroup (see docs/pytorch.md)"
 #endif
 
 namespace libddp_torch {
@@ -61,31 +62,39 @@ static ddp_status_t guarded(Fn fn, char* error, size_t error_size) {
     }
 }
 
-static c10d::Store& store_of(void* ctx) { return **static_cast<c10::intrusive_ptr<c10d::Store>*>(ctx); }
+static c10d::Store& store_of(void* ctx) {
+    return **static_cast<c10::intrusive_ptr<c10d::Store>*>(ctx);
+}
 
 static void* malloc_copy(const std::vector<uint8_t>& v) {
     void* out = std::malloc(v.size() ? v.size() : 1);
-    if (!out) throw std::bad_alloc();
-    if (!v.empty()) std::memcpy(out, v.data(), v.size());
+    if (!out)
+        throw std::bad_alloc();
+    if (!v.empty())
+        std::memcpy(out, v.data(), v.size());
     return out;
 }
 
 static ddp_status_t store_set(void* ctx, const char* key, const void* value, size_t len,
                               char* error, size_t error_size) {
-    return guarded([&] {
-        const uint8_t* p = static_cast<const uint8_t*>(value);
-        store_of(ctx).set(key, std::vector<uint8_t>(p, p + len));
-    }, error, error_size);
+    return guarded(
+        [&] {
+            const uint8_t* p = static_cast<const uint8_t*>(value);
+            store_of(ctx).set(key, std::vector<uint8_t>(p, p + len));
+        },
+        error, error_size);
 }
 
-static ddp_status_t store_get(void* ctx, const char* key, int timeout_ms, void** value,
-                              size_t* len, char* error, size_t error_size) {
-    return guarded([&] {
-        store_of(ctx).wait({key}, std::chrono::milliseconds(timeout_ms));
-        std::vector<uint8_t> v = store_of(ctx).get(key);
-        *value = malloc_copy(v);
-        *len = v.size();
-    }, error, error_size);
+static ddp_status_t store_get(void* ctx, const char* key, int timeout_ms, void** value, size_t* len,
+                              char* error, size_t error_size) {
+    return guarded(
+        [&] {
+            store_of(ctx).wait({key}, std::chrono::milliseconds(timeout_ms));
+            std::vector<uint8_t> v = store_of(ctx).get(key);
+            *value = malloc_copy(v);
+            *len = v.size();
+        },
+        error, error_size);
 }
 
 static ddp_status_t store_add(void* ctx, const char* key, int64_t delta, int64_t* result,
@@ -103,7 +112,8 @@ static ddp_status_t store_wait(void* ctx, const char* const* keys, size_t nkeys,
         std::string missing;
         try {
             for (const auto& key : k)
-                if (!store_of(ctx).check({key})) missing += (missing.empty() ? "'" : ", '") + key + "'";
+                if (!store_of(ctx).check({key}))
+                    missing += (missing.empty() ? "'" : ", '") + key + "'";
         } catch (const std::exception&) {
         }
         if (!missing.empty()) {
@@ -118,21 +128,26 @@ static ddp_status_t store_compare_set(void* ctx, const char* key, const void* ex
                                       size_t expected_len, const void* desired, size_t desired_len,
                                       void** current, size_t* current_len, char* error,
                                       size_t error_size) {
-    return guarded([&] {
-        const uint8_t* e = static_cast<const uint8_t*>(expected);
-        const uint8_t* d = static_cast<const uint8_t*>(desired);
-        std::vector<uint8_t> v = store_of(ctx).compareSet(
-            key, std::vector<uint8_t>(e, e + expected_len), std::vector<uint8_t>(d, d + desired_len));
-        *current = malloc_copy(v);
-        *current_len = v.size();
-    }, error, error_size);
+    return guarded(
+        [&] {
+            const uint8_t* e = static_cast<const uint8_t*>(expected);
+            const uint8_t* d = static_cast<const uint8_t*>(desired);
+            std::vector<uint8_t> v =
+                store_of(ctx).compareSet(key, std::vector<uint8_t>(e, e + expected_len),
+                                         std::vector<uint8_t>(d, d + desired_len));
+            *current = malloc_copy(v);
+            *current_len = v.size();
+        },
+        error, error_size);
 }
 
 static ddp_status_t store_check(void* ctx, const char* const* keys, size_t nkeys, int* all_exist,
                                 char* error, size_t error_size) {
-    return guarded([&] {
-        *all_exist = store_of(ctx).check(std::vector<std::string>(keys, keys + nkeys)) ? 1 : 0;
-    }, error, error_size);
+    return guarded(
+        [&] {
+            *all_exist = store_of(ctx).check(std::vector<std::string>(keys, keys + nkeys)) ? 1 : 0;
+        },
+        error, error_size);
 }
 
 static ddp_status_t store_remove(void* ctx, const char* key, int* deleted, char* error,
@@ -144,36 +159,65 @@ static ddp_status_t store_num_keys(void* ctx, int64_t* count, char* error, size_
     return guarded([&] { *count = store_of(ctx).getNumKeys(); }, error, error_size);
 }
 
-static void store_destroy(void* ctx) { delete static_cast<c10::intrusive_ptr<c10d::Store>*>(ctx); }
+static void store_destroy(void* ctx) {
+    delete static_cast<c10::intrusive_ptr<c10d::Store>*>(ctx);
+}
 
 // ---- dtypes and reduce ops ----------------------------------------------------------------------
 
 static bool reducible_dtype(at::ScalarType t, ddp_dtype_t* out) {
     switch (t) {
-    case at::kFloat: *out = DDP_F32; return true;
-    case at::kDouble: *out = DDP_F64; return true;
-    case at::kHalf: *out = DDP_F16; return true;
-    case at::kBFloat16: *out = DDP_BF16; return true;
-    case at::kInt: *out = DDP_I32; return true;
-    case at::kLong: *out = DDP_I64; return true;
-    case at::kByte: *out = DDP_U8; return true;
-    case at::kBool: *out = DDP_U8; return true;
-    default: return false;
+        case at::kFloat:
+            *out = DDP_F32;
+            return true;
+        case at::kDouble:
+            *out = DDP_F64;
+            return true;
+        case at::kHalf:
+            *out = DDP_F16;
+            return true;
+        case at::kBFloat16:
+            *out = DDP_BF16;
+            return true;
+        case at::kInt:
+            *out = DDP_I32;
+            return true;
+        case at::kLong:
+            *out = DDP_I64;
+            return true;
+        case at::kByte:
+            *out = DDP_U8;
+            return true;
+        case at::kBool:
+            *out = DDP_U8;
+            return true;
+        default:
+            return false;
     }
 }
 
 static const char* op_name(c10d::ReduceOp::RedOpType op) {
     switch (op) {
-    case c10d::ReduceOp::SUM: return "SUM";
-    case c10d::ReduceOp::AVG: return "AVG";
-    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
-    case c10d::ReduceOp::MIN: return "MIN";
-    case c10d::ReduceOp::MAX: return "MAX";
-    case c10d::ReduceOp::BAND: return "BAND";
-    case c10d::ReduceOp::BOR: return "BOR";
-    case c10d::ReduceOp::BXOR: return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
-    default: return "UNUSED";
+        case c10d::ReduceOp::SUM:
+            return "SUM";
+        case c10d::ReduceOp::AVG:
+            return "AVG";
+        case c10d::ReduceOp::PRODUCT:
+            return "PRODUCT";
+        case c10d::ReduceOp::MIN:
+            return "MIN";
+        case c10d::ReduceOp::MAX:
+            return "MAX";
+        case c10d::ReduceOp::BAND:
+            return "BAND";
+        case c10d::ReduceOp::BOR:
+            return "BOR";
+        case c10d::ReduceOp::BXOR:
+            return "BXOR";
+        case c10d::ReduceOp::PREMUL_SUM:
+            return "PREMUL_SUM";
+        default:
+            return "UNUSED";
     }
 }
 
@@ -181,35 +225,51 @@ static const char* op_name(c10d::ReduceOp::RedOpType op) {
 static void reduction_of(const char* what, const at::Tensor& t, const c10d::ReduceOp& rop,
                          ddp_dtype_t* dtype, ddp_reduce_op_t* op) {
     auto o = static_cast<c10d::ReduceOp::RedOpType>(rop);
-    TORCH_CHECK(reducible_dtype(t.scalar_type(), dtype), "libddp backend: ", what,
-                " cannot reduce dtype ", t.scalar_type(),
-                ": libddp reduces float32, float64, float16, bfloat16, int32, int64, uint8 and bool");
+    TORCH_CHECK(
+        reducible_dtype(t.scalar_type(), dtype), "libddp backend: ", what, " cannot reduce dtype ",
+        t.scalar_type(),
+        ": libddp reduces float32, float64, float16, bfloat16, int32, int64, uint8 and bool");
     bool is_bool = t.scalar_type() == at::kBool;
     switch (o) {
-    case c10d::ReduceOp::SUM: *op = DDP_SUM; break;
-    case c10d::ReduceOp::AVG: *op = DDP_AVG; break;
-    case c10d::ReduceOp::PRODUCT: *op = DDP_PROD; break;
-    case c10d::ReduceOp::MIN: *op = DDP_MIN; break;
-    case c10d::ReduceOp::MAX: *op = DDP_MAX; break;
-    // On 0/1 values bitwise AND/OR are MIN/MAX; libddp has no bitwise ops for other dtypes.
-    case c10d::ReduceOp::BAND:
-        TORCH_CHECK(is_bool, "libddp backend: ", what,
-                    " with ReduceOp.BAND is supported only on bool tensors (libddp has no bitwise "
-                    "reductions), got ", t.scalar_type());
-        *op = DDP_MIN;
-        return;
-    case c10d::ReduceOp::BOR:
-        TORCH_CHECK(is_bool, "libddp backend: ", what,
-                    " with ReduceOp.BOR is supported only on bool tensors (libddp has no bitwise "
-                    "reductions), got ", t.scalar_type());
-        *op = DDP_MAX;
-        return;
-    default:
-        TORCH_CHECK(false, "libddp backend: ", what, " does not support ReduceOp.", op_name(o),
-                    " (libddp reduces with SUM, AVG, PRODUCT, MIN, MAX; BAND/BOR on bool)");
+        case c10d::ReduceOp::SUM:
+            *op = DDP_SUM;
+            break;
+        case c10d::ReduceOp::AVG:
+            *op = DDP_AVG;
+            break;
+        case c10d::ReduceOp::PRODUCT:
+            *op = DDP_PROD;
+            break;
+        case c10d::ReduceOp::MIN:
+            *op = DDP_MIN;
+            break;
+        case c10d::ReduceOp::MAX:
+            *op = DDP_MAX;
+            break;
+        // On 0/1 values bitwise AND/OR are MIN/MAX; libddp has no bitwise ops for other dtypes.
+        case c10d::ReduceOp::BAND:
+            TORCH_CHECK(
+                is_bool, "libddp backend: ", what,
+                " with ReduceOp.BAND is supported only on bool tensors (libddp has no bitwise "
+                "reductions), got ",
+                t.scalar_type());
+            *op = DDP_MIN;
+            return;
+        case c10d::ReduceOp::BOR:
+            TORCH_CHECK(
+                is_bool, "libddp backend: ", what,
+                " with ReduceOp.BOR is supported only on bool tensors (libddp has no bitwise "
+                "reductions), got ",
+                t.scalar_type());
+            *op = DDP_MAX;
+            return;
+        default:
+            TORCH_CHECK(false, "libddp backend: ", what, " does not support ReduceOp.", op_name(o),
+                        " (libddp reduces with SUM, AVG, PRODUCT, MIN, MAX; BAND/BOR on bool)");
     }
     TORCH_CHECK(!(is_bool && (*op == DDP_SUM || *op == DDP_AVG)), "libddp backend: ", what,
-                " with ReduceOp.", op_name(o), " on bool tensors is not supported (use MAX/BOR, "
+                " with ReduceOp.", op_name(o),
+                " on bool tensors is not supported (use MAX/BOR, "
                 "MIN/BAND or PRODUCT)");
 }
 
@@ -221,7 +281,8 @@ static void check_cpu(const char* what, const at::Tensor& t) {
 
 static void check_single(const char* what, const std::vector<at::Tensor>& tensors) {
     TORCH_CHECK(tensors.size() == 1, "libddp backend: ", what,
-                " takes exactly one tensor per call (one CPU device per rank), got ", tensors.size());
+                " takes exactly one tensor per call (one CPU device per rank), got ",
+                tensors.size());
     check_cpu(what, tensors[0]);
 }
 
@@ -235,12 +296,14 @@ class ProcessGroupDDP;
 class WorkDDP : public c10d::Work {
   public:
     WorkDDP(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-        : c10d::Work(rank, type), outputs_(std::move(outputs)),
+        : c10d::Work(rank, type),
+          outputs_(std::move(outputs)),
           future_(c10::make_intrusive<c10::ivalue::Future>(
               c10::ListType::create(c10::TensorType::get()))) {}
 
     ~WorkDDP() override {
-        for (ddp_work_t* w : works_) ddp_work_free(w);
+        for (ddp_work_t* w : works_)
+            ddp_work_free(w);
     }
 
     bool isCompleted() override { return future_->completed(); }
@@ -262,20 +325,22 @@ class WorkDDP : public c10d::Work {
                 std::this_thread::sleep_for(std::chrono::microseconds(200));
             }
         }
-        if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+        if (future_->hasError())
+            std::rethrow_exception(future_->exception_ptr());
         return true;
     }
 
     void abort() override {
-        TORCH_CHECK(false, "libddp backend: Work::abort is not supported (a failed collective "
-                           "breaks the group on every rank instead)");
+        TORCH_CHECK(false,
+                    "libddp backend: Work::abort is not supported (a failed collective "
+                    "breaks the group on every rank instead)");
     }
 
     std::vector<at::Tensor> outputs_;
-    std::vector<at::Tensor> keep_;       // temporaries and inputs alive until completion
-    std::function<void()> finish_;       // copies out of temporaries, on success
-    std::vector<ddp_work_t*> works_;     // handles to free
-    std::string what_;                   // the op, for error texts
+    std::vector<at::Tensor> keep_;    // temporaries and inputs alive until completion
+    std::function<void()> finish_;    // copies out of temporaries, on success
+    std::vector<ddp_work_t*> works_;  // handles to free
+    std::string what_;                // the op, for error texts
     int rank_in_group_ = 0;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
@@ -298,7 +363,8 @@ static void on_complete(void* arg, ddp_status_t status) {
     } else {
         try {
             at::NoGradGuard no_grad;
-            if (w.finish_) w.finish_();
+            if (w.finish_)
+                w.finish_();
         } catch (const std::exception& e) {
             error = std::make_exception_ptr(std::runtime_error(
                 "libddp backend: " + w.what_ + ": copying the result out failed: " + e.what()));
@@ -341,8 +407,9 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         ddp_status_t s = ddp_store_callback_create(&cb, timeout_ms, &store_);
         if (s != DDP_OK) {
             store_destroy(cb.ctx);
-            TORCH_CHECK(false, "libddp backend: wrapping torch's store failed: ",
-                        ddp_status_string(s), ": ", ddp_last_error());
+            TORCH_CHECK(false,
+                        "libddp backend: wrapping torch's store failed: ", ddp_status_string(s),
+                        ": ", ddp_last_error());
         }
         ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
         options.timeout_ms = timeout_ms;
@@ -381,8 +448,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         reduction_of("allreduce", tensors[0], opts.reduceOp, &dt, &op);
         auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                            (size_t)buf.numel(), dt, op, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                             (size_t)buf.numel(), dt, op, h);
+        });
         return launch(w);
     }
 
@@ -398,7 +467,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
 #if DDP_TORCH_GROUP_V2
         bool one_dtype = true;
-        for (auto& t : tensors) one_dtype = one_dtype && t.scalar_type() == tensors[0].scalar_type();
+        for (auto& t : tensors)
+            one_dtype = one_dtype && t.scalar_type() == tensors[0].scalar_type();
         if (one_dtype) {
             // One libddp operation: packed, reduced once, unpacked (one latency for all).
             std::vector<void*> bufs;
@@ -420,8 +490,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         for (auto& t : tensors) {
             reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
             at::Tensor buf = in_place_buffer(*w, t);
-            issue(*w, [&](ddp_work_t** h) { return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                                (size_t)buf.numel(), dt, op, h); });
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                                 (size_t)buf.numel(), dt, op, h);
+            });
         }
         return launch(w);
     }
@@ -432,8 +504,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_root("broadcast", opts.rootRank);
         auto w = make_work(c10d::OpType::BROADCAST, "broadcast", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_broadcast_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
-                                            (int)opts.rootRank, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_broadcast_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
+                                             (int)opts.rootRank, h);
+        });
         return launch(w);
     }
 
@@ -442,16 +516,20 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_cpu("_allgather_base", output);
         check_cpu("_allgather_base", input);
         check_same_dtype("_allgather_base", input, output);
-        TORCH_CHECK(output.numel() == input.numel() * getSize(), "libddp backend: _allgather_base: "
-                    "output has ", output.numel(), " elements, expected world size ", getSize(),
-                    " x input's ", input.numel());
+        TORCH_CHECK(output.numel() == input.numel() * getSize(),
+                    "libddp backend: _allgather_base: "
+                    "output has ",
+                    output.numel(), " elements, expected world size ", getSize(), " x input's ",
+                    input.numel());
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", outs);
         at::Tensor in = input.contiguous();
         w->keep_.push_back(in);
         at::Tensor out = in_place_buffer(*w, output);
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_allgather_async(group_, in.data_ptr(), out.data_ptr(), bytes_of(in),
-                                            DDP_U8, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), out.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
         return launch(w);
     }
 
@@ -470,10 +548,12 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     c10::intrusive_ptr<c10d::Work> allgather_coalesced(
         std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
         const c10d::AllgatherOptions&) override {
-        TORCH_CHECK(outputs.size() == inputs.size(), "libddp backend: allgather_coalesced: ",
-                    outputs.size(), " output lists for ", inputs.size(), " inputs");
+        TORCH_CHECK(outputs.size() == inputs.size(),
+                    "libddp backend: allgather_coalesced: ", outputs.size(), " output lists for ",
+                    inputs.size(), " inputs");
         std::vector<at::Tensor> all;
-        for (auto& o : outputs) all.insert(all.end(), o.begin(), o.end());
+        for (auto& o : outputs)
+            all.insert(all.end(), o.begin(), o.end());
         for (size_t i = 0; i < inputs.size(); i++) {
             check_cpu("allgather_coalesced", inputs[i]);
             check_gather_list("allgather_coalesced", outputs[i], inputs[i]);
@@ -489,9 +569,13 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_cpu("_reduce_scatter_base", output);
         check_cpu("_reduce_scatter_base", input);
         check_same_dtype("_reduce_scatter_base", input, output);
-        TORCH_CHECK(input.numel() == output.numel() * getSize(), "libddp backend: "
-                    "_reduce_scatter_base: input has ", input.numel(), " elements, expected "
-                    "world size ", getSize(), " x output's ", output.numel());
+        TORCH_CHECK(input.numel() == output.numel() * getSize(),
+                    "libddp backend: "
+                    "_reduce_scatter_base: input has ",
+                    input.numel(),
+                    " elements, expected "
+                    "world size ",
+                    getSize(), " x output's ", output.numel());
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
         reduction_of("_reduce_scatter_base", input, opts.reduceOp, &dt, &op);
@@ -500,8 +584,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         at::Tensor in = input.contiguous();
         w->keep_.push_back(in);
         at::Tensor out = in_place_buffer(*w, output);
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
-                                                 (size_t)out.numel(), dt, op, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
+                                                  (size_t)out.numel(), dt, op, h);
+        });
         return launch(w);
     }
 
@@ -519,8 +605,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         at::Tensor flat = at::cat(flat_views(inputs[0]));
         w->keep_.push_back(flat);
         at::Tensor out = in_place_buffer(*w, outputs[0]);
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_reduce_scatter_async(group_, flat.data_ptr(), out.data_ptr(),
-                                                 (size_t)out.numel(), dt, op, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_reduce_scatter_async(group_, flat.data_ptr(), out.data_ptr(),
+                                                  (size_t)out.numel(), dt, op, h);
+        });
         return launch(w);
     }
 
@@ -567,8 +655,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_root("gather", opts.rootRank);
         bool root = getRank() == opts.rootRank;
         if (root) {
-            TORCH_CHECK(outputs.size() == 1, "libddp backend: gather on the root takes one output "
-                        "list, got ", outputs.size());
+            TORCH_CHECK(outputs.size() == 1,
+                        "libddp backend: gather on the root takes one output "
+                        "list, got ",
+                        outputs.size());
             check_gather_list("gather", outputs[0], inputs[0]);
         } else {
             TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
@@ -606,8 +696,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         bool root = getRank() == opts.rootRank;
         at::Tensor flat;
         if (root) {
-            TORCH_CHECK(inputs.size() == 1, "libddp backend: scatter on the root takes one input "
-                        "list, got ", inputs.size());
+            TORCH_CHECK(inputs.size() == 1,
+                        "libddp backend: scatter on the root takes one input "
+                        "list, got ",
+                        inputs.size());
             check_gather_list("scatter", inputs[0], outputs[0]);
             flat = at::cat(flat_views(inputs[0]));
         } else {
@@ -616,12 +708,13 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
                         ") passes input tensors");
         }
         auto w = make_work(c10d::OpType::SCATTER, "scatter", outputs);
-        if (root) w->keep_.push_back(flat);
+        if (root)
+            w->keep_.push_back(flat);
         at::Tensor out = in_place_buffer(*w, outputs[0]);
         int r = (int)opts.rootRank;
         issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_scatter_async(group_, root ? flat.data_ptr() : nullptr,
-                                           out.data_ptr(), bytes_of(out), DDP_U8, r, h);
+            return ddp_group_scatter_async(group_, root ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                           bytes_of(out), DDP_U8, r, h);
         });
         return launch(w);
     }
@@ -688,7 +781,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::ALLTOALL, "alltoall", outputs);
         at::Tensor in = at::cat(flat_views(inputs));
         int64_t total = 0;
-        for (auto& o : outputs) total += o.numel();
+        for (auto& o : outputs)
+            total += o.numel();
         at::Tensor all = at::empty({total}, in.options());
         w->keep_.push_back(in);
         w->keep_.push_back(all);
@@ -715,8 +809,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         at::Tensor buf = tensors[0].contiguous();
         w->keep_.push_back(buf);
         issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, dstRank,
-                                        tag, h);
+            return ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, dstRank, tag,
+                                        h);
         });
         return launch(w);
     }
@@ -728,8 +822,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::RECV, "recv", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
         issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, srcRank,
-                                        tag, h);
+            return ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, srcRank, tag,
+                                        h);
         });
         return launch(w);
     }
@@ -748,15 +842,19 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::REDUCE, "reduce", tensors);
         if (getRank() == opts.rootRank) {
             at::Tensor buf = in_place_buffer(*w, tensors[0]);
-            issue(*w, [&](ddp_work_t** h) { return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                                (size_t)buf.numel(), dt, op, h); });
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                                 (size_t)buf.numel(), dt, op, h);
+            });
         } else {
             at::Tensor in = tensors[0].contiguous();
             at::Tensor scratch = at::empty_like(in);
             w->keep_.push_back(in);
             w->keep_.push_back(scratch);
-            issue(*w, [&](ddp_work_t** h) { return ddp_group_allreduce_async(group_, in.data_ptr(), scratch.data_ptr(),
-                                                (size_t)in.numel(), dt, op, h); });
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_async(group_, in.data_ptr(), scratch.data_ptr(),
+                                                 (size_t)in.numel(), dt, op, h);
+            });
         }
         return launch(w);
     }
@@ -770,8 +868,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_root("gather", opts.rootRank);
         bool root = getRank() == opts.rootRank;
         if (root) {
-            TORCH_CHECK(outputs.size() == 1, "libddp backend: gather on the root takes one output "
-                        "list, got ", outputs.size());
+            TORCH_CHECK(outputs.size() == 1,
+                        "libddp backend: gather on the root takes one output "
+                        "list, got ",
+                        outputs.size());
             check_gather_list("gather", outputs[0], inputs[0]);
         } else {
             TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
@@ -795,8 +895,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         bool root = getRank() == opts.rootRank;
         at::Tensor flat;
         if (root) {
-            TORCH_CHECK(inputs.size() == 1, "libddp backend: scatter on the root takes one input "
-                        "list, got ", inputs.size());
+            TORCH_CHECK(inputs.size() == 1,
+                        "libddp backend: scatter on the root takes one input "
+                        "list, got ",
+                        inputs.size());
             check_gather_list("scatter", inputs[0], out);
             flat = at::cat(flat_views(inputs[0]));
         } else {
@@ -808,9 +910,13 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::SCATTER, "scatter", outputs);
         w->keep_.push_back(flat);
         int64_t n = out.numel(), r = getRank();
-        w->finish_ = [flat, out, n, r]() mutable { out.copy_(flat.narrow(0, r * n, n).view(out.sizes())); };
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_broadcast_async(group_, flat.data_ptr(), bytes_of(flat), DDP_U8,
-                                            (int)opts.rootRank, h); });
+        w->finish_ = [flat, out, n, r]() mutable {
+            out.copy_(flat.narrow(0, r * n, n).view(out.sizes()));
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_broadcast_async(group_, flat.data_ptr(), bytes_of(flat), DDP_U8,
+                                             (int)opts.rootRank, h);
+        });
         return launch(w);
     }
 
@@ -830,8 +936,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
                         equal_splits(outputSplitSizes, output.size(0), world),
                     "libddp backend: alltoall_base with uneven split sizes is not supported yet: "
                     "it needs an alltoallv in libddp's group, which this build does not have");
-        TORCH_CHECK(input.size(0) % world == 0, "libddp backend: alltoall_base: the first "
-                    "dimension (", input.size(0), ") must split evenly over ", world, " ranks");
+        TORCH_CHECK(input.size(0) % world == 0,
+                    "libddp backend: alltoall_base: the first "
+                    "dimension (",
+                    input.size(0), ") must split evenly over ", world, " ranks");
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::ALLTOALL_BASE, "alltoall_base", outs);
         at::Tensor in = input.contiguous();
@@ -844,8 +952,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             at::Tensor blocks = all.view({world, n}).narrow(1, r * block, block);
             output.copy_(blocks.reshape(output.sizes()));
         };
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
-                                            DDP_U8, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
         return launch(w);
     }
 
@@ -861,11 +971,11 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             check_cpu("alltoall", outputs[i]);
             check_same_dtype("alltoall", inputs[i], inputs[0]);
             check_same_dtype("alltoall", outputs[i], inputs[0]);
-            TORCH_CHECK(inputs[i].numel() == inputs[0].numel() &&
-                            outputs[i].numel() == inputs[0].numel(),
-                        "libddp backend: alltoall with tensors of different sizes is not "
-                        "supported yet: it needs an alltoallv in libddp's group, which this build "
-                        "does not have");
+            TORCH_CHECK(
+                inputs[i].numel() == inputs[0].numel() && outputs[i].numel() == inputs[0].numel(),
+                "libddp backend: alltoall with tensors of different sizes is not "
+                "supported yet: it needs an alltoallv in libddp's group, which this build "
+                "does not have");
         }
         auto w = make_work(c10d::OpType::ALLTOALL, "alltoall", outputs);
         at::Tensor in = at::cat(flat_views(inputs));
@@ -876,10 +986,13 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         std::vector<at::Tensor> outs = outputs;
         w->finish_ = [all, outs, block, n, r]() mutable {
             for (size_t j = 0; j < outs.size(); j++)
-                outs[j].copy_(all.narrow(0, (int64_t)j * n + r * block, block).view(outs[j].sizes()));
+                outs[j].copy_(
+                    all.narrow(0, (int64_t)j * n + r * block, block).view(outs[j].sizes()));
         };
-        issue(*w, [&](ddp_work_t** h) { return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
-                                            DDP_U8, h); });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
         return launch(w);
     }
 
@@ -902,24 +1015,31 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
 
   private:
     static std::string kNoP2P(const char* op) {
-        return std::string("libddp backend: ") + op + " is not supported yet: libddp's group has "
+        return std::string("libddp backend: ") + op +
+               " is not supported yet: libddp's group has "
                "no point-to-point operations in this build (collectives only)";
     }
 
-    static size_t bytes_of(const at::Tensor& t) { return (size_t)t.numel() * t.element_size(); }
+    static size_t bytes_of(const at::Tensor& t) {
+        return (size_t)t.numel() * t.element_size();
+    }
 
     static bool equal_splits(const std::vector<int64_t>& splits, int64_t rows, int world) {
-        if (splits.empty()) return true;  // equal by definition; the caller checks divisibility
-        if ((int)splits.size() != world || rows % world != 0) return false;
+        if (splits.empty())
+            return true;  // equal by definition; the caller checks divisibility
+        if ((int)splits.size() != world || rows % world != 0)
+            return false;
         for (int64_t s : splits)
-            if (s != rows / world) return false;
+            if (s != rows / world)
+                return false;
         return true;
     }
 
     static std::vector<at::Tensor> flat_views(const std::vector<at::Tensor>& ts) {
         std::vector<at::Tensor> v;
         v.reserve(ts.size());
-        for (auto& t : ts) v.push_back(t.reshape({-1}));
+        for (auto& t : ts)
+            v.push_back(t.reshape({-1}));
         return v;
     }
 
@@ -930,7 +1050,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
 
     static void check_same_dtype(const char* what, const at::Tensor& a, const at::Tensor& b) {
         TORCH_CHECK(a.scalar_type() == b.scalar_type(), "libddp backend: ", what,
-                    ": tensors of different dtypes (", a.scalar_type(), " and ", b.scalar_type(), ")");
+                    ": tensors of different dtypes (", a.scalar_type(), " and ", b.scalar_type(),
+                    ")");
     }
 
     void check_gather_list(const char* what, const std::vector<at::Tensor>& list,
@@ -940,8 +1061,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         for (auto& t : list) {
             check_cpu(what, t);
             check_same_dtype(what, t, one);
-            TORCH_CHECK(t.numel() == one.numel(), "libddp backend: ", what, ": every tensor of the "
-                        "list must have ", one.numel(), " elements, one has ", t.numel());
+            TORCH_CHECK(t.numel() == one.numel(), "libddp backend: ", what,
+                        ": every tensor of the "
+                        "list must have ",
+                        one.numel(), " elements, one has ", t.numel());
         }
     }
 
@@ -956,13 +1079,15 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     // The buffer libddp works on for `t` in place: t itself when contiguous (zero copy), else a
     // contiguous copy that is copied back on completion.
     static at::Tensor in_place_buffer(WorkDDP& w, const at::Tensor& t) {
-        if (t.is_contiguous()) return t;
+        if (t.is_contiguous())
+            return t;
         at::Tensor tmp = t.contiguous();
         w.keep_.push_back(tmp);
         auto prev = std::move(w.finish_);
         at::Tensor target = t;
         w.finish_ = [prev, target, tmp]() mutable {
-            if (prev) prev();
+            if (prev)
+                prev();
             target.copy_(tmp);
         };
         return tmp;
@@ -980,13 +1105,16 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             auto prev = std::move(w.finish_);
             std::vector<at::Tensor> targets = outs;
             w.finish_ = [prev, all, targets, n]() mutable {
-                if (prev) prev();
+                if (prev)
+                    prev();
                 for (size_t j = 0; j < targets.size(); j++)
                     targets[j].copy_(all.narrow(0, (int64_t)j * n, n).view(targets[j].sizes()));
             };
         }
-        issue(w, [&](ddp_work_t** h) { return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
-                                           DDP_U8, h); });
+        issue(w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
     }
 
     // Issues one libddp work through `start` and records its handle, or raises with libddp's
@@ -998,9 +1126,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         ddp_status_t s = start(&h);
         if (s != DDP_OK) {
             std::string text = ddp_last_error();
-            for (ddp_work_t* prev : w.works_) ddp_work_wait(prev);
-            TORCH_CHECK(false, "libddp backend: ", w.what_, " on rank ", getRank(), " failed: ",
-                        ddp_status_string(s), ": ", text);
+            for (ddp_work_t* prev : w.works_)
+                ddp_work_wait(prev);
+            TORCH_CHECK(false, "libddp backend: ", w.what_, " on rank ", getRank(),
+                        " failed: ", ddp_status_string(s), ": ", text);
         }
         w.works_.push_back(h);
     }
