@@ -26,18 +26,26 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 
-def time_op(t, group, min_seconds, max_iters):
-    """Seconds per all_reduce of t on group (this rank's view), after a warm-up."""
+def time_op(t, group, agree, min_seconds, max_iters):
+    """Seconds per all_reduce of t on group (this rank's view). Every rank must run the same
+    number of iterations, so the count comes from a calibration round agreed through `agree`
+    (the slowest rank's need), never from each rank's own clock."""
     for _ in range(2):
         dist.all_reduce(t, group=group)
+    calib = 3
     dist.barrier(group=group)
-    iters, start = 0, time.perf_counter()
-    while True:
+    start = time.perf_counter()
+    for _ in range(calib):
         dist.all_reduce(t, group=group)
-        iters += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds or iters >= max_iters:
-            return elapsed / iters
+    per_op = (time.perf_counter() - start) / calib
+    need = torch.tensor([min(max_iters, max(calib, int(min_seconds / max(per_op, 1e-9))))])
+    dist.all_reduce(need, op=dist.ReduceOp.MAX, group=agree)
+    iters = int(need.item())
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t, group=group)
+    return (time.perf_counter() - start) / iters
 
 
 def rank_main(rank, world, port, args, queue):
@@ -55,8 +63,7 @@ def rank_main(rank, world, port, args, queue):
         for rep in range(args.repeats):
             order = ["ddp", "gloo"] if rep % 2 == 0 else ["gloo", "ddp"]
             for name in order:
-                per_op = time_op(t, groups[name], args.min_seconds,
-                                 max(3, int(args.max_iters * 8 / max(nbytes, 8) ** 0.5)))
+                per_op = time_op(t, groups[name], gloo, args.min_seconds, args.max_iters)
                 slowest = torch.tensor([per_op], dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
                 times[name].append(slowest.item())
