@@ -5,15 +5,19 @@ run: 2 ranks (processes) on this machine, float32 sum, 8 B to 128 MiB. One comma
     /usr/bin/python3 bench/torch_allreduce.py [--ranks 2] [--repeats 3] [--max-bytes 134217728]
 
 Both backends live in the same processes (the default group is "ddp", a second group over the
-same ranks is "gloo"), and every repeat times ddp and gloo back to back in alternating order, so
-a change of the machine's speed hits both. Per size and backend: the median over repeats of the
+same ranks is "gloo"), with a third anchor "C": the same libddp allreduce called directly on the
+same memory (libddp's NumPy API, a libddp group of its own), which shows what the torch backend
+itself costs. Every repeat times the three back to back in alternating order, so a change of the
+machine's speed hits all. Per size and backend: the median over repeats of the
 per-op time (the slowest rank's), algbw = bytes / time; ratio = gloo time / ddp time per repeat,
-quoted as median [min-max] over repeats. Needs the backend built (`make`)."""
+quoted as median [min-max] over repeats; likewise ddp/C = the backend's time over the direct
+call's. Needs the backend built (`make`)."""
 import argparse
 import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from datetime import timedelta
 
@@ -26,25 +30,25 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 
-def time_op(t, group, agree, min_seconds, max_iters):
-    """Seconds per all_reduce of t on group (this rank's view). Every rank must run the same
-    number of iterations, so the count comes from a calibration round agreed through `agree`
-    (the slowest rank's need), never from each rank's own clock."""
+def time_op(op, barrier, agree, min_seconds, max_iters):
+    """Seconds per call of op() (this rank's view). Every rank must run the same number of
+    iterations, so the count comes from a calibration round agreed through the gloo group
+    `agree` (the slowest rank's need), never from each rank's own clock."""
     for _ in range(2):
-        dist.all_reduce(t, group=group)
+        op()
     calib = 3
-    dist.barrier(group=group)
+    barrier()
     start = time.perf_counter()
     for _ in range(calib):
-        dist.all_reduce(t, group=group)
+        op()
     per_op = (time.perf_counter() - start) / calib
     need = torch.tensor([min(max_iters, max(calib, int(min_seconds / max(per_op, 1e-9))))])
     dist.all_reduce(need, op=dist.ReduceOp.MAX, group=agree)
     iters = int(need.item())
-    dist.barrier(group=group)
+    barrier()
     start = time.perf_counter()
     for _ in range(iters):
-        dist.all_reduce(t, group=group)
+        op()
     return (time.perf_counter() - start) / iters
 
 
@@ -54,16 +58,25 @@ def rank_main(rank, world, port, args, queue):
     import libddp.torch
     dist.init_process_group("ddp", rank=rank, world_size=world, timeout=timedelta(seconds=600))
     gloo = dist.new_group(backend="gloo")
-    groups = {"ddp": None, "gloo": gloo}
+    # The anchor for the backend's own overhead: the same libddp collective called directly
+    # (libddp's NumPy API, ctypes) on a libddp group of its own, on the same memory.
+    import libddp
+    direct = libddp.create_with_file_store(args.store, rank, world, timeout_ms=600000)
     rows = []
     nbytes = 8
     while nbytes <= args.max_bytes:
         t = torch.zeros(nbytes // 4)  # zeros stay zeros: no overflow however often it is summed
-        times = {"ddp": [], "gloo": []}
+        a = t.numpy()  # the same memory for the direct calls
+        calls = {
+            "ddp": (lambda: dist.all_reduce(t), lambda: dist.barrier()),
+            "gloo": (lambda: dist.all_reduce(t, group=gloo), lambda: dist.barrier(group=gloo)),
+            "C": (lambda: direct.allreduce(a), direct.barrier),
+        }
+        times = {name: [] for name in calls}
         for rep in range(args.repeats):
-            order = ["ddp", "gloo"] if rep % 2 == 0 else ["gloo", "ddp"]
+            order = list(calls) if rep % 2 == 0 else list(reversed(list(calls)))
             for name in order:
-                per_op = time_op(t, groups[name], gloo, args.min_seconds, args.max_iters)
+                per_op = time_op(*calls[name], gloo, args.min_seconds, args.max_iters)
                 slowest = torch.tensor([per_op], dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
                 times[name].append(slowest.item())
@@ -71,6 +84,7 @@ def rank_main(rank, world, port, args, queue):
         nbytes *= 8 if nbytes < 1024 * 1024 else 2
     if rank == 0:
         queue.put((rows, libddp.torch.transport()))
+    direct.close()
     dist.destroy_process_group()
 
 
@@ -90,9 +104,12 @@ def main():
                     help="time each measurement for at least this long")
     ap.add_argument("--max-iters", type=int, default=2000)
     args = ap.parse_args()
+    args.load = " ".join(open("/proc/loadavg").read().split()[:3])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="torch_allreduce_")
+    args.store = os.path.join(tmp, "store")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args.ranks, port, args, queue))
@@ -102,18 +119,24 @@ def main():
     rows, transport = queue.get()
     for p in procs:
         p.join()
+    os.unlink(args.store)
+    os.rmdir(tmp)
     print("# torch %s, %d ranks, float32 sum, ddp transport %s, %d repeats interleaved, %s" %
           (torch.__version__, args.ranks, transport, args.repeats,
            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
-    print("%10s %12s %12s %12s %12s %22s" % ("size", "ddp us", "ddp GB/s", "gloo us",
-                                              "gloo GB/s", "gloo/ddp time"))
+    print("# load average before: %s" % args.load)
+    print("%10s %10s %9s %10s %9s %10s %9s %19s %17s" % (
+        "size", "ddp us", "ddp GB/s", "gloo us", "gloo GB/s", "C us", "C GB/s",
+        "gloo/ddp time", "ddp/C time"))
     for nbytes, times in rows:
-        d, g = statistics.median(times["ddp"]), statistics.median(times["gloo"])
-        ratios = [gt / dt for gt, dt in zip(times["gloo"], times["ddp"])]
-        print("%10s %12.1f %12.3f %12.1f %12.3f %8.1fx [%.1f-%.1f]" %
-              (human(nbytes), d * 1e6, nbytes / d / 1e9, g * 1e6, nbytes / g / 1e9,
-               statistics.median(ratios), min(ratios), max(ratios)))
-
+        med = {k: statistics.median(v) for k, v in times.items()}
+        vs_gloo = [g / d for g, d in zip(times["gloo"], times["ddp"])]
+        vs_c = [d / c for d, c in zip(times["ddp"], times["C"])]
+        print("%10s %10.1f %9.3f %10.1f %9.3f %10.1f %9.3f %7.1fx [%.1f-%.1f] %6.2fx [%.2f-%.2f]" %
+              (human(nbytes), med["ddp"] * 1e6, nbytes / med["ddp"] / 1e9,
+               med["gloo"] * 1e6, nbytes / med["gloo"] / 1e9, med["C"] * 1e6,
+               nbytes / med["C"] / 1e9, statistics.median(vs_gloo), min(vs_gloo),
+               max(vs_gloo), statistics.median(vs_c), min(vs_c), max(vs_c)))
 
 if __name__ == "__main__":
     main()
