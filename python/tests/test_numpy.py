@@ -56,6 +56,11 @@ def inputs(rank, n, dtype, salt=0):
     return rng.standard_normal(n).astype(dtype)
 
 
+def salt_of(op, dt):
+    """A seed per (op, dtype), the same in every process."""
+    return zlib.crc32((op + np.dtype(dt).str).encode()) % 1000
+
+
 REDUCE = {"sum": lambda xs: np.sum(xs, axis=0), "prod": lambda xs: np.prod(xs, axis=0),
           "min": lambda xs: np.min(xs, axis=0), "max": lambda xs: np.max(xs, axis=0)}
 DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8]
@@ -69,7 +74,7 @@ def test_allreduce_every_dtype_and_op(world, tmp_path):
         out = {}
         for dt in DTYPES:
             for op in ("sum", "prod", "min", "max", "avg"):
-                x = inputs(g.rank, n, dt, salt=zlib.crc32((op + np.dtype(dt).str).encode()) % 1000)
+                x = inputs(g.rank, n, dt, salt=salt_of(op, dt))
                 before = x.ctypes.data
                 got = g.allreduce(x, op=op)
                 assert got is x and x.ctypes.data == before  # in place
@@ -81,7 +86,7 @@ def test_allreduce_every_dtype_and_op(world, tmp_path):
         assert all(r[key] == res[0][key] for r in res), "ranks differ for %s" % (key,)
     for dt in DTYPES:
         for op in ("sum", "prod", "min", "max", "avg"):
-            xs = np.stack([inputs(r, n, dt, salt=zlib.crc32((op + np.dtype(dt).str).encode()) % 1000)
+            xs = np.stack([inputs(r, n, dt, salt=salt_of(op, dt))
                            for r in range(world)])
             got = np.frombuffer(res[0][(np.dtype(dt).str, op)], dtype=dt)
             ref64 = xs.astype(np.float64)

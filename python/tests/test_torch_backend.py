@@ -1,9 +1,9 @@
-"""The torch.distributed backend "ddp" (libddp.torch) with real processes started by
-torch.multiprocessing: every collective against gloo's result on the same inputs in the same
-processes (or a reference where gloo has no such op), identical bits on every rank, the errors of
-unsupported ops, several process groups, DDP training equal to gloo's (plain, find_unused_parameters,
-no_sync, the fp16 compression hook, ZeroRedundancyOptimizer), and a dead rank reaching the others
-as an exception naming it. World sizes 1-4."""
+"""The torch.distributed backend "ddp" (libddp.torch), in processes from torch.multiprocessing:
+every collective against gloo's result on the same inputs in the same processes (or a reference
+where gloo has no such op), identical bits on every rank, the errors of unsupported ops, several
+process groups, both the inline and the asynchronous path, DDP training equal to gloo's (plain,
+find_unused_parameters, no_sync, the fp16 compression hook, ZeroRedundancyOptimizer), and a dead
+or stalled rank reaching the others as an exception naming it. World sizes 1-4."""
 import io
 import os
 import socket
@@ -125,6 +125,22 @@ def collectives_body(rank, world):
     dist.all_reduce(col, group=gloo)
     ref[:, 1] = col
     out["noncontiguous"] = (m, ref)
+
+    # Both paths of the backend: a tensor above its 64 KiB inline limit is issued
+    # asynchronously, and small ones issued while it is in flight queue behind it (async too);
+    # small ones with nothing in flight run inline. All must equal gloo's.
+    big = data(rank, 50000, torch.float32, 12)
+    small = [data(rank, 7, torch.float64, 13 + k) for k in range(3)]
+    works = [dist.all_reduce(big, async_op=True)]
+    works += [dist.all_reduce(t, async_op=True) for t in small]
+    for w in works:
+        w.wait()
+    ref_big = data(rank, 50000, torch.float32, 12)
+    ref_small = [data(rank, 7, torch.float64, 13 + k) for k in range(3)]
+    dist.all_reduce(ref_big, group=gloo)
+    for t in ref_small:
+        dist.all_reduce(t, group=gloo)
+    out["async_chain"] = ([big] + small, [ref_big] + ref_small)
 
     # Async: the future completes with the reduced tensor.
     t = data(rank, n, torch.float32, 11)
@@ -265,8 +281,9 @@ def test_collectives_match_gloo(world):
     for case in res[0]:
         if case == "errors":
             continue
-        if case[0] == "allreduce" or case in ("future", "allgather", "allgather_base",
-                                               "allreduce_coalesced", "broadcast"):
+        if case[0] == "allreduce" or case in ("future", "async_chain", "allgather",
+                                               "allgather_base", "allreduce_coalesced",
+                                               "broadcast"):
             for r in range(1, world):
                 # allgather cases hold (output, this rank's input): compare the outputs.
                 pick = (lambda v: v[0]) if case in ("allgather", "allgather_base") else \
@@ -315,10 +332,12 @@ def test_collectives_match_gloo(world):
 class MLP(torch.nn.Module):
     def __init__(self, unused_branch=False):
         super().__init__()
-        self.l1 = torch.nn.Linear(20, 32)
-        self.l2 = torch.nn.Linear(32, 32)
-        self.l3 = torch.nn.Linear(32, 4)
-        self.unused = torch.nn.Linear(32, 4) if unused_branch else None
+        # 19 K parameters (77 KB): above the backend's 64 KiB inline limit, so DDP's bucket
+        # goes through the asynchronous path and its future.
+        self.l1 = torch.nn.Linear(20, 128)
+        self.l2 = torch.nn.Linear(128, 128)
+        self.l3 = torch.nn.Linear(128, 4)
+        self.unused = torch.nn.Linear(128, 4) if unused_branch else None
 
     def forward(self, x):
         return self.l3(torch.tanh(self.l2(torch.tanh(self.l1(x)))))

@@ -21,6 +21,7 @@
 #include <pybind11/chrono.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -348,6 +349,7 @@ class WorkDDP : public c10d::Work {
 // Heap-held reference that keeps the Work alive until libddp calls back.
 struct Completion {
     c10::intrusive_ptr<WorkDDP> work;
+    std::atomic<int>* outstanding;  // the group's count of Works not yet completed
 };
 
 static void on_complete(void* arg, ddp_status_t status) {
@@ -381,6 +383,7 @@ static void on_complete(void* arg, ddp_status_t status) {
         // A future callback threw: c10's Future logs and swallows callback errors itself; nothing
         // may escape into libddp's progress thread.
     }
+    c->outstanding->fetch_sub(1);
     delete c;
 }
 
@@ -448,6 +451,11 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         reduction_of("allreduce", tensors[0], opts.reduceOp, &dt, &op);
         auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        if (can_run_inline(bytes_of(buf)))
+            return run_inline(w, [&] {
+                return ddp_group_allreduce(group_, buf.data_ptr(), buf.data_ptr(),
+                                           (size_t)buf.numel(), dt, op);
+            });
         issue(*w, [&](ddp_work_t** h) {
             return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
                                              (size_t)buf.numel(), dt, op, h);
@@ -504,6 +512,11 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_root("broadcast", opts.rootRank);
         auto w = make_work(c10d::OpType::BROADCAST, "broadcast", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        int root = (int)opts.rootRank;
+        if (can_run_inline(bytes_of(buf)))
+            return run_inline(w, [&] {
+                return ddp_group_broadcast(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, root);
+            });
         issue(*w, [&](ddp_work_t** h) {
             return ddp_group_broadcast_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
                                              (int)opts.rootRank, h);
@@ -615,6 +628,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
         std::vector<at::Tensor> none;
         auto w = make_work(c10d::OpType::BARRIER, "barrier", none);
+        if (can_run_inline(0)) return run_inline(w, [&] { return ddp_group_barrier(group_); });
         issue(*w, [&](ddp_work_t** h) { return ddp_group_barrier_async(group_, h); });
         return launch(w);
     }
@@ -1136,17 +1150,40 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
 
     // Hands the Work to libddp's completion callback of its last libddp work.
     c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<WorkDDP>& w) {
-        auto* c = new Completion{w};
+        outstanding_.fetch_add(1);
+        auto* c = new Completion{w, &outstanding_};
         ddp_status_t s = ddp_work_on_complete(w->works_.back(), on_complete, c);
         if (s != DDP_OK) {
+            outstanding_.fetch_sub(1);
             delete c;
             TORCH_CHECK(false, "libddp backend: ", w->what_, ": ", ddp_last_error());
         }
         return w;
     }
 
+    // Small collectives when nothing of this group is in flight run inline: libddp's blocking
+    // call executes on this thread (its fast path when the queue is empty), and the Work is
+    // complete when returned. An async issue would cross two threads (issue -> progress thread ->
+    // completion -> the waiting thread), which costs small tensors several times the collective
+    // itself (docs/benchmarks.md, ddp/C column). Only small ones: the caller loses the overlap
+    // of at most a short collective. Failures still surface on wait(), as for async works.
+    static constexpr size_t kInlineMaxBytes = 64 * 1024;
+
+    bool can_run_inline(size_t bytes) const {
+        return bytes <= kInlineMaxBytes && outstanding_.load() == 0;
+    }
+
+    template <typename Run>
+    c10::intrusive_ptr<c10d::Work> run_inline(const c10::intrusive_ptr<WorkDDP>& w, Run run) {
+        ddp_status_t s = run();  // on failure ddp_last_error() holds the text on this thread
+        outstanding_.fetch_add(1);
+        on_complete(new Completion{w, &outstanding_}, s);
+        return w;
+    }
+
     ddp_store_t* store_ = nullptr;
     ddp_group_t* group_ = nullptr;
+    std::atomic<int> outstanding_{0};
 };
 
 static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
