@@ -1,11 +1,12 @@
-# Thin wrapper over CMake: `make` builds into build/ (Release), `make test` runs every test through
-# ctest, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on 2
-# ranks.
+# Thin wrapper over CMake: `make` builds into build/ (Release; with the torch backend when torch
+# is found), `make test` runs every test through ctest, `make python-install` installs the Python
+# package, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on
+# 2 ranks.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo install uninstall clean asan tsan
+.PHONY: all build test demo install uninstall python-install clean asan tsan
 
 all: build
 
@@ -30,6 +31,13 @@ install: $(BUILD)/CMakeCache.txt
 # uninstall: removes what the last `make install` from $(BUILD) wrote.
 uninstall:
 	cmake --build $(BUILD) --target uninstall
+
+# The Python package (NumPy API + torch backend) into the current Python environment. On
+# Debian's system Python add PIP_FLAGS=--break-system-packages, or run it inside a venv made
+# with --system-site-packages (so it sees python3-torch).
+PYTHON ?= python3
+python-install: build
+	LIBDDP_BUILD_DIR=$(abspath $(BUILD)) $(PYTHON) -m pip install --no-build-isolation ./python $(PIP_FLAGS)
 
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON

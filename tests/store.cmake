@@ -33,3 +33,6 @@ foreach(case memory lockout lockout_emfile deadline evicted)
   ddp_add_test(NAME test_store_tcp_preauth SOURCES test_store_tcp_preauth.c ARGS ${case}
                TIMEOUT 60 LABELS store)
 endforeach()
+# The callback store: shared semantics through forwarding callbacks, and groups at world sizes
+# 1-4 whose rendezvous runs only through callbacks (what the PyTorch backend relies on).
+ddp_add_test(NAME test_store_callback SOURCES test_store_callback.c TIMEOUT 120 LABELS store)

@@ -6,6 +6,7 @@
  * Usage: test_group_errors <world> <mismatch|timeout|kill|leave> */
 #include <dirent.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,20 @@ static ddp_group_t *make_group(ddp_store_t *store, int rank, int world, const ch
 /* ---- mismatch ----------------------------------------------------------------------------- */
 
 enum { MM_COUNT, MM_COUNT_LARGE, MM_SMALL_VS_LARGE, MM_DTYPE, MM_ROOT, MM_OP, MM_KIND, MM_CASES };
+
+/* ddp_work_on_complete callback: copies the failure's text (ddp_last_error() inside fn), then
+ * says so (it may run on the progress thread). */
+typedef struct seen_error {
+    char text[512];
+    _Atomic int done;
+} seen_error_t;
+
+static void record_error(void *arg, ddp_status_t status)
+{
+    seen_error_t *seen = arg;
+    if (status != DDP_OK) snprintf(seen->text, sizeof seen->text, "%s", ddp_last_error());
+    atomic_store(&seen->done, 1);
+}
 
 static int mismatch_rank(int rank, int world, ddp_store_t *store, void *arg)
 {
@@ -105,6 +120,11 @@ static int mismatch_rank(int rank, int world, ddp_store_t *store, void *arg)
         int32_t v[4] = {0};
         ddp_work_t *w[4];
         CHECK_OK(ddp_group_allreduce_async(g, v, v, odd ? 2 : 1, DDP_I32, DDP_SUM, &w[0]));
+        /* A completion callback reads the failure's text from ddp_last_error(): on the progress
+         * thread here (most likely), on this thread for the works below, already complete. */
+        static seen_error_t seen[4];
+        memset(seen, 0, sizeof seen);
+        CHECK_OK(ddp_work_on_complete(w[0], record_error, &seen[0]));
         /* Issued while the first may already have failed: then the issue itself is refused. */
         for (int k = 1; k < 4; k++) {
             w[k] = NULL;
@@ -117,7 +137,14 @@ static int mismatch_rank(int rank, int world, ddp_store_t *store, void *arg)
             if (!w[k]) continue;
             CHECK_STATUS(ddp_work_wait(w[k]), DDP_ERR_ABORTED);
             CHECK_ERROR_MENTIONS("count 2");
+            CHECK_OK(ddp_work_on_complete(w[k], record_error, &seen[k]));
+            CHECK_MSG(atomic_load(&seen[k].done) && strstr(seen[k].text, "count 2"),
+                      "callback of an aborted work saw '%s'", seen[k].text);
         }
+        /* w[0]'s callback ran by the time its wait returned, or runs right after: wait for it. */
+        for (int spin = 0; spin < 5000 && !atomic_load(&seen[0].done); spin++) usleep(1000);
+        CHECK_MSG(atomic_load(&seen[0].done) && strstr(seen[0].text, "count 2"),
+                  "callback of the failed work saw '%s'", seen[0].text);
         for (int k = 0; k < 4; k++) ddp_work_free(w[k]);
     }
     ddp_group_destroy(g);

@@ -253,7 +253,9 @@ DDP_API ddp_status_t ddp_work_wait(ddp_work_t *work);
 /* *done = 1 when complete (then ddp_work_wait returns at once). */
 DDP_API ddp_status_t ddp_work_test(ddp_work_t *work, int *done);
 /* Runs fn(arg, status) on the progress thread as soon as the work completes (at once, on the
- * calling thread, if it already has). fn must be quick and must not wait on works. One per work. */
+ * calling thread, if it already has). fn must be quick and must not wait on works. One per work.
+ * When status is not DDP_OK, ddp_last_error() inside fn is the work's error text (the rank, the
+ * operation and what failed), so fn can hand it on without waiting. */
 typedef void (*ddp_work_callback_fn)(void *arg, ddp_status_t status);
 DDP_API ddp_status_t ddp_work_on_complete(ddp_work_t *work, ddp_work_callback_fn fn, void *arg);
 /* Releases the handle. A work still running goes on (its buffers must stay valid until then).

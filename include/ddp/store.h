@@ -1,10 +1,10 @@
 /* Rendezvous stores: a small key-value service through which ranks find each other.
  *
- * One interface, five implementations: in-memory (threads of one process), file (processes on one
+ * One interface, six implementations: in-memory (threads of one process), file (processes on one
  * machine or a shared filesystem), TCP (a server hosted by a rank or the launcher, many clients),
- * c10d (a client of PyTorch's TCPStore) and prefix (namespaces the keys of another store). Keys
- * are NUL-terminated strings of at most DDP_STORE_MAX_KEY bytes; values are byte strings of at
- * most DDP_STORE_MAX_VALUE bytes.
+ * c10d (a client of PyTorch's TCPStore), prefix (namespaces the keys of another store) and
+ * callback (the caller's own functions). Keys are NUL-terminated strings of at most
+ * DDP_STORE_MAX_KEY bytes; values are byte strings of at most DDP_STORE_MAX_VALUE bytes.
  *
  * Thread-safety: a store handle may be used from several threads at once.
  * Timeouts: every blocking call waits at most the store's timeout (ddp_store_set_timeout; default
@@ -62,6 +62,47 @@ DDP_API ddp_status_t ddp_store_connect(const char *host, int port, const char *t
  * outlive the prefix store. */
 DDP_API ddp_status_t ddp_store_prefix_create(ddp_store_t *base, const char *prefix,
                                              ddp_store_t **out);
+
+/* A store whose operations are the caller's functions: how a program that already has a
+ * rendezvous service (torch's c10d::Store, a job scheduler's key-value service) hands it to
+ * libddp. Every function gets `ctx` first and may be called from several threads at once.
+ * On failure a function returns a negative status and may write a NUL-terminated description
+ * into error[error_size]; the store's error text then quotes it with the operation and key.
+ * Required: set, get, add, wait. Optional (NULL: that operation returns DDP_ERR_UNSUPPORTED):
+ * compare_set, check, remove, num_keys, destroy. The public ddp_store_* calls validate keys and
+ * values before calling these. */
+typedef struct ddp_store_callbacks {
+    void *ctx;
+    ddp_status_t (*set)(void *ctx, const char *key, const void *value, size_t len, char *error,
+                        size_t error_size);
+    /* Waits at most timeout_ms (> 0) for `key`; stores a malloc'd copy of its value in *value
+     * (libddp frees it) and its length in *len. */
+    ddp_status_t (*get)(void *ctx, const char *key, int timeout_ms, void **value, size_t *len,
+                        char *error, size_t error_size);
+    ddp_status_t (*add)(void *ctx, const char *key, int64_t delta, int64_t *result, char *error,
+                        size_t error_size);
+    /* Waits at most timeout_ms (> 0) until every key exists; DDP_ERR_TIMEOUT if not. */
+    ddp_status_t (*wait)(void *ctx, const char *const *keys, size_t nkeys, int timeout_ms,
+                         char *error, size_t error_size);
+    /* As ddp_store_compare_set; *current malloc'd. */
+    ddp_status_t (*compare_set)(void *ctx, const char *key, const void *expected,
+                                size_t expected_len, const void *desired, size_t desired_len,
+                                void **current, size_t *current_len, char *error,
+                                size_t error_size);
+    ddp_status_t (*check)(void *ctx, const char *const *keys, size_t nkeys, int *all_exist,
+                          char *error, size_t error_size);
+    ddp_status_t (*remove)(void *ctx, const char *key, int *deleted, char *error,
+                           size_t error_size);
+    ddp_status_t (*num_keys)(void *ctx, int64_t *count, char *error, size_t error_size);
+    /* Called once by ddp_store_destroy: releases ctx. */
+    void (*destroy)(void *ctx);
+} ddp_store_callbacks_t;
+
+/* Creates a store over `callbacks` (copied; ctx must stay valid until destroy). timeout_ms > 0
+ * bounds its blocking calls; 0 uses DDP_TIMEOUT. DDP_ERR_INVALID_ARGUMENT names a missing
+ * required function. */
+DDP_API ddp_status_t ddp_store_callback_create(const ddp_store_callbacks_t *callbacks,
+                                               int timeout_ms, ddp_store_t **out);
 
 /* Closes the handle and frees it. NULL is allowed. */
 DDP_API void ddp_store_destroy(ddp_store_t *store);

@@ -668,8 +668,11 @@ ddp_status_t ddp_work_on_complete(ddp_work_t *work, ddp_work_callback_fn fn, voi
         return DDP_OK;
     }
     ddp_status_t s = work->status;
+    /* fn reads a failure's text from ddp_last_error(), as it does on the progress thread. */
+    if (s != DDP_OK) ddp__set_error_text(work->error_text ? work->error_text : "");
     pthread_mutex_unlock(&g->mu);
     fn(arg, s);
+    if (s != DDP_OK) ddp__clear_error();
     return DDP_OK;
 }
 

@@ -1,0 +1,1213 @@
+// The torch.distributed backend "ddp": a c10d::ProcessGroup over a libddp group.
+//
+// Rendezvous runs through the c10d::Store torch hands the backend (a PrefixStore per group),
+// wrapped as a libddp callback store, so the backend works wherever init_process_group works.
+// Every collective is issued asynchronously on the libddp group's progress thread; its Work
+// holds a c10 Future that libddp's ddp_work_on_complete callback completes (no thread per work),
+// so DDP's comm hooks chain on getFuture() as they do with gloo. Contiguous CPU tensors are
+// handed to libddp in place; a non-contiguous one goes through a contiguous copy and is copied
+// back when the work completes. Ops libddp's group does not have yet are emulated on the ones it
+// has where the result is the same (docs/pytorch.md lists each and its cost), and raise a
+// RuntimeError naming the op otherwise.
+//
+// Torch-version differences stay in this block: torch 1.13 subclasses c10d::ProcessGroup;
+// torch >= 2.0 would subclass c10d::Backend with the same methods.
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+
+#include <pybind11/chrono.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/ddp.h"
+
+#ifndef DDP_TORCH_GROUP_V2
+#define DDP_TORCH_GROUP_V2 0
+#endif
+
+#if TORCH_VERSION_MAJOR >= 2
+// torch 2.x moved collectives to c10d::Backend: this file would need that subclass.
+#error "libddp torch backend: written for torch 1.13 c10d::ProcessGroup (see docs/pytorch.md)"
+#endif
+
+namespace libddp_torch {
+
+// ---- the store adapter ------------------------------------------------------------------------
+
+// Runs fn; an exception becomes a status and its text (timeouts recognised by their text, which
+// is how c10d's stores report them).
+template <typename Fn>
+static ddp_status_t guarded(Fn fn, char* error, size_t error_size) {
+    try {
+        fn();
+        return DDP_OK;
+    } catch (const std::exception& e) {
+        snprintf(error, error_size, "torch store: %s", e.what());
+        std::string what = e.what();
+        if (what.find("imeout") != std::string::npos || what.find("timed out") != std::string::npos)
+            return DDP_ERR_TIMEOUT;
+        return DDP_ERR_REMOTE;
+    }
+}
+
+static c10d::Store& store_of(void* ctx) {
+    return **static_cast<c10::intrusive_ptr<c10d::Store>*>(ctx);
+}
+
+static void* malloc_copy(const std::vector<uint8_t>& v) {
+    void* out = std::malloc(v.size() ? v.size() : 1);
+    if (!out)
+        throw std::bad_alloc();
+    if (!v.empty())
+        std::memcpy(out, v.data(), v.size());
+    return out;
+}
+
+static ddp_status_t store_set(void* ctx, const char* key, const void* value, size_t len,
+                              char* error, size_t error_size) {
+    return guarded(
+        [&] {
+            const uint8_t* p = static_cast<const uint8_t*>(value);
+            store_of(ctx).set(key, std::vector<uint8_t>(p, p + len));
+        },
+        error, error_size);
+}
+
+static ddp_status_t store_get(void* ctx, const char* key, int timeout_ms, void** value, size_t* len,
+                              char* error, size_t error_size) {
+    return guarded(
+        [&] {
+            store_of(ctx).wait({key}, std::chrono::milliseconds(timeout_ms));
+            std::vector<uint8_t> v = store_of(ctx).get(key);
+            *value = malloc_copy(v);
+            *len = v.size();
+        },
+        error, error_size);
+}
+
+static ddp_status_t store_add(void* ctx, const char* key, int64_t delta, int64_t* result,
+                              char* error, size_t error_size) {
+    return guarded([&] { *result = store_of(ctx).add(key, delta); }, error, error_size);
+}
+
+static ddp_status_t store_wait(void* ctx, const char* const* keys, size_t nkeys, int timeout_ms,
+                               char* error, size_t error_size) {
+    std::vector<std::string> k(keys, keys + nkeys);
+    ddp_status_t s = guarded([&] { store_of(ctx).wait(k, std::chrono::milliseconds(timeout_ms)); },
+                             error, error_size);
+    if (s != DDP_OK) {
+        // torch's text does not say which keys; libddp's callers want them named.
+        std::string missing;
+        try {
+            for (const auto& key : k)
+                if (!store_of(ctx).check({key}))
+                    missing += (missing.empty() ? "'" : ", '") + key + "'";
+        } catch (const std::exception&) {
+        }
+        if (!missing.empty()) {
+            size_t used = strlen(error);
+            snprintf(error + used, error_size - used, " (missing: %s)", missing.c_str());
+        }
+    }
+    return s;
+}
+
+static ddp_status_t store_compare_set(void* ctx, const char* key, const void* expected,
+                                      size_t expected_len, const void* desired, size_t desired_len,
+                                      void** current, size_t* current_len, char* error,
+                                      size_t error_size) {
+    return guarded(
+        [&] {
+            const uint8_t* e = static_cast<const uint8_t*>(expected);
+            const uint8_t* d = static_cast<const uint8_t*>(desired);
+            std::vector<uint8_t> v =
+                store_of(ctx).compareSet(key, std::vector<uint8_t>(e, e + expected_len),
+                                         std::vector<uint8_t>(d, d + desired_len));
+            *current = malloc_copy(v);
+            *current_len = v.size();
+        },
+        error, error_size);
+}
+
+static ddp_status_t store_check(void* ctx, const char* const* keys, size_t nkeys, int* all_exist,
+                                char* error, size_t error_size) {
+    return guarded(
+        [&] {
+            *all_exist = store_of(ctx).check(std::vector<std::string>(keys, keys + nkeys)) ? 1 : 0;
+        },
+        error, error_size);
+}
+
+static ddp_status_t store_remove(void* ctx, const char* key, int* deleted, char* error,
+                                 size_t error_size) {
+    return guarded([&] { *deleted = store_of(ctx).deleteKey(key) ? 1 : 0; }, error, error_size);
+}
+
+static ddp_status_t store_num_keys(void* ctx, int64_t* count, char* error, size_t error_size) {
+    return guarded([&] { *count = store_of(ctx).getNumKeys(); }, error, error_size);
+}
+
+static void store_destroy(void* ctx) {
+    delete static_cast<c10::intrusive_ptr<c10d::Store>*>(ctx);
+}
+
+// ---- dtypes and reduce ops ----------------------------------------------------------------------
+
+static bool reducible_dtype(at::ScalarType t, ddp_dtype_t* out) {
+    switch (t) {
+        case at::kFloat:
+            *out = DDP_F32;
+            return true;
+        case at::kDouble:
+            *out = DDP_F64;
+            return true;
+        case at::kHalf:
+            *out = DDP_F16;
+            return true;
+        case at::kBFloat16:
+            *out = DDP_BF16;
+            return true;
+        case at::kInt:
+            *out = DDP_I32;
+            return true;
+        case at::kLong:
+            *out = DDP_I64;
+            return true;
+        case at::kByte:
+            *out = DDP_U8;
+            return true;
+        case at::kBool:
+            *out = DDP_U8;
+            return true;
+        default:
+            return false;
+    }
+}
+
+static const char* op_name(c10d::ReduceOp::RedOpType op) {
+    switch (op) {
+        case c10d::ReduceOp::SUM:
+            return "SUM";
+        case c10d::ReduceOp::AVG:
+            return "AVG";
+        case c10d::ReduceOp::PRODUCT:
+            return "PRODUCT";
+        case c10d::ReduceOp::MIN:
+            return "MIN";
+        case c10d::ReduceOp::MAX:
+            return "MAX";
+        case c10d::ReduceOp::BAND:
+            return "BAND";
+        case c10d::ReduceOp::BOR:
+            return "BOR";
+        case c10d::ReduceOp::BXOR:
+            return "BXOR";
+        case c10d::ReduceOp::PREMUL_SUM:
+            return "PREMUL_SUM";
+        default:
+            return "UNUSED";
+    }
+}
+
+// The libddp dtype and op of a reduction on `t` with `op`, or a RuntimeError naming both.
+static void reduction_of(const char* what, const at::Tensor& t, const c10d::ReduceOp& rop,
+                         ddp_dtype_t* dtype, ddp_reduce_op_t* op) {
+    auto o = static_cast<c10d::ReduceOp::RedOpType>(rop);
+    TORCH_CHECK(
+        reducible_dtype(t.scalar_type(), dtype), "libddp backend: ", what, " cannot reduce dtype ",
+        t.scalar_type(),
+        ": libddp reduces float32, float64, float16, bfloat16, int32, int64, uint8 and bool");
+    bool is_bool = t.scalar_type() == at::kBool;
+    switch (o) {
+        case c10d::ReduceOp::SUM:
+            *op = DDP_SUM;
+            break;
+        case c10d::ReduceOp::AVG:
+            *op = DDP_AVG;
+            break;
+        case c10d::ReduceOp::PRODUCT:
+            *op = DDP_PROD;
+            break;
+        case c10d::ReduceOp::MIN:
+            *op = DDP_MIN;
+            break;
+        case c10d::ReduceOp::MAX:
+            *op = DDP_MAX;
+            break;
+        // On 0/1 values bitwise AND/OR are MIN/MAX; libddp has no bitwise ops for other dtypes.
+        case c10d::ReduceOp::BAND:
+            TORCH_CHECK(
+                is_bool, "libddp backend: ", what,
+                " with ReduceOp.BAND is supported only on bool tensors (libddp has no bitwise "
+                "reductions), got ",
+                t.scalar_type());
+            *op = DDP_MIN;
+            return;
+        case c10d::ReduceOp::BOR:
+            TORCH_CHECK(
+                is_bool, "libddp backend: ", what,
+                " with ReduceOp.BOR is supported only on bool tensors (libddp has no bitwise "
+                "reductions), got ",
+                t.scalar_type());
+            *op = DDP_MAX;
+            return;
+        default:
+            TORCH_CHECK(false, "libddp backend: ", what, " does not support ReduceOp.", op_name(o),
+                        " (libddp reduces with SUM, AVG, PRODUCT, MIN, MAX; BAND/BOR on bool)");
+    }
+    TORCH_CHECK(!(is_bool && (*op == DDP_SUM || *op == DDP_AVG)), "libddp backend: ", what,
+                " with ReduceOp.", op_name(o),
+                " on bool tensors is not supported (use MAX/BOR, "
+                "MIN/BAND or PRODUCT)");
+}
+
+static void check_cpu(const char* what, const at::Tensor& t) {
+    TORCH_CHECK(t.device().is_cpu(), "libddp backend: ", what, " takes CPU tensors, got one on ",
+                t.device());
+    TORCH_CHECK(!t.is_sparse(), "libddp backend: ", what, " does not support sparse tensors");
+}
+
+static void check_single(const char* what, const std::vector<at::Tensor>& tensors) {
+    TORCH_CHECK(tensors.size() == 1, "libddp backend: ", what,
+                " takes exactly one tensor per call (one CPU device per rank), got ",
+                tensors.size());
+    check_cpu(what, tensors[0]);
+}
+
+// ---- works ------------------------------------------------------------------------------------
+
+class ProcessGroupDDP;
+
+// One torch Work over one or more libddp works issued back to back (they complete in issue
+// order, so the last one's completion completes the whole). `finish` runs on the progress thread
+// before the future completes: copies back out of temporaries.
+class WorkDDP : public c10d::Work {
+  public:
+    WorkDDP(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+        : c10d::Work(rank, type),
+          outputs_(std::move(outputs)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get()))) {}
+
+    ~WorkDDP() override {
+        for (ddp_work_t* w : works_)
+            ddp_work_free(w);
+    }
+
+    bool isCompleted() override { return future_->completed(); }
+    bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+    std::exception_ptr exception() const override { return future_->exception_ptr(); }
+    std::vector<at::Tensor> result() override { return outputs_; }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+    bool wait(std::chrono::milliseconds timeout) override {
+        // libddp bounds every collective by the group's timeout, so the future always completes;
+        // a shorter timeout asked here is honoured by polling the future.
+        if (timeout == kNoTimeout) {
+            future_->wait();
+        } else {
+            auto deadline = std::chrono::steady_clock::now() + timeout;
+            while (!future_->completed()) {
+                TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
+                            "libddp backend: Work::wait timed out after ", timeout.count(), " ms");
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+            }
+        }
+        if (future_->hasError())
+            std::rethrow_exception(future_->exception_ptr());
+        return true;
+    }
+
+    void abort() override {
+        TORCH_CHECK(false,
+                    "libddp backend: Work::abort is not supported (a failed collective "
+                    "breaks the group on every rank instead)");
+    }
+
+    std::vector<at::Tensor> outputs_;
+    std::vector<at::Tensor> keep_;    // temporaries and inputs alive until completion
+    std::function<void()> finish_;    // copies out of temporaries, on success
+    std::vector<ddp_work_t*> works_;  // handles to free
+    std::string what_;                // the op, for error texts
+    int rank_in_group_ = 0;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// Heap-held reference that keeps the Work alive until libddp calls back.
+struct Completion {
+    c10::intrusive_ptr<WorkDDP> work;
+    std::atomic<int>* outstanding;  // the group's count of Works not yet completed
+};
+
+static void on_complete(void* arg, ddp_status_t status) {
+    Completion* c = static_cast<Completion*>(arg);
+    WorkDDP& w = *c->work;
+    std::exception_ptr error;
+    if (status != DDP_OK) {
+        // Inside the callback ddp_last_error() is the work's own text: which rank, what failed.
+        std::string text = ddp_last_error();
+        error = std::make_exception_ptr(std::runtime_error(
+            "libddp backend: " + w.what_ + " failed on rank " + std::to_string(w.rank_in_group_) +
+            ": " + ddp_status_string(status) + ": " + (text.empty() ? "(no detail)" : text)));
+    } else {
+        try {
+            at::NoGradGuard no_grad;
+            if (w.finish_)
+                w.finish_();
+        } catch (const std::exception& e) {
+            error = std::make_exception_ptr(std::runtime_error(
+                "libddp backend: " + w.what_ + ": copying the result out failed: " + e.what()));
+        }
+    }
+    w.keep_.clear();
+    w.finish_ = nullptr;
+    try {
+        if (error)
+            w.future_->setError(error);
+        else
+            w.future_->markCompleted(c10::IValue(w.outputs_));
+    } catch (const std::exception&) {
+        // A future callback threw: c10's Future logs and swallows callback errors itself; nothing
+        // may escape into libddp's progress thread.
+    }
+    c->outstanding->fetch_sub(1);
+    delete c;
+}
+
+// ---- the process group --------------------------------------------------------------------------
+
+class ProcessGroupDDP : public c10d::ProcessGroup {
+  public:
+    ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout)
+        : c10d::ProcessGroup(rank, size) {
+        ddp_store_callbacks_t cb{};
+        cb.ctx = new c10::intrusive_ptr<c10d::Store>(store);
+        cb.set = store_set;
+        cb.get = store_get;
+        cb.add = store_add;
+        cb.wait = store_wait;
+        cb.compare_set = store_compare_set;
+        cb.check = store_check;
+        cb.remove = store_remove;
+        cb.num_keys = store_num_keys;
+        cb.destroy = store_destroy;
+        long long ms = timeout.count();
+        int timeout_ms = ms <= 0 ? 0 : (int)std::min<long long>(ms, 24LL * 3600 * 1000);
+        ddp_status_t s = ddp_store_callback_create(&cb, timeout_ms, &store_);
+        if (s != DDP_OK) {
+            store_destroy(cb.ctx);
+            TORCH_CHECK(false,
+                        "libddp backend: wrapping torch's store failed: ", ddp_status_string(s),
+                        ": ", ddp_last_error());
+        }
+        ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
+        options.timeout_ms = timeout_ms;
+        s = ddp_group_create(store_, rank, size, &options, &group_);
+        if (s != DDP_OK) {
+            std::string text = ddp_last_error();
+            ddp_store_destroy(store_);
+            TORCH_CHECK(false, "libddp backend: creating the group on rank ", rank, " of ", size,
+                        " failed: ", ddp_status_string(s), ": ", text);
+        }
+    }
+
+    ~ProcessGroupDDP() override {
+        // Destroy waits for queued works, whose completions may run Python callbacks (comm
+        // hooks): they need the GIL, which the thread dropping the last reference may hold.
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            py::gil_scoped_release release;
+            ddp_group_destroy(group_);
+        } else {
+            ddp_group_destroy(group_);
+        }
+        ddp_store_destroy(store_);
+    }
+
+    const std::string getBackendName() const override { return "ddp"; }
+    std::string transport() const { return ddp_group_transport(group_); }
+    int timeoutMs() const { return ddp_group_timeout_ms(group_); }
+
+    // ---- natively supported --------------------------------------------------------------------
+
+    c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const c10d::AllreduceOptions& opts) override {
+        check_single("allreduce", tensors);
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        reduction_of("allreduce", tensors[0], opts.reduceOp, &dt, &op);
+        auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce", tensors);
+        at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        if (can_run_inline(bytes_of(buf)))
+            return run_inline(w, [&] {
+                return ddp_group_allreduce(group_, buf.data_ptr(), buf.data_ptr(),
+                                           (size_t)buf.numel(), dt, op);
+            });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                             (size_t)buf.numel(), dt, op, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+        std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+        TORCH_CHECK(!tensors.empty(), "libddp backend: allreduce_coalesced got no tensors");
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        for (auto& t : tensors) {
+            check_cpu("allreduce_coalesced", t);
+            reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
+        }
+        auto w = make_work(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
+#if DDP_TORCH_GROUP_V2
+        bool one_dtype = true;
+        for (auto& t : tensors)
+            one_dtype = one_dtype && t.scalar_type() == tensors[0].scalar_type();
+        if (one_dtype) {
+            // One libddp operation: packed, reduced once, unpacked (one latency for all).
+            std::vector<void*> bufs;
+            std::vector<size_t> counts;
+            for (auto& t : tensors) {
+                at::Tensor b = in_place_buffer(*w, t);
+                bufs.push_back(b.data_ptr());
+                counts.push_back((size_t)b.numel());
+            }
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_coalesced_async(group_, bufs.data(), counts.data(),
+                                                           bufs.size(), dt, op, h);
+            });
+            return launch(w);
+        }
+#endif
+        // One libddp allreduce per tensor, issued back to back: each is zero copy, and they run in
+        // issue order, so the last one's completion completes the whole.
+        for (auto& t : tensors) {
+            reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
+            at::Tensor buf = in_place_buffer(*w, t);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                                 (size_t)buf.numel(), dt, op, h);
+            });
+        }
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const c10d::BroadcastOptions& opts) override {
+        check_single("broadcast", tensors);
+        check_root("broadcast", opts.rootRank);
+        auto w = make_work(c10d::OpType::BROADCAST, "broadcast", tensors);
+        at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        int root = (int)opts.rootRank;
+        if (can_run_inline(bytes_of(buf)))
+            return run_inline(w, [&] {
+                return ddp_group_broadcast(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, root);
+            });
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_broadcast_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
+                                             (int)opts.rootRank, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions&) override {
+        check_cpu("_allgather_base", output);
+        check_cpu("_allgather_base", input);
+        check_same_dtype("_allgather_base", input, output);
+        TORCH_CHECK(output.numel() == input.numel() * getSize(),
+                    "libddp backend: _allgather_base: "
+                    "output has ",
+                    output.numel(), " elements, expected world size ", getSize(), " x input's ",
+                    input.numel());
+        std::vector<at::Tensor> outs{output};
+        auto w = make_work(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", outs);
+        at::Tensor in = input.contiguous();
+        w->keep_.push_back(in);
+        at::Tensor out = in_place_buffer(*w, output);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), out.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const c10d::AllgatherOptions&) override {
+        check_single("allgather", inputs);
+        TORCH_CHECK(outputs.size() == 1, "libddp backend: allgather takes one output list, got ",
+                    outputs.size());
+        check_gather_list("allgather", outputs[0], inputs[0]);
+        auto w = make_work(c10d::OpType::ALLGATHER, "allgather", outputs[0]);
+        issue_gather_into_temp(*w, inputs[0], outputs[0], /*copy_out=*/true);
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+        std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::AllgatherOptions&) override {
+        TORCH_CHECK(outputs.size() == inputs.size(),
+                    "libddp backend: allgather_coalesced: ", outputs.size(), " output lists for ",
+                    inputs.size(), " inputs");
+        std::vector<at::Tensor> all;
+        for (auto& o : outputs)
+            all.insert(all.end(), o.begin(), o.end());
+        for (size_t i = 0; i < inputs.size(); i++) {
+            check_cpu("allgather_coalesced", inputs[i]);
+            check_gather_list("allgather_coalesced", outputs[i], inputs[i]);
+        }
+        auto w = make_work(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", all);
+        for (size_t i = 0; i < inputs.size(); i++)
+            issue_gather_into_temp(*w, inputs[i], outputs[i], true);
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+        at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+        check_cpu("_reduce_scatter_base", output);
+        check_cpu("_reduce_scatter_base", input);
+        check_same_dtype("_reduce_scatter_base", input, output);
+        TORCH_CHECK(input.numel() == output.numel() * getSize(),
+                    "libddp backend: "
+                    "_reduce_scatter_base: input has ",
+                    input.numel(),
+                    " elements, expected "
+                    "world size ",
+                    getSize(), " x output's ", output.numel());
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        reduction_of("_reduce_scatter_base", input, opts.reduceOp, &dt, &op);
+        std::vector<at::Tensor> outs{output};
+        auto w = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", outs);
+        at::Tensor in = input.contiguous();
+        w->keep_.push_back(in);
+        at::Tensor out = in_place_buffer(*w, output);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
+                                                  (size_t)out.numel(), dt, op, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const c10d::ReduceScatterOptions& opts) override {
+        check_single("reduce_scatter", outputs);
+        TORCH_CHECK(inputs.size() == 1, "libddp backend: reduce_scatter takes one input list");
+        check_gather_list("reduce_scatter", inputs[0], outputs[0]);
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        reduction_of("reduce_scatter", outputs[0], opts.reduceOp, &dt, &op);
+        auto w = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs);
+        // The input list is packed into one buffer (one copy in); the output is written in place.
+        at::Tensor flat = at::cat(flat_views(inputs[0]));
+        w->keep_.push_back(flat);
+        at::Tensor out = in_place_buffer(*w, outputs[0]);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_reduce_scatter_async(group_, flat.data_ptr(), out.data_ptr(),
+                                                  (size_t)out.numel(), dt, op, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+        std::vector<at::Tensor> none;
+        auto w = make_work(c10d::OpType::BARRIER, "barrier", none);
+        if (can_run_inline(0)) return run_inline(w, [&] { return ddp_group_barrier(group_); });
+        issue(*w, [&](ddp_work_t** h) { return ddp_group_barrier_async(group_, h); });
+        return launch(w);
+    }
+
+#if DDP_TORCH_GROUP_V2
+    // ---- native on the extended group API (reduce ... send/recv) -----------------------------
+
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const c10d::ReduceOptions& opts) override {
+        check_single("reduce", tensors);
+        check_root("reduce", opts.rootRank);
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        reduction_of("reduce", tensors[0], opts.reduceOp, &dt, &op);
+        auto w = make_work(c10d::OpType::REDUCE, "reduce", tensors);
+        int root = (int)opts.rootRank;
+        if (getRank() == root) {
+            at::Tensor buf = in_place_buffer(*w, tensors[0]);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_reduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                              (size_t)buf.numel(), dt, op, root, h);
+            });
+        } else {
+            at::Tensor in = tensors[0].contiguous();
+            w->keep_.push_back(in);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_reduce_async(group_, in.data_ptr(), nullptr, (size_t)in.numel(),
+                                              dt, op, root, h);
+            });
+        }
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::GatherOptions& opts) override {
+        check_single("gather", inputs);
+        check_root("gather", opts.rootRank);
+        bool root = getRank() == opts.rootRank;
+        if (root) {
+            TORCH_CHECK(outputs.size() == 1,
+                        "libddp backend: gather on the root takes one output "
+                        "list, got ",
+                        outputs.size());
+            check_gather_list("gather", outputs[0], inputs[0]);
+        } else {
+            TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "libddp backend: gather: only the root (rank ", opts.rootRank,
+                        ") passes output tensors");
+        }
+        std::vector<at::Tensor> none;
+        auto w = make_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : none);
+        at::Tensor in = inputs[0].contiguous();
+        w->keep_.push_back(in);
+        at::Tensor all;
+        if (root) {
+            all = at::empty({getSize() * in.numel()}, in.options());
+            w->keep_.push_back(all);
+            std::vector<at::Tensor> targets = outputs[0];
+            int64_t n = in.numel();
+            w->finish_ = [all, targets, n]() mutable {
+                for (size_t j = 0; j < targets.size(); j++)
+                    targets[j].copy_(all.narrow(0, (int64_t)j * n, n).view(targets[j].sizes()));
+            };
+        }
+        int r = (int)opts.rootRank;
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_gather_async(group_, in.data_ptr(), root ? all.data_ptr() : nullptr,
+                                          bytes_of(in), DDP_U8, r, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ScatterOptions& opts) override {
+        check_single("scatter", outputs);
+        check_root("scatter", opts.rootRank);
+        bool root = getRank() == opts.rootRank;
+        at::Tensor flat;
+        if (root) {
+            TORCH_CHECK(inputs.size() == 1,
+                        "libddp backend: scatter on the root takes one input "
+                        "list, got ",
+                        inputs.size());
+            check_gather_list("scatter", inputs[0], outputs[0]);
+            flat = at::cat(flat_views(inputs[0]));
+        } else {
+            TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "libddp backend: scatter: only the root (rank ", opts.rootRank,
+                        ") passes input tensors");
+        }
+        auto w = make_work(c10d::OpType::SCATTER, "scatter", outputs);
+        if (root)
+            w->keep_.push_back(flat);
+        at::Tensor out = in_place_buffer(*w, outputs[0]);
+        int r = (int)opts.rootRank;
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_scatter_async(group_, root ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                           bytes_of(out), DDP_U8, r, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& outputSplitSizes,
+                                                 std::vector<int64_t>& inputSplitSizes,
+                                                 const c10d::AllToAllOptions&) override {
+        check_cpu("alltoall_base", output);
+        check_cpu("alltoall_base", input);
+        check_same_dtype("alltoall_base", input, output);
+        int world = getSize();
+        std::vector<at::Tensor> outs{output};
+        auto w = make_work(c10d::OpType::ALLTOALL_BASE, "alltoall_base", outs);
+        at::Tensor in = input.contiguous();
+        w->keep_.push_back(in);
+        at::Tensor out = in_place_buffer(*w, output);
+        if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
+            TORCH_CHECK(input.numel() == output.numel() && input.numel() % world == 0,
+                        "libddp backend: alltoall_base: input (", input.numel(), ") and output (",
+                        output.numel(), ") must have equal sizes divisible by ", world);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_alltoall_async(group_, in.data_ptr(), out.data_ptr(),
+                                                bytes_of(in) / world, DDP_U8, h);
+            });
+            return launch(w);
+        }
+        // Splits count rows of the first dimension; libddp counts bytes here.
+        auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+            std::vector<size_t> c(world);
+            int64_t row = t.dim() ? t.numel() / std::max<int64_t>(t.size(0), 1) : 1;
+            for (int j = 0; j < world; j++)
+                c[j] = splits.empty() ? bytes_of(t) / world
+                                      : (size_t)(splits[j] * row) * t.element_size();
+            return c;
+        };
+        TORCH_CHECK((inputSplitSizes.empty() || (int)inputSplitSizes.size() == world) &&
+                        (outputSplitSizes.empty() || (int)outputSplitSizes.size() == world),
+                    "libddp backend: alltoall_base: split sizes must have ", world, " entries");
+        std::vector<size_t> sc = counts(inputSplitSizes, in), rc = counts(outputSplitSizes, out);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_alltoallv_async(group_, in.data_ptr(), sc.data(), nullptr,
+                                             out.data_ptr(), rc.data(), nullptr, DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const c10d::AllToAllOptions&) override {
+        int world = getSize();
+        TORCH_CHECK((int)outputs.size() == world && (int)inputs.size() == world,
+                    "libddp backend: alltoall takes ", world, " input and output tensors, got ",
+                    inputs.size(), " and ", outputs.size());
+        std::vector<size_t> sc(world), rc(world);
+        for (int i = 0; i < world; i++) {
+            check_cpu("alltoall", inputs[i]);
+            check_cpu("alltoall", outputs[i]);
+            check_same_dtype("alltoall", inputs[i], inputs[0]);
+            check_same_dtype("alltoall", outputs[i], inputs[0]);
+            sc[i] = bytes_of(inputs[i]);
+            rc[i] = bytes_of(outputs[i]);
+        }
+        auto w = make_work(c10d::OpType::ALLTOALL, "alltoall", outputs);
+        at::Tensor in = at::cat(flat_views(inputs));
+        int64_t total = 0;
+        for (auto& o : outputs)
+            total += o.numel();
+        at::Tensor all = at::empty({total}, in.options());
+        w->keep_.push_back(in);
+        w->keep_.push_back(all);
+        std::vector<at::Tensor> outs = outputs;
+        w->finish_ = [all, outs]() mutable {
+            int64_t at = 0;
+            for (auto& o : outs) {
+                o.copy_(all.narrow(0, at, o.numel()).view(o.sizes()));
+                at += o.numel();
+            }
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_alltoallv_async(group_, in.data_ptr(), sc.data(), nullptr,
+                                             all.data_ptr(), rc.data(), nullptr, DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                        int tag) override {
+        check_single("send", tensors);
+        check_root("send", dstRank);
+        auto w = make_work(c10d::OpType::SEND, "send", tensors);
+        at::Tensor buf = tensors[0].contiguous();
+        w->keep_.push_back(buf);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, dstRank, tag,
+                                        h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                        int tag) override {
+        check_single("recv", tensors);
+        check_root("recv", srcRank);
+        auto w = make_work(c10d::OpType::RECV, "recv", tensors);
+        at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, srcRank, tag,
+                                        h);
+        });
+        return launch(w);
+    }
+#else
+    // ---- emulated on the collectives libddp's group has ----------------------------------------
+
+    // reduce = allreduce; non-roots reduce into a temporary so their tensor stays as it was.
+    // Costs the allgather half of an allreduce more than a true reduce.
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const c10d::ReduceOptions& opts) override {
+        check_single("reduce", tensors);
+        check_root("reduce", opts.rootRank);
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        reduction_of("reduce", tensors[0], opts.reduceOp, &dt, &op);
+        auto w = make_work(c10d::OpType::REDUCE, "reduce", tensors);
+        if (getRank() == opts.rootRank) {
+            at::Tensor buf = in_place_buffer(*w, tensors[0]);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
+                                                 (size_t)buf.numel(), dt, op, h);
+            });
+        } else {
+            at::Tensor in = tensors[0].contiguous();
+            at::Tensor scratch = at::empty_like(in);
+            w->keep_.push_back(in);
+            w->keep_.push_back(scratch);
+            issue(*w, [&](ddp_work_t** h) {
+                return ddp_group_allreduce_async(group_, in.data_ptr(), scratch.data_ptr(),
+                                                 (size_t)in.numel(), dt, op, h);
+            });
+        }
+        return launch(w);
+    }
+
+    // gather = allgather into a temporary; only the root copies out. Every rank receives
+    // world x the data and holds a world-sized temporary.
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::GatherOptions& opts) override {
+        check_single("gather", inputs);
+        check_root("gather", opts.rootRank);
+        bool root = getRank() == opts.rootRank;
+        if (root) {
+            TORCH_CHECK(outputs.size() == 1,
+                        "libddp backend: gather on the root takes one output "
+                        "list, got ",
+                        outputs.size());
+            check_gather_list("gather", outputs[0], inputs[0]);
+        } else {
+            TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "libddp backend: gather: only the root (rank ", opts.rootRank,
+                        ") passes output tensors");
+        }
+        std::vector<at::Tensor> none;
+        auto w = make_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : none);
+        issue_gather_into_temp(*w, inputs[0], root ? outputs[0] : none, root);
+        return launch(w);
+    }
+
+    // scatter = broadcast of the root's concatenated inputs; each rank copies out its block.
+    // Every rank receives world x its share and holds a world-sized temporary.
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ScatterOptions& opts) override {
+        check_single("scatter", outputs);
+        check_root("scatter", opts.rootRank);
+        at::Tensor out = outputs[0];
+        bool root = getRank() == opts.rootRank;
+        at::Tensor flat;
+        if (root) {
+            TORCH_CHECK(inputs.size() == 1,
+                        "libddp backend: scatter on the root takes one input "
+                        "list, got ",
+                        inputs.size());
+            check_gather_list("scatter", inputs[0], out);
+            flat = at::cat(flat_views(inputs[0]));
+        } else {
+            TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "libddp backend: scatter: only the root (rank ", opts.rootRank,
+                        ") passes input tensors");
+            flat = at::empty({out.numel() * getSize()}, out.options());
+        }
+        auto w = make_work(c10d::OpType::SCATTER, "scatter", outputs);
+        w->keep_.push_back(flat);
+        int64_t n = out.numel(), r = getRank();
+        w->finish_ = [flat, out, n, r]() mutable {
+            out.copy_(flat.narrow(0, r * n, n).view(out.sizes()));
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_broadcast_async(group_, flat.data_ptr(), bytes_of(flat), DDP_U8,
+                                             (int)opts.rootRank, h);
+        });
+        return launch(w);
+    }
+
+    // alltoall with equal splits = allgather of every rank's whole input; rank r keeps block r of
+    // each. Every rank receives world x its share. Uneven splits need libddp's alltoallv.
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& outputSplitSizes,
+                                                 std::vector<int64_t>& inputSplitSizes,
+                                                 const c10d::AllToAllOptions&) override {
+        check_cpu("alltoall_base", output);
+        check_cpu("alltoall_base", input);
+        check_same_dtype("alltoall_base", input, output);
+        int world = getSize();
+        TORCH_CHECK(input.numel() == output.numel(), "libddp backend: alltoall_base: input has ",
+                    input.numel(), " elements and output ", output.numel());
+        TORCH_CHECK(input.dim() > 0 && equal_splits(inputSplitSizes, input.size(0), world) &&
+                        equal_splits(outputSplitSizes, output.size(0), world),
+                    "libddp backend: alltoall_base with uneven split sizes is not supported yet: "
+                    "it needs an alltoallv in libddp's group, which this build does not have");
+        TORCH_CHECK(input.size(0) % world == 0,
+                    "libddp backend: alltoall_base: the first "
+                    "dimension (",
+                    input.size(0), ") must split evenly over ", world, " ranks");
+        std::vector<at::Tensor> outs{output};
+        auto w = make_work(c10d::OpType::ALLTOALL_BASE, "alltoall_base", outs);
+        at::Tensor in = input.contiguous();
+        at::Tensor all = at::empty({world * in.numel()}, in.options());
+        w->keep_.push_back(in);
+        w->keep_.push_back(all);
+        int64_t block = in.numel() / world, n = in.numel(), r = getRank();
+        w->finish_ = [all, output, block, n, r, world]() mutable {
+            // Block r of rank j's input lands in block j of the output.
+            at::Tensor blocks = all.view({world, n}).narrow(1, r * block, block);
+            output.copy_(blocks.reshape(output.sizes()));
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const c10d::AllToAllOptions&) override {
+        int world = getSize();
+        TORCH_CHECK((int)outputs.size() == world && (int)inputs.size() == world,
+                    "libddp backend: alltoall takes ", world, " input and output tensors, got ",
+                    inputs.size(), " and ", outputs.size());
+        for (int i = 0; i < world; i++) {
+            check_cpu("alltoall", inputs[i]);
+            check_cpu("alltoall", outputs[i]);
+            check_same_dtype("alltoall", inputs[i], inputs[0]);
+            check_same_dtype("alltoall", outputs[i], inputs[0]);
+            TORCH_CHECK(
+                inputs[i].numel() == inputs[0].numel() && outputs[i].numel() == inputs[0].numel(),
+                "libddp backend: alltoall with tensors of different sizes is not "
+                "supported yet: it needs an alltoallv in libddp's group, which this build "
+                "does not have");
+        }
+        auto w = make_work(c10d::OpType::ALLTOALL, "alltoall", outputs);
+        at::Tensor in = at::cat(flat_views(inputs));
+        at::Tensor all = at::empty({world * in.numel()}, in.options());
+        w->keep_.push_back(in);
+        w->keep_.push_back(all);
+        int64_t block = inputs[0].numel(), n = in.numel(), r = getRank();
+        std::vector<at::Tensor> outs = outputs;
+        w->finish_ = [all, outs, block, n, r]() mutable {
+            for (size_t j = 0; j < outs.size(); j++)
+                outs[j].copy_(
+                    all.narrow(0, (int64_t)j * n + r * block, block).view(outs[j].sizes()));
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
+        return launch(w);
+    }
+
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override {
+        TORCH_CHECK(false, kNoP2P("send"));
+    }
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override {
+        TORCH_CHECK(false, kNoP2P("recv"));
+    }
+#endif  // DDP_TORCH_GROUP_V2
+
+    // ---- missing -----------------------------------------------------------------------------
+
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
+        TORCH_CHECK(false, DDP_TORCH_GROUP_V2
+                               ? "libddp backend: recv from any source is not supported: libddp "
+                                 "pairs each recv with a send from a named rank"
+                               : kNoP2P("recv from any source"));
+    }
+
+  private:
+    static std::string kNoP2P(const char* op) {
+        return std::string("libddp backend: ") + op +
+               " is not supported yet: libddp's group has "
+               "no point-to-point operations in this build (collectives only)";
+    }
+
+    static size_t bytes_of(const at::Tensor& t) {
+        return (size_t)t.numel() * t.element_size();
+    }
+
+    static bool equal_splits(const std::vector<int64_t>& splits, int64_t rows, int world) {
+        if (splits.empty())
+            return true;  // equal by definition; the caller checks divisibility
+        if ((int)splits.size() != world || rows % world != 0)
+            return false;
+        for (int64_t s : splits)
+            if (s != rows / world)
+                return false;
+        return true;
+    }
+
+    static std::vector<at::Tensor> flat_views(const std::vector<at::Tensor>& ts) {
+        std::vector<at::Tensor> v;
+        v.reserve(ts.size());
+        for (auto& t : ts)
+            v.push_back(t.reshape({-1}));
+        return v;
+    }
+
+    void check_root(const char* what, int64_t root) const {
+        TORCH_CHECK(root >= 0 && root < getSize(), "libddp backend: ", what, ": root rank ", root,
+                    " is outside the group of ", getSize(), " ranks");
+    }
+
+    static void check_same_dtype(const char* what, const at::Tensor& a, const at::Tensor& b) {
+        TORCH_CHECK(a.scalar_type() == b.scalar_type(), "libddp backend: ", what,
+                    ": tensors of different dtypes (", a.scalar_type(), " and ", b.scalar_type(),
+                    ")");
+    }
+
+    void check_gather_list(const char* what, const std::vector<at::Tensor>& list,
+                           const at::Tensor& one) const {
+        TORCH_CHECK((int)list.size() == getSize(), "libddp backend: ", what, " takes a list of ",
+                    getSize(), " tensors (one per rank), got ", list.size());
+        for (auto& t : list) {
+            check_cpu(what, t);
+            check_same_dtype(what, t, one);
+            TORCH_CHECK(t.numel() == one.numel(), "libddp backend: ", what,
+                        ": every tensor of the "
+                        "list must have ",
+                        one.numel(), " elements, one has ", t.numel());
+        }
+    }
+
+    c10::intrusive_ptr<WorkDDP> make_work(c10d::OpType type, const char* what,
+                                          const std::vector<at::Tensor>& outputs) {
+        auto w = c10::make_intrusive<WorkDDP>(getRank(), type, outputs);
+        w->what_ = what;
+        w->rank_in_group_ = getRank();
+        return w;
+    }
+
+    // The buffer libddp works on for `t` in place: t itself when contiguous (zero copy), else a
+    // contiguous copy that is copied back on completion.
+    static at::Tensor in_place_buffer(WorkDDP& w, const at::Tensor& t) {
+        if (t.is_contiguous())
+            return t;
+        at::Tensor tmp = t.contiguous();
+        w.keep_.push_back(tmp);
+        auto prev = std::move(w.finish_);
+        at::Tensor target = t;
+        w.finish_ = [prev, target, tmp]() mutable {
+            if (prev)
+                prev();
+            target.copy_(tmp);
+        };
+        return tmp;
+    }
+
+    // allgather of `input` into a world-sized temporary; when copy_out, block j goes to outs[j].
+    void issue_gather_into_temp(WorkDDP& w, const at::Tensor& input,
+                                const std::vector<at::Tensor>& outs, bool copy_out) {
+        at::Tensor in = input.contiguous();
+        at::Tensor all = at::empty({getSize() * in.numel()}, in.options());
+        w.keep_.push_back(in);
+        w.keep_.push_back(all);
+        if (copy_out) {
+            int64_t n = in.numel();
+            auto prev = std::move(w.finish_);
+            std::vector<at::Tensor> targets = outs;
+            w.finish_ = [prev, all, targets, n]() mutable {
+                if (prev)
+                    prev();
+                for (size_t j = 0; j < targets.size(); j++)
+                    targets[j].copy_(all.narrow(0, (int64_t)j * n, n).view(targets[j].sizes()));
+            };
+        }
+        issue(w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
+    }
+
+    // Issues one libddp work through `start` and records its handle, or raises with libddp's
+    // text. A libddp work of the same torch Work issued before still runs: its tensors stay alive
+    // because this waits for it before raising.
+    template <typename Start>
+    void issue(WorkDDP& w, Start start) {
+        ddp_work_t* h = nullptr;
+        ddp_status_t s = start(&h);
+        if (s != DDP_OK) {
+            std::string text = ddp_last_error();
+            for (ddp_work_t* prev : w.works_)
+                ddp_work_wait(prev);
+            TORCH_CHECK(false, "libddp backend: ", w.what_, " on rank ", getRank(),
+                        " failed: ", ddp_status_string(s), ": ", text);
+        }
+        w.works_.push_back(h);
+    }
+
+    // Hands the Work to libddp's completion callback of its last libddp work.
+    c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<WorkDDP>& w) {
+        outstanding_.fetch_add(1);
+        auto* c = new Completion{w, &outstanding_};
+        ddp_status_t s = ddp_work_on_complete(w->works_.back(), on_complete, c);
+        if (s != DDP_OK) {
+            outstanding_.fetch_sub(1);
+            delete c;
+            TORCH_CHECK(false, "libddp backend: ", w->what_, ": ", ddp_last_error());
+        }
+        return w;
+    }
+
+    // Small collectives when nothing of this group is in flight run inline: libddp's blocking
+    // call executes on this thread (its fast path when the queue is empty), and the Work is
+    // complete when returned. An async issue would cross two threads (issue -> progress thread ->
+    // completion -> the waiting thread), which costs small tensors several times the collective
+    // itself (docs/benchmarks.md, ddp/C column). Only small ones: the caller loses the overlap
+    // of at most a short collective. Failures still surface on wait(), as for async works.
+    static constexpr size_t kInlineMaxBytes = 64 * 1024;
+
+    bool can_run_inline(size_t bytes) const {
+        return bytes <= kInlineMaxBytes && outstanding_.load() == 0;
+    }
+
+    template <typename Run>
+    c10::intrusive_ptr<c10d::Work> run_inline(const c10::intrusive_ptr<WorkDDP>& w, Run run) {
+        ddp_status_t s = run();  // on failure ddp_last_error() holds the text on this thread
+        outstanding_.fetch_add(1);
+        on_complete(new Completion{w, &outstanding_}, s);
+        return w;
+    }
+
+    ddp_store_t* store_ = nullptr;
+    ddp_group_t* group_ = nullptr;
+    std::atomic<int> outstanding_{0};
+};
+
+static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int size,
+                                                     const std::chrono::duration<float>& timeout) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+    // Joining the group waits on the other ranks: let other Python threads run meanwhile.
+    py::gil_scoped_release release;
+    return c10::make_intrusive<ProcessGroupDDP>(store, rank, size, ms);
+}
+
+}  // namespace libddp_torch
+
+PYBIND11_MODULE(_ddp_torch, m) {
+    m.doc() = "libddp's torch.distributed backend (see libddp.torch)";
+    py::class_<libddp_torch::ProcessGroupDDP, c10::intrusive_ptr<libddp_torch::ProcessGroupDDP>,
+               c10d::ProcessGroup>(m, "ProcessGroupDDP")
+        .def_property_readonly("transport", &libddp_torch::ProcessGroupDDP::transport,
+                               "The libddp transport this group runs on (shm, tcp, ...)")
+        .def_property_readonly("timeout_ms", &libddp_torch::ProcessGroupDDP::timeoutMs);
+    m.def("create_process_group", &libddp_torch::create, py::arg("store"), py::arg("rank"),
+          py::arg("size"), py::arg("timeout"),
+          "Creates the backend's process group (the creator torch.distributed calls)");
+    m.attr("torch_version") = TORCH_VERSION;
+    // True when built against the group's extended API (native reduce ... send/recv).
+    m.attr("group_v2") = py::bool_(DDP_TORCH_GROUP_V2 != 0);
+}

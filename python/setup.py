@@ -1,0 +1,74 @@
+"""Installs the libddp Python package: the NumPy API (pure Python over ctypes), libddp.so copied
+into the package, and - when torch is importable - the torch.distributed backend compiled here
+against the installed torch. The C library is built first with CMake when it is not built yet.
+
+    python3 -m pip install --no-build-isolation ./python
+
+(--no-build-isolation: use the installed setuptools and torch instead of downloading them.)
+LIBDDP_SOURCE_DIR (default: this file's parent directory) and LIBDDP_BUILD_DIR (default:
+<source>/build) say where the checkout and its CMake build are."""
+import os
+import shutil
+import subprocess
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.abspath(os.environ.get("LIBDDP_SOURCE_DIR", os.path.join(HERE, "..")))
+BUILD = os.path.abspath(os.environ.get("LIBDDP_BUILD_DIR", os.path.join(SOURCE, "build")))
+
+
+def libddp_so():
+    path = os.path.join(BUILD, "libddp.so.0")
+    if not os.path.exists(path):
+        if not os.path.exists(os.path.join(SOURCE, "CMakeLists.txt")):
+            raise SystemExit("libddp: no CMakeLists.txt in %s; set LIBDDP_SOURCE_DIR to the libddp "
+                             "checkout" % SOURCE)
+        subprocess.check_call(["cmake", "-S", SOURCE, "-B", BUILD, "-DCMAKE_BUILD_TYPE=Release",
+                               "-DDDP_BUILD_TESTS=OFF", "-DDDP_TORCH=OFF"])
+        subprocess.check_call(["cmake", "--build", BUILD, "--target", "ddp", "-j2"])
+    return path
+
+
+class BuildPyWithLibrary(build_py):
+    """Puts libddp.so.0 next to the package's modules, where libddp/__init__.py and the
+    extension's $ORIGIN rpath find it."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "libddp")
+        os.makedirs(target, exist_ok=True)
+        shutil.copy2(libddp_so(), os.path.join(target, "libddp.so.0"))
+
+
+cmdclass = {"build_py": BuildPyWithLibrary}
+ext_modules = []
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:
+    print("libddp: torch is not importable; installing without the torch backend")
+else:
+    libddp_so()  # the extension links against it
+    # The group's extended API (send/recv, reduce, gather, ...): native when the header has it.
+    with open(os.path.join(SOURCE, "include", "ddp", "group.h")) as f:
+        group_v2 = "ddp_group_send_async" in f.read()
+    ext_modules.append(CppExtension(
+        "libddp._ddp_torch", ["libddp/csrc/process_group_ddp.cpp"],
+        include_dirs=[os.path.join(SOURCE, "include")], library_dirs=[BUILD],
+        libraries=["ddp"], extra_compile_args=["-O2"],
+        define_macros=[("DDP_TORCH_GROUP_V2", "1")] if group_v2 else [],
+        extra_link_args=["-Wl,-rpath,$ORIGIN"]))
+    cmdclass["build_ext"] = BuildExtension
+
+setup(
+    name="libddp",
+    version="0.1.0",
+    description="libddp: data-parallel collectives for NumPy and a torch.distributed backend",
+    packages=["libddp"],
+    package_data={"libddp": ["csrc/*.cpp"]},
+    python_requires=">=3.8",
+    install_requires=["numpy"],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)

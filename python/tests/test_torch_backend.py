@@ -1,0 +1,444 @@
+"""The torch.distributed backend "ddp" (libddp.torch), in processes from torch.multiprocessing:
+every collective against gloo's result on the same inputs in the same processes (or a reference
+where gloo has no such op), identical bits on every rank, the errors of unsupported ops, several
+process groups, both the inline and the asynchronous path, DDP training equal to gloo's (plain,
+find_unused_parameters, no_sync, the fp16 compression hook, ZeroRedundancyOptimizer), and a dead
+or stalled rank reaching the others as an exception naming it. World sizes 1-4."""
+import io
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import libddp.torch  # noqa: F401  (registers "ddp")
+
+CTX = mp.get_context("spawn")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _main(fn, rank, world, port, queue, timeout_s, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        import libddp.torch  # noqa: F401
+        dist.init_process_group("ddp", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        out = fn(rank, world, *args)
+        # As bytes: tensors sent through the queue would be shared-memory handles that die with
+        # this process.
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        queue.put((rank, "ok", buf.getvalue()))
+        dist.destroy_process_group()
+    except BaseException as e:
+        queue.put((rank, "error", "%r\n%s" % (e, traceback.format_exc())))
+
+
+def run(world, fn, *args, timeout_s=60, wait_s=240):
+    """Runs fn(rank, world, *args) in `world` spawned processes under backend "ddp"; returns
+    the results by rank (raises naming a failed rank)."""
+    queue = CTX.Queue()
+    port = free_port()
+    procs = [CTX.Process(target=_main, args=(fn, r, world, port, queue, timeout_s, args))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(world):
+            rank, kind, value = queue.get(timeout=wait_s)
+            if kind == "error":
+                raise AssertionError("rank %d failed: %s" % (rank, value))
+            results[rank] = torch.load(io.BytesIO(value))
+    finally:
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world)]
+
+
+# ---- collectives against gloo ---------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+          torch.int64, torch.uint8]
+OPS = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
+       "MAX": dist.ReduceOp.MAX}
+
+
+def data(rank, n, dtype, salt):
+    g = torch.Generator().manual_seed(7919 * rank + salt)
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    hi = 4 if dtype == torch.uint8 else 50
+    return torch.randint(0 if dtype == torch.uint8 else -hi, hi, (n,), generator=g).to(dtype)
+
+
+def collectives_body(rank, world):
+    """Returns {case: (ddp result, gloo result or reference)} with tensors as produced here."""
+    gloo = dist.new_group(backend="gloo")
+    out = {}
+    n = 29
+
+    def both(name, make, call):
+        """Runs call(tensor(s), group) on ddp and on gloo with equal inputs."""
+        a, b = make(), make()
+        call(a, None)
+        try:
+            call(b, gloo)
+        except RuntimeError:
+            b = None  # gloo lacks it: the parent compares with a reference instead
+        out[name] = (a, b)
+
+    for dt in DTYPES:
+        for opname, op in OPS.items():
+            salt = DTYPES.index(dt) * 10 + list(OPS).index(opname)
+            both(("allreduce", str(dt), opname), lambda: data(rank, n, dt, salt),
+                 lambda t, g: dist.all_reduce(t, op=op, group=g))
+    # AVG (gloo has none: reference in the parent), bool with BAND/BOR/MIN/MAX.
+    t = data(rank, n, torch.float64, 99)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out[("allreduce", "avg")] = (t, None)
+    for opname, op in (("BAND", dist.ReduceOp.BAND), ("BOR", dist.ReduceOp.BOR),
+                       ("MIN", dist.ReduceOp.MIN), ("MAX", dist.ReduceOp.MAX)):
+        both(("allreduce", "bool", opname), lambda: torch.arange(8) % (rank + 2) == 0,
+             lambda t, g: dist.all_reduce(t, op=op, group=g))
+
+    # Non-contiguous: a column of a matrix, reduced through a contiguous temporary; the other
+    # columns stay as they were. (gloo itself reduces the wrong elements of a strided view in
+    # this torch, so the reference is gloo on a contiguous copy of the column.)
+    m = data(rank, 12, torch.float32, 5).view(4, 3).clone()
+    dist.all_reduce(m[:, 1])
+    ref = data(rank, 12, torch.float32, 5).view(4, 3).clone()
+    col = ref[:, 1].contiguous()
+    dist.all_reduce(col, group=gloo)
+    ref[:, 1] = col
+    out["noncontiguous"] = (m, ref)
+
+    # Both paths of the backend: a tensor above its 64 KiB inline limit is issued
+    # asynchronously, and small ones issued while it is in flight queue behind it (async too);
+    # small ones with nothing in flight run inline. All must equal gloo's.
+    big = data(rank, 50000, torch.float32, 12)
+    small = [data(rank, 7, torch.float64, 13 + k) for k in range(3)]
+    works = [dist.all_reduce(big, async_op=True)]
+    works += [dist.all_reduce(t, async_op=True) for t in small]
+    for w in works:
+        w.wait()
+    ref_big = data(rank, 50000, torch.float32, 12)
+    ref_small = [data(rank, 7, torch.float64, 13 + k) for k in range(3)]
+    dist.all_reduce(ref_big, group=gloo)
+    for t in ref_small:
+        dist.all_reduce(t, group=gloo)
+    out["async_chain"] = ([big] + small, [ref_big] + ref_small)
+
+    # Async: the future completes with the reduced tensor.
+    t = data(rank, n, torch.float32, 11)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    (fut_value,) = fut.wait()
+    u = data(rank, n, torch.float32, 11)
+    dist.all_reduce(u, group=gloo)
+    out["future"] = (fut_value.clone(), u)
+
+    root = world - 1
+    both("broadcast", lambda: torch.full((5, 2), rank, dtype=torch.int8),
+         lambda t, g: dist.broadcast(t, src=root, group=g))
+    both("allgather", lambda: ([torch.empty(3, dtype=torch.int64) for _ in range(world)],
+                               torch.arange(3) + 10 * rank),
+         lambda ab, g: dist.all_gather(ab[0], ab[1], group=g))
+    both("allgather_base", lambda: (torch.empty(world * 4), torch.arange(4.0) * (rank + 1)),
+         lambda ab, g: dist._all_gather_base(ab[0], ab[1], group=g))
+    both("allreduce_coalesced", lambda: [data(rank, 5, torch.float64, 3),
+                                         data(rank, 7, torch.float64, 4)],
+         lambda ts, g: dist.all_reduce_coalesced(ts, group=g))
+    both("reduce", lambda: data(rank, n, torch.int64, 21),
+         lambda t, g: dist.reduce(t, dst=0, group=g))
+    before = data(rank, n, torch.int64, 21)
+    t = before.clone()
+    dist.reduce(t, dst=0)
+    out["reduce_nonroot_untouched"] = (t, before)
+
+    def gather_make():
+        return ([torch.empty(3) for _ in range(world)] if rank == 0 else None,
+                torch.arange(3.0) + rank)
+
+    both("gather", gather_make,
+         lambda ab, g: dist.gather(ab[1], gather_list=ab[0], dst=0, group=g))
+
+    def scatter_make():
+        lst = [torch.arange(4.0) + 100 * j for j in range(world)] if rank == root else None
+        return (lst, torch.empty(4))
+
+    both("scatter", scatter_make,
+         lambda ab, g: dist.scatter(ab[1], scatter_list=ab[0], src=root, group=g))
+    # reduce_scatter: gloo has none; the parent compares with a reference.
+    rs_in = [data(rank, 6, torch.float32, 30 + j) for j in range(world)]
+    rs_out = torch.empty(6)
+    dist.reduce_scatter(rs_out, rs_in)
+    out["reduce_scatter"] = (rs_out, None)
+    rsb_out = torch.empty(5, dtype=torch.int32)
+    dist._reduce_scatter_base(rsb_out, (torch.arange(5 * world) * (rank + 1)).to(torch.int32),
+                              op=dist.ReduceOp.MAX)
+    out["reduce_scatter_base"] = (rsb_out, None)
+    both("alltoall_single", lambda: (torch.empty(2 * world), torch.arange(2.0 * world) +
+                                     100 * rank),
+         lambda ab, g: dist.all_to_all_single(ab[0], ab[1], group=g))
+    a2a_out = [torch.empty(3, dtype=torch.int64) for _ in range(world)]
+    dist.all_to_all(a2a_out, [torch.arange(3) + 10 * j + 1000 * rank for j in range(world)])
+    out["alltoall"] = (a2a_out, None)
+    dist.barrier()
+
+    # A subgroup: ranks 0 and world-1 (several process groups at once).
+    sub = dist.new_group(sorted({0, world - 1}), backend="ddp")
+    if rank in (0, world - 1):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, group=sub)
+        out["subgroup"] = (t, None)
+
+    if libddp.torch.NATIVE_EXTENDED_OPS and world > 1:
+        # Point-to-point around the ring, and alltoall with uneven splits: rank r sends r+j+1
+        # rows to rank j.
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        got = torch.empty(3)
+        if rank == 0:
+            dist.send(torch.arange(3.0) + rank, dst=nxt)
+            dist.recv(got, src=prv)
+        else:
+            dist.recv(got, src=prv)
+            dist.send(torch.arange(3.0) + rank, dst=nxt)
+        out["p2p"] = (got, torch.arange(3.0) + prv)
+        ins = [rank + j + 1 for j in range(world)]
+        outs = [i + rank + 1 for i in range(world)]
+        src = torch.cat([torch.full((ins[j], 2), 100.0 * rank + j) for j in range(world)])
+        dst = torch.empty(sum(outs), 2)
+        dist.all_to_all_single(dst, src, output_split_sizes=outs, input_split_sizes=ins)
+        want = torch.cat([torch.full((outs[i], 2), 100.0 * i + rank) for i in range(world)])
+        out["alltoall_uneven"] = (dst, want)
+
+    # Unsupported: a clear RuntimeError naming the op.
+    errors = {}
+    for name, call in (
+            ("send", lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world)
+             if not libddp.torch.NATIVE_EXTENDED_OPS else None),
+            ("BXOR", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int32),
+                                             op=dist.ReduceOp.BXOR)),
+            ("uneven", lambda: None if libddp.torch.NATIVE_EXTENDED_OPS else dist.all_to_all_single(
+                torch.empty(world + 1), torch.empty(world + 1),
+                output_split_sizes=[2] + [1] * (world - 1),
+                input_split_sizes=[2] + [1] * (world - 1))),
+            ("dtype int16", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int16)))):
+        try:
+            call()
+            errors[name] = "no error"
+        except RuntimeError as e:
+            errors[name] = str(e)
+    out["errors"] = errors
+    return out
+
+
+def flat_bytes(x):
+    if isinstance(x, (list, tuple)):
+        return b"".join(flat_bytes(y) for y in x if y is not None)
+    return x.contiguous().view(torch.uint8).numpy().tobytes() if x.dtype != torch.bool else \
+        x.numpy().tobytes()
+
+
+def assert_close(a, b, what):
+    if isinstance(a, (list, tuple)):
+        for x, y in zip(a, b):
+            if x is not None or y is not None:
+                assert_close(x, y, what)
+        return
+    if a.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        # Sums may round differently from gloo's order; everything else is exact.
+        tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5,
+               torch.float64: 1e-12}[a.dtype]
+        torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol, msg=str(what))
+    else:
+        assert torch.equal(a, b), "%s: %s != %s" % (what, a, b)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_collectives_match_gloo(world):
+    res = run(world, collectives_body)
+    for case, pair in res[0].items():
+        if case in ("errors", "subgroup", "reduce_nonroot_untouched"):
+            continue
+        ours, theirs = pair
+        if theirs is not None and case not in ("gather", "reduce", "scatter"):
+            assert_close(ours, theirs, case)
+    # Identical bits on every rank for the ops whose result is the same everywhere.
+    for case in res[0]:
+        if case == "errors":
+            continue
+        if case[0] == "allreduce" or case in ("future", "async_chain", "allgather",
+                                               "allgather_base", "allreduce_coalesced",
+                                               "broadcast"):
+            for r in range(1, world):
+                # allgather cases hold (output, this rank's input): compare the outputs.
+                pick = (lambda v: v[0]) if case in ("allgather", "allgather_base") else \
+                    (lambda v: v)
+                assert flat_bytes(pick(res[r][case][0])) == flat_bytes(pick(res[0][case][0])), \
+                    "rank %d differs from rank 0 in %s" % (r, case)
+    # Root-only and rank-specific results against gloo on the same rank.
+    for r in range(world):
+        for case in ("gather", "scatter"):
+            ours, theirs = res[r][case]
+            if theirs is not None:
+                assert_close(ours, theirs, (case, r))
+        ours, before = res[r]["reduce_nonroot_untouched"]
+        if r == 0:
+            assert_close(res[0]["reduce"][0], res[0]["reduce"][1], "reduce")
+        else:
+            assert torch.equal(ours, before), "reduce changed the tensor of non-root %d" % r
+    # References where gloo has no such op.
+    avg = sum(data(r, 29, torch.float64, 99) for r in range(world)) / world
+    assert_close(res[0][("allreduce", "avg")][0], avg, "avg")
+    for r in range(world):
+        ref = sum(data(q, 6, torch.float32, 30 + r).double() for q in range(world))
+        assert_close(res[r]["reduce_scatter"][0], ref.float(), ("reduce_scatter", r))
+        ref = (torch.arange(5 * world) * world).to(torch.int32)[5 * r:5 * r + 5]
+        assert torch.equal(res[r]["reduce_scatter_base"][0], ref)
+        want = [torch.arange(3) + 10 * r + 1000 * j for j in range(world)]
+        for got, w in zip(res[r]["alltoall"][0], want):
+            assert torch.equal(got, w), ("alltoall", r)
+    for r in (0, world - 1):
+        assert res[r]["subgroup"][0].item() == (1.0 if world == 1 else float(world + 1))
+    for r in range(world):
+        errors = res[r]["errors"]
+        assert "BXOR" in errors["BXOR"], errors["BXOR"]
+        if not libddp.torch.NATIVE_EXTENDED_OPS:
+            assert "send" in errors["send"] and "point-to-point" in errors["send"], errors["send"]
+            assert world == 1 or "uneven" in errors["uneven"], errors["uneven"]
+        elif world > 1:
+            for case in ("p2p", "alltoall_uneven"):
+                assert torch.equal(*res[r][case]), (case, r, res[r][case])
+        assert "Short" in errors["dtype int16"] or "int16" in errors["dtype int16"], \
+            errors["dtype int16"]
+
+
+# ---- DDP training equal to gloo's ---------------------------------------------------------------
+
+class MLP(torch.nn.Module):
+    def __init__(self, unused_branch=False):
+        super().__init__()
+        # 19 K parameters (77 KB): above the backend's 64 KiB inline limit, so DDP's bucket
+        # goes through the asynchronous path and its future.
+        self.l1 = torch.nn.Linear(20, 128)
+        self.l2 = torch.nn.Linear(128, 128)
+        self.l3 = torch.nn.Linear(128, 4)
+        self.unused = torch.nn.Linear(128, 4) if unused_branch else None
+
+    def forward(self, x):
+        return self.l3(torch.tanh(self.l2(torch.tanh(self.l1(x)))))
+
+
+def train(rank, group, mode, steps=20):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    torch.manual_seed(0)
+    model = MLP(unused_branch=(mode == "unused"))
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, process_group=group, find_unused_parameters=(mode == "unused"))
+    if mode == "fp16":
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    if mode == "zero":
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
+                                      process_group=group, lr=0.05)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(100 + rank)
+    for step in range(steps):
+        x = torch.randn(8, 20, generator=g)
+        y = torch.randn(8, 4, generator=g)
+        opt.zero_grad()
+        if mode == "no_sync" and step % 2 == 0:
+            with ddp.no_sync():  # accumulate locally, synchronise on the next step
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+            x = torch.randn(8, 20, generator=g)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def ddp_body(rank, world, mode):
+    gloo = dist.new_group(backend="gloo")
+    ours = train(rank, None, mode)
+    theirs = train(rank, gloo, mode)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("world,mode", [(2, "plain"), (3, "plain"), (2, "unused"),
+                                        (2, "no_sync"), (2, "fp16"), (2, "zero")])
+def test_ddp_training_matches_gloo(world, mode):
+    res = run(world, ddp_body, mode)
+    for r in range(world):
+        ours, theirs = res[r]
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        for a, b in zip(ours, res[0][0]):
+            assert torch.equal(a, b), "rank %d's parameters differ from rank 0's" % r
+    # Training moved the parameters (the comparison is not of two untouched models).
+    torch.manual_seed(0)
+    initial = [p.detach() for p in MLP(unused_branch=(mode == "unused")).parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(res[0][0], initial))
+
+
+# ---- a dead rank ------------------------------------------------------------------------------
+
+def dead_body(rank, world, victim, how):
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    if rank == victim:
+        if how == "dies":
+            os._exit(3)  # dies without a word
+        time.sleep(40)  # stalls past the others' timeout, then leaves
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+            time.sleep(0.01)
+    except RuntimeError as e:
+        return time.monotonic() - start, str(e)
+    return None
+
+
+@pytest.mark.parametrize("how", ["dies", "stalls"])
+def test_dead_or_stalled_rank_raises_on_the_others_naming_it(how):
+    world, victim, timeout_s = 3, 2, 8
+    queue = CTX.Queue()
+    port = free_port()
+    procs = [CTX.Process(target=_main, args=(dead_body, r, world, port, queue, timeout_s,
+                                             (victim, how)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(world - 1):
+            rank, kind, value = queue.get(timeout=120)
+            assert kind == "ok", value
+            got[rank] = torch.load(io.BytesIO(value))
+    finally:
+        procs[victim].kill()  # a stalled victim would otherwise sleep on
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    for r in (0, 1):
+        assert got[r] is not None, "rank %d never saw an error" % r
+        elapsed, text = got[r]
+        assert elapsed < timeout_s + 10, "rank %d waited %.1f s" % (r, elapsed)
+        assert "rank %d" % victim in text, text
+        assert "libddp backend: allreduce failed on rank %d" % r in text, text
