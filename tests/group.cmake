@@ -33,3 +33,13 @@ foreach(world 2 3)
                  ARGS ${world} ${mode} TIMEOUT 100)
   endforeach()
 endforeach()
+# The shm allreduce's variants give the same bytes; the single-copy fallback; the tuner's choice
+# is rank 0's on every rank (docs/shm-transport.md, "Single-copy allreduce", "Self-tuning").
+foreach(world 1 2 3 4)
+  ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} variants TIMEOUT 300)
+endforeach()
+foreach(world 2 3)
+  foreach(mode fallback agree)
+    ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} ${mode} TIMEOUT 200)
+  endforeach()
+endforeach()
