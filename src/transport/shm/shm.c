@@ -205,6 +205,7 @@ typedef struct shm_state {
     uint64_t cma_probe; /* the word peers read at create */
     ddp__shm_cma_t cma;
     ddp__shm_tune_t tune;
+    int64_t untimed_ns; /* of the current call: one-off costs the tuner does not count */
     uint32_t fixed; /* the header's FIXED_* bits */
     _Atomic int last_algorithm; /* shm_algorithm_t of the last collective (ddp-bench reports it) */
 } shm_state_t;
@@ -947,8 +948,9 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         mine->cma_send = (uint64_t)(uintptr_t)c->send;
         mine->cma_recv = (uint64_t)(uintptr_t)c->recv;
         if (fp.buffer_id < 0) {
-            ddp__shm_cma_register(&S->cma, c->send, bytes);
-            if (c->recv != c->send) ddp__shm_cma_register(&S->cma, c->recv, bytes);
+            S->untimed_ns += ddp__shm_cma_register(&S->cma, c->send, bytes);
+            if (c->recv != c->send)
+                S->untimed_ns += ddp__shm_cma_register(&S->cma, c->recv, bytes);
         }
     } else if (fp.buffer_id < 0) {
         size_t n0 = c->count < chunk ? c->count : chunk;
@@ -1098,12 +1100,14 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
                          : S->fixed & FIXED_STORES_PLAIN          ? DDP__SHM_V_STAGED_PLAIN
                                                                   : DDP__SHM_V_STAGED_NT;
     const int variant = ddp__shm_tune_pick(&S->tune, cls, candidates, fallback);
+    S->untimed_ns = 0;
     const int64_t start = ddp__now_ns();
     ddp_status_t s = run_allreduce_as(S, c, variant);
     /* Segment buffers in place everywhere ran zero-copy whatever the variant: not a sample. */
     if (s == DDP_OK &&
         atomic_load_explicit(&S->last_algorithm, memory_order_relaxed) != ALG_ZERO_COPY)
-        ddp__shm_tune_record(&S->tune, cls, variant, candidates, bytes, ddp__now_ns() - start);
+        ddp__shm_tune_record(&S->tune, cls, variant, candidates, bytes,
+                             ddp__now_ns() - start - S->untimed_ns);
     return s;
 }
 

@@ -68,7 +68,7 @@ ddp_status_t ddp__shm_cma_read(int pid, void *local, uintptr_t remote, size_t by
     return DDP_OK;
 }
 
-void ddp__shm_cma_register(ddp__shm_cma_t *cma, const void *p, size_t bytes)
+int64_t ddp__shm_cma_register(ddp__shm_cma_t *cma, const void *p, size_t bytes)
 {
     uintptr_t start = (uintptr_t)p, end = start + bytes;
     ddp__shm_cma_range_t *hit = NULL;
@@ -83,10 +83,10 @@ void ddp__shm_cma_register(ddp__shm_cma_t *cma, const void *p, size_t bytes)
     /* The second use: a buffer allocated for one call and freed is not worth a collapse (a few
      * ms for 32 MiB); one that comes back is. A buffer freed and a new one allocated at the same
      * place keeps its entry and runs on small pages: slower, never wrong. */
-    if (!cma->hugepages || hit->collapsed || hit->uses < 2) return;
+    if (!cma->hugepages || hit->collapsed || hit->uses < 2) return 0;
     hit->collapsed = 1;
     uintptr_t a = (start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), b = end & ~(HUGE_PAGE - 1);
-    if (b <= a) return;
+    if (b <= a) return 0;
     /* Only whole huge pages inside the caller's range: every small page they cover belongs to
      * the buffer, which this collective reads or writes in full anyway. */
     int64_t t0 = ddp__now_ns();
@@ -94,11 +94,13 @@ void ddp__shm_cma_register(ddp__shm_cma_t *cma, const void *p, size_t bytes)
     int e1 = r1 ? errno : 0;
     int r2 = madvise((void *)a, b - a, MADV_COLLAPSE);
     int e2 = r2 ? errno : 0;
+    int64_t spent = ddp__now_ns() - t0;
     DDP_LOG(DDP_LOG_DEBUG,
             "shm: huge pages for the buffer %#lx + %zu bytes: MADV_HUGEPAGE %s, MADV_COLLAPSE %s "
             "(%.2f ms)",
             (unsigned long)start, bytes, r1 ? strerror(e1) : "ok", r2 ? strerror(e2) : "ok",
-            (double)(ddp__now_ns() - t0) / 1e6);
+            (double)spent / 1e6);
+    return spent;
 }
 
 static size_t piece_bytes_for(int p)

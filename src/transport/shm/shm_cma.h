@@ -45,8 +45,9 @@ ddp_status_t ddp__shm_cma_read(int pid, void *local, uintptr_t remote, size_t by
  * enabled, the 2 MiB-aligned pages inside it are collapsed into transparent huge pages
  * (MADV_COLLAPSE): the kernel then pins a peer's pages for process_vm_readv in 2 MiB units,
  * which doubles its speed (docs/shm-transport.md). Content is unchanged; failures are ignored
- * (the copy works on small pages, only slower). */
-void ddp__shm_cma_register(ddp__shm_cma_t *cma, const void *p, size_t bytes);
+ * (the copy works on small pages, only slower). Returns the nanoseconds the collapse took (0 when
+ * none), which the tuner leaves out of the call's time: it is paid once per buffer. */
+int64_t ddp__shm_cma_register(ddp__shm_cma_t *cma, const void *p, size_t bytes);
 
 /* dst[0..n) = op over ranks 0..p-1 (in rank order) of element [lo + i] of every rank's send
  * buffer: rank `me`'s from `own` (already offset to lo), the others' read from their `sends[j]`
