@@ -43,3 +43,10 @@ foreach(world 2 3)
     ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} ${mode} TIMEOUT 200)
   endforeach()
 endforeach()
+# A rank killed in the middle of single-copy allreduces (its peers may be reading its memory with
+# process_vm_readv when it dies): every other rank fails naming it.
+foreach(world 2 3)
+  set(name test_group_errors.${world}_kill_single_copy)
+  add_test(NAME ${name} COMMAND test_group_errors ${world} kill)
+  set_tests_properties(${name} PROPERTIES TIMEOUT 100 ENVIRONMENT "DDP_SHM_CMA_BYTES=262144")
+endforeach()

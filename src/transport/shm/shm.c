@@ -850,6 +850,27 @@ static void copy_in_others(shm_state_t *S, char *stage, const char *src, size_t 
  * writes. Phase 0 (the fingerprint) tells every rank where the others' buffers are; the previous
  * collective's last phase guarantees no peer still reads them. Same kernel, same order as the
  * staged path, so the bytes are identical whichever ran (tests/test_shm_tune.c). */
+/* A read of a peer's memory failed (status s, its text the last error). The peer most likely
+ * left because the collective already failed elsewhere (it gave up, or another rank died and it
+ * exited): then its published reason is the cause to report, not "No such process". Either way
+ * this rank gives up on its next phase through the agreement protocol (its own step is below
+ * it, so the phase is lost for every rank) and publishes why. */
+static ddp_status_t cma_failed(shm_state_t *S, const ddp__collective_t *c, ddp_status_t s)
+{
+    char text[DDP_ERROR_TEXT_MAX];
+    snprintf(text, sizeof text, "%s", ddp_last_error());
+    uint64_t target = S->step + 1;
+    ddp_status_t cause = check_peers(S, target, -1, c, 1);
+    if (cause == DDP_OK) {
+        char what[256];
+        describe(c, what, sizeof what);
+        cause = ddp__error(s, "%s on rank %d: %s", what, S->rank, text);
+    }
+    give_up(S, target, -1);
+    publish_abort(S, cause, ddp_last_error());
+    return cause;
+}
+
 static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c)
 {
     const int p = S->world, me = S->rank;
@@ -869,7 +890,7 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
         s = ddp__shm_cma_reduce(&S->cma, pids, sends, me, p, (const char *)c->send + lo * esize,
                                 (char *)c->recv + lo * esize, lo, hi - lo, c->dtype, c->op,
                                 stream);
-    if (s != DDP_OK) return s;
+    if (s != DDP_OK) return cma_failed(S, c, s);
     s = sync_all(S, c, c->deadline_ns);
     if (s != DDP_OK) return s;
     for (int j = 0; j < p; j++) {
@@ -879,7 +900,7 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
         int err;
         s = ddp__shm_cma_read(pids[j], (char *)c->recv + jlo * esize, recvs[j] + jlo * esize,
                               (jhi - jlo) * esize, "a peer's result", &err);
-        if (s != DDP_OK) return ddp__error_context(s, "rank %d's slice", j);
+        if (s != DDP_OK) return cma_failed(S, c, ddp__error_context(s, "rank %d's slice", j));
     }
     return sync_all(S, c, c->deadline_ns);
 }
