@@ -837,19 +837,6 @@ static void copy_in_others(shm_state_t *S, char *stage, const char *src, size_t 
     if (stream) ddp__stream_fence();
 }
 
-/* Single-copy allreduce (user buffers, every rank agreed at create that it can read its peers):
- *   1. rank r reads slice r of every peer's send buffer (process_vm_readv, piece by piece into
- *      scratch) and reduces it with its own, in rank order, into slice r of its recv;
- *   2. phase A: every slice is final in its owner's recv;
- *   3. rank r reads every other slice j from rank j's recv straight into its own recv;
- *   4. phase B: nobody reads anyone's buffers any more, so each may return and reuse them.
- * Each rank reads every input once and writes its output once. In place (send == recv) is safe:
- * in step 1 rank r writes only slice r of its buffer, which no peer reads (they read the other
- * slices of it); in step 3 rank r overwrites slices j != r of its buffer, whose inputs rank j
- * finished reading before phase A, and reads slice j of rank j's buffer, which rank j no longer
- * writes. Phase 0 (the fingerprint) tells every rank where the others' buffers are; the previous
- * collective's last phase guarantees no peer still reads them. Same kernel, same order as the
- * staged path, so the bytes are identical whichever ran (tests/test_shm_tune.c). */
 /* A read of a peer's memory failed (status s, its text the last error). The peer most likely
  * left because the collective already failed elsewhere (it gave up, or another rank died and it
  * exited): then its published reason is the cause to report, not "No such process". Either way
@@ -871,6 +858,19 @@ static ddp_status_t cma_failed(shm_state_t *S, const ddp__collective_t *c, ddp_s
     return cause;
 }
 
+/* Single-copy allreduce (user buffers, every rank agreed at create that it can read its peers):
+ *   1. rank r reads slice r of every peer's send buffer (process_vm_readv, piece by piece into
+ *      scratch) and reduces it with its own, in rank order, into slice r of its recv;
+ *   2. phase A: every slice is final in its owner's recv;
+ *   3. rank r reads every other slice j from rank j's recv straight into its own recv;
+ *   4. phase B: nobody reads anyone's buffers any more, so each may return and reuse them.
+ * Each rank reads every input once and writes its output once. In place (send == recv) is safe:
+ * in step 1 rank r writes only slice r of its buffer, which no peer reads (they read the other
+ * slices of it); in step 3 rank r overwrites slices j != r of its buffer, whose inputs rank j
+ * finished reading before phase A, and reads slice j of rank j's buffer, which rank j no longer
+ * writes. Phase 0 (the fingerprint) tells every rank where the others' buffers are; the previous
+ * collective's last phase guarantees no peer still reads them. Same kernel, same order as the
+ * staged path, so the bytes are identical whichever ran (tests/test_shm_tune.c). */
 static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c)
 {
     const int p = S->world, me = S->rank;
