@@ -37,6 +37,7 @@ endforeach()
 # is rank 0's on every rank (docs/shm-transport.md, "Single-copy allreduce", "Self-tuning").
 foreach(world 1 2 3 4)
   ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} variants TIMEOUT 300)
+  ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} collectives TIMEOUT 300)
 endforeach()
 foreach(world 2 3)
   foreach(mode fallback agree)

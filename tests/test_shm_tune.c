@@ -8,10 +8,13 @@
  *             f64 max; and the variant asked for is the one that ran (ddp_group_algorithm).
  *   fallback  one rank sets DDP_SHM_CMA=off: no rank may read another's memory, so every rank
  *             runs the staged path, with the same results.
+ *   collectives  broadcast (two roots), allgather and reduce_scatter (f32 sum against a
+ *             reference, f16 sum, i32 avg), in place and not: rounds and single copy give the
+ *             same bytes on every rank, and the variant asked for ran.
  *   agree     online tuning with each rank's measurements skewed so that every rank believes a
  *             different variant is fastest: after every call all ranks report the same variant,
  *             and it is rank 0's favourite once the probe is over.
- * Usage: test_shm_tune <world> variants|fallback|agree */
+ * Usage: test_shm_tune <world> variants|fallback|collectives|agree */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,6 +238,113 @@ static int rank_fallback(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* One broadcast, allgather or reduce_scatter case; returns the hash of this rank's result. */
+static uint64_t run_other(ddp_group_t *g, int kind, ddp_dtype_t dt, ddp_reduce_op_t op, size_t n,
+                          int inplace, int root, int k, const char *expect)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(dt), total = n * (size_t)world;
+    char *send = malloc(total * es + 64), *recv = malloc(total * es + 64);
+    CHECK(send && recv);
+    memset(recv, 0xA5, total * es + 64);
+    size_t out_bytes = 0;
+    const char *what = kind == 1 ? "broadcast" : kind == 2 ? "allgather" : "reduce_scatter";
+    if (kind == 1) {
+        fill(recv, dt, rank == root ? 0 : rank + 100, n, k); /* only the root's survives */
+        CHECK_OK(ddp_group_broadcast(g, recv, n, dt, root));
+        out_bytes = n * es;
+        char *want = malloc(n * es + 1);
+        fill(want, dt, 0, n, k);
+        CHECK_MSG(memcmp(recv, want, n * es) == 0, "broadcast case %d differs from the root's", k);
+        free(want);
+    } else if (kind == 2) {
+        char *mine = inplace ? recv + (size_t)rank * n * es : send;
+        fill(mine, dt, rank, n, k);
+        CHECK_OK(ddp_group_allgather(g, mine, recv, n, dt));
+        out_bytes = total * es;
+        char *want = malloc(n * es + 1);
+        for (int r = 0; r < world; r++) {
+            fill(want, dt, r, n, k);
+            CHECK_MSG(memcmp(recv + (size_t)r * n * es, want, n * es) == 0,
+                      "allgather case %d: block %d differs", k, r);
+        }
+        free(want);
+    } else {
+        fill(send, dt, rank, total, k);
+        char *out = inplace ? send + (size_t)rank * n * es : recv;
+        CHECK_OK(ddp_group_reduce_scatter(g, send, out, n, dt, op));
+        if (inplace) memcpy(recv, out, n * es);
+        out_bytes = n * es;
+        if (dt == DDP_F32 && op == DDP_SUM)
+            for (size_t i = 0; i < n; i++) {
+                size_t at = (size_t)rank * n + i;
+                float want = input_f32(0, at, k);
+                for (int r = 1; r < world; r++) want += input_f32(r, at, k);
+                float got = ((float *)recv)[i];
+                CHECK_MSG(memcmp(&got, &want, sizeof got) == 0,
+                          "reduce_scatter case %d element %zu: %.9g, want %.9g", k, i, got, want);
+            }
+    }
+    for (size_t i = (inplace && kind == 3 ? n * es : total * es); i < total * es + 64; i++)
+        if (kind != 3 || !inplace)
+            CHECK_MSG((unsigned char)recv[i] == 0xA5 || i < out_bytes,
+                      "%s case %d wrote past its end", what, k);
+    const char *ran = ddp_group_algorithm(g);
+    if (world > 1 && n > 0)
+        CHECK_MSG(strcmp(ran, expect) == 0, "%s case %d (%zu elements) ran %s, not %s", what, k, n,
+                  ran, expect);
+    uint64_t h = hash_bytes(recv, out_bytes);
+    free(send);
+    free(recv);
+    return h;
+}
+
+static int rank_collectives(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    static const size_t counts[] = {0, 1, 7, 4099, 65543, 300001};
+    static const struct {
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+    } types[3] = {{DDP_F32, DDP_SUM}, {DDP_F16, DDP_SUM}, {DDP_I32, DDP_AVG}};
+    static uint64_t hashes[2][512];
+    static int same_everywhere[512]; /* broadcast and allgather: every rank has the same bytes */
+    static const char *const names[2] = {"rounds", "single-copy"};
+    int ncases = 0;
+    for (int v = 0; v < 2; v++) {
+        clear_env();
+        setenv("DDP_SHM_TUNE", "off", 1);
+        if (v == 0) setenv("DDP_SHM_CMA", "off", 1);
+        else setenv("DDP_SHM_CMA_BYTES", "0", 1);
+        char name[32];
+        snprintf(name, sizeof name, "others%d", v);
+        ddp_group_t *g = make_group(rank, world, store, name);
+        int k = 0;
+        for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+            size_t n = counts[c];
+            for (int root = 0; root < world; root += world > 1 ? world - 1 : 1, k++) {
+                hashes[v][k] = run_other(g, 1, DDP_F32, DDP_SUM, n, 0, root, k, names[v]);
+                same_everywhere[k] = 1;
+            }
+            for (int inplace = 0; inplace < 2; inplace++, k++) {
+                hashes[v][k] = run_other(g, 2, DDP_F32, DDP_SUM, n, inplace, 0, k, names[v]);
+                same_everywhere[k] = 1;
+            }
+            for (int t = 0; t < 3; t++)
+                for (int inplace = 0; inplace < 2; inplace++, k++)
+                    hashes[v][k] = run_other(g, 3, types[t].dt, types[t].op, n, inplace, 0, k,
+                                             names[v]);
+        }
+        for (int i = 0; i < k; i++)
+            if (same_everywhere[i]) check_same_everywhere(g, hashes[v][i], "the result", i);
+        ncases = k;
+        ddp_group_destroy(g);
+    }
+    for (int i = 0; i < ncases; i++)
+        CHECK_MSG(hashes[0][i] == hashes[1][i], "case %d: single copy differs from rounds", i);
+    return 0;
+}
+
 static int variant_index(const char *name)
 {
     static const char *const names[] = {"staged:nt", "staged:plain", "one-shot", "single-copy"};
@@ -288,9 +398,10 @@ int main(int argc, char **argv)
     ddp_test_rank_fn fn = !strcmp(mode, "variants")   ? rank_variants
                           : !strcmp(mode, "fallback") ? rank_fallback
                           : !strcmp(mode, "agree")    ? rank_agree
+                          : !strcmp(mode, "collectives") ? rank_collectives
                                                       : NULL;
     if (!fn) {
-        fprintf(stderr, "usage: test_shm_tune <world> variants|fallback|agree\n");
+        fprintf(stderr, "usage: test_shm_tune <world> variants|fallback|collectives|agree\n");
         return 2;
     }
     return ddp_test_run_ranks(world, 300, fn, NULL);

@@ -115,9 +115,9 @@ typedef struct shm_mailbox {
     _Atomic uint64_t stamp; /* the step this mailbox was written for (stored last, release) */
     uint64_t seq;
     uint64_t count;
-    uint8_t kind, dtype, op;
-    uint8_t tune_update; /* rank 0's: a tuner decision every rank applies here (shm_tune.h) */
-    int32_t root;
+    uint8_t kind, dtype, op, pad;
+    int16_t root;         /* < DDP__SHM_MAX_WORLD (the group checks roots) */
+    uint16_t tune_update; /* rank 0's: a tuner decision every rank applies here (shm_tune.h) */
     unsigned char data[MAILBOX_DATA];
 } shm_mailbox_t;
 
@@ -723,7 +723,7 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
     mb->kind = (uint8_t)mine->kind;
     mb->dtype = (uint8_t)mine->dtype;
     mb->op = (uint8_t)mine->op;
-    mb->root = mine->root;
+    mb->root = (int16_t)mine->root;
     mb->tune_update = S->rank == 0 ? ddp__shm_tune_take_update(&S->tune) : 0;
     if (data_bytes) memcpy(mb->data, data, data_bytes);
     me->hints[q].buffer_id = mine->buffer_id;
@@ -1115,7 +1115,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
 {
     const size_t bytes = c->count * ddp_dtype_size(c->dtype);
     if (bytes <= MAILBOX_DATA || bytes <= S->oneshot_bytes) return run_allreduce_as(S, c, -1);
-    const int cls = ddp__shm_tune_class(bytes);
+    const int cls = ddp__shm_tune_key(0, bytes);
     const unsigned candidates = allreduce_candidates(S, bytes);
     const int fallback = S->cma_enabled && bytes >= S->cma_bytes ? DDP__SHM_V_CMA
                          : S->fixed & FIXED_STORES_PLAIN          ? DDP__SHM_V_STAGED_PLAIN
@@ -1222,24 +1222,133 @@ static ddp_status_t run_allgather(shm_state_t *S, const ddp__collective_t *c)
     return DDP_OK;
 }
 
+/* ---- single copy and tuning for broadcast, allgather, reduce_scatter ------------------------ */
+
+/* Publishes where this rank's buffer is for a single-copy collective (peers read it after the
+ * first phase, until the last) and registers it for huge pages (not segment buffers). */
+static void cma_publish(shm_state_t *S, const void *buffer, size_t bytes)
+{
+    S->ranks[S->rank].cma_send = (uint64_t)(uintptr_t)buffer;
+    size_t offset;
+    if (bytes && !find_buffer(S, buffer, bytes, &offset))
+        S->untimed_ns += ddp__shm_cma_register(&S->cma, buffer, bytes);
+}
+
+static int pid_of(shm_state_t *S, int j)
+{
+    return atomic_load_explicit(&S->ranks[j].pid, memory_order_relaxed);
+}
+
+/* Every rank reads the root's buffer straight into its own; the last phase keeps the root's
+ * buffer unchanged until every rank has read it. */
+static ddp_status_t run_broadcast_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    if (S->rank == c->root) cma_publish(S, c->recv, bytes);
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    if (S->rank != c->root) {
+        int err;
+        s = ddp__shm_cma_read(pid_of(S, c->root), c->recv,
+                              (uintptr_t)S->ranks[c->root].cma_send, bytes, "the root's buffer",
+                              &err);
+        if (s != DDP_OK) return cma_failed(S, c, s);
+    }
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* Every rank reads every peer's send straight into its place in recv. In place (send is this
+ * rank's block of recv) is safe: a rank writes only the other ranks' blocks of its recv, and
+ * peers read only its own block. */
+static ddp_status_t run_allgather_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    char *recv = c->recv;
+    cma_publish(S, c->send, bytes);
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    for (int j = 0; j < p; j++) {
+        if (j == me) continue;
+        int err;
+        s = ddp__shm_cma_read(pid_of(S, j), recv + (size_t)j * bytes,
+                              (uintptr_t)S->ranks[j].cma_send, bytes, "a peer's send buffer", &err);
+        if (s != DDP_OK) return cma_failed(S, c, ddp__error_context(s, "rank %d's block", j));
+    }
+    if (c->send != recv + (size_t)me * bytes) memcpy(recv + (size_t)me * bytes, c->send, bytes);
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* Rank r reads block r of every peer's send and reduces them with its own, in rank order (as
+ * the rounds do), into recv. In place (recv is block r of send) is safe: peers read the other
+ * blocks of this rank's send. */
+static ddp_status_t run_reduce_scatter_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype), n = c->count;
+    cma_publish(S, c->send, n * esize * (size_t)p);
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    int pids[DDP__SHM_MAX_WORLD];
+    uintptr_t sends[DDP__SHM_MAX_WORLD];
+    for (int j = 0; j < p; j++) {
+        pids[j] = pid_of(S, j);
+        sends[j] = (uintptr_t)S->ranks[j].cma_send;
+    }
+    s = ddp__shm_cma_reduce(&S->cma, pids, sends, me, p, (const char *)c->send + (size_t)me * n * esize,
+                            c->recv, (size_t)me * n, n, c->dtype, c->op, 0);
+    if (s != DDP_OK) return cma_failed(S, c, s);
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* Broadcast, allgather, reduce_scatter: rounds through the stage or single copy, chosen by the
+ * tuner like the allreduce's variants (kind: the tuner's collective index; bytes: the size
+ * ddp-bench calls SIZE). */
+static ddp_status_t run_tuned(shm_state_t *S, const ddp__collective_t *c, int kind, size_t bytes,
+                              ddp_status_t (*rounds)(shm_state_t *, const ddp__collective_t *),
+                              ddp_status_t (*single)(shm_state_t *, const ddp__collective_t *))
+{
+    unsigned candidates = 1u << DDP__SHM_V_ROUNDS;
+    if (S->cma_enabled && bytes) {
+        if (!(S->fixed & FIXED_CMA) && bytes >= TUNE_CMA_MIN) candidates |= 1u << DDP__SHM_V_CMA;
+        if ((S->fixed & FIXED_CMA) && bytes >= S->cma_bytes) candidates = 1u << DDP__SHM_V_CMA;
+    }
+    const int key = ddp__shm_tune_key(kind, bytes);
+    const int variant = ddp__shm_tune_pick(&S->tune, key, candidates, DDP__SHM_V_ROUNDS);
+    set_algorithm(S, variant == DDP__SHM_V_CMA ? ALG_CMA : ALG_ROUNDS);
+    S->untimed_ns = 0;
+    const int64_t start = ddp__now_ns();
+    ddp_status_t s = variant == DDP__SHM_V_CMA ? single(S, c) : rounds(S, c);
+    if (s == DDP_OK)
+        ddp__shm_tune_record(&S->tune, key, variant, candidates, bytes,
+                             ddp__now_ns() - start - S->untimed_ns);
+    return s;
+}
+
 static ddp_status_t shm_run(void *state, const ddp__collective_t *c)
 {
     shm_state_t *S = state;
     atomic_store_explicit(&S->ranks[S->rank].seq, c->seq, memory_order_relaxed);
+    const size_t esize = ddp_dtype_size(c->dtype);
     ddp_status_t s;
     switch (c->kind) {
     case DDP__ALLREDUCE: s = run_allreduce(S, c); break;
     case DDP__BROADCAST:
-        set_algorithm(S, ALG_ROUNDS);
-        s = run_broadcast(S, c);
-        break;
-    case DDP__REDUCE_SCATTER:
-        set_algorithm(S, ALG_ROUNDS);
-        s = run_reduce_scatter(S, c);
+        s = run_tuned(S, c, 1, c->count * esize, run_broadcast, run_broadcast_cma);
         break;
     case DDP__ALLGATHER:
-        set_algorithm(S, ALG_ROUNDS);
-        s = run_allgather(S, c);
+        s = run_tuned(S, c, 2, c->count * esize * (size_t)S->world, run_allgather,
+                      run_allgather_cma);
+        break;
+    case DDP__REDUCE_SCATTER:
+        s = run_tuned(S, c, 3, c->count * esize * (size_t)S->world, run_reduce_scatter,
+                      run_reduce_scatter_cma);
         break;
     case DDP__BARRIER: {
         set_algorithm(S, ALG_BARRIER);

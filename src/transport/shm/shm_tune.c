@@ -21,22 +21,24 @@
  * machine jitter by 10 % from call to call. */
 #define SWITCH_MARGIN 0.9
 
-static const char *const variant_names[DDP__SHM_VARIANTS] = {"staged:nt", "staged:plain",
-                                                              "one-shot", "single-copy"};
+static const char *const variant_names[DDP__SHM_VARIANTS] = {
+    "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds"};
+static const char *const kind_names[DDP__SHM_TUNE_KINDS] = {"allreduce", "broadcast", "allgather",
+                                                            "reduce_scatter"};
 
 const char *ddp__shm_variant_name(int variant)
 {
     return variant >= 0 && variant < DDP__SHM_VARIANTS ? variant_names[variant] : "none";
 }
 
-int ddp__shm_tune_class(size_t bytes)
+int ddp__shm_tune_key(int kind, size_t bytes)
 {
     int log2 = 0;
     while (log2 < 63 && ((size_t)1 << (log2 + 1)) <= bytes) log2++;
     int cls = log2 - 6;
     if (cls < 0) cls = 0;
     if (cls >= DDP__SHM_TUNE_CLASSES) cls = DDP__SHM_TUNE_CLASSES - 1;
-    return cls;
+    return kind * DDP__SHM_TUNE_CLASSES + cls;
 }
 
 static int count_bits(unsigned x)
@@ -104,21 +106,21 @@ void ddp__shm_tune_record(ddp__shm_tune_t *t, int cls, int variant, unsigned can
     if (incumbent >= 0 && t->samples[cls][incumbent] &&
         !(estimate(t, cls, best) < SWITCH_MARGIN * estimate(t, cls, incumbent)))
         return;
-    t->pending = (uint8_t)(1 + cls * DDP__SHM_VARIANTS + best);
+    t->pending = (uint16_t)(1 + cls * DDP__SHM_VARIANTS + best);
 }
 
-uint8_t ddp__shm_tune_take_update(ddp__shm_tune_t *t)
+uint16_t ddp__shm_tune_take_update(ddp__shm_tune_t *t)
 {
-    uint8_t u = t->pending;
+    uint16_t u = t->pending;
     t->pending = 0;
     return u;
 }
 
-void ddp__shm_tune_apply(ddp__shm_tune_t *t, uint8_t update)
+void ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update)
 {
     if (!update) return;
     int cls = (update - 1) / DDP__SHM_VARIANTS, variant = (update - 1) % DDP__SHM_VARIANTS;
-    if (cls >= DDP__SHM_TUNE_CLASSES || t->current[cls] == variant + 1) return;
+    if (cls >= DDP__SHM_TUNE_KEYS || t->current[cls] == variant + 1) return;
     int before = t->current[cls] ? t->current[cls] - 1 : -1;
     t->current[cls] = (uint8_t)(variant + 1);
     if (t->rank == 0) {
@@ -128,9 +130,10 @@ void ddp__shm_tune_apply(ddp__shm_tune_t *t, uint8_t update)
                      t->samples[cls][before] ? estimate(t, cls, before) : 0.0);
         else
             snprintf(was, sizeof was, "the default");
-        DDP_LOG(DDP_LOG_INFO,
-                "shm tune: allreduce %zu-%zu bytes: %s (%.3f ns/B on rank 0) replaces %s",
-                (size_t)64 << cls, ((size_t)128 << cls) - 1, variant_names[variant],
+        int size_class = cls % DDP__SHM_TUNE_CLASSES;
+        DDP_LOG(DDP_LOG_INFO, "shm tune: %s %zu-%zu bytes: %s (%.3f ns/B on rank 0) replaces %s",
+                kind_names[cls / DDP__SHM_TUNE_CLASSES], (size_t)64 << size_class,
+                ((size_t)128 << size_class) - 1, variant_names[variant],
                 t->samples[cls][variant] ? estimate(t, cls, variant) : 0.0, was);
     }
 }
