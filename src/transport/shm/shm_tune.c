@@ -11,12 +11,18 @@
 #include "core/internal.h"
 #include "transport/shm/shm_tune.h"
 
-/* The first PROBE_CALLS_PER_VARIANT calls of a class per candidate try each candidate in turn
- * (the probe); then, online, every TRIAL_PERIOD-th call tries one other candidate, so that a
+/* The first PROBE_CALLS_PER_VARIANT calls of a class per candidate try each candidate, in runs of
+ * consecutive calls (the probe); then, online, the last TRIAL_CALLS calls of every TRIAL_PERIOD
+ * try one other candidate, so that a
  * change of the machine's state (two vCPUs moving between separate and shared caches) is
  * followed within a few periods. A trial of a variant 2x slower costs 1/32 of the calls 2x. */
 #define PROBE_CALLS_PER_VARIANT DDP__SHM_TUNE_WINDOW
 #define TRIAL_PERIOD 32u
+/* A variant's speed depends on the one before it (the stage lines it finds in the peers' caches
+ * or in memory): the first call after a switch is not recorded, so every sample is of a variant
+ * running after itself. Measured: probing in turn (nt, plain, nt, ...) picked plain stores at
+ * 2-8 MiB while nt was 25-40 % faster run after run. */
+#define TRIAL_CALLS 2u
 /* A challenger replaces the incumbent only when clearly faster: measurements on a shared
  * machine jitter by 10 % from call to call. */
 #define SWITCH_MARGIN 0.9
@@ -61,10 +67,11 @@ int ddp__shm_tune_pick(ddp__shm_tune_t *t, int cls, unsigned candidates, int fal
     int n = count_bits(candidates);
     if (t->mode == DDP__SHM_TUNE_OFF || n <= 1) return n == 1 ? nth_bit(candidates, 0) : fallback;
     uint32_t call = t->calls[cls]++;
-    if (call < (uint32_t)(PROBE_CALLS_PER_VARIANT * n)) return nth_bit(candidates, (int)(call % (uint32_t)n));
+    if (call < (uint32_t)(PROBE_CALLS_PER_VARIANT * n))
+        return nth_bit(candidates, (int)(call / PROBE_CALLS_PER_VARIANT));
     int incumbent = t->current[cls] ? t->current[cls] - 1 : fallback;
     if (!(candidates & (1u << incumbent))) incumbent = nth_bit(candidates, 0);
-    if (t->mode == DDP__SHM_TUNE_ONLINE && call % TRIAL_PERIOD == TRIAL_PERIOD - 1) {
+    if (t->mode == DDP__SHM_TUNE_ONLINE && call % TRIAL_PERIOD >= TRIAL_PERIOD - TRIAL_CALLS) {
         unsigned others = candidates & ~(1u << incumbent);
         return nth_bit(others, (int)((call / TRIAL_PERIOD) % (uint32_t)count_bits(others)));
     }
@@ -88,6 +95,9 @@ void ddp__shm_tune_record(ddp__shm_tune_t *t, int cls, int variant, unsigned can
 {
     if (t->mode == DDP__SHM_TUNE_OFF || variant < 0 || variant >= DDP__SHM_VARIANTS || !bytes)
         return;
+    int after_itself = t->previous[cls] == variant + 1;
+    t->previous[cls] = (uint8_t)(variant + 1);
+    if (!after_itself) return;
     double x = (double)ns / (double)bytes * (t->skew[variant] > 0 ? t->skew[variant] : 1.0);
     t->window[cls][variant][t->samples[cls][variant]++ % DDP__SHM_TUNE_WINDOW] = (float)x;
     int n = count_bits(candidates);

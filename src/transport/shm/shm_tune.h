@@ -34,6 +34,7 @@ typedef struct ddp__shm_tune {
      * updates, applied at the same collective everywhere). */
     uint8_t current[DDP__SHM_TUNE_KEYS]; /* the incumbent variant + 1 (0: default) */
     uint32_t calls[DDP__SHM_TUNE_KEYS];  /* collectives of the kind and class so far */
+    uint8_t previous[DDP__SHM_TUNE_KEYS]; /* the variant + 1 of the key's last call (local) */
     /* Local measurements (decisions use rank 0's). */
     /* The last DDP__SHM_TUNE_WINDOW measurements (ns per byte) per class and variant; a
      * variant's estimate is their median, which a preempted call does not move. */
