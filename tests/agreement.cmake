@@ -16,3 +16,12 @@ foreach(transport shm tcp)
                  TIMEOUT 120)
   endforeach()
 endforeach()
+# The same on shm with the single-copy allreduce (process_vm_readv between phases) for the large
+# size class: DDP_SHM_CMA_BYTES set explicitly makes every allreduce from 256 KiB up single copy.
+foreach(world 2 3)
+  foreach(mode late stop)
+    set(name test_agreement.shm_${world}_${mode}_single_copy)
+    add_test(NAME ${name} COMMAND test_agreement shm ${world} ${mode})
+    set_tests_properties(${name} PROPERTIES TIMEOUT 120 ENVIRONMENT "DDP_SHM_CMA_BYTES=262144")
+  endforeach()
+endforeach()

@@ -45,3 +45,21 @@ foreach(world 2 3 4)
     endforeach()
   endforeach()
 endforeach()
+# The shm allreduce's variants give the same bytes; the single-copy fallback; the tuner's choice
+# is rank 0's on every rank (docs/shm-transport.md, "Single-copy allreduce", "Self-tuning").
+foreach(world 1 2 3 4)
+  ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} variants TIMEOUT 300)
+  ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} collectives TIMEOUT 300)
+endforeach()
+foreach(world 2 3)
+  foreach(mode fallback agree)
+    ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} ${mode} TIMEOUT 200)
+  endforeach()
+endforeach()
+# A rank killed in the middle of single-copy allreduces (its peers may be reading its memory with
+# process_vm_readv when it dies): every other rank fails naming it.
+foreach(world 2 3)
+  set(name test_group_errors.${world}_kill_single_copy)
+  add_test(NAME ${name} COMMAND test_group_errors ${world} kill)
+  set_tests_properties(${name} PROPERTIES TIMEOUT 100 ENVIRONMENT "DDP_SHM_CMA_BYTES=262144")
+endforeach()

@@ -59,13 +59,6 @@ static void store_barrier(ddp_store_t *store, int rank, int world, const char *w
     }
 }
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
 /* One collective of the loop, chosen by its index so that every rank calls the same one: every
  * kind, and allreduces in each of the shm transport's size classes (mailbox, one-shot, staged).
  * Returns its status; on success checks the data. */
@@ -139,7 +132,16 @@ static int late_rank(int rank, int world, ddp_store_t *store, void *arg)
         store_barrier(store, rank, world, name);
         ddp_group_t *g = make_group(store, rank, world, name);
         CHECK_OK(ddp_group_barrier(g));
-        if (late) sleep_ms(TIMEOUT_MS + 500);
+        /* The late rank calls only once every other rank has given up (each says so in the
+         * store): a fixed sleep past the timeout lost the race on a loaded machine, where an
+         * on-time rank could be descheduled past its deadline and the late one arrive first. */
+        if (late)
+            for (int r = 0; r < world - 1; r++) {
+                char key[48];
+                snprintf(key, sizeof key, "%s/gave_up/%d", name, r);
+                const char *keys[1] = {key};
+                CHECK_OK(ddp_store_wait(store, keys, 1, 60000));
+            }
         ddp_status_t s = one_collective(g, rank, world, cases[k], a, b);
         CHECK_MSG(s != DDP_OK, "case %u: rank %d (%s) returned DDP_OK although the others gave up",
                   cases[k], rank, late ? "late" : "on time");
@@ -159,6 +161,11 @@ static int late_rank(int rank, int world, ddp_store_t *store, void *arg)
             char who[32];
             snprintf(who, sizeof who, "rank %d", world - 1);
             CHECK_ERROR_MENTIONS(who);
+        }
+        if (!late) { /* after the checks: a store call replaces ddp_last_error() */
+            char key[48];
+            snprintf(key, sizeof key, "%s/gave_up/%d", name, rank);
+            CHECK_OK(ddp_store_set(store, key, "1", 1));
         }
         /* The group is broken everywhere afterwards. */
         CHECK_STATUS(ddp_group_barrier(g), DDP_ERR_ABORTED);

@@ -83,6 +83,10 @@ DDP_API int ddp_group_size(const ddp_group_t *group);
 DDP_API int ddp_group_timeout_ms(const ddp_group_t *group);
 /* "shm", "tcp", "mpi", "hierarchical", "self" (world size 1). */
 DDP_API const char *ddp_group_transport(const ddp_group_t *group);
+/* How this rank's last completed collective moved its data, as the transport names it (shm:
+ * "mailbox", "one-shot", "staged", "single-copy", "zero-copy", ...; docs/shm-transport.md), or
+ * the transport's name when it has only one way. For benchmarks and logs; a static string. */
+DDP_API const char *ddp_group_algorithm(const ddp_group_t *group);
 
 /* ---- asynchronous collectives ------------------------------------------------------------
  * Buffers must stay valid and untouched until the work completes. send == recv is in-place.

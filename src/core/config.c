@@ -40,6 +40,20 @@
       "shm: bytes per rank per round of the staged allreduce (rank 0's value wins)")              \
     X("DDP_SHM_ONESHOT_BYTES", "16384", INTEGER, 0, 1048576, "",                                   \
       "shm: allreduces up to this size use the one-shot path (rank 0's value wins)")              \
+    X("DDP_SHM_TUNE", "online", CHOICE, 0, 0, "off|probe|online",                                \
+      "shm: how allreduce variants are chosen: off: fixed thresholds; probe: measured on the "    \
+      "first calls of each size; online: and re-tried now and then (rank 0 decides)")            \
+    X("DDP_SHM_STAGED_STORES", "auto", CHOICE, 0, 0, "auto|nt|plain",                            \
+      "shm: stage writes of the staged allreduce: auto: tuned; nt: non-temporal with "            \
+      "DDP_SHM_ALLREDUCE_ROUND_BYTES rounds; plain: plain with DDP_SHM_ROUND_BYTES rounds")       \
+    X("DDP_SHM_CMA", "auto", CHOICE, 0, 0, "auto|off",                                            \
+      "shm: auto: large allreduces of user buffers read peers' buffers directly "                 \
+      "(process_vm_readv) when every rank can; off: stage them through the segment")             \
+    X("DDP_SHM_CMA_BYTES", "1048576", INTEGER, 0, 1099511627776, "",                              \
+      "shm: smallest allreduce that may read peers' buffers directly (rank 0's value wins)")      \
+    X("DDP_SHM_CMA_HUGEPAGES", "1", INTEGER, 0, 1, "",                                             \
+      "shm: 1: back a user buffer reused by single-copy allreduces with huge pages "              \
+      "(MADV_COLLAPSE, content unchanged); 0: leave its pages alone")                             \
     /* At most 100 ms: the spin and yield loops look at neither deadlines nor peers' deaths. */   \
     X("DDP_SHM_YIELD_NS", "", INTEGER, 0, 100000000, "",                                           \
       "shm: how long a waiter yields before it sleeps (default 200 us, 20 ms on progress "        \

@@ -775,6 +775,13 @@ const char *ddp_group_transport(const ddp_group_t *group)
     return group && group->ops ? group->ops->name : "none";
 }
 
+const char *ddp_group_algorithm(const ddp_group_t *group)
+{
+    if (!group || !group->ops) return "none";
+    if (!group->ops->algorithm || !group->state) return group->ops->name;
+    return group->ops->algorithm(group->state);
+}
+
 /* ---- creation ----------------------------------------------------------------------------- */
 
 /* Sets `key` and reads the same key of every rank into values[r] (malloc'd, NUL-terminated). */

@@ -75,6 +75,10 @@ typedef struct ddp__transport_ops {
 
     void (*destroy)(void *state);
 
+    /* Optional: how this rank's last collective ran ("staged", "single-copy", ...; a static
+     * string), for benchmarks. Read by the user's thread after the collective completed. */
+    const char *(*algorithm)(void *state);
+
     /* Optional: a subgroup without a store. ranks[i] (ranks of the parent, distinct) becomes
      * rank i of the new group, whose state (for this same table) is returned in *state; on ranks
      * not listed *state = NULL. Called by every rank of the parent after the group has checked

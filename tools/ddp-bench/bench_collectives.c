@@ -442,17 +442,21 @@ typedef struct result {
     double time_us, min_us, max_us; /* median, fastest and slowest round */
     long iters;
     long long wrong; /* -1: not checked */
+    /* How the transport ran the last iteration of each timed round (ddp_group_algorithm):
+     * "single-copy" or "staged:nt" when every round agreed, else "name:rounds,..." */
+    char algorithm[160];
 } result_t;
 
 /* Times `iters` iterations on this rank, then takes the slowest rank's time per iteration. */
 static int timed_round(const bench_t *b, const size_plan_t *p, long iters, size_t bytes,
-                       double *us_per_iter)
+                       double *us_per_iter, const char **algorithm)
 {
     ddp_status_t s = ddp_group_barrier(b->group);
     if (s != DDP_OK) return report_failure(b, "barrier before", bytes, s);
     double start = ddp_time_us();
     if (run_iterations(b, p, iters, bytes)) return -1;
     double t = (ddp_time_us() - start) / (double)iters;
+    if (algorithm) *algorithm = ddp_group_algorithm(b->group);
     s = ddp_group_allreduce(b->group, &t, &t, 1, DDP_F64, DDP_MAX);
     if (s != DDP_OK) return report_failure(b, "max of times after", bytes, s);
     *us_per_iter = t;
@@ -484,7 +488,7 @@ static int measure(const bench_t *b, size_t bytes, result_t *r)
 
     /* Calibration: every rank gets the same (max) time, hence the same iteration count. */
     double per_iter = 0;
-    if (timed_round(b, &p, o->iters, bytes, &per_iter)) return -1;
+    if (timed_round(b, &p, o->iters, bytes, &per_iter, NULL)) return -1;
     long iters = o->iters;
     if (per_iter * (double)iters < o->min_round_ms * 1000.0) {
         double want = o->min_round_ms * 1000.0 / (per_iter > 0.01 ? per_iter : 0.01);
@@ -493,8 +497,28 @@ static int measure(const bench_t *b, size_t bytes, result_t *r)
     r->iters = iters;
 
     double rounds[1000];
-    for (int k = 0; k < o->rounds; k++)
-        if (timed_round(b, &p, iters, bytes, &rounds[k])) return -1;
+    const char *names[8];
+    int seen[8], distinct = 0;
+    for (int k = 0; k < o->rounds; k++) {
+        const char *alg = "none";
+        if (timed_round(b, &p, iters, bytes, &rounds[k], &alg)) return -1;
+        int i = 0;
+        while (i < distinct && strcmp(names[i], alg) != 0) i++;
+        if (i == distinct && distinct < 8) {
+            names[distinct] = alg;
+            seen[distinct++] = 0;
+        }
+        if (i < distinct) seen[i]++;
+    }
+    r->algorithm[0] = '\0';
+    for (int i = 0; i < distinct; i++) {
+        size_t used = strlen(r->algorithm);
+        if (distinct == 1)
+            snprintf(r->algorithm, sizeof r->algorithm, "%s", names[i]);
+        else
+            snprintf(r->algorithm + used, sizeof r->algorithm - used, "%s%s:%d", i ? "," : "",
+                     names[i], seen[i]);
+    }
     qsort(rounds, (size_t)o->rounds, sizeof rounds[0], compare_doubles);
     int n = o->rounds;
     r->time_us = n % 2 ? rounds[n / 2] : 0.5 * (rounds[n / 2 - 1] + rounds[n / 2]);
@@ -552,11 +576,11 @@ static void print_row(const bench_t *b, const result_t *r)
         printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
                "\"time_us\":%.4f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"world_size\":%d,"
                "\"inplace\":%d,\"segment\":%d,\"transport\":\"%s\",\"iters\":%ld,\"rounds\":%d,"
-               "\"time_us_min\":%.4f,\"time_us_max\":%.4f}\n",
+               "\"time_us_min\":%.4f,\"time_us_max\":%.4f,\"algorithm\":\"%s\"}\n",
                ddp_bench_collective_name(o->collective), ddp_dtype_name(o->dtype), redop_column(b),
                r->bytes, r->count, r->time_us, algbw, busbw, wrong, b->world, o->inplace,
                o->segment, ddp_group_transport(b->group), r->iters, o->rounds, r->min_us,
-               r->max_us);
+               r->max_us, r->algorithm);
     } else {
         char wrong[32];
         if (r->wrong < 0) snprintf(wrong, sizeof wrong, "N/A");

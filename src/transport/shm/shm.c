@@ -33,8 +33,10 @@
 #include "core/reduce.h"
 #include "transport/transport.h"
 #include "transport/shm/shm.h"
+#include "transport/shm/shm_cma.h"
+#include "transport/shm/shm_tune.h"
 
-#define SHM_MAGIC 0x3130746d68737064ULL /* "dpshmt01" */
+#define SHM_MAGIC 0x3230746d68737064ULL /* "dpshmt02" */
 #define LINE 64
 #define PAGE 4096
 /* Per rank and parity: the staging area each round of a large collective goes through. */
@@ -60,6 +62,17 @@
 #define STREAM_MIN_BYTES ((size_t)8 << 20)
 #endif
 #define DDP__SHM_MAX_WORLD 64
+/* Knobs rank 0 had set explicitly (shm_header_t.fixed): the tuner keeps to them. */
+#define FIXED_ONESHOT 1u     /* DDP_SHM_ONESHOT_BYTES: one-shot exactly up to it */
+#define FIXED_CMA 2u         /* DDP_SHM_CMA_BYTES: single copy exactly from it */
+#define FIXED_STORES_NT 4u   /* DDP_SHM_STAGED_STORES=nt */
+#define FIXED_STORES_PLAIN 8u /* DDP_SHM_STAGED_STORES=plain */
+/* The one-shot variant is a candidate of the tuner below this size (every rank reduces
+ * everything: p times the work of a slice, worth it only while synchronisation dominates). */
+#define TUNE_ONESHOT_MAX ((size_t)256 << 10)
+/* Single copy is a candidate from this size (below it, a system call per peer and piece costs
+ * more than the staging it saves). */
+#define TUNE_CMA_MIN ((size_t)256 << 10)
 
 /* What every rank must agree on for one collective (the common record of transport.h), plus
  * the zero-copy hints. This is the local copy; what crosses processes is the mailbox below. */
@@ -83,6 +96,12 @@ typedef struct shm_header {
     _Atomic uint32_t wake;     /* futex word: bumped when a rank publishes while others sleep */
     _Atomic uint32_t sleepers; /* ranks inside (or about to enter) FUTEX_WAIT */
     char pad1[LINE - 8];
+    /* Rank 0's choices for single-copy transfers (see shm_cma.h): the smallest allreduce that
+     * reads peers' buffers directly, and the tuner's mode. */
+    uint64_t cma_bytes;
+    uint32_t tune_mode; /* ddp__shm_tune_mode_t */
+    uint32_t fixed;     /* FIXED_* bits: knobs set explicitly, which the tuner leaves alone */
+    char pad2[LINE - 16];
 } shm_header_t;
 
 /* One cache line: the fingerprint of a collective's first phase, the step it was written for,
@@ -99,7 +118,8 @@ typedef struct shm_mailbox {
     uint64_t seq;
     uint64_t count;
     uint8_t kind, dtype, op, pad;
-    int32_t root;
+    int16_t root;         /* < DDP__SHM_MAX_WORLD (the group checks roots) */
+    uint16_t tune_update; /* rank 0's: a tuner decision every rank applies here (shm_tune.h) */
     unsigned char data[MAILBOX_DATA];
 } shm_mailbox_t;
 
@@ -125,9 +145,17 @@ typedef struct shm_rank {
      * changes only when the owner migrates, so waiters read it from their own cache. */
     _Atomic int32_t cpu;
     char pad3[LINE - 4];
+    /* Single copy (shm_cma.c): where this rank's buffers of the current allreduce are, in its
+     * own address space (written before its first phase, read by peers until its last), and
+     * the create-time probe: a word peers read with process_vm_readv, and this rank's verdict
+     * on reading every peer's (0: ok, -1: not wanted here, else the errno). */
+    uint64_t cma_send, cma_recv;
+    uint64_t cma_probe_addr;
+    int32_t cma_verdict;
+    char pad4[LINE - 28];
 } shm_rank_t;
 
-_Static_assert(sizeof(shm_header_t) == 2 * LINE, "header is two cache lines");
+_Static_assert(sizeof(shm_header_t) == 3 * LINE, "header is three cache lines");
 _Static_assert(sizeof(shm_rank_t) % LINE == 0, "rank lines are cache-line sized");
 _Static_assert(sizeof(shm_mailbox_t) == LINE, "a mailbox is one cache line");
 
@@ -172,6 +200,16 @@ typedef struct shm_state {
     pthread_mutex_t buffers_mu;
     shm_buffer_t *buffers;
     int64_t next_buffer_id;
+    /* Single copy: agreed by every rank at create (setup_cma); then allreduces of at least
+     * cma_bytes from user buffers read peers' buffers directly. */
+    int cma_enabled;
+    size_t cma_bytes;
+    uint64_t cma_probe; /* the word peers read at create */
+    ddp__shm_cma_t cma;
+    ddp__shm_tune_t tune;
+    int64_t untimed_ns; /* of the current call: one-off costs the tuner does not count */
+    uint32_t fixed; /* the header's FIXED_* bits */
+    _Atomic int last_algorithm; /* shm_algorithm_t of the last collective (ddp-bench reports it) */
 } shm_state_t;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -536,6 +574,12 @@ static ddp_status_t wait_all_body(shm_state_t *S, uint64_t target, int mailbox,
 }
 
 static _Atomic int64_t nap_override_ns;
+static double tune_skew[DDP__SHM_VARIANTS];
+
+void ddp__shm_set_tune_skew(const double *skew, int n)
+{
+    for (int v = 0; v < DDP__SHM_VARIANTS; v++) tune_skew[v] = v < n ? skew[v] : 0.0;
+}
 
 void ddp__shm_set_nap_ns(int64_t nap_ns) { atomic_store(&nap_override_ns, nap_ns); }
 
@@ -679,7 +723,8 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
     mb->kind = (uint8_t)mine->id.kind;
     mb->dtype = (uint8_t)mine->id.dtype;
     mb->op = (uint8_t)mine->id.op;
-    mb->root = mine->id.root;
+    mb->root = (int16_t)mine->id.root;
+    mb->tune_update = S->rank == 0 ? ddp__shm_tune_take_update(&S->tune) : 0;
     if (data_bytes) memcpy(mb->data, data, data_bytes);
     me->hints[q].buffer_id = mine->buffer_id;
     me->hints[q].send_offset = mine->send_offset;
@@ -704,6 +749,8 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
                               S->rank, d0, j, dj);
         }
     }
+    /* Every rank applies rank 0's tuner decision at this same collective. */
+    ddp__shm_tune_apply(&S->tune, m0->tune_update);
     return DDP_OK;
 }
 
@@ -745,24 +792,120 @@ static void slice_of(size_t n, int world, int r, size_t esize, size_t *lo, size_
 
 /* ---- collectives -------------------------------------------------------------------------- */
 
+/* How the last collective ran (ddp_group_algorithm). */
+typedef enum {
+    ALG_NONE,
+    ALG_MAILBOX,
+    ALG_ONESHOT,
+    ALG_STAGED,
+    ALG_STAGED_PLAIN,
+    ALG_ZERO_COPY,
+    ALG_CMA,
+    ALG_ROUNDS, /* broadcast, allgather, reduce_scatter: rounds through the stage */
+    ALG_BARRIER,
+} shm_algorithm_t;
+
+static const char *const algorithm_names[] = {
+    "none", "mailbox", "one-shot", "staged:nt", "staged:plain", "zero-copy", "single-copy",
+    "rounds", "barrier",
+};
+
+static void set_algorithm(shm_state_t *S, int algorithm)
+{
+    atomic_store_explicit(&S->last_algorithm, algorithm, memory_order_relaxed);
+}
+
 /* Stages the slices of n elements that the other ranks reduce (this rank's own slice is read
  * from the caller's buffer directly), with non-temporal stores: the other ranks read these lines
  * and wrote nothing into them, and a plain store would first pull each line back from the
  * caches of the ranks that read the previous round (measured: the staged allreduce got ~2x
  * faster at 512 KiB - 128 MiB). */
-static void copy_in_others(shm_state_t *S, char *stage, const char *src, size_t n, size_t esize)
+static void copy_in_others(shm_state_t *S, char *stage, const char *src, size_t n, size_t esize,
+                           int stream)
 {
     for (int j = 0; j < S->world; j++) {
         if (j == S->rank) continue;
         size_t lo, hi;
         slice_of(n, S->world, j, esize, &lo, &hi);
-        if (hi > lo)
+        if (hi > lo && stream)
             ddp__copy_stream_nofence(stage + lo * esize, src + lo * esize, (hi - lo) * esize);
+        else if (hi > lo)
+            memcpy(stage + lo * esize, src + lo * esize, (hi - lo) * esize);
     }
-    ddp__stream_fence();
+    if (stream) ddp__stream_fence();
 }
 
-static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
+/* A read of a peer's memory failed (status s, its text the last error). The peer most likely
+ * left because the collective already failed elsewhere (it gave up, or another rank died and it
+ * exited): then its published reason is the cause to report, not "No such process". Either way
+ * this rank gives up on its next phase through the agreement protocol (its own step is below
+ * it, so the phase is lost for every rank) and publishes why. */
+static ddp_status_t cma_failed(shm_state_t *S, const ddp__collective_t *c, ddp_status_t s)
+{
+    char text[DDP_ERROR_TEXT_MAX];
+    snprintf(text, sizeof text, "%s", ddp_last_error());
+    uint64_t target = S->step + 1;
+    ddp_status_t cause = check_peers(S, target, -1, c, 1);
+    if (cause == DDP_OK) {
+        char what[256];
+        describe(c, what, sizeof what);
+        cause = ddp__error(s, "%s on rank %d: %s", what, S->rank, text);
+    }
+    give_up(S, target, -1);
+    publish_abort(S, cause, ddp_last_error());
+    return cause;
+}
+
+/* Single-copy allreduce (user buffers, every rank agreed at create that it can read its peers):
+ *   1. rank r reads slice r of every peer's send buffer (process_vm_readv, piece by piece into
+ *      scratch) and reduces it with its own, in rank order, into slice r of its recv;
+ *   2. phase A: every slice is final in its owner's recv;
+ *   3. rank r reads every other slice j from rank j's recv straight into its own recv;
+ *   4. phase B: nobody reads anyone's buffers any more, so each may return and reuse them.
+ * Each rank reads every input once and writes its output once. In place (send == recv) is safe:
+ * in step 1 rank r writes only slice r of its buffer, which no peer reads (they read the other
+ * slices of it); in step 3 rank r overwrites slices j != r of its buffer, whose inputs rank j
+ * finished reading before phase A, and reads slice j of rank j's buffer, which rank j no longer
+ * writes. Phase 0 (the fingerprint) tells every rank where the others' buffers are; the previous
+ * collective's last phase guarantees no peer still reads them. Same kernel, same order as the
+ * staged path, so the bytes are identical whichever ran (tests/test_shm_tune.c). */
+static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype), bytes = c->count * esize;
+    int pids[DDP__SHM_MAX_WORLD];
+    uintptr_t sends[DDP__SHM_MAX_WORLD], recvs[DDP__SHM_MAX_WORLD];
+    for (int j = 0; j < p; j++) {
+        pids[j] = atomic_load_explicit(&S->ranks[j].pid, memory_order_relaxed);
+        sends[j] = (uintptr_t)S->ranks[j].cma_send;
+        recvs[j] = (uintptr_t)S->ranks[j].cma_recv;
+    }
+    const int stream = bytes >= STREAM_MIN_BYTES;
+    size_t lo, hi;
+    slice_of(c->count, p, me, esize, &lo, &hi);
+    ddp_status_t s = DDP_OK;
+    if (hi > lo)
+        s = ddp__shm_cma_reduce(&S->cma, pids, sends, me, p, (const char *)c->send + lo * esize,
+                                (char *)c->recv + lo * esize, lo, hi - lo, c->dtype, c->op,
+                                stream);
+    if (s != DDP_OK) return cma_failed(S, c, s);
+    s = sync_all(S, c, c->deadline_ns);
+    if (s != DDP_OK) return s;
+    for (int j = 0; j < p; j++) {
+        size_t jlo, jhi;
+        slice_of(c->count, p, j, esize, &jlo, &jhi);
+        if (j == me || jhi <= jlo) continue;
+        int err;
+        s = ddp__shm_cma_read(pids[j], (char *)c->recv + jlo * esize, recvs[j] + jlo * esize,
+                              (jhi - jlo) * esize, "a peer's result", &err);
+        if (s != DDP_OK) return cma_failed(S, c, ddp__error_context(s, "rank %d's slice", j));
+    }
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* One allreduce above the mailbox size, the way `variant` says (ddp__shm_variant_t; -1: by the
+ * static thresholds). */
+static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c, int variant)
 {
     const int p = S->world, me = S->rank;
     const size_t esize = ddp_dtype_size(c->dtype);
@@ -773,6 +916,7 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
 
     if (bytes <= MAILBOX_DATA) {
         /* Tiny: the data travels in the mailbox line with the fingerprint. */
+        set_algorithm(S, ALG_MAILBOX);
         unsigned q;
         s = first_sync_data(S, c, &fp, c->send, bytes, 1, &q);
         if (s != DDP_OK || bytes == 0) return s;
@@ -781,8 +925,9 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         ddp__reduce(c->recv, srcs, p, c->count, c->dtype, c->op);
         return DDP_OK;
     }
-    if (bytes <= S->oneshot_bytes) {
+    if (variant < 0 ? bytes <= S->oneshot_bytes : variant == DDP__SHM_V_ONESHOT) {
         /* One-shot: stage, one synchronisation, every rank reduces all slots in rank order. */
+        set_algorithm(S, ALG_ONESHOT);
         unsigned q = (unsigned)(S->use++ & 1);
         if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
         unsigned fq;
@@ -803,14 +948,32 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         fp.recv_offset = recv_off;
     }
     const size_t line_elems = LINE / esize;
-    size_t chunk = S->allreduce_round_bytes / esize / (size_t)p / line_elems * line_elems;
+    /* Plain stage stores keep the staging in L2, so they go with L2-sized rounds; streamed
+     * ones with whole-stage rounds (docs/shm-transport.md, "Self-tuning"). */
+    const int stream_stage = variant != DDP__SHM_V_STAGED_PLAIN;
+    const size_t round = stream_stage ? S->allreduce_round_bytes : S->round_bytes;
+    size_t chunk = round / esize / (size_t)p / line_elems * line_elems;
     chunk *= (size_t)p;
     if (chunk == 0) chunk = (size_t)p * line_elems;
     int precopied = 0;
     unsigned parity0 = (unsigned)(S->use & 1);
-    if (fp.buffer_id < 0) {
+    /* Agreed on every rank before the first phase: the flag at create, the size (checked by the
+     * fingerprint) and rank 0's threshold. Buffers in one segment buffer everywhere still go the
+     * zero-copy way (decided after the first phase), so nobody stages round 0 then either. */
+    const int cma = variant < 0 ? S->cma_enabled && bytes >= S->cma_bytes
+                                : variant == DDP__SHM_V_CMA;
+    if (cma) {
+        shm_rank_t *mine = &S->ranks[me];
+        mine->cma_send = (uint64_t)(uintptr_t)c->send;
+        mine->cma_recv = (uint64_t)(uintptr_t)c->recv;
+        if (fp.buffer_id < 0) {
+            S->untimed_ns += ddp__shm_cma_register(&S->cma, c->send, bytes);
+            if (c->recv != c->send)
+                S->untimed_ns += ddp__shm_cma_register(&S->cma, c->recv, bytes);
+        }
+    } else if (fp.buffer_id < 0) {
         size_t n0 = c->count < chunk ? c->count : chunk;
-        copy_in_others(S, stage_of(S, me, parity0), c->send, n0, esize);
+        copy_in_others(S, stage_of(S, me, parity0), c->send, n0, esize, stream_stage);
         precopied = 1;
     }
     unsigned fparity;
@@ -825,7 +988,12 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
             all_zero_copy = 0;
     }
 
+    if (!all_zero_copy && cma) {
+        set_algorithm(S, ALG_CMA);
+        return run_allreduce_cma(S, c);
+    }
     if (all_zero_copy) {
+        set_algorithm(S, ALG_ZERO_COPY);
         /* Rank r reduces slice r straight from every rank's region and writes the result into
          * slice r of every rank's region; one barrier ends it. */
         size_t lo, hi;
@@ -865,11 +1033,12 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     const char *send = c->send;
     char *recv = c->recv;
     const int stream = bytes >= STREAM_MIN_BYTES;
+    set_algorithm(S, stream_stage ? ALG_STAGED : ALG_STAGED_PLAIN);
     if (any_zero_copy) {
         /* Some rank did not stage round 0 (it hoped for zero copy): stage it now, everywhere. */
         if (!precopied) {
             size_t n0 = c->count < chunk ? c->count : chunk;
-            copy_in_others(S, stage_of(S, me, parity0), send, n0, esize);
+            copy_in_others(S, stage_of(S, me, parity0), send, n0, esize, stream_stage);
         }
         s = sync_all(S, c, c->deadline_ns);
         if (s != DDP_OK) return s;
@@ -890,8 +1059,8 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
             for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q) + lo * esize;
             srcs[me] = send + (o + lo) * esize;
             void *dsts[2] = {recv + (o + lo) * esize, mine + lo * esize};
-            ddp__reduce_multi_stream(dsts, 2, (stream ? 1u : 0u) | 2u, srcs, p, hi - lo, c->dtype,
-                                     c->op);
+            ddp__reduce_multi_stream(dsts, 2, (stream ? 1u : 0u) | (stream_stage ? 2u : 0u), srcs,
+                                     p, hi - lo, c->dtype, c->op);
         }
         uint64_t reduced = arrive(S);
         size_t next = o + n;
@@ -899,7 +1068,8 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         if (next < c->count) {
             size_t n2 = c->count - next < chunk ? c->count - next : chunk;
             next_q = (unsigned)(S->use++ & 1);
-            copy_in_others(S, stage_of(S, me, next_q), send + next * esize, n2, esize);
+            copy_in_others(S, stage_of(S, me, next_q), send + next * esize, n2, esize,
+                           stream_stage);
         }
         s = wait_all(S, reduced, c, c->deadline_ns);
         if (s != DDP_OK) return s;
@@ -918,6 +1088,46 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
         q = next_q;
     }
     return DDP_OK;
+}
+
+/* The tuner's candidates for an allreduce of `bytes` (above the one-shot threshold): a function
+ * of agreed data only (the size, rank 0's knobs in the header, the create-time CMA verdict). */
+static unsigned allreduce_candidates(const shm_state_t *S, size_t bytes)
+{
+    unsigned set = 0;
+    if (!(S->fixed & FIXED_STORES_PLAIN)) set |= 1u << DDP__SHM_V_STAGED_NT;
+    if (!(S->fixed & FIXED_STORES_NT)) set |= 1u << DDP__SHM_V_STAGED_PLAIN;
+    if (!(S->fixed & FIXED_ONESHOT) && bytes < TUNE_ONESHOT_MAX)
+        set |= 1u << DDP__SHM_V_ONESHOT;
+    if (S->cma_enabled) {
+        if (!(S->fixed & FIXED_CMA) && bytes >= TUNE_CMA_MIN) set |= 1u << DDP__SHM_V_CMA;
+        /* Threshold set explicitly: single copy exactly from it, and only it. */
+        if ((S->fixed & FIXED_CMA) && bytes >= S->cma_bytes) set = 1u << DDP__SHM_V_CMA;
+    }
+    return set;
+}
+
+/* Allreduce: small ones by the static rules; above the one-shot threshold the tuner picks the
+ * variant (the same on every rank) and is told how long the call took. */
+static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
+{
+    const size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    if (bytes <= MAILBOX_DATA || bytes <= S->oneshot_bytes) return run_allreduce_as(S, c, -1);
+    const int cls = ddp__shm_tune_key(0, bytes);
+    const unsigned candidates = allreduce_candidates(S, bytes);
+    const int fallback = S->cma_enabled && bytes >= S->cma_bytes ? DDP__SHM_V_CMA
+                         : S->fixed & FIXED_STORES_PLAIN          ? DDP__SHM_V_STAGED_PLAIN
+                                                                  : DDP__SHM_V_STAGED_NT;
+    const int variant = ddp__shm_tune_pick(&S->tune, cls, candidates, fallback);
+    S->untimed_ns = 0;
+    const int64_t start = ddp__now_ns();
+    ddp_status_t s = run_allreduce_as(S, c, variant);
+    /* Segment buffers in place everywhere ran zero-copy whatever the variant: not a sample. */
+    if (s == DDP_OK &&
+        atomic_load_explicit(&S->last_algorithm, memory_order_relaxed) != ALG_ZERO_COPY)
+        ddp__shm_tune_record(&S->tune, cls, variant, candidates, bytes,
+                             ddp__now_ns() - start - S->untimed_ns);
+    return s;
 }
 
 static ddp_status_t run_broadcast(shm_state_t *S, const ddp__collective_t *c)
@@ -1010,17 +1220,136 @@ static ddp_status_t run_allgather(shm_state_t *S, const ddp__collective_t *c)
     return DDP_OK;
 }
 
+/* ---- single copy and tuning for broadcast, allgather, reduce_scatter ------------------------ */
+
+/* Publishes where this rank's buffer is for a single-copy collective (peers read it after the
+ * first phase, until the last) and registers it for huge pages (not segment buffers). */
+static void cma_publish(shm_state_t *S, const void *buffer, size_t bytes)
+{
+    S->ranks[S->rank].cma_send = (uint64_t)(uintptr_t)buffer;
+    size_t offset;
+    if (bytes && !find_buffer(S, buffer, bytes, &offset))
+        S->untimed_ns += ddp__shm_cma_register(&S->cma, buffer, bytes);
+}
+
+static int pid_of(shm_state_t *S, int j)
+{
+    return atomic_load_explicit(&S->ranks[j].pid, memory_order_relaxed);
+}
+
+/* Every rank reads the root's buffer straight into its own; the last phase keeps the root's
+ * buffer unchanged until every rank has read it. */
+static ddp_status_t run_broadcast_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    if (S->rank == c->root) cma_publish(S, c->recv, bytes);
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    if (S->rank != c->root) {
+        int err;
+        s = ddp__shm_cma_read(pid_of(S, c->root), c->recv,
+                              (uintptr_t)S->ranks[c->root].cma_send, bytes, "the root's buffer",
+                              &err);
+        if (s != DDP_OK) return cma_failed(S, c, s);
+    }
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* Every rank reads every peer's send straight into its place in recv. In place (send is this
+ * rank's block of recv) is safe: a rank writes only the other ranks' blocks of its recv, and
+ * peers read only its own block. */
+static ddp_status_t run_allgather_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t bytes = c->count * ddp_dtype_size(c->dtype);
+    char *recv = c->recv;
+    cma_publish(S, c->send, bytes);
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    for (int j = 0; j < p; j++) {
+        if (j == me) continue;
+        int err;
+        s = ddp__shm_cma_read(pid_of(S, j), recv + (size_t)j * bytes,
+                              (uintptr_t)S->ranks[j].cma_send, bytes, "a peer's send buffer", &err);
+        if (s != DDP_OK) return cma_failed(S, c, ddp__error_context(s, "rank %d's block", j));
+    }
+    if (c->send != recv + (size_t)me * bytes) memcpy(recv + (size_t)me * bytes, c->send, bytes);
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* Rank r reads block r of every peer's send and reduces them with its own, in rank order (as
+ * the rounds do), into recv. In place (recv is block r of send) is safe: peers read the other
+ * blocks of this rank's send. */
+static ddp_status_t run_reduce_scatter_cma(shm_state_t *S, const ddp__collective_t *c)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype), n = c->count;
+    cma_publish(S, c->send, n * esize * (size_t)p);
+    shm_fingerprint_t fp;
+    fingerprint_of(c, &fp);
+    ddp_status_t s = first_sync(S, c, &fp);
+    if (s != DDP_OK) return s;
+    int pids[DDP__SHM_MAX_WORLD];
+    uintptr_t sends[DDP__SHM_MAX_WORLD];
+    for (int j = 0; j < p; j++) {
+        pids[j] = pid_of(S, j);
+        sends[j] = (uintptr_t)S->ranks[j].cma_send;
+    }
+    s = ddp__shm_cma_reduce(&S->cma, pids, sends, me, p, (const char *)c->send + (size_t)me * n * esize,
+                            c->recv, (size_t)me * n, n, c->dtype, c->op, 0);
+    if (s != DDP_OK) return cma_failed(S, c, s);
+    return sync_all(S, c, c->deadline_ns);
+}
+
+/* Broadcast, allgather, reduce_scatter: rounds through the stage or single copy, chosen by the
+ * tuner like the allreduce's variants (kind: the tuner's collective index; bytes: the size
+ * ddp-bench calls SIZE). */
+static ddp_status_t run_tuned(shm_state_t *S, const ddp__collective_t *c, int kind, size_t bytes,
+                              ddp_status_t (*rounds)(shm_state_t *, const ddp__collective_t *),
+                              ddp_status_t (*single)(shm_state_t *, const ddp__collective_t *))
+{
+    unsigned candidates = 1u << DDP__SHM_V_ROUNDS;
+    if (S->cma_enabled && bytes) {
+        if (!(S->fixed & FIXED_CMA) && bytes >= TUNE_CMA_MIN) candidates |= 1u << DDP__SHM_V_CMA;
+        if ((S->fixed & FIXED_CMA) && bytes >= S->cma_bytes) candidates = 1u << DDP__SHM_V_CMA;
+    }
+    const int key = ddp__shm_tune_key(kind, bytes);
+    const int variant = ddp__shm_tune_pick(&S->tune, key, candidates, DDP__SHM_V_ROUNDS);
+    set_algorithm(S, variant == DDP__SHM_V_CMA ? ALG_CMA : ALG_ROUNDS);
+    S->untimed_ns = 0;
+    const int64_t start = ddp__now_ns();
+    ddp_status_t s = variant == DDP__SHM_V_CMA ? single(S, c) : rounds(S, c);
+    if (s == DDP_OK)
+        ddp__shm_tune_record(&S->tune, key, variant, candidates, bytes,
+                             ddp__now_ns() - start - S->untimed_ns);
+    return s;
+}
+
 static ddp_status_t shm_run(void *state, const ddp__collective_t *c)
 {
     shm_state_t *S = state;
     atomic_store_explicit(&S->ranks[S->rank].seq, c->seq, memory_order_relaxed);
+    const size_t esize = ddp_dtype_size(c->dtype);
     ddp_status_t s;
     switch (c->kind) {
     case DDP__ALLREDUCE: s = run_allreduce(S, c); break;
-    case DDP__BROADCAST: s = run_broadcast(S, c); break;
-    case DDP__REDUCE_SCATTER: s = run_reduce_scatter(S, c); break;
-    case DDP__ALLGATHER: s = run_allgather(S, c); break;
+    case DDP__BROADCAST:
+        s = run_tuned(S, c, 1, c->count * esize, run_broadcast, run_broadcast_cma);
+        break;
+    case DDP__ALLGATHER:
+        s = run_tuned(S, c, 2, c->count * esize * (size_t)S->world, run_allgather,
+                      run_allgather_cma);
+        break;
+    case DDP__REDUCE_SCATTER:
+        s = run_tuned(S, c, 3, c->count * esize * (size_t)S->world, run_reduce_scatter,
+                      run_reduce_scatter_cma);
+        break;
     case DDP__BARRIER: {
+        set_algorithm(S, ALG_BARRIER);
         shm_fingerprint_t fp;
         fingerprint_of(c, &fp);
         s = first_sync(S, c, &fp);
@@ -1110,7 +1439,17 @@ static void shm_destroy(void *state);
 typedef struct {
     long long round_bytes, allreduce_round_bytes, oneshot_bytes;
     long long yield_ns, spin_ns;
+    long long cma_bytes, cma_hugepages;
+    int cma_wanted;
+    int tune_mode;  /* ddp__shm_tune_mode_t */
+    uint32_t fixed; /* FIXED_* */
 } shm_tuning_t;
+
+static int set_explicitly(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v;
+}
 
 /* One byte-count knob; `built_in` is the default documented above, which the config table must
  * give too (checked when the variable is unset, in builds with asserts). */
@@ -1136,8 +1475,77 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
         (s = tuned_bytes("DDP_SHM_ONESHOT_BYTES", ONESHOT_BYTES_DEFAULT, &t->oneshot_bytes)) !=
             DDP_OK ||
         (s = ddp__env_integer("DDP_SHM_YIELD_NS", -1, &t->yield_ns)) != DDP_OK ||
-        (s = ddp__env_integer("DDP_SHM_SPIN_NS", -1, &t->spin_ns)) != DDP_OK)
+        (s = ddp__env_integer("DDP_SHM_SPIN_NS", -1, &t->spin_ns)) != DDP_OK ||
+        (s = ddp__env_integer("DDP_SHM_CMA_BYTES", -1, &t->cma_bytes)) != DDP_OK ||
+        (s = ddp__env_integer("DDP_SHM_CMA_HUGEPAGES", -1, &t->cma_hugepages)) != DDP_OK)
         return ddp__error_context(s, "shm");
+    const char *cma = NULL;
+    if ((s = ddp__env_text("DDP_SHM_CMA", &cma)) != DDP_OK) return ddp__error_context(s, "shm");
+    t->cma_wanted = !cma || strcmp(cma, "off") != 0;
+    const char *tune = NULL, *stores = NULL;
+    if ((s = ddp__env_text("DDP_SHM_TUNE", &tune)) != DDP_OK ||
+        (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK)
+        return ddp__error_context(s, "shm");
+    t->tune_mode = !tune || !strcmp(tune, "online") ? DDP__SHM_TUNE_ONLINE
+                   : !strcmp(tune, "probe")         ? DDP__SHM_TUNE_PROBE
+                                                    : DDP__SHM_TUNE_OFF;
+    t->fixed = 0;
+    if (set_explicitly("DDP_SHM_ONESHOT_BYTES")) t->fixed |= FIXED_ONESHOT;
+    if (set_explicitly("DDP_SHM_CMA_BYTES")) t->fixed |= FIXED_CMA;
+    if (stores && !strcmp(stores, "nt")) t->fixed |= FIXED_STORES_NT;
+    if (stores && !strcmp(stores, "plain")) t->fixed |= FIXED_STORES_PLAIN;
+    return DDP_OK;
+}
+
+/* Decides, the same way on every rank, whether allreduces may read peers' buffers directly:
+ * every rank that wants it lets its peers read it, publishes a word for them to read, and
+ * tries to read every peer's; then every rank's verdict is in the segment and single copy is
+ * on only if every rank read every peer (one refusal, or one rank with DDP_SHM_CMA=off, turns
+ * it off everywhere, so no collective ever needs a rank's consent it did not give). */
+static ddp_status_t setup_cma(shm_state_t *S, int wanted, int64_t deadline_ns)
+{
+    shm_rank_t *me = &S->ranks[S->rank];
+    if (wanted) ddp__shm_cma_allow_peers();
+    S->cma_probe = SHM_MAGIC ^ (uint64_t)getpid();
+    me->cma_probe_addr = (uint64_t)(uintptr_t)&S->cma_probe;
+    me->cma_verdict = wanted ? 0 : -1;
+    ddp_status_t s = sync_all(S, NULL, deadline_ns);
+    if (s != DDP_OK) return ddp__error_context(s, "shm: single-copy probe");
+    int verdict = wanted ? 0 : -1, refused = -1;
+    for (int j = 0; j < S->world && verdict == 0; j++) {
+        if (j == S->rank) continue;
+        if (S->ranks[j].cma_verdict != 0) { /* that rank does not want it: no need to try */
+            verdict = -1;
+            break;
+        }
+        int pid = atomic_load(&S->ranks[j].pid);
+        uint64_t word = 0;
+        int err = 0;
+        s = ddp__shm_cma_read(pid, &word, (uintptr_t)S->ranks[j].cma_probe_addr, sizeof word,
+                              "the single-copy probe", &err);
+        if (s == DDP_OK && word != (SHM_MAGIC ^ (uint64_t)pid)) err = EIO;
+        if (err) {
+            verdict = err;
+            refused = j;
+        }
+    }
+    ddp__clear_error();
+    me->cma_verdict = verdict;
+    s = sync_all(S, NULL, deadline_ns);
+    if (s != DDP_OK) return ddp__error_context(s, "shm: single-copy probe");
+    S->cma_enabled = 1;
+    for (int j = 0; j < S->world; j++) {
+        int v = S->ranks[j].cma_verdict;
+        if (v == 0) continue;
+        S->cma_enabled = 0;
+        if (j == S->rank && v > 0)
+            DDP_LOG(DDP_LOG_INFO, "shm: rank %d cannot read rank %d's memory (%s): allreduces of "
+                                  "user buffers stage through the segment",
+                    S->rank, refused, strerror(v));
+    }
+    DDP_LOG(DDP_LOG_INFO, "shm: rank %d: single-copy allreduce (process_vm_readv) %s", S->rank,
+            S->cma_enabled ? "on from the first size where it is chosen"
+                           : "off (a rank refused or set DDP_SHM_CMA=off): staged copies");
     return DDP_OK;
 }
 
@@ -1193,6 +1601,9 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         hdr->round_bytes = (uint64_t)tuning.round_bytes;
         hdr->oneshot_bytes = (uint64_t)tuning.oneshot_bytes;
         hdr->allreduce_round_bytes = (uint64_t)tuning.allreduce_round_bytes;
+        hdr->cma_bytes = (uint64_t)tuning.cma_bytes;
+        hdr->tune_mode = (uint32_t)tuning.tune_mode;
+        hdr->fixed = tuning.fixed;
         shm_rank_t *ranks = (shm_rank_t *)(S->base + sizeof(shm_header_t));
         for (int j = 0; j < world; j++) atomic_store(&ranks[j].cpu, -1);
         char value[128];
@@ -1227,6 +1638,12 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     S->round_bytes = (size_t)S->hdr->round_bytes;
     S->oneshot_bytes = (size_t)S->hdr->oneshot_bytes;
     S->allreduce_round_bytes = (size_t)S->hdr->allreduce_round_bytes;
+    S->cma_bytes = (size_t)S->hdr->cma_bytes;
+    S->cma.hugepages = tuning.cma_hugepages != 0;
+    S->fixed = S->hdr->fixed;
+    S->tune.mode = (int)S->hdr->tune_mode;
+    S->tune.rank = rank;
+    for (int v = 0; v < DDP__SHM_VARIANTS; v++) S->tune.skew[v] = tune_skew[v];
     S->ranks = (shm_rank_t *)(S->base + sizeof(shm_header_t));
     S->stage = S->base + stage_off;
     atomic_store(&S->ranks[rank].pid, (int32_t)getpid());
@@ -1242,6 +1659,8 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         close(S->fd);
         S->fd = -1;
     }
+    s = setup_cma(S, tuning.cma_wanted, ddp__now_ns() + (int64_t)timeout_ms * 1000000LL);
+    if (s != DDP_OK) goto fail;
     *state = S;
     return DDP_OK;
 fail:
@@ -1436,6 +1855,7 @@ static void shm_destroy(void *state)
     }
     if (S->base) munmap(S->base, S->size);
     if (S->fd >= 0) close(S->fd);
+    ddp__shm_cma_release(&S->cma);
     pthread_mutex_destroy(&S->buffers_mu);
     free(S);
 }
@@ -1447,7 +1867,17 @@ static void shm_advise_cold_results(void *state, void *buffer)
     if (b) atomic_store_explicit(&b->cold_results, 1, memory_order_relaxed);
 }
 
+static const char *shm_algorithm(void *state)
+{
+    shm_state_t *S = state;
+    int a = atomic_load_explicit(&S->last_algorithm, memory_order_relaxed);
+    return a >= 0 && a < (int)(sizeof algorithm_names / sizeof *algorithm_names)
+               ? algorithm_names[a]
+               : "none";
+}
+
 const ddp__transport_ops_t ddp__transport_shm = {
+    .algorithm = shm_algorithm,
     .name = "shm",
     .create = shm_create,
     .run = shm_run,

@@ -14,4 +14,9 @@ extern const ddp__transport_ops_t ddp__transport_shm;
  * beyond the group's timeout, so that a lost wake-up is a hang, not a delay. */
 void ddp__shm_set_nap_ns(int64_t nap_ns);
 
+/* Tests: groups created after this multiply this process's measurements of tuner variant v by
+ * skew[v] (0: unchanged), so that ranks disagree about what is fastest; the variants that run
+ * must still be the same on every rank (they are rank 0's decisions). */
+void ddp__shm_set_tune_skew(const double *skew, int n);
+
 #endif

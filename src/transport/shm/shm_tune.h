@@ -1,0 +1,69 @@
+/* The shared-memory transport's self-tuning: per size class of allreduce, several ways to move
+ * the data (variants), chosen by measurement, the same way on every rank. shm.c asks which
+ * variant a call uses, times the call and carries rank 0's decisions in its mailbox; this file
+ * keeps the tables and decides. docs/shm-transport.md ("Self-tuning") has the reasons. */
+#ifndef DDP_TRANSPORT_SHM_TUNE_H
+#define DDP_TRANSPORT_SHM_TUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Variants: of an allreduce larger than the one-shot threshold (the first four), of a broadcast,
+ * allgather or reduce_scatter (rounds or single copy). */
+typedef enum {
+    DDP__SHM_V_STAGED_NT,    /* staged, stage written with non-temporal stores, long rounds */
+    DDP__SHM_V_STAGED_PLAIN, /* staged, plain stores, L2-sized rounds */
+    DDP__SHM_V_ONESHOT,      /* every rank stages everything, reduces everything (<= 256 KiB) */
+    DDP__SHM_V_CMA,          /* single copy: peers' buffers read with process_vm_readv */
+    DDP__SHM_V_ROUNDS,       /* broadcast, allgather, reduce_scatter: rounds through the stage */
+    DDP__SHM_VARIANTS
+} ddp__shm_variant_t;
+
+#define DDP__SHM_TUNE_CLASSES 40 /* class = floor(log2(bytes)) - 6, clamped */
+#define DDP__SHM_TUNE_KINDS 4     /* allreduce, broadcast, allgather, reduce_scatter */
+/* What the tuner keeps a choice for: a collective kind (0..3) and a size class. */
+#define DDP__SHM_TUNE_KEYS (DDP__SHM_TUNE_KINDS * DDP__SHM_TUNE_CLASSES)
+#define DDP__SHM_TUNE_WINDOW 3
+
+typedef enum { DDP__SHM_TUNE_OFF, DDP__SHM_TUNE_PROBE, DDP__SHM_TUNE_ONLINE } ddp__shm_tune_mode_t;
+
+typedef struct ddp__shm_tune {
+    int mode;
+    int rank;
+    /* Agreed on every rank (changed only by the same calls everywhere and by rank 0's published
+     * updates, applied at the same collective everywhere). */
+    uint8_t current[DDP__SHM_TUNE_KEYS]; /* the incumbent variant + 1 (0: default) */
+    uint32_t calls[DDP__SHM_TUNE_KEYS];  /* collectives of the kind and class so far */
+    uint8_t previous[DDP__SHM_TUNE_KEYS]; /* the variant + 1 of the key's last call (local) */
+    /* Local measurements (decisions use rank 0's). */
+    /* The last DDP__SHM_TUNE_WINDOW measurements (ns per byte) per class and variant; a
+     * variant's estimate is their median, which a preempted call does not move. */
+    float window[DDP__SHM_TUNE_KEYS][DDP__SHM_VARIANTS][DDP__SHM_TUNE_WINDOW];
+    uint32_t samples[DDP__SHM_TUNE_KEYS][DDP__SHM_VARIANTS];
+    uint16_t pending; /* rank 0: an update not yet published (0: none) */
+    double skew[DDP__SHM_VARIANTS]; /* tests: multiplies this rank's measurements */
+} ddp__shm_tune_t;
+
+/* The key of a collective of kind `kind` (0 allreduce, 1 broadcast, 2 allgather, 3
+ * reduce_scatter) moving `bytes` bytes. */
+int ddp__shm_tune_key(int kind, size_t bytes);
+
+/* The variant the next call of key `cls` uses, among the bits of `candidates` (1 << variant),
+ * with `fallback` the default (the static rule, used with tuning off). Deterministic in agreed
+ * data: the class's call count and incumbent, the mode. Counts the call. */
+int ddp__shm_tune_pick(ddp__shm_tune_t *t, int cls, unsigned candidates, int fallback);
+
+/* Records a call's duration (every rank measures; only rank 0's decisions are published). */
+void ddp__shm_tune_record(ddp__shm_tune_t *t, int cls, int variant, unsigned candidates,
+                          size_t bytes, int64_t ns);
+
+/* Rank 0: the update to publish in the next first phase (0: none), cleared. */
+uint16_t ddp__shm_tune_take_update(ddp__shm_tune_t *t);
+
+/* Every rank, at the same collective: applies rank 0's published update. */
+void ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update);
+
+/* "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds". */
+const char *ddp__shm_variant_name(int variant);
+
+#endif

@@ -1,0 +1,408 @@
+/* The shm allreduce's variants (staged with non-temporal or plain stores, one-shot, single copy
+ * through process_vm_readv) and the tuner that chooses among them (docs/shm-transport.md,
+ * "Single-copy allreduce" and "Self-tuning").
+ *
+ *   variants  every variant, forced through the config knobs, gives bitwise the same bytes as
+ *             every other and on every rank, for sizes around each threshold, in place and not,
+ *             f32 sum (also against a reference summed here in rank order), f16 sum, i32 avg,
+ *             f64 max; and the variant asked for is the one that ran (ddp_group_algorithm).
+ *   fallback  one rank sets DDP_SHM_CMA=off: no rank may read another's memory, so every rank
+ *             runs the staged path, with the same results.
+ *   collectives  broadcast (two roots), allgather and reduce_scatter (f32 sum against a
+ *             reference, f16 sum, i32 avg), in place and not: rounds and single copy give the
+ *             same bytes on every rank, and the variant asked for ran.
+ *   agree     online tuning with each rank's measurements skewed so that every rank believes a
+ *             different variant is fastest: after every call all ranks report the same variant,
+ *             and it is rank 0's favourite once the probe is over.
+ * Usage: test_shm_tune <world> variants|fallback|collectives|agree */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "transport/shm/shm.h"
+
+static const char *mode;
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+/* Rank r's input element i of case k: magnitudes spread so that the order of a sum matters. */
+static float input_f32(int r, size_t i, int k)
+{
+    uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i);
+    float m = (float)((int)(h % 2001) - 1000) * 1e-3f;
+    static const float scale[5] = {1e-3f, 1.0f, 7.0f, 1e3f, 3e5f};
+    return m * scale[(h >> 20) % 5];
+}
+
+static void fill(void *buf, ddp_dtype_t dt, int r, size_t n, int k)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = input_f32(r, i, k);
+        switch (dt) {
+        case DDP_F32: ((float *)buf)[i] = x; break;
+        case DDP_F64: ((double *)buf)[i] = (double)x * 1.000001; break;
+        case DDP_I32: ((int32_t *)buf)[i] = (int32_t)(x * 1000.0f); break;
+        case DDP_F16: {
+            /* A finite half: sign, exponent 5..25, random mantissa. */
+            uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i ^ 77);
+            ((uint16_t *)buf)[i] =
+                (uint16_t)((h & 0x8000) | ((5 + (h >> 16) % 21) << 10) | ((h >> 32) & 0x3ff));
+            break;
+        }
+        default: abort();
+        }
+    }
+}
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+typedef struct {
+    ddp_dtype_t dtype;
+    ddp_reduce_op_t op;
+    size_t count;
+} case_t;
+
+/* Sizes around the mailbox (32 B), one-shot (16 KiB), tuner (256 KiB) and single-copy (1 MiB)
+ * thresholds, odd counts (slices of unequal length, some empty with 4 ranks), and one that is
+ * several stage rounds long. */
+static const size_t f32_counts[] = {1,     8,      9,      4096,        4097,         16411,
+                                    65536, 65551,  262147, (1u << 20) + 13, (3u << 20) + 5};
+static const size_t other_counts[] = {9, 4097, 65551, 262147};
+#define MAX_CASES 64
+
+static int make_cases(case_t *cases)
+{
+    int n = 0;
+    for (size_t i = 0; i < sizeof f32_counts / sizeof *f32_counts; i++)
+        cases[n++] = (case_t){DDP_F32, DDP_SUM, f32_counts[i]};
+    const case_t others[3] = {{DDP_F16, DDP_SUM, 0}, {DDP_I32, DDP_AVG, 0}, {DDP_F64, DDP_MAX, 0}};
+    for (int o = 0; o < 3; o++)
+        for (size_t i = 0; i < sizeof other_counts / sizeof *other_counts; i++) {
+            cases[n] = others[o];
+            cases[n++].count = other_counts[i];
+        }
+    return n;
+}
+
+/* The knobs that force each variant (tuning off). */
+typedef struct {
+    const char *name;      /* what ddp_group_algorithm must say above the one-shot size */
+    const char *env[4][2]; /* variable, value */
+} variant_t;
+
+static const variant_t variants[] = {
+    {"staged:nt", {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_STAGED_STORES", "nt"}}},
+    {"staged:plain", {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_STAGED_STORES", "plain"}}},
+    {"one-shot", {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_ONESHOT_BYTES", "1048576"}}},
+    {"single-copy", {{"DDP_SHM_CMA_BYTES", "0"}, {"DDP_SHM_ONESHOT_BYTES", "0"}}},
+};
+#define NVARIANTS ((int)(sizeof variants / sizeof *variants))
+
+static void clear_env(void)
+{
+    const char *names[] = {"DDP_SHM_CMA", "DDP_SHM_STAGED_STORES", "DDP_SHM_ONESHOT_BYTES",
+                           "DDP_SHM_CMA_BYTES", "DDP_SHM_TUNE"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) unsetenv(names[i]);
+}
+
+static ddp_group_t *make_group(int rank, int world, ddp_store_t *store, const char *name)
+{
+    ddp_group_options_t options;
+    ddp_group_options_init(&options);
+    options.name = name;
+    ddp_group_t *g = NULL;
+    CHECK_OK(ddp_group_create(store, rank, world, &options, &g));
+    return g;
+}
+
+/* Checks that a 64-bit value is the same on every rank. */
+static void check_same_everywhere(ddp_group_t *g, uint64_t v, const char *what, int k)
+{
+    int64_t lo = (int64_t)v, hi = (int64_t)v;
+    CHECK_OK(ddp_group_allreduce(g, &lo, &lo, 1, DDP_I64, DDP_MIN));
+    CHECK_OK(ddp_group_allreduce(g, &hi, &hi, 1, DDP_I64, DDP_MAX));
+    CHECK_MSG(lo == hi, "%s of case %d differs between ranks", what, k);
+}
+
+/* Runs every case on g (in place when `inplace`); returns the hashes of the results. */
+static void run_cases(ddp_group_t *g, const case_t *cases, int ncases, int inplace,
+                      const char *expect_algorithm, uint64_t *hashes)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    for (int k = 0; k < ncases; k++) {
+        const case_t *c = &cases[k];
+        size_t bytes = c->count * ddp_dtype_size(c->dtype);
+        char *send = malloc(bytes + 64), *recv = malloc(bytes + 64);
+        CHECK(send && recv);
+        fill(send, c->dtype, rank, c->count, k);
+        memset(recv, 0xA5, bytes + 64);
+        if (inplace) memcpy(recv, send, bytes);
+        CHECK_OK(ddp_group_allreduce(g, inplace ? recv : send, recv, c->count, c->dtype, c->op));
+        const char *ran = ddp_group_algorithm(g);
+        /* Guard bytes past the end stay untouched. */
+        for (size_t i = bytes; i < bytes + 64; i++)
+            CHECK_MSG((unsigned char)recv[i] == 0xA5, "case %d wrote past its end", k);
+        if (world > 1 && expect_algorithm && bytes > 16384)
+            CHECK_MSG(strcmp(ran, expect_algorithm) == 0, "case %d (%zu bytes) ran %s, not %s", k,
+                      bytes, ran, expect_algorithm);
+        if (c->dtype == DDP_F32 && c->op == DDP_SUM) {
+            for (size_t i = 0; i < c->count; i++) {
+                float want = input_f32(0, i, k);
+                for (int r = 1; r < world; r++) want += input_f32(r, i, k);
+                float got = ((float *)recv)[i];
+                CHECK_MSG(memcmp(&got, &want, sizeof got) == 0,
+                          "case %d (%zu f32, %s, in place %d) element %zu: %.9g, want %.9g", k,
+                          c->count, ran, inplace, i, got, want);
+            }
+        }
+        hashes[k] = hash_bytes(recv, bytes);
+        check_same_everywhere(g, hashes[k], "the result", k);
+        free(send);
+        free(recv);
+    }
+}
+
+static int rank_variants(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    case_t cases[MAX_CASES];
+    int ncases = make_cases(cases);
+    static uint64_t hashes[NVARIANTS][2][MAX_CASES];
+    for (int v = 0; v < NVARIANTS; v++) {
+        clear_env();
+        setenv("DDP_SHM_TUNE", "off", 1);
+        for (int e = 0; e < 4 && variants[v].env[e][0]; e++)
+            setenv(variants[v].env[e][0], variants[v].env[e][1], 1);
+        char name[64];
+        snprintf(name, sizeof name, "variant%d", v);
+        ddp_group_t *g = make_group(rank, world, store, name);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            /* The one-shot variant runs only up to its threshold; above it the staged path. */
+            int k_max = ncases;
+            run_cases(g, cases, k_max, inplace, v == 2 ? NULL : variants[v].name,
+                      hashes[v][inplace]);
+            if (v == 2 && world > 1) {
+                /* 65551 f32 (256 KiB) is within the one-shot size set above. */
+                case_t one = {DDP_F32, DDP_SUM, 65551};
+                uint64_t h;
+                run_cases(g, &one, 1, inplace, "one-shot", &h);
+            }
+        }
+        ddp_group_destroy(g);
+    }
+    for (int v = 1; v < NVARIANTS; v++)
+        for (int inplace = 0; inplace < 2; inplace++)
+            for (int k = 0; k < ncases; k++)
+                CHECK_MSG(hashes[v][inplace][k] == hashes[0][inplace][k],
+                          "case %d (%zu elements, dtype %d, in place %d): %s differs from %s", k,
+                          cases[k].count, (int)cases[k].dtype, inplace, variants[v].name,
+                          variants[0].name);
+    for (int k = 0; k < ncases; k++)
+        CHECK_MSG(hashes[0][0][k] == hashes[0][1][k], "case %d: in place differs from not", k);
+    return 0;
+}
+
+static int rank_fallback(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    case_t cases[MAX_CASES];
+    int ncases = make_cases(cases);
+    static uint64_t on[MAX_CASES], off[MAX_CASES];
+    clear_env();
+    setenv("DDP_SHM_TUNE", "off", 1);
+    setenv("DDP_SHM_CMA_BYTES", "0", 1);
+    ddp_group_t *g = make_group(rank, world, store, "all-on");
+    run_cases(g, cases, ncases, 0, "single-copy", on);
+    ddp_group_destroy(g);
+    /* The last rank refuses: nobody reads anybody. */
+    if (rank == world - 1) setenv("DDP_SHM_CMA", "off", 1);
+    g = make_group(rank, world, store, "one-off");
+    run_cases(g, cases, ncases, 0, "staged:nt", off);
+    ddp_group_destroy(g);
+    for (int k = 0; k < ncases; k++)
+        CHECK_MSG(on[k] == off[k], "case %d: the fallback's result differs", k);
+    return 0;
+}
+
+/* One broadcast, allgather or reduce_scatter case; returns the hash of this rank's result. */
+static uint64_t run_other(ddp_group_t *g, int kind, ddp_dtype_t dt, ddp_reduce_op_t op, size_t n,
+                          int inplace, int root, int k, const char *expect)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(dt), total = n * (size_t)world;
+    char *send = malloc(total * es + 64), *recv = malloc(total * es + 64);
+    CHECK(send && recv);
+    memset(recv, 0xA5, total * es + 64);
+    size_t out_bytes = 0;
+    const char *what = kind == 1 ? "broadcast" : kind == 2 ? "allgather" : "reduce_scatter";
+    if (kind == 1) {
+        fill(recv, dt, rank == root ? 0 : rank + 100, n, k); /* only the root's survives */
+        CHECK_OK(ddp_group_broadcast(g, recv, n, dt, root));
+        out_bytes = n * es;
+        char *want = malloc(n * es + 1);
+        fill(want, dt, 0, n, k);
+        CHECK_MSG(memcmp(recv, want, n * es) == 0, "broadcast case %d differs from the root's", k);
+        free(want);
+    } else if (kind == 2) {
+        char *mine = inplace ? recv + (size_t)rank * n * es : send;
+        fill(mine, dt, rank, n, k);
+        CHECK_OK(ddp_group_allgather(g, mine, recv, n, dt));
+        out_bytes = total * es;
+        char *want = malloc(n * es + 1);
+        for (int r = 0; r < world; r++) {
+            fill(want, dt, r, n, k);
+            CHECK_MSG(memcmp(recv + (size_t)r * n * es, want, n * es) == 0,
+                      "allgather case %d: block %d differs", k, r);
+        }
+        free(want);
+    } else {
+        fill(send, dt, rank, total, k);
+        char *out = inplace ? send + (size_t)rank * n * es : recv;
+        CHECK_OK(ddp_group_reduce_scatter(g, send, out, n, dt, op));
+        if (inplace) memcpy(recv, out, n * es);
+        out_bytes = n * es;
+        if (dt == DDP_F32 && op == DDP_SUM)
+            for (size_t i = 0; i < n; i++) {
+                size_t at = (size_t)rank * n + i;
+                float want = input_f32(0, at, k);
+                for (int r = 1; r < world; r++) want += input_f32(r, at, k);
+                float got = ((float *)recv)[i];
+                CHECK_MSG(memcmp(&got, &want, sizeof got) == 0,
+                          "reduce_scatter case %d element %zu: %.9g, want %.9g", k, i, got, want);
+            }
+    }
+    for (size_t i = (inplace && kind == 3 ? n * es : total * es); i < total * es + 64; i++)
+        if (kind != 3 || !inplace)
+            CHECK_MSG((unsigned char)recv[i] == 0xA5 || i < out_bytes,
+                      "%s case %d wrote past its end", what, k);
+    const char *ran = ddp_group_algorithm(g);
+    if (world > 1 && n > 0)
+        CHECK_MSG(strcmp(ran, expect) == 0, "%s case %d (%zu elements) ran %s, not %s", what, k, n,
+                  ran, expect);
+    uint64_t h = hash_bytes(recv, out_bytes);
+    free(send);
+    free(recv);
+    return h;
+}
+
+static int rank_collectives(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    static const size_t counts[] = {0, 1, 7, 4099, 65543, 300001};
+    static const struct {
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+    } types[3] = {{DDP_F32, DDP_SUM}, {DDP_F16, DDP_SUM}, {DDP_I32, DDP_AVG}};
+    static uint64_t hashes[2][512];
+    static int same_everywhere[512]; /* broadcast and allgather: every rank has the same bytes */
+    static const char *const names[2] = {"rounds", "single-copy"};
+    int ncases = 0;
+    for (int v = 0; v < 2; v++) {
+        clear_env();
+        setenv("DDP_SHM_TUNE", "off", 1);
+        if (v == 0) setenv("DDP_SHM_CMA", "off", 1);
+        else setenv("DDP_SHM_CMA_BYTES", "0", 1);
+        char name[32];
+        snprintf(name, sizeof name, "others%d", v);
+        ddp_group_t *g = make_group(rank, world, store, name);
+        int k = 0;
+        for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+            size_t n = counts[c];
+            for (int root = 0; root < world; root += world > 1 ? world - 1 : 1, k++) {
+                hashes[v][k] = run_other(g, 1, DDP_F32, DDP_SUM, n, 0, root, k, names[v]);
+                same_everywhere[k] = 1;
+            }
+            for (int inplace = 0; inplace < 2; inplace++, k++) {
+                hashes[v][k] = run_other(g, 2, DDP_F32, DDP_SUM, n, inplace, 0, k, names[v]);
+                same_everywhere[k] = 1;
+            }
+            for (int t = 0; t < 3; t++)
+                for (int inplace = 0; inplace < 2; inplace++, k++)
+                    hashes[v][k] = run_other(g, 3, types[t].dt, types[t].op, n, inplace, 0, k,
+                                             names[v]);
+        }
+        for (int i = 0; i < k; i++)
+            if (same_everywhere[i]) check_same_everywhere(g, hashes[v][i], "the result", i);
+        ncases = k;
+        ddp_group_destroy(g);
+    }
+    for (int i = 0; i < ncases; i++)
+        CHECK_MSG(hashes[0][i] == hashes[1][i], "case %d: single copy differs from rounds", i);
+    return 0;
+}
+
+static int variant_index(const char *name)
+{
+    static const char *const names[] = {"staged:nt", "staged:plain", "one-shot", "single-copy"};
+    for (int v = 0; v < 4; v++)
+        if (!strcmp(name, names[v])) return v;
+    return -1;
+}
+
+static int rank_agree(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    clear_env();
+    setenv("DDP_SHM_TUNE", "online", 1);
+    /* Rank r's clock says variant r % 4 is a million times faster than the others (no load
+     * on a shared machine jitters by that much). */
+    double skew[4] = {1, 1, 1, 1};
+    for (int v = 0; v < 4; v++) skew[v] = v == rank % 4 ? 1e-6 : 1.0;
+    ddp__shm_set_tune_skew(skew, 4);
+    ddp_group_t *g = make_group(rank, world, store, "agree");
+    /* 64 KiB: staged nt/plain and one-shot are candidates (rank 0 favours staged:nt); 1 MiB:
+     * staged nt/plain and single copy. */
+    static const size_t counts[2] = {16384, 262144};
+    float *buf = malloc(counts[1] * sizeof(float));
+    CHECK(buf);
+    for (int s = 0; s < 2; s++) {
+        int last = -1;
+        for (int call = 0; call < 80; call++) {
+            for (size_t i = 0; i < counts[s]; i++) buf[i] = input_f32(rank, i, call);
+            CHECK_OK(ddp_group_allreduce(g, buf, buf, counts[s], DDP_F32, DDP_SUM));
+            int v = variant_index(ddp_group_algorithm(g));
+            CHECK_MSG(v >= 0, "unexpected algorithm %s", ddp_group_algorithm(g));
+            uint64_t h = hash_bytes(buf, counts[s] * sizeof(float));
+            check_same_everywhere(g, (uint64_t)v, "the variant", call);
+            check_same_everywhere(g, h, "the result", call);
+            if (call % 32 < 30) last = v; /* not a trial (the last 2 calls of every 32) */
+        }
+        /* Rank 0's favourite, staged:nt (variant 0), won everywhere. */
+        CHECK_MSG(world == 1 || last == 0, "size %zu: after the probe ran variant %d, not 0",
+                  counts[s], last);
+    }
+    free(buf);
+    ddp_group_destroy(g);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int world = argc > 1 ? atoi(argv[1]) : 2;
+    mode = argc > 2 ? argv[2] : "variants";
+    setenv("DDP_TRANSPORT", "auto", 1);
+    ddp_test_rank_fn fn = !strcmp(mode, "variants")   ? rank_variants
+                          : !strcmp(mode, "fallback") ? rank_fallback
+                          : !strcmp(mode, "agree")    ? rank_agree
+                          : !strcmp(mode, "collectives") ? rank_collectives
+                                                      : NULL;
+    if (!fn) {
+        fprintf(stderr, "usage: test_shm_tune <world> variants|fallback|collectives|agree\n");
+        return 2;
+    }
+    return ddp_test_run_ranks(world, 300, fn, NULL);
+}
