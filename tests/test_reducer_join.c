@@ -123,6 +123,18 @@ static int run_round(ddp_group_t *group, ddp_reducer_t *red, float **params, int
         CHECK_OK(ddp_reducer_zero_grad(red));
     }
     CHECK_OK(ddp_reducer_join(red));
+    int last = 0; /* the round's last iteration: a rank that shadowed it holds its average */
+    for (int q = 0; q < world; q++) last = iters(round, q, world) > last ? iters(round, q, world) : last;
+    if (mine < last && !the_case.unused) {
+        unsigned long long h = 1469598103934665603ULL;
+        for (int k = 0; k < NP; k++) {
+            float *g = NULL;
+            CHECK_OK(ddp_reducer_grad(red, (size_t)k, (void **)&g));
+            h = checksum(g, numel[k] * sizeof(float), h);
+        }
+        sums[last - 1] = (long long)(h >> 1);
+    }
+    CHECK_OK(ddp_reducer_zero_grad(red));
     /* Every rank with data in iteration t produced the same bits. */
     long long *all = calloc((size_t)world * MAXIT, sizeof *all);
     CHECK(all);
@@ -130,7 +142,8 @@ static int run_round(ddp_group_t *group, ddp_reducer_t *red, float **params, int
     for (int t = 0; t < MAXIT; t++) {
         int first = -1;
         for (int q = 0; q < world; q++) {
-            if (iters(round, q, world) <= t) continue;
+            int shadowed_last = t == last - 1 && !the_case.unused;
+            if (iters(round, q, world) <= t && !shadowed_last) continue;
             if (first < 0) first = q;
             CHECK_MSG(all[q * MAXIT + t] == all[first * MAXIT + t],
                       "round %d iteration %d: rank %d's gradients differ from rank %d's", round,

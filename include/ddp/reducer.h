@@ -290,7 +290,12 @@ DDP_API ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *reducer, size_t inde
  * joined, parameters and buffers are broadcast from the last rank to join (the lowest of
  * them), so every rank leaves with the same model, and ddp_reducer_join returns DDP_OK on every
  * rank; the next prepare starts a new round with every rank contributing (e.g. the next
- * epoch). The joined rank's gradients are zeroed. An error on any rank during those
+ * epoch). A rank that shadowed at least one iteration leaves with the average of the last one
+ * in its gradients, bitwise that of the ranks with data (globally unused parameters with
+ * find_unused_parameters: zero; user_grads: param.grad untouched): when the ranks run out within
+ * one iteration of each other (an epoch's remainder), it can take the same optimizer step so its
+ * optimizer state stays that of the others. Call ddp_reducer_zero_grad before the next round. An
+ * error on any rank during those
  * iterations (a failed reduction, a usage error) is returned on every rank.
  * DDP_ERR_INVALID_USAGE without config.join, or between prepare and finalize of a synchronised
  * iteration. */

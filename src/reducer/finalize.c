@@ -393,12 +393,8 @@ static ddp_status_t shadow_iteration(ddp_reducer_t *r)
     ddp_work_t *status_work = start_status_exchange(r, nu, &o);
     wait_all(r, status_work, &o);
     r->active = 0;
-    /* The reductions left the others' average in this rank's memory: it joined, so its
-     * gradients stay zero (it takes no optimizer step on them). */
-    for (size_t b = 0; b < r->nbuckets; b++) {
-        bucket_t *k = &r->buckets[b];
-        if (k->data && k->numel) memset(k->data, 0, k->numel * ddp_dtype_size(k->dtype));
-    }
+    /* The reductions leave the others' average in this rank's gradients, the same bits as
+     * theirs: after the join a caller may take the same optimizer step (ddp_reducer_join). */
     ddp_status_t s = agreed_outcome(r, nu, &o);
     if (s != DDP_OK) return s;
     if (r->recording) {
