@@ -189,6 +189,17 @@ static int case_exact(ddp_group_t *group, void *arg)
     CHECK_OK(ddp_powersgd_stats(run.state, &st));
     CHECK(st.plain_buckets == 0 && st.powersgd_buckets > 0);
     CHECK(st.compressed_tensors == 4 * 3); /* w1, w2, big each step */
+    if (ddp_group_size(group) > 1) {
+        /* Uneven inputs (config.join): a bucket of which only one rank's data is real is
+         * refused, on every rank alike, before any collective. */
+        double m[6] = {0};
+        size_t p0[1] = {0}, o0[1] = {0}, n0[1] = {6}, r0[1] = {2};
+        ddp_comm_bucket_t bj = {0, m, 6, DDP_F64, 1, p0, o0, n0, r0, 0, 1, 1};
+        ddp_work_t *work = NULL;
+        CHECK_STATUS(ddp_powersgd_hook(run.state, group, &bj, &work), DDP_ERR_INVALID_USAGE);
+        CHECK_ERROR_MENTIONS("uneven inputs");
+        CHECK(work == NULL);
+    }
     CHECK(st.compression_rate > 10);
     run_close(&run, sc);
     return 0;
