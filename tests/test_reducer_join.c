@@ -16,6 +16,8 @@
  *   block    DDP_GRAD_MEMORY_BLOCK with pieces (piece_bytes) and grad_ready_rows
  *   fp16     the fp16 compression hook (prescaled by 1 / ranks with data)
  *   nosync   a no_sync micro-step before each synchronised one (accumulation)
+ *   error    rank 0 joins at once; a rank with data leaves a parameter unmarked: finalize fails
+ *            there, and the joined rank's ddp_reducer_join fails too, naming it
  *   refuse   join without config.join, join inside an iteration, join with comm_hook_averages,
  *            and a sync mismatch between ranks with data: errors naming the problem */
 #include <math.h>
@@ -268,6 +270,29 @@ static int case_refuse(ddp_group_t *group, void *arg)
     return 0;
 }
 
+static int case_error(ddp_group_t *group, void *arg)
+{
+    (void)arg;
+    int rank = ddp_group_rank(group);
+    float w[8] = {0}, b[3] = {0};
+    ddp_param_t p[2] = {{.name = "w", .data = w, .numel = 8, .dtype = DDP_F32},
+                        {.name = "forgotten", .data = b, .numel = 3, .dtype = DDP_F32}};
+    ddp_reducer_config_t c = DDP_REDUCER_CONFIG_INIT;
+    c.join = 1;
+    ddp_reducer_t *red = NULL;
+    CHECK_OK(ddp_reducer_create(group, p, 2, NULL, 0, &c, &red));
+    if (rank == 0) {
+        CHECK_STATUS(ddp_reducer_join(red), DDP_ERR_INVALID_USAGE);
+    } else {
+        CHECK_OK(ddp_reducer_prepare(red));
+        CHECK_OK(ddp_reducer_grad_ready(red, 0));
+        CHECK_STATUS(ddp_reducer_finalize(red), DDP_ERR_INVALID_USAGE);
+    }
+    CHECK_ERROR_MENTIONS("forgotten");
+    ddp_reducer_destroy(red);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -277,15 +302,17 @@ int main(int argc, char **argv)
     static const case_t cases[] = {
         {"plain", 0, 0, 0, 0, 0},  {"early", 0, 0, 0, 0, 1}, {"unused", 1, 0, 0, 0, 0},
         {"block", 0, 1, 0, 0, 0},  {"fp16", 0, 0, 1, 0, 0},  {"nosync", 0, 0, 0, 1, 0},
-        {"refuse", 0, 0, 0, 0, 0}};
+        {"refuse", 0, 0, 0, 0, 0}, {"error", 0, 0, 0, 0, 0}};
     int world = atoi(argv[2]);
     ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
     options.timeout_ms = 20000;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(cases[i].name, argv[1]) != 0) continue;
         the_case = cases[i];
-        int rc = ddp_test_run_group(world, 80, &options,
-                                    strcmp(argv[1], "refuse") ? case_run : case_refuse, NULL);
+        ddp_test_group_fn fn = !strcmp(argv[1], "refuse") ? case_refuse
+                               : !strcmp(argv[1], "error") ? case_error
+                                                           : case_run;
+        int rc = ddp_test_run_group(world, 80, &options, fn, NULL);
         printf("test_reducer_join %s world=%d: %s\n", argv[1], world, rc ? "FAILED" : "ok");
         return rc;
     }

@@ -586,6 +586,11 @@ droplast)
             done
         done
     done
+    # the fp16 hook (buckets prescaled by 1 / ranks with data): completes, one model
+    run 2 --subset $N --hidden 96 --seed 3 --no-eval --print-checksum --batch 100 --epochs 1 --drop-last 0 --hook fp16
+    [ "$RC" = 0 ] || fail "--drop-last 0 --hook fp16 on 2 ranks"
+    one_checksum 2 "--drop-last 0 --hook fp16 on 2 ranks"
+    grep -q "^samples epoch=1 $want\$" "$WORK/out" || fail "--hook fp16: not every sample once"
     # --drop-last 1 (the default) keeps dropping the remainder: 10 steps of 99
     run 3 --subset $N --hidden 96 --seed 3 --no-eval --print-losses --batch 99 --epochs 1
     [ "$(losses | wc -l)" = 10 ] || fail "--drop-last 1: expected 10 steps"
