@@ -83,3 +83,19 @@ endforeach()
 if(TARGET ddp_powersgd_static)
   target_compile_definitions(test_reducer_block PRIVATE TEST_WITH_POWERSGD)
 endif()
+
+# Uneven inputs (config.join, ddp_reducer_join): ranks with different iteration counts, against a
+# float64 reference of the average over the ranks with data, in every gradient memory and hook
+# combination the join supports; refusals.
+foreach(case plain early unused block fp16 nosync)
+  foreach(world 2 3 4)
+    ddp_add_test(NAME test_reducer_join SOURCES test_reducer_join.c ARGS ${case} ${world}
+                 TIMEOUT 90)
+  endforeach()
+endforeach()
+foreach(world 1 2 3)
+  ddp_add_test(NAME test_reducer_join SOURCES test_reducer_join.c ARGS refuse ${world} TIMEOUT 90)
+endforeach()
+foreach(world 2 3)
+  ddp_add_test(NAME test_reducer_join SOURCES test_reducer_join.c ARGS error ${world} TIMEOUT 90)
+endforeach()

@@ -1025,7 +1025,7 @@ static void check_hooks(void)
     ddp_group_t *group = make_group1(&store);
     float data[6] = {1, 2, 3, 4, 5, 6};
     size_t pidx[1] = {0}, offs[1] = {0}, numels[1] = {6}, rows[1] = {0};
-    ddp_comm_bucket_t bucket = {0, data, 6, DDP_F32, 1, pidx, offs, numels, rows, 0, 1};
+    ddp_comm_bucket_t bucket = {0, data, 6, DDP_F32, 1, pidx, offs, numels, rows, 0, 1, 0};
     ddp_work_t *work = NULL;
     EXPECT_BAD(ddp_hook_fp16(NULL, group, &bucket, &work), "state");
     EXPECT_BAD(ddp_hook_fp16(bhalf, group, &bucket, &work), "state"); /* wrong wire dtype */
@@ -1104,7 +1104,7 @@ static void check_powersgd(void)
     ddp_group_t *group = make_group1(&store);
     float data[6] = {1, 2, 3, 4, 5, 6};
     size_t pidx[1] = {0}, offs[1] = {0}, numels[1] = {6}, rows[1] = {2};
-    ddp_comm_bucket_t bucket = {0, data, 6, DDP_F32, 1, pidx, offs, numels, rows, 0, 1};
+    ddp_comm_bucket_t bucket = {0, data, 6, DDP_F32, 1, pidx, offs, numels, rows, 0, 1, 0};
     ddp_work_t *work = NULL;
     EXPECT_BAD(ddp_powersgd_hook(NULL, group, &bucket, &work), "state");
     EXPECT_BAD(ddp_powersgd_hook(state, NULL, &bucket, &work), "group");
@@ -1340,7 +1340,7 @@ static void check_shard(void)
     CHECK(owner == 0);
     float data[5] = {1, 2, 3, 4, 5};
     size_t pidx[1] = {0}, offs[1] = {0}, numels[1] = {5}, rows[1] = {0};
-    ddp_comm_bucket_t bucket = {0, data, 5, DDP_F32, 1, pidx, offs, numels, rows, 0, 1};
+    ddp_comm_bucket_t bucket = {0, data, 5, DDP_F32, 1, pidx, offs, numels, rows, 0, 1, 0};
     ddp_work_t *work = NULL;
     EXPECT_BAD(ddp_zero_hook(NULL, group, &bucket, &work), "state");
     /* A ZeRO object without overlap as the hook state. */

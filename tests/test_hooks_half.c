@@ -149,7 +149,7 @@ static int run_args(ddp_group_t *group, void *arg)
 
     float values[5] = {1.0f, -2.5f, 3.0e-3f, 1.0f / 3.0f, 70000.0f};
     size_t params[1] = {0}, offsets[1] = {0}, counts[1] = {5}, nrows[1] = {0};
-    ddp_comm_bucket_t b = {0, values, 5, DDP_F32, 1, params, offsets, counts, nrows, 0, 1};
+    ddp_comm_bucket_t b = {0, values, 5, DDP_F32, 1, params, offsets, counts, nrows, 0, 1, 0};
     ddp_work_t *work = NULL;
     CHECK_STATUS(ddp_hook_fp16(NULL, group, &b, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("state");
@@ -162,7 +162,7 @@ static int run_args(ddp_group_t *group, void *arg)
     CHECK_STATUS(ddp_hook_bf16(bf16, group, &b, NULL), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("work");
     int32_t ints[2] = {1, 2};
-    ddp_comm_bucket_t bi = {3, ints, 2, DDP_I32, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t bi = {3, ints, 2, DDP_I32, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_STATUS(ddp_hook_fp16(fp16, group, &bi, &work), DDP_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("bucket 3");
     CHECK_STATUS(ddp_half_hook_stats(NULL, NULL), DDP_ERR_INVALID_ARGUMENT);
@@ -185,18 +185,18 @@ static int run_args(ddp_group_t *group, void *arg)
     CHECK(isinf(values[4]));
     /* bf16 keeps f32's range. */
     float big = 70000.0f;
-    ddp_comm_bucket_t bb = {1, &big, 1, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t bb = {1, &big, 1, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_OK(ddp_hook_bf16(bf16, group, &bb, &work));
     CHECK_OK(ddp_work_wait(work));
     ddp_work_free(work);
     CHECK(big == ddp_bf16_to_f32(ddp_f32_to_bf16(70000.0f)));
     /* An empty bucket and an already-half bucket. */
-    ddp_comm_bucket_t be = {2, NULL, 0, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t be = {2, NULL, 0, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_OK(ddp_hook_fp16(fp16, group, &be, &work));
     CHECK_OK(ddp_work_wait(work));
     ddp_work_free(work);
     uint16_t h[3] = {ddp_f32_to_f16(1.5f), ddp_f32_to_f16(-4.0f), 0};
-    ddp_comm_bucket_t bh = {4, h, 3, DDP_F16, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t bh = {4, h, 3, DDP_F16, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_OK(ddp_hook_fp16(fp16, group, &bh, &work));
     CHECK_OK(ddp_work_wait(work));
     ddp_work_free(work);
@@ -230,7 +230,7 @@ static int run_args(ddp_group_t *group, void *arg)
     for (int w = 0; w < 2; w++) {
         ddp_half_hook_state_t *hs = w == 0 ? fp16 : bf16;
         memcpy(out, in, NCONV * sizeof(float));
-        ddp_comm_bucket_t bc = {9, out, NCONV, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1};
+        ddp_comm_bucket_t bc = {9, out, NCONV, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
         CHECK_OK(w == 0 ? ddp_hook_fp16(hs, group, &bc, &work) : ddp_hook_bf16(hs, group, &bc,
                                                                                 &work));
         CHECK_OK(ddp_work_wait(work));

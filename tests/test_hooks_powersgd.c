@@ -189,6 +189,17 @@ static int case_exact(ddp_group_t *group, void *arg)
     CHECK_OK(ddp_powersgd_stats(run.state, &st));
     CHECK(st.plain_buckets == 0 && st.powersgd_buckets > 0);
     CHECK(st.compressed_tensors == 4 * 3); /* w1, w2, big each step */
+    if (ddp_group_size(group) > 1) {
+        /* Uneven inputs (config.join): a bucket of which only one rank's data is real is
+         * refused, on every rank alike, before any collective. */
+        double m[6] = {0};
+        size_t p0[1] = {0}, o0[1] = {0}, n0[1] = {6}, r0[1] = {2};
+        ddp_comm_bucket_t bj = {0, m, 6, DDP_F64, 1, p0, o0, n0, r0, 0, 1, 1};
+        ddp_work_t *work = NULL;
+        CHECK_STATUS(ddp_powersgd_hook(run.state, group, &bj, &work), DDP_ERR_INVALID_USAGE);
+        CHECK_ERROR_MENTIONS("uneven inputs");
+        CHECK(work == NULL);
+    }
     CHECK(st.compression_rate > 10);
     run_close(&run, sc);
     return 0;
@@ -407,7 +418,7 @@ static int case_unit(ddp_group_t *group, void *arg)
     unsigned long long seed = 7;
     for (int i = 0; i < 35; i++) orig[i] = m57[i] = ddp_test_random(&seed);
     size_t ps[1] = {0}, offs[1] = {0}, nums[1] = {35}, rws[1] = {5};
-    ddp_comm_bucket_t b = {0, m57, 35, DDP_F64, 1, ps, offs, nums, rws, 0, 1};
+    ddp_comm_bucket_t b = {0, m57, 35, DDP_F64, 1, ps, offs, nums, rws, 0, 1, 0};
     CHECK_OK(call_hook(st, group, &b));
     for (int i = 0; i < 35; i++)
         CHECK_MSG(fabs(m57[i] - orig[i]) < 1e-12, "full-rank element %d: %.17g vs %.17g", i,
@@ -430,7 +441,7 @@ static int case_unit(ddp_group_t *group, void *arg)
     for (size_t i = 0; i < total; i++) in[i] = buf[i] = (float)ddp_test_random(&seed);
     size_t ps3[3] = {0, 1, 2}, offs3[3] = {0, N1 * M1, N1 * M1 + NV};
     size_t nums3[3] = {N1 * M1, NV, N2 * M2}, rws3[3] = {N1, 0, N2};
-    ddp_comm_bucket_t b3 = {1, buf, total, DDP_F32, 3, ps3, offs3, nums3, rws3, 0, 1};
+    ddp_comm_bucket_t b3 = {1, buf, total, DDP_F32, 3, ps3, offs3, nums3, rws3, 0, 1, 0};
     CHECK_OK(call_hook(st, group, &b3));
     for (size_t i = 0; i < NV; i++) CHECK(buf[N1 * M1 + i] == in[N1 * M1 + i]);
     for (int mat = 0; mat < 2; mat++) {
@@ -484,18 +495,18 @@ static int case_unit(ddp_group_t *group, void *arg)
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &b3, NULL), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("work");
     int32_t ints[4] = {0};
-    ddp_comm_bucket_t bi = {5, ints, 4, DDP_I32, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t bi = {5, ints, 4, DDP_I32, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &bi, &work), DDP_ERR_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("bucket 5");
     size_t bad_off[1] = {30}, bad_num[1] = {10};
-    ddp_comm_bucket_t bo = {6, m57, 35, DDP_F64, 1, ps, bad_off, bad_num, rws, 0, 1};
+    ddp_comm_bucket_t bo = {6, m57, 35, DDP_F64, 1, ps, bad_off, bad_num, rws, 0, 1, 0};
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &bo, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("beyond");
     size_t bad_rows[1] = {4}; /* 35 % 4 != 0 */
-    ddp_comm_bucket_t br = {6, m57, 35, DDP_F64, 1, ps, offs, nums, bad_rows, 0, 1};
+    ddp_comm_bucket_t br = {6, m57, 35, DDP_F64, 1, ps, offs, nums, bad_rows, 0, 1, 0};
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &br, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("rows 4 does not divide");
-    ddp_comm_bucket_t bd = {6, m57, 35, (ddp_dtype_t)99, 1, ps, offs, nums, rws, 0, 1};
+    ddp_comm_bucket_t bd = {6, m57, 35, (ddp_dtype_t)99, 1, ps, offs, nums, rws, 0, 1, 0};
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &bd, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("dtype 99");
     bd.dtype = DDP_F64;
@@ -503,10 +514,10 @@ static int case_unit(ddp_group_t *group, void *arg)
     CHECK_STATUS(ddp_powersgd_hook(st3, group, &bd, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("numel");
     /* An empty bucket and a half bucket go through. */
-    ddp_comm_bucket_t be = {7, NULL, 0, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t be = {7, NULL, 0, DDP_F32, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_OK(call_hook(st3, group, &be));
     uint16_t h[2] = {ddp_f32_to_f16(2.0f), ddp_f32_to_f16(-1.0f)};
-    ddp_comm_bucket_t bh = {8, h, 2, DDP_F16, 0, NULL, NULL, NULL, NULL, 0, 1};
+    ddp_comm_bucket_t bh = {8, h, 2, DDP_F16, 0, NULL, NULL, NULL, NULL, 0, 1, 0};
     CHECK_OK(call_hook(st3, group, &bh));
     CHECK(ddp_f16_to_f32(h[0]) == 2.0f);
 

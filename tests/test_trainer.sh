@@ -27,6 +27,11 @@
 #               of the size it sets; a file that is not the CSV is refused
 #   metrics     --metrics FILE: one CSV row per step, the losses those of --print-losses, also
 #               across a restart (no step twice)
+#   droplast    --drop-last 0 with --subset 1001 (does not divide): 2 and 3 ranks complete, the
+#               partial last batch included (ranks past the remainder join the others' reductions
+#               with ddp_reducer_join); every sample used once per epoch; losses within 1e-5 of
+#               one process on the same samples, one checksum over ranks; --drop-last 1 still
+#               drops the remainder; refusals
 #   optim       AdamW + warmup/cosine + clipping (libddp's optimizer) with ZeRO-1, ZeRO-2,
 #               PowerSGD and bf16 parameters: stopped and resumed equals uninterrupted, bitwise;
 #               each setting changes the run; bad values and mismatching resumes are named
@@ -552,6 +557,50 @@ metrics)
         cmp -s "$WORK/rows1" "$WORK/rows2" ||
             { fail "metrics across a restart differ from one run:"; diff "$WORK/rows1" "$WORK/rows2" >&2; }
     fi
+    ;;
+droplast)
+    # 1001 = 10 x 99 + 11 and 20 x 48 + 41: with batch 99 at 3 ranks (33 each) rank 0 has the
+    # 11 remaining samples and ranks 1, 2 join; with batch 48 every rank has a share of 41, unequal
+    # (24 + 17; 16 + 16 + 9), so the weighting by real samples is what makes the losses match.
+    N=1001
+    want="count=$N index_sum=$((N * (N - 1) / 2)) index_sq_sum=$(((N - 1) * N * (2 * N - 1) / 6))"
+    for batch in 48 96 99 100; do
+        for opt in sgd adam; do
+            args="--subset $N --hidden 96 --seed 3 --no-eval --print-losses --print-checksum --optim $opt --batch $batch --epochs 2 --drop-last 0"
+            run 1 $args
+            [ "$RC" = 0 ] || fail "1 rank batch $batch $opt --drop-last 0"
+            losses >"$WORK/d1"
+            steps=$(( (N + batch - 1) / batch * 2 ))
+            [ "$(wc -l <"$WORK/d1")" = "$steps" ] || fail "batch $batch: expected $steps losses"
+            for n in 2 3; do
+                [ $((batch % n)) = 0 ] || continue
+                run $n $args
+                [ "$RC" = 0 ] || { fail "$n ranks batch $batch $opt --drop-last 0"; continue; }
+                losses >"$WORK/d$n"
+                same_losses "$WORK/d1" "$WORK/d$n" 1e-5 "--drop-last 0 $opt batch $batch: 1 rank vs $n ranks"
+                one_checksum $n "--drop-last 0 $opt batch $batch on $n ranks"
+                for e in 1 2; do
+                    grep -q "^samples epoch=$e $want\$" "$WORK/out" ||
+                        fail "$n ranks batch $batch epoch $e: not every sample once: $(grep "^samples epoch=$e" "$WORK/out")"
+                done
+            done
+        done
+    done
+    # the fp16 hook (buckets prescaled by 1 / ranks with data): completes, one model
+    run 2 --subset $N --hidden 96 --seed 3 --no-eval --print-checksum --batch 100 --epochs 1 --drop-last 0 --hook fp16
+    [ "$RC" = 0 ] || fail "--drop-last 0 --hook fp16 on 2 ranks"
+    one_checksum 2 "--drop-last 0 --hook fp16 on 2 ranks"
+    grep -q "^samples epoch=1 $want\$" "$WORK/out" || fail "--hook fp16: not every sample once"
+    # --drop-last 1 (the default) keeps dropping the remainder: 10 steps of 99
+    run 3 --subset $N --hidden 96 --seed 3 --no-eval --print-losses --batch 99 --epochs 1
+    [ "$(losses | wc -l)" = 10 ] || fail "--drop-last 1: expected 10 steps"
+    for bad in "--accumulate 2" "--zero 1" "--sync legacy" "--hook powersgd" "--param-dtype bf16"; do
+        run 1 --subset $N --no-eval --drop-last 0 $bad
+        [ "$RC" = 2 ] && grep -q "drop-last 0 cannot be combined" "$WORK/err" ||
+            fail "--drop-last 0 $bad: expected a usage error, got $RC"
+    done
+    run 1 --subset $N --no-eval --drop-last 2
+    [ "$RC" = 2 ] && grep -q "drop-last takes 0 or 1" "$WORK/err" || fail "--drop-last 2 accepted"
     ;;
 *)
     echo "unknown case $CASE" >&2

@@ -459,7 +459,7 @@ static int args_main(ddp_group_t *g, void *arg)
     /* The hook refuses a ZeRO object made without overlap. */
     ddp_work_t *work = NULL;
     size_t idx = 0, off = 0, num = 4, rows = 0;
-    ddp_comm_bucket_t bucket = {0, w, 4, DDP_F32, 1, &idx, &off, &num, &rows, 0, 1};
+    ddp_comm_bucket_t bucket = {0, w, 4, DDP_F32, 1, &idx, &off, &num, &rows, 0, 1, 0};
     CHECK_STATUS(ddp_zero_hook(z, g, &bucket, &work), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("overlap");
     CHECK_STATUS(ddp_zero_hook(NULL, g, &bucket, &work), DDP_ERR_INVALID_ARGUMENT);

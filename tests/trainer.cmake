@@ -18,7 +18,8 @@ if(TARGET fashion-mnist)
   else()
     set(FM_DDPRUN "")
   endif()
-  foreach(case worlds resume accumulate errors zero blocks progress optim restart metrics trace plot)
+  foreach(case worlds resume accumulate errors zero blocks progress optim restart metrics trace plot
+               droplast)
     add_test(NAME test_trainer.${case}
       COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_trainer.sh ${case}
               $<TARGET_FILE:fashion-mnist> "${FM_DDPRUN}")

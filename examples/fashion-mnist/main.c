@@ -38,6 +38,7 @@ static const char *const fm_hook_names[] = {"allreduce", "fp16", "bf16", "powers
 typedef struct options {
     const char *data_dir;
     size_t hidden, batch, epochs, max_steps, subset, synthetic, accumulate, log_every;
+    size_t drop_last; /* --drop-last 0|1: 0 trains on the remainder too (uneven inputs) */
     size_t trace_steps, warmup;
     uint64_t seed;
     int optim; /* FM_OPTIM_* */
@@ -111,6 +112,10 @@ typedef struct trainer {
     float *xbuf;
     uint8_t *ybuf;
     uint32_t *perm;
+    /* --drop-last 0: the parameters before the step a rank joins in, and whether it did */
+    float *join_params[FM_NPARAMS];
+    int joined;
+    int64_t seen[3]; /* this epoch's samples on this rank: count, sum and sum of squares of indices */
 } trainer_t;
 
 /* Timing of a run, over the steps after the warm-up. Per-step samples are kept for medians,
@@ -146,6 +151,10 @@ static void usage(FILE *out)
         "  --epochs N          epochs (default 3)\n"
         "  --max-steps N       stop after N optimizer steps in total (0: no limit)\n"
         "  --batch N           GLOBAL batch per micro-step, split evenly over ranks (default 128)\n"
+        "  --drop-last 0|1     1 (default): an epoch is the whole global batches only; 0: the\n"
+        "                      last, partial batch too, each rank its share of it; a rank\n"
+        "                      with none joins (ddp_reducer_join) and the average is over\n"
+        "                      the real samples\n"
         "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
         "                      communication (no_sync), so the effective batch is K*batch\n"
         "  --optim sgd|adam|adamw   optimiser (default adam); adamw is libddp's AdamW with\n"
@@ -290,6 +299,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->batch = 128;
     o->epochs = 3;
     o->accumulate = 1;
+    o->drop_last = 1;
     o->seed = 1;
     o->optim = FM_OPTIM_ADAM;
     o->lr = -1;
@@ -335,7 +345,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
             "--zero",   "--grad-blocks", "--piece-mb",   "--lr-schedule", "--warmup-steps",
-            "--clip-grad", "--param-dtype", "--save-every", "--metrics"};
+            "--clip-grad", "--param-dtype", "--save-every", "--metrics", "--drop-last"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -361,7 +371,10 @@ static void parse_options(int argc, char **argv, options_t *o)
             o->subset = parse_size(name, val, 1);
         else if (!strcmp(name, "--synthetic"))
             o->synthetic = parse_size(name, val, 1);
-        else if (!strcmp(name, "--accumulate"))
+        else if (!strcmp(name, "--drop-last")) {
+            o->drop_last = parse_size(name, val, 0);
+            if (o->drop_last > 1) die_usage("--drop-last takes 0 or 1, not %zu", o->drop_last);
+        } else if (!strcmp(name, "--accumulate"))
             o->accumulate = parse_size(name, val, 1);
         else if (!strcmp(name, "--seed"))
             o->seed = parse_size(name, val, 0);
@@ -454,6 +467,18 @@ static void parse_options(int argc, char **argv, options_t *o)
                   o->grad_blocks, FM_GRAD_TILES);
     if (o->accumulate > 4096) die_usage("--accumulate: %zu is larger than 4096", o->accumulate);
     if (o->synthetic && o->subset) die_usage("--synthetic and --subset exclude each other");
+    if (!o->drop_last) {
+        /* The partial last batch goes through the Reducer's join (uneven inputs): one
+         * synchronised micro-step, the Reducer's own averaging, the trainer's parameters. */
+        const char *what = o->accumulate > 1              ? "--accumulate > 1"
+                           : o->zero                      ? "--zero"
+                           : o->legacy                    ? "--sync legacy"
+                           : o->hook == FM_HOOK_POWERSGD  ? "--hook powersgd"
+                           : o->bench_nosync              ? "--bench-nosync"
+                           : o->param_bf16                ? "--param-dtype bf16"
+                                                          : NULL;
+        if (what) die_usage("--drop-last 0 cannot be combined with %s", what);
+    }
     if (o->legacy && o->hook != FM_HOOK_ALLREDUCE)
         die_usage("--hook %s needs --sync reducer", fm_hook_names[o->hook]);
     /* ZeRO steps after the Reducer (or reduce-scatters itself), so neither the legacy allreduce,
@@ -1022,6 +1047,8 @@ static void load_data(trainer_t *t)
     }
     t->per_step = o->batch * o->accumulate;
     t->steps_per_epoch = t->train.count / t->per_step;
+    /* --drop-last 0: one more, partial step for the remainder */
+    if (!o->drop_last && t->train.count % t->per_step) t->steps_per_epoch++;
     if (t->steps_per_epoch == 0)
         fail("%zu training samples are fewer than one optimizer step needs (--batch %zu x "
              "--accumulate %zu)",
@@ -1095,6 +1122,7 @@ static ddp_reducer_config_t reducer_config(trainer_t *t)
 {
     const options_t *o = &t->o;
     ddp_reducer_config_t cfg = DDP_REDUCER_CONFIG_INIT;
+    cfg.join = !t->o.drop_last; /* uneven inputs: the partial last batch */
     cfg.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
     double piece_mb = o->piece_mb >= 0 ? o->piece_mb : o->grad_blocks > 1 ? 1 : 0;
     cfg.piece_bytes = (size_t)(piece_mb * 1048576.0);
@@ -1180,6 +1208,8 @@ static void setup_data_parallel(trainer_t *t)
     t->xbuf = malloc(t->local_batch * FM_PIXELS * sizeof(float));
     t->ybuf = malloc(t->local_batch);
     t->perm = malloc(t->train.count * sizeof(uint32_t));
+    for (int k = 0; k < FM_NPARAMS && !o->drop_last; k++)
+        if (!(t->join_params[k] = malloc(t->model.numel[k] * sizeof(float)))) fail("out of memory");
     t->pending = calloc(t->steps_per_epoch, sizeof(double));
     if (!t->xbuf || !t->ybuf || !t->perm || !t->pending) fail("out of memory");
     open_metrics(t);
@@ -1202,16 +1232,41 @@ static void print_banner(const trainer_t *t)
     fflush(stdout);
 }
 
+/* --drop-last 0: this rank's samples in step s (*n), the ranks with any (*active) and the
+ * step's samples over all ranks (*total); a whole step leaves the defaults (local_batch, world,
+ * batch). The partial last step takes the remainder in the same layout as a whole one: rank r
+ * the samples from r x local_batch on, so the ranks past the remainder have none. */
+static void step_share(const trainer_t *t, size_t s, size_t *n, size_t *active, size_t *total)
+{
+    size_t begin = s * t->o.batch;
+    if (t->o.drop_last || begin + t->o.batch <= t->train.count) return;
+    size_t rem = t->train.count - begin, lo = (size_t)t->rank * t->local_batch;
+    *n = rem > lo ? (rem - lo < t->local_batch ? rem - lo : t->local_batch) : 0;
+    *active = (rem + t->local_batch - 1) / t->local_batch;
+    *total = rem;
+}
+
 /* One micro-step k of optimizer step s: this rank's share of the batch, forward, backward (the
  * callbacks hand gradients to the Reducer as they are done), finalize. Returns the loss and adds
  * the step's exposed communication (the finalize wait) to *exposed. */
 static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exposed)
 {
     const options_t *o = &t->o;
-    const float scale = 1.0f / (float)(t->local_batch * o->accumulate);
+    float scale = 1.0f / (float)(t->local_batch * o->accumulate);
     size_t base = (s * o->accumulate + k) * o->batch + (size_t)t->rank * t->local_batch;
-    for (size_t i = 0; i < t->local_batch; i++) {
+    size_t n = t->local_batch, active = (size_t)t->world, total = o->batch;
+    step_share(t, s, &n, &active, &total);
+    if (total < o->batch) {
+        /* The partial last batch: the Reducer averages over the `active` ranks with data, so
+         * scaling each rank's sum by active / total makes that average the mean over the
+         * total samples, as one process would take it. */
+        scale = (float)((double)active / (double)total);
+    }
+    for (size_t i = 0; i < n; i++) {
         uint32_t idx = t->perm[base + i];
+        t->seen[0]++;
+        t->seen[1] += idx;
+        t->seen[2] += (int64_t)idx * idx;
         memcpy(t->xbuf + i * FM_PIXELS, t->train.images + (size_t)idx * FM_PIXELS,
                FM_PIXELS * sizeof(float));
         t->ybuf[i] = t->train.labels[idx];
@@ -1227,12 +1282,12 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     }
     t->zero_sync = sync;
     double t0 = ddp_time_us();
-    fm_mlp_forward(&t->model, t->xbuf, t->local_batch);
+    fm_mlp_forward(&t->model, t->xbuf, n);
     double t1 = ddp_time_us();
     if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
     t->mark_us = t1;
     double loss = 0;
-    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, t->local_batch, scale, t->grads,
+    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, n, scale, t->grads,
                                &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
         check(t->status, "ddp_reducer_grad_ready");
     double t2 = ddp_time_us();
@@ -1249,6 +1304,9 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     if (t->tracing)
         ddp_trace_span(t->trace, sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
                        "compute", 0, t2, ddp_time_us());
+    /* flush_losses divides the sum over ranks by the world size: weight this rank's mean by its
+     * share of the partial batch so that the result is the mean over its samples. */
+    if (total < o->batch) loss *= (double)n * (double)t->world / (double)total;
     return loss;
 }
 
@@ -1352,9 +1410,29 @@ static double train(trainer_t *t, run_stats_t *st)
             t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
             const int skip_comm = o->bench_nosync && st->run_steps % 2 == 1;
             set_step_lr(t);
-            for (size_t k = 0; k < o->accumulate; k++) {
-                int sync = !skip_comm && k + 1 == o->accumulate;
-                step_loss += micro_step(t, s, k, sync, &step_exposed) / (double)o->accumulate;
+            size_t mine = t->local_batch, active, total;
+            step_share(t, s, &mine, &active, &total);
+            if (mine == 0) {
+                /* No samples left for this rank: join. The join returns once every rank has
+                 * joined, with the model broadcast from the last joiner (already stepped) and
+                 * this step's average in the gradients; the same step from the parameters
+                 * before it keeps the optimizer state that of the others. */
+                for (int k = 0; k < FM_NPARAMS; k++)
+                    memcpy(t->join_params[k], t->model.params[k],
+                           t->model.numel[k] * sizeof(float));
+                check(ddp_reducer_join(t->reducer), "ddp_reducer_join");
+                for (int k = 0; k < FM_NPARAMS; k++)
+                    memcpy(t->model.params[k], t->join_params[k],
+                           t->model.numel[k] * sizeof(float));
+                for (int p = 0; p < FM_NPARAMS; p++)
+                    check(ddp_reducer_grad(t->reducer, (size_t)p, (void **)&t->grads[p]),
+                          "ddp_reducer_grad");
+                t->joined = 1;
+            } else {
+                for (size_t k = 0; k < o->accumulate; k++) {
+                    int sync = !skip_comm && k + 1 == o->accumulate;
+                    step_loss += micro_step(t, s, k, sync, &step_exposed) / (double)o->accumulate;
+                }
             }
             optimizer_step(t);
             double step_end = ddp_time_us();
@@ -1380,6 +1458,23 @@ static double train(trainer_t *t, run_stats_t *st)
                               local_loss_sum / (double)epoch_steps, sps, 0);
             }
         }
+        /* --drop-last 0: every rank that still had data in the last step joins now, so the
+         * ranks that ran out take part in the reductions until all are done. */
+        if (!o->drop_last && t->reducer && !st->stopped && !t->joined)
+            check(ddp_reducer_join(t->reducer), "ddp_reducer_join");
+        t->joined = 0;
+        if (!o->drop_last && !st->stopped) {
+            /* Which samples the epoch used, over all ranks: a test checks each was used once
+             * (count N, index sums those of 0..N-1). */
+            if (t->world > 1)
+                check(ddp_group_allreduce(t->group, t->seen, t->seen, 3, DDP_I64, DDP_SUM),
+                      "summing the epoch's sample counts");
+            if (t->rank == 0)
+                printf("samples epoch=%zu count=%lld index_sum=%lld index_sq_sum=%lld\n",
+                       epoch + 1, (long long)t->seen[0], (long long)t->seen[1],
+                       (long long)t->seen[2]);
+        }
+        memset(t->seen, 0, sizeof t->seen);
         if (tty) show_progress(t, tty, epoch, 0, t->steps_per_epoch, 0, 0, 1);
         double train_us = ddp_time_us() - epoch_start;
         flush_losses(t);
@@ -1612,6 +1707,7 @@ static void teardown(trainer_t *t, run_stats_t *st)
     free(t->xbuf);
     free(t->ybuf);
     free(t->perm);
+    for (int k = 0; k < FM_NPARAMS; k++) free(t->join_params[k]);
     free(t->pending);
     free(t->pending_metrics);
     if (t->metrics && fclose(t->metrics) != 0) fail("--metrics %s: %s", t->o.metrics, strerror(errno));

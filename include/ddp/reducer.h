@@ -64,6 +64,11 @@ typedef struct ddp_comm_bucket {
     uint64_t iteration;    /* synchronised iterations completed before this one */
     int prescaled; /* 1: data was divided by the world size, so summing averages; 0: the hook
                       must average (config.comm_hook_averages) */
+    /* Ranks whose data this iteration is (config.join); 0 (a hand-made bucket) means the world
+     * size. The Reducer gives the world size, except in the
+     * iterations after some rank called ddp_reducer_join, where the joined ranks contribute
+     * zeros and prescaled data was divided by this count instead of the world size. */
+    int contributors;
 } ddp_comm_bucket_t;
 
 /* Starts reducing bucket->data asynchronously so that, when *work completes, data holds the
@@ -111,6 +116,13 @@ typedef struct ddp_reducer_config {
      * outlive the reducer. Otherwise NULL and 0. */
     void *grad_block;
     size_t grad_block_bytes;
+    /* 1: uneven inputs (c10d's Join). Each ddp_reducer_prepare starts with one small allreduce
+     * in which the ranks agree on who still has data; a rank that has run out calls
+     * ddp_reducer_join, which shadows the others' iterations with zero contributions, and the
+     * average is over the ranks with data. 0 (default): no agreement, ddp_reducer_join is a
+     * usage error. Must be the same on every rank (checked at create with sync_at_create). Not
+     * combinable with comm_hook_averages (ZeRO's hook) or sparse parameters. */
+    int join;
 } ddp_reducer_config_t;
 
 /* Where gradients live. docs/reducer.md ("Gradient memory") explains the choice.
@@ -183,7 +195,8 @@ DDP_API void ddp_reducer_config_init(ddp_reducer_config_t *config);
      .bucket_layout = DDP_BUCKET_LAYOUT_DEFAULT,                                                  \
      .grad_memory = DDP_GRAD_MEMORY_BUCKETS,                                                      \
      .grad_block = NULL,                                                                          \
-     .grad_block_bytes = 0}
+     .grad_block_bytes = 0,                                                                       \
+     .join = 0}
 #else
 #define DDP_REDUCER_CONFIG_INIT                                                                   \
     ([] {                                                                                         \
@@ -268,6 +281,25 @@ DDP_API ddp_status_t ddp_reducer_grad_ready_rows(ddp_reducer_t *reducer, size_t 
 DDP_API ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *reducer, size_t index,
                                              const int64_t *indices, const void *values,
                                              size_t nrows);
+
+/* Uneven inputs (config.join): this rank has no more data. Collective with the other ranks'
+ * iterations: until every rank has called it, it takes part in each of their iterations (the
+ * buffer broadcast, the bucket rebuild if one is due, every bucket reduction with zeros as its
+ * contribution, the status exchange), so their collectives complete and their gradients are
+ * the sum over the ranks with data divided by the count of those ranks. When every rank has
+ * joined, parameters and buffers are broadcast from the last rank to join (the lowest of
+ * them), so every rank leaves with the same model, and ddp_reducer_join returns DDP_OK on every
+ * rank; the next prepare starts a new round with every rank contributing (e.g. the next
+ * epoch). A rank that shadowed at least one iteration leaves with the average of the last one
+ * in its gradients, bitwise that of the ranks with data (globally unused parameters with
+ * find_unused_parameters: zero; user_grads: param.grad untouched): when the ranks run out within
+ * one iteration of each other (an epoch's remainder), it can take the same optimizer step so its
+ * optimizer state stays that of the others. Call ddp_reducer_zero_grad before the next round. An
+ * error on any rank during those
+ * iterations (a failed reduction, a usage error) is returned on every rank.
+ * DDP_ERR_INVALID_USAGE without config.join, or between prepare and finalize of a synchronised
+ * iteration. */
+DDP_API ddp_status_t ddp_reducer_join(ddp_reducer_t *reducer);
 
 /* Waits for every bucket; afterwards each gradient holds the average over ranks. With
  * find_unused_parameters, gradients of globally unused parameters are left untouched. */

@@ -427,7 +427,7 @@ static ddp_status_t order_pieces(ddp_reducer_t *r)
         status = DDP_ERR_NO_MEMORY;
         goto done;
     }
-    if (r->rank == 0) {
+    if (r->rank == r->rebuild_root) {
         size_t *first = ddp__malloc(r->nbuckets * sizeof(size_t), "rebuild");
         if (!first) {
             status = DDP_ERR_NO_MEMORY;
@@ -459,9 +459,10 @@ static ddp_status_t order_pieces(ddp_reducer_t *r)
         }
         free(first);
     }
-    status = ddp_group_broadcast(r->group, order, total, DDP_I64, 0);
+    status = ddp_group_broadcast(r->group, order, total, DDP_I64, r->rebuild_root);
     if (status != DDP_OK) {
-        ddp__error_context(status, "rebuilding buckets (broadcast of rank 0's piece order)");
+        ddp__error_context(status, "rebuilding buckets (broadcast of rank %d's piece order)",
+                           r->rebuild_root);
         goto done;
     }
     for (size_t b = 0, at = 0; b < r->nbuckets; b++) {
@@ -502,10 +503,14 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         status = DDP_ERR_NO_MEMORY;
         goto done;
     }
-    for (size_t i = 0; i < n; i++) order64[i] = r->rank == 0 ? (int64_t)r->arrival[i] : 0;
-    status = ddp_group_broadcast(r->group, order64, n, DDP_I64, 0);
+    /* rebuild_root: rank 0, or with uneven inputs the lowest rank that had data in the
+     * recording iteration (a rank that had joined recorded nothing). */
+    int root = r->rebuild_root;
+    for (size_t i = 0; i < n; i++) order64[i] = r->rank == root ? (int64_t)r->arrival[i] : 0;
+    status = ddp_group_broadcast(r->group, order64, n, DDP_I64, root);
     if (status != DDP_OK) {
-        ddp__error_context(status, "rebuilding buckets (broadcast of rank 0's gradient order)");
+        ddp__error_context(status, "rebuilding buckets (broadcast of rank %d's gradient order)",
+                           root);
         goto done;
     }
     for (size_t i = 0; i < n; i++) {

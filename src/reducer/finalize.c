@@ -140,6 +140,10 @@ static void wait_all(ddp_reducer_t *r, ddp_work_t *status_work, outcome_t *o)
             ddp_work_free(*work);
             *work = NULL;
         }
+        /* Some rank has joined: the default hook summed, the average is over the ranks with
+         * data (the same division on every rank, so the results stay bitwise equal). */
+        if (r->post_divide && o->status == DDP_OK && !k->sparse && k->data && k->numel)
+            ddp__divide_by(k->data, k->numel, k->dtype, r->contributors);
     }
     if (status_work) {
         ddp_status_t s = ddp_work_wait(status_work);
@@ -361,5 +365,97 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     }
     r->iteration++;
     r->active = 0;
+    return DDP_OK;
+}
+
+/* A joined rank's part in one synchronised iteration of the ranks that still have data: every
+ * bucket (or piece) in their launch order with zeros, the status exchange, and the bookkeeping
+ * that keeps the rebuild and the iteration count in step with them. */
+static ddp_status_t shadow_iteration(ddp_reducer_t *r)
+{
+    outcome_t o;
+    o.status = DDP_OK;
+    o.text[0] = '\0';
+    ddp__reducer_reset_iteration(r);
+    r->iter_sync = 1;
+    r->active = 1;
+    /* The old memory after a rebuild is freed collectively at this point of finalize. */
+    if (r->stale_slot) ddp__reducer_free_stale(r);
+    for (size_t b = 0; b < r->nbuckets; b++) {
+        bucket_t *k = &r->buckets[b];
+        if (k->data && k->numel) memset(k->data, 0, k->numel * ddp_dtype_size(k->dtype));
+        k->pending = 0;
+        for (size_t i = 0; i < k->npieces; i++) k->pieces[i].pending = 0;
+    }
+    memset(r->used_since_sync, 0, r->nparams);
+    note_failure(&o, ddp__reducer_launch_in_order(r));
+    size_t nu = r->config.find_unused_parameters ? r->nparams : 0;
+    ddp_work_t *status_work = start_status_exchange(r, nu, &o);
+    wait_all(r, status_work, &o);
+    r->active = 0;
+    /* The reductions leave the others' average in this rank's gradients, the same bits as
+     * theirs: after the join a caller may take the same optimizer step (ddp_reducer_join). */
+    ddp_status_t s = agreed_outcome(r, nu, &o);
+    if (s != DDP_OK) return s;
+    if (r->recording) {
+        /* The ranks with data recorded a full arrival order (or failed above). */
+        r->recording = 0;
+        r->rebuild_due = !r->rebuilt;
+    }
+    r->iteration++;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_reducer_join(ddp_reducer_t *r)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
+    if (!r->config.join)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "ddp_reducer_join: uneven inputs are not enabled; set config.join = 1 "
+                          "on every rank when creating the reducer");
+    if (r->active && r->iter_sync)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "ddp_reducer_join inside a synchronised iteration (after %llu "
+                          "completed): call ddp_reducer_finalize first",
+                          (unsigned long long)r->iteration);
+    r->active = 0;
+    ddp_status_t s;
+    for (;;) {
+        int sync = 0;
+        s = ddp__reducer_start_collectives(r, 0, 0, &sync);
+        if (s != DDP_OK) return ddp__error_context(s, "ddp_reducer_join");
+        if (r->join_flags[r->world] == 0) {
+            int any = 0;
+            for (int q = 0; q < r->world; q++) any |= r->join_flags[q] != 0;
+            if (!any) break; /* every rank has joined */
+        }
+        if (!sync) continue; /* a no_sync iteration: nothing is communicated in it */
+        s = shadow_iteration(r);
+        if (s != DDP_OK) return s;
+    }
+    /* Every rank leaves with the model of the last rank to join (the lowest of them): the
+     * ranks that joined earlier skipped the optimizer steps of the iterations they shadowed. */
+    int root = 0;
+    for (int q = 0; q < r->world; q++)
+        if (r->join_prev[q]) {
+            root = q;
+            break;
+        }
+    for (size_t i = 0; i < r->nparams && s == DDP_OK; i++)
+        if (r->params[i].numel)
+            s = ddp_group_broadcast(r->group, r->params[i].data, r->params[i].numel,
+                                    r->params[i].dtype, root);
+    for (size_t i = 0; i < r->nbuffers && s == DDP_OK; i++)
+        if (r->buffers[i].numel)
+            s = ddp_group_broadcast(r->group, r->buffers[i].data, r->buffers[i].numel,
+                                    r->buffers[i].dtype, root);
+    if (s != DDP_OK)
+        return ddp__error_context(s, "ddp_reducer_join: broadcasting the model from rank %d, the "
+                                     "last to join",
+                                  root);
+    memset(r->join_prev, 0, (size_t)r->world);
+    r->contributors = r->world;
+    r->post_divide = 0;
     return DDP_OK;
 }

@@ -51,17 +51,50 @@ static void on_piece_done(void *arg, ddp_status_t status)
     atomic_fetch_sub(&b->owner->callbacks_pending, 1);
 }
 
-ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
+/* The agreement of config.join: one allreduce (sum) of every rank's has-data flag and of the
+ * count of ranks with data that synchronise, so that every rank learns the divisor and whether
+ * this iteration communicates. */
+static ddp_status_t agree(ddp_reducer_t *r, int has_data, int sync, int *sync_out)
 {
-    ddp__clear_error(); /* status.h: no stale text after a success */
-    if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
-    if (r->active && r->iter_sync)
+    int64_t *v = r->join_flags;
+    int w = r->world;
+    for (int q = 0; q < w; q++) v[q] = q == r->rank ? has_data : 0;
+    v[w] = has_data && sync;
+    ddp_status_t s = ddp_group_allreduce(r->group, v, v, (size_t)w + 1, DDP_I64, DDP_SUM);
+    if (s != DDP_OK)
+        return ddp__error_context(s, "agreeing which ranks still have data (uneven inputs, "
+                                     "after %llu synchronised iterations)",
+                                  (unsigned long long)r->iteration);
+    int n = 0, first = -1;
+    for (int q = 0; q < w; q++) {
+        if (v[q] != 0 && v[q] != 1)
+            return ddp__error(DDP_ERR_PROTOCOL,
+                              "uneven inputs: the agreement gave rank %d the flag %lld (expected 0 "
+                              "or 1); config.join must be the same on every rank",
+                              q, (long long)v[q]);
+        if (v[q] && first < 0) first = q;
+        n += (int)v[q];
+    }
+    if (v[w] != 0 && v[w] != n)
         return ddp__error(DDP_ERR_INVALID_USAGE,
-                          "ddp_reducer_prepare: the previous synchronised iteration (after %llu "
-                          "completed) was not finalized; call ddp_reducer_finalize after backward "
-                          "(it waits for the bucket reductions every rank has started)",
-                          (unsigned long long)r->iteration);
-    r->active = 0;
+                          "uneven inputs: of the %d ranks with data, %lld synchronise this "
+                          "iteration and the others not (after %llu synchronised iterations): "
+                          "ddp_reducer_set_sync must be the same on every rank",
+                          n, (long long)v[w], (unsigned long long)r->iteration);
+    *sync_out = n > 0 && v[w] > 0;
+    if (n > 0) {
+        for (int q = 0; q < w; q++) r->join_prev[q] = (unsigned char)v[q];
+        r->contributors = n;
+        /* The recording iteration's arrival order comes from a rank that has data in it. */
+        if (r->recording && *sync_out) r->rebuild_root = first;
+    }
+    r->post_divide = n > 0 && n < w && !r->config.comm_hook;
+    return DDP_OK;
+}
+
+ddp_status_t ddp__reducer_start_collectives(ddp_reducer_t *r, int has_data, int sync,
+                                            int *sync_out)
+{
     ddp_status_t status;
     if (r->rebuild_due) {
         r->rebuild_due = 0;
@@ -74,6 +107,15 @@ ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
                                           r->config.broadcast_bucket_bytes);
         if (status != DDP_OK) return status;
     }
+    r->contributors = r->world;
+    r->post_divide = 0;
+    *sync_out = sync;
+    if (r->config.join) return agree(r, has_data, sync, sync_out);
+    return DDP_OK;
+}
+
+void ddp__reducer_reset_iteration(ddp_reducer_t *r)
+{
     memset(r->marked, 0, r->nparams);
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
@@ -106,7 +148,24 @@ ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
     r->first_ready_us = 0;
     r->narrival = 0;
     r->nfinals = 0;
-    r->iter_sync = r->sync_enabled;
+}
+
+ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!r) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reducer is NULL");
+    if (r->active && r->iter_sync)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "ddp_reducer_prepare: the previous synchronised iteration (after %llu "
+                          "completed) was not finalized; call ddp_reducer_finalize after backward "
+                          "(it waits for the bucket reductions every rank has started)",
+                          (unsigned long long)r->iteration);
+    r->active = 0;
+    int sync = r->sync_enabled;
+    ddp_status_t status = ddp__reducer_start_collectives(r, 1, r->sync_enabled, &sync);
+    if (status != DDP_OK) return status;
+    ddp__reducer_reset_iteration(r);
+    r->iter_sync = sync;
     r->active = 1;
     return DDP_OK;
 }
@@ -114,9 +173,11 @@ ddp_status_t ddp_reducer_prepare(ddp_reducer_t *r)
 static ddp_status_t default_hook(void *state, ddp_group_t *group, const ddp_comm_bucket_t *bucket,
                                  ddp_work_t **work)
 {
-    (void)state;
+    /* After a rank joined (uneven inputs) the divisor is not the world size: sum, and finalize
+     * divides by the ranks with data. */
+    const ddp_reducer_t *r = state;
     return ddp_group_allreduce_async(group, bucket->data, bucket->data, bucket->numel,
-                                     bucket->dtype, DDP_AVG, work);
+                                     bucket->dtype, r->post_divide ? DDP_SUM : DDP_AVG, work);
 }
 
 static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
@@ -135,7 +196,8 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
          * once after summing, shm inside its reduction loop. */
         int prescaled = r->config.comm_hook && !r->config.comm_hook_averages;
         /* c10d's div_, f16/bf16 through f32 */
-        if (prescaled && r->world > 1) ddp__divide_by(b->data, b->numel, b->dtype, r->world);
+        if (prescaled && r->contributors > 1)
+            ddp__divide_by(b->data, b->numel, b->dtype, r->contributors);
         ddp_comm_bucket_t *v = &b->view;
         v->index = b->index;
         v->data = b->data;
@@ -148,8 +210,9 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
         v->rows = b->rows;
         v->iteration = r->iteration;
         v->prescaled = prescaled;
+        v->contributors = r->contributors;
         ddp_comm_hook_fn hook = r->config.comm_hook ? r->config.comm_hook : default_hook;
-        s = hook(r->config.comm_hook_state, r->group, v, &work);
+        s = hook(r->config.comm_hook ? r->config.comm_hook_state : r, r->group, v, &work);
         if (s == DDP_OK && !work)
             s = ddp__error(DDP_ERR_INVALID_USAGE, "the comm hook returned DDP_OK but no work");
     }
@@ -177,8 +240,8 @@ static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
     size_t esize = ddp_dtype_size(b->dtype);
     unsigned char *data = (unsigned char *)b->data + q->begin * esize;
     ddp_work_t *work = NULL;
-    ddp_status_t s =
-        ddp_group_allreduce_async(r->group, data, data, q->numel, b->dtype, DDP_AVG, &work);
+    ddp_status_t s = ddp_group_allreduce_async(r->group, data, data, q->numel, b->dtype,
+                                               r->post_divide ? DDP_SUM : DDP_AVG, &work);
     if (s != DDP_OK) {
         ddp_work_free(work);
         return ddp__error_context(s,
@@ -256,7 +319,7 @@ static void rows_final(ddp_reducer_t *r, rparam_t *p, size_t lo, size_t hi)
     if (r->config.user_grads)
         memcpy(slot_of(r, p) + lo * w * esize, (unsigned char *)p->user_grad + lo * w * esize,
                (hi - lo) * w * esize);
-    if (r->recording && r->rank == 0 && r->buckets[p->bucket].npieces)
+    if (r->recording && r->rank == r->rebuild_root && r->buckets[p->bucket].npieces)
         record_final(r, p, lo * w, hi * w);
     ddp__reducer_count_off(&r->buckets[p->bucket], p->offset + lo * w, p->offset + hi * w);
 }

@@ -156,9 +156,19 @@ static ddp_status_t check_inputs(const ddp_param_t *params, size_t nparams,
                           "config->grad_block/grad_block_bytes are set but config->grad_memory is "
                           "%d, not DDP_GRAD_MEMORY_USER_BLOCK",
                           c->grad_memory);
+    if (c->join && c->comm_hook_averages)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "config->join (uneven inputs) with config->comm_hook_averages (e.g. "
+                          "ZeRO's hook, ddp_zero_hook) is not supported: such a hook averages "
+                          "over the world size, not over the ranks that still have data");
     size_t total_bytes = 0;
     for (size_t i = 0; i < nparams; i++) {
         const ddp_param_t *p = &params[i];
+        if (c->join && p->sparse)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              "parameter '%s' (params[%zu]) is sparse: config->join (uneven "
+                              "inputs) supports dense parameters only",
+                              p->name ? p->name : "?", i);
         if (!p->name || !p->name[0])
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "params[%zu].name is %s", i,
                               p->name ? "empty" : "NULL");
@@ -309,6 +319,8 @@ static void destroy_reducer(ddp_reducer_t *r)
     free(r->finals);
     free(r->saved);
     free(r->status_vector);
+    free(r->join_flags);
+    free(r->join_prev);
     free(r->bucket_stats);
     free(r);
 }
@@ -382,12 +394,19 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         }
         if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector)
             status = DDP_ERR_NO_MEMORY;
+        r->contributors = r->world;
+        if (c->join && status == DDP_OK) {
+            r->join_flags = ddp__malloc(((size_t)r->world + 1) * sizeof(int64_t), "reducer");
+            r->join_prev = ddp__calloc((size_t)r->world, 1, "reducer");
+            if (!r->join_flags || !r->join_prev) status = DDP_ERR_NO_MEMORY;
+        }
     }
 
     if (verify) {
         ddp_status_t v = ddp__reducer_verify_model(
             group, status, r ? r->params : NULL, r ? r->nparams : 0, r ? r->nbuffers : 0,
-            c->piece_bytes, r ? r->config.bucket_layout : c->bucket_layout, c->grad_memory);
+            c->piece_bytes, r ? r->config.bucket_layout : c->bucket_layout, c->grad_memory,
+            c->join);
         if (status == DDP_OK) status = v;
     }
     if (status != DDP_OK) goto fail;

@@ -167,6 +167,17 @@ struct ddp_reducer {
     int64_t *status_vector;
     _Atomic int callbacks_pending;
 
+    /* Uneven inputs (config.join). contributors: ranks with data in this iteration (the
+     * divisor; the world size without config.join). post_divide: the default hook sums and
+     * finalize divides by contributors (set when some rank has joined). join_flags: the
+     * agreement's vector (world has-data flags, then the count of ranks that synchronise);
+     * join_prev: the has-data flags of the last agreement in which some rank had data, whose
+     * lowest rank is the last to join. rebuild_root: the rank whose arrival order the rebuild
+     * takes, the lowest with data in the recording iteration. */
+    int contributors, post_divide, rebuild_root;
+    int64_t *join_flags;
+    unsigned char *join_prev;
+
     int have_stats;
     ddp_reducer_stats_t stats;
     ddp_bucket_stats_t *bucket_stats;
@@ -270,10 +281,21 @@ void ddp__reducer_free_stale(ddp_reducer_t *r);
  * every rank). */
 ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                                        const rparam_t *params, size_t nparams, size_t nbuffers,
-                                       size_t piece_bytes, int bucket_layout, int grad_memory);
+                                       size_t piece_bytes, int bucket_layout, int grad_memory,
+                                       int join);
 
 /* iteration.c: waits (bounded by the group's timeout) for every completion callback. */
 void ddp__reducer_wait_callbacks(ddp_reducer_t *r);
+
+/* iteration.c: the collectives that start every iteration, in prepare and in a joined rank's
+ * shadow alike: the rebuild if due, the buffer broadcast, and with config.join the agreement on
+ * who has data (has_data for this rank, sync whether it synchronises); sets r->contributors,
+ * r->post_divide and *sync_out (whether the ranks with data synchronise; 0 when none has). */
+ddp_status_t ddp__reducer_start_collectives(ddp_reducer_t *r, int has_data, int sync,
+                                            int *sync_out);
+
+/* iteration.c: resets the marks, buckets and pieces for a new iteration. */
+void ddp__reducer_reset_iteration(ddp_reducer_t *r);
 
 /* iteration.c: launches ready buckets (or pieces) strictly in bucket order. */
 ddp_status_t ddp__reducer_launch_in_order(ddp_reducer_t *r);

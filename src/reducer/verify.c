@@ -53,17 +53,18 @@ static int same_signature(const signature_t *a, const signature_t *b)
 /* Collective. Every rank states whether it could build its reducer and how many parameters and
  * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
  * 0's on every rank, so all ranks report the same first difference. */
-#define HEADER_FIELDS 6
+#define HEADER_FIELDS 7
 
 ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                                        const rparam_t *params, size_t nparams, size_t nbuffers,
-                                       size_t piece_bytes, int bucket_layout, int grad_memory)
+                                       size_t piece_bytes, int bucket_layout, int grad_memory,
+                                       int join)
 {
     int world = ddp_group_size(group), rank = ddp_group_rank(group);
     char local_text[DDP_ERROR_TEXT_MAX];
     snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
     int64_t header[HEADER_FIELDS] = {local, (int64_t)nparams, (int64_t)nbuffers,
-                                     (int64_t)piece_bytes, bucket_layout, grad_memory};
+                                     (int64_t)piece_bytes, bucket_layout, grad_memory, join};
     int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
     if (!headers) return DDP_ERR_NO_MEMORY;
     ddp_status_t status = ddp_group_allgather(group, header, headers, HEADER_FIELDS, DDP_I64);
@@ -102,6 +103,8 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
             "bucket layout must be the same on every rank)"},
         {5, "reducer config mismatch: rank 0 has grad_memory %lld but rank %d has %lld (where "
             "gradients live must be the same on every rank)"},
+        {6, "reducer config mismatch: rank 0 has join %lld but rank %d has %lld (uneven inputs "
+            "must be enabled on every rank or none)"},
         {2, "model mismatch: rank 0 registers %lld buffers but rank %d registers %lld"},
     };
     for (int q = 1; q < world; q++) {

@@ -412,6 +412,13 @@ ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group, const ddp_comm_b
     if (!group) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: group is NULL");
     if (!bucket) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: bucket is NULL");
     if (!work) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: work is NULL");
+    /* Uneven inputs (the Reducer's config.join): the joined ranks' zeros would enter the
+     * low-rank factors and their error feedback, which have no notion of a smaller divisor. */
+    if (bucket->contributors > 0 && bucket->contributors < ddp_group_size(group))
+        return ddp_hook_error(DDP_ERR_INVALID_USAGE, "PowerSGD hook: bucket %zu: only %d of %d "
+                              "ranks have data (a rank called ddp_reducer_join): PowerSGD with "
+                              "uneven inputs (config.join) is not supported",
+                              bucket->index, bucket->contributors, ddp_group_size(group));
     if (bucket->numel > 0 && !bucket->data)
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "PowerSGD hook: bucket %zu has %zu "
                               "elements but no data", bucket->index, bucket->numel);
