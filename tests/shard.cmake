@@ -41,12 +41,19 @@ if(NOT DDP_TORCH_PYTHON)
 endif()
 set(DDP_TORCH_PYTHON ${DDP_TORCH_PYTHON} CACHE STRING "Python with torch for test_optim_torch")
 set(DDP_OPTIM_REF ${CMAKE_CURRENT_SOURCE_DIR}/optim_torch_reference.py)
-ddp_add_test(NAME test_optim_torch SOURCES test_optim_torch.c
-             ARGS plain ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF} TIMEOUT 120)
+# Named by case only (the Python and script paths are arguments, not part of the test's name).
+add_executable(test_optim_torch test_optim_torch.c)
+target_link_libraries(test_optim_torch PRIVATE ddp_test_harness)
+set_target_properties(test_optim_torch PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+add_test(NAME test_optim_torch.plain
+         COMMAND test_optim_torch plain ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF})
+set_tests_properties(test_optim_torch.plain PROPERTIES TIMEOUT 120)
 foreach(spec 1:1 1:2 1:3 2:1 2:2 2:3)
   string(REPLACE ":" ";" parts ${spec})
-  ddp_add_test(NAME test_optim_torch SOURCES test_optim_torch.c
-               ARGS zero ${parts} ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF} TIMEOUT 120)
+  string(REPLACE ":" "_" tag ${spec})
+  add_test(NAME test_optim_torch.zero_${tag}
+           COMMAND test_optim_torch zero ${parts} ${DDP_TORCH_PYTHON} ${DDP_OPTIM_REF})
+  set_tests_properties(test_optim_torch.zero_${tag} PROPERTIES TIMEOUT 120)
 endforeach()
 
 # Optimizer state save/load: resumed runs bitwise equal to uninterrupted ones (plain; ZeRO 1/2 at
