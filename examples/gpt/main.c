@@ -1,0 +1,440 @@
+/* build/gpt: a GPT-2-style byte-level language model trained data-parallel on the fortunes
+ * quotations. Each rank takes its share of every global batch (DistributedSampler semantics: the
+ * global batch is the same whatever the world size); backward hands each layer's gradients to the
+ * Reducer as soon as they are final (highest layer first), in one stable gradient block; AdamW
+ * (decay on the matrices only), warmup + cosine and global-norm clipping, or ZeRO-1.
+ *
+ *     build/ddprun -n 2 build/gpt --steps 300      (docs/gpt.md has every option) */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ddp/ddp.h>
+
+#ifdef GPT_HAVE_OPENBLAS_THREADS
+void openblas_set_num_threads(int);
+#endif
+
+#include "gpt.h"
+
+static const char *prog = "gpt";
+static int g_rank = 0;
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: rank %d: error: ", prog, g_rank);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static void check(ddp_status_t st, const char *what)
+{
+    if (st != DDP_OK) fail("%s: %s: %s", what, ddp_status_string(st), ddp_last_error());
+}
+
+typedef struct options {
+    gpt_config_t model;
+    size_t batch, accumulate, steps, warmup, eval_every, eval_batches, samples, sample_len;
+    double lr, min_lr_ratio, weight_decay, clip, val_fraction, bucket_mb;
+    int zero, print_losses;
+    uint64_t seed;
+    const char *data, *metrics;
+} options_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: %s [options]   (run under ddprun for several ranks)\n"
+            "  --layers N        transformer blocks (4)\n"
+            "  --heads N         attention heads (4)\n"
+            "  --channels N      embedding width, a multiple of heads (128)\n"
+            "  --context N       tokens (bytes) per sequence (64)\n"
+            "  --batch N         GLOBAL sequences per micro-step, divisible by the world size (16)\n"
+            "  --accumulate K    micro-steps per optimizer step (1)\n"
+            "  --steps N         optimizer steps (300)\n"
+            "  --lr X            peak learning rate (1e-3), warmup then cosine to lr*min-lr-ratio\n"
+            "  --warmup N        warmup steps (20)\n"
+            "  --min-lr-ratio X  final lr / peak lr (0.1)\n"
+            "  --weight-decay X  AdamW decay of the 2-D weights, embeddings included (0.1)\n"
+            "  --clip X          global gradient norm clipping, 0 off (1.0)\n"
+            "  --zero 0|1        1: ZeRO-1, the optimizer state sharded over ranks (0)\n"
+            "  --bucket-mb X     Reducer bucket cap in MiB (1)\n"
+            "  --eval-every N    validation every N steps and at the end, 0: only at the end (100)\n"
+            "  --eval-batches N  validation batches (8)\n"
+            "  --samples N       generated samples printed at the end (3)\n"
+            "  --sample-len N    bytes per sample (160)\n"
+            "  --seed N          init, data order and sampling (1)\n"
+            "  --data DIR        the fortunes directory (/usr/share/games/fortunes)\n"
+            "  --metrics FILE    CSV: step,loss,val_loss,lr,grad_norm,ms\n"
+            "  --print-losses    print every step's global loss (%%.9g) and a parameter checksum\n",
+            prog);
+}
+
+static size_t parse_size(const char *name, const char *v, size_t min)
+{
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || v[0] == '-' || x < min)
+        fail("%s: '%s' is not an integer >= %zu", name, v, min);
+    return (size_t)x;
+}
+
+static double parse_double(const char *name, const char *v, double min)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x >= min)) fail("%s: '%s' is not a number >= %g", name, v, min);
+    return x;
+}
+
+static void parse(int argc, char **argv, options_t *o)
+{
+    *o = (options_t){.model = {.layers = 4, .heads = 4, .channels = 128, .context = 64},
+                     .batch = 16, .accumulate = 1, .steps = 300, .warmup = 20,
+                     .eval_every = 100, .eval_batches = 8, .samples = 3, .sample_len = 160,
+                     .lr = 1e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .clip = 1.0,
+                     .val_fraction = 0.05, .bucket_mb = 1.0, .seed = 1,
+                     .data = "/usr/share/games/fortunes"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--print-losses")) {
+            o->print_losses = 1;
+            continue;
+        }
+        if (i + 1 >= argc) fail("%s needs a value (--help lists the options)", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--layers")) o->model.layers = parse_size(a, v, 1);
+        else if (!strcmp(a, "--heads")) o->model.heads = parse_size(a, v, 1);
+        else if (!strcmp(a, "--channels")) o->model.channels = parse_size(a, v, 1);
+        else if (!strcmp(a, "--context")) o->model.context = parse_size(a, v, 1);
+        else if (!strcmp(a, "--batch")) o->batch = parse_size(a, v, 1);
+        else if (!strcmp(a, "--accumulate")) o->accumulate = parse_size(a, v, 1);
+        else if (!strcmp(a, "--steps")) o->steps = parse_size(a, v, 1);
+        else if (!strcmp(a, "--warmup")) o->warmup = parse_size(a, v, 0);
+        else if (!strcmp(a, "--eval-every")) o->eval_every = parse_size(a, v, 0);
+        else if (!strcmp(a, "--eval-batches")) o->eval_batches = parse_size(a, v, 1);
+        else if (!strcmp(a, "--samples")) o->samples = parse_size(a, v, 0);
+        else if (!strcmp(a, "--sample-len")) o->sample_len = parse_size(a, v, 1);
+        else if (!strcmp(a, "--seed")) o->seed = parse_size(a, v, 0);
+        else if (!strcmp(a, "--zero")) o->zero = (int)parse_size(a, v, 0);
+        else if (!strcmp(a, "--lr")) o->lr = parse_double(a, v, 0);
+        else if (!strcmp(a, "--min-lr-ratio")) o->min_lr_ratio = parse_double(a, v, 0);
+        else if (!strcmp(a, "--weight-decay")) o->weight_decay = parse_double(a, v, 0);
+        else if (!strcmp(a, "--clip")) o->clip = parse_double(a, v, 0);
+        else if (!strcmp(a, "--bucket-mb")) o->bucket_mb = parse_double(a, v, 0.001);
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--metrics")) o->metrics = v;
+        else fail("unknown option %s (--help lists the options)", a);
+    }
+    if (o->zero > 1) fail("--zero: %d is not supported (0 or 1)", o->zero);
+    if (o->min_lr_ratio > 1) fail("--min-lr-ratio: %g is above 1", o->min_lr_ratio);
+    if (o->model.channels % o->model.heads)
+        fail("--channels %zu is not a multiple of --heads %zu", o->model.channels,
+             o->model.heads);
+}
+
+typedef struct trainer {
+    options_t o;
+    ddp_store_t *local_store;
+    ddp_group_t *group;
+    int rank, world;
+    size_t local_batch;
+    gpt_text_t train, val;
+    gpt_t model;
+    float *grads; /* the gradient block (transport memory), laid out as the parameters */
+    ddp_reducer_t *reducer;
+    ddp_optim_t *optim;
+    ddp_zero_t *zero;
+    ddp_status_t status; /* a failure inside a backward callback */
+    int *tok, *tgt;
+    size_t nwindows;
+    uint32_t *perm;
+} trainer_t;
+
+/* backward's callback: tensors [first, first + count) are final; hand them to the Reducer,
+ * last-registered first (the order the LAST_FIRST bucket layout expects). */
+static int on_ready(void *ctx, size_t first, size_t count)
+{
+    trainer_t *t = ctx;
+    for (size_t i = first + count; i-- > first;) {
+        ddp_status_t st = ddp_reducer_grad_ready(t->reducer, i);
+        if (st != DDP_OK) {
+            t->status = st;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Fills tok/tgt with this rank's sequences for micro-batch `micro` of the run (epochs wrap). */
+static void load_batch(trainer_t *t, uint64_t micro)
+{
+    const options_t *o = &t->o;
+    size_t T = o->model.context, per_epoch = t->nwindows / o->batch;
+    uint64_t epoch = micro / per_epoch, in_epoch = micro % per_epoch;
+    if (in_epoch == 0 || micro == 0) gpt_permutation(o->seed, epoch, t->nwindows, t->perm);
+    size_t base = in_epoch * o->batch + (size_t)t->rank * t->local_batch;
+    for (size_t b = 0; b < t->local_batch; b++) {
+        const uint8_t *w = t->train.bytes + (size_t)t->perm[base + b] * T;
+        for (size_t i = 0; i < T; i++) {
+            t->tok[b * T + i] = w[i];
+            t->tgt[b * T + i] = w[i + 1];
+        }
+    }
+}
+
+/* Mean validation loss over the first eval_batches * batch windows of the validation text,
+ * split over ranks like training. */
+static double evaluate(trainer_t *t)
+{
+    const options_t *o = &t->o;
+    size_t T = o->model.context, nval = (t->val.len - 1) / T;
+    size_t batches = o->eval_batches;
+    if (batches * o->batch > nval) batches = nval / o->batch;
+    double sum = 0;
+    for (size_t k = 0; k < batches; k++) {
+        for (size_t b = 0; b < t->local_batch; b++) {
+            const uint8_t *w =
+                t->val.bytes + (k * o->batch + (size_t)t->rank * t->local_batch + b) * T;
+            for (size_t i = 0; i < T; i++) {
+                t->tok[b * T + i] = w[i];
+                t->tgt[b * T + i] = w[i + 1];
+            }
+        }
+        sum += gpt_forward(&t->model, t->tok, t->tgt, t->local_batch, T);
+    }
+    check(ddp_group_allreduce(t->group, &sum, &sum, 1, DDP_F64, DDP_SUM), "allreduce val loss");
+    return batches ? sum / (double)(batches * (size_t)t->world) : NAN;
+}
+
+/* Cross-entropy of the validation text under the training text's byte frequencies (add-one):
+ * the loss a model that ignores context cannot beat. */
+static double unigram_baseline(const trainer_t *t)
+{
+    double count[GPT_VOCAB];
+    for (int v = 0; v < GPT_VOCAB; v++) count[v] = 1;
+    for (size_t i = 0; i < t->train.len; i++) count[t->train.bytes[i]] += 1;
+    double total = (double)t->train.len + GPT_VOCAB, h = 0;
+    for (size_t i = 0; i < t->val.len; i++) h -= log(count[t->val.bytes[i]] / total);
+    return h / (double)t->val.len;
+}
+
+static uint64_t params_fnv(const gpt_t *m)
+{
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)m->params;
+    for (size_t i = 0; i < m->nparams * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+int main(int argc, char **argv)
+{
+    trainer_t tr = {0}, *t = &tr;
+    parse(argc, argv, &t->o);
+    const options_t *o = &t->o;
+#ifdef GPT_HAVE_OPENBLAS_THREADS
+    if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1); /* one core per rank */
+#endif
+    ddp_group_options_t gopt = DDP_GROUP_OPTIONS_INIT;
+    ddp_status_t st = ddp_group_create_from_env(&gopt, &t->group);
+    if (st == DDP_ERR_NOT_FOUND) { /* no launcher: one process */
+        check(ddp_store_hash_create(&t->local_store), "creating the in-memory store");
+        check(ddp_group_create(t->local_store, 0, 1, &gopt, &t->group), "creating a 1-rank group");
+    } else {
+        check(st, "creating the process group from the launcher's environment");
+    }
+    t->rank = ddp_group_rank(t->group);
+    t->world = ddp_group_size(t->group);
+    g_rank = t->rank;
+    if (o->batch % (size_t)t->world)
+        fail("--batch %zu is not divisible by the world size %d (the global batch is split "
+             "evenly over ranks)", o->batch, t->world);
+    t->local_batch = o->batch / (size_t)t->world;
+
+    char err[512];
+    if (gpt_text_load(o->data, o->val_fraction, &t->train, &t->val, err, sizeof err))
+        fail("%s", err);
+    size_t T = o->model.context;
+    t->nwindows = (t->train.len - 1) / T;
+    if (t->nwindows < o->batch || t->val.len < T + 1)
+        fail("the text (%zu bytes) is too short for --batch %zu of --context %zu", t->train.len,
+             o->batch, T);
+    if (gpt_create(&o->model, t->local_batch, o->seed, &t->model, err, sizeof err))
+        fail("%s", err);
+    gpt_t *m = &t->model;
+    t->tok = malloc(t->local_batch * T * sizeof(int));
+    t->tgt = malloc(t->local_batch * T * sizeof(int));
+    t->perm = malloc(t->nwindows * sizeof(uint32_t));
+    if (!t->tok || !t->tgt || !t->perm) fail("out of memory");
+
+    /* One gradient block in the transport's memory, laid out as the parameters: the Reducer
+     * reduces buckets of it in place, the optimizer reads it, addresses never change. */
+    size_t block_bytes = m->nparams * sizeof(float);
+    check(ddp_group_alloc_buffer(t->group, block_bytes, (void **)&t->grads),
+          "allocating the gradient block");
+    ddp_param_t *params = calloc(m->ntensors, sizeof *params);
+    void **grad_ptrs = calloc(m->ntensors, sizeof *grad_ptrs);
+    uint32_t *groups_of = calloc(m->ntensors, sizeof *groups_of);
+    if (!params || !grad_ptrs || !groups_of) fail("out of memory");
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const gpt_tensor_t *ten = &m->tensors[i];
+        params[i] = (ddp_param_t){ten->name, m->params + ten->offset, ten->numel, DDP_F32,
+                                  ten->rows, 0, t->grads + ten->offset};
+        grad_ptrs[i] = t->grads + ten->offset;
+        /* nanoGPT's rule: decay every 2-D tensor (matmul weights and the tied embedding),
+         * never biases or layer norms */
+        groups_of[i] = ten->rows ? 0 : 1;
+    }
+    ddp_reducer_config_t rc = DDP_REDUCER_CONFIG_INIT;
+    rc.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK;
+    rc.grad_block = t->grads;
+    rc.grad_block_bytes = block_bytes;
+    rc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+    rc.bucket_layout = DDP_BUCKET_LAYOUT_LAST_FIRST;
+    check(ddp_reducer_create(t->group, params, m->ntensors, NULL, 0, &rc, &t->reducer),
+          "creating the Reducer");
+    ddp_optim_group_t groups[2] = {{o->lr, o->weight_decay}, {o->lr, 0.0}};
+    ddp_optim_config_t oc = DDP_OPTIM_CONFIG_INIT;
+    oc.kind = DDP_OPTIM_ADAMW;
+    oc.lr = o->lr;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.95; /* GPT-2 / nanoGPT */
+    oc.eps = 1e-8;
+    oc.weight_decay = o->weight_decay;
+    oc.max_grad_norm = o->clip;
+    oc.ngroups = 2;
+    oc.groups = groups;
+    oc.param_groups = groups_of;
+    if (o->zero) {
+        ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
+        zc.stage = 1;
+        zc.optim = oc;
+        check(ddp_zero_create(t->group, params, m->ntensors, &zc, &t->zero),
+              "creating the ZeRO-1 optimizer");
+    } else {
+        check(ddp_optim_create(params, m->ntensors, &oc, &t->optim), "creating the optimizer");
+    }
+
+    FILE *metrics = NULL;
+    if (o->metrics && t->rank == 0) {
+        metrics = fopen(o->metrics, "w");
+        if (!metrics) fail("--metrics: cannot create %s", o->metrics);
+        fprintf(metrics, "step,loss,val_loss,lr,grad_norm,ms\n");
+    }
+    if (t->rank == 0) {
+        printf("gpt: %d rank%s (%s), %zu layers, %zu heads, %zu channels, context %zu: %.2fM "
+               "parameters in %zu tensors\n",
+               t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group),
+               o->model.layers, o->model.heads, o->model.channels, T, m->nparams / 1e6,
+               m->ntensors);
+        printf("gpt: fortunes %zu train / %zu validation bytes; global batch %zu x %zu tokens "
+               "(%zu per rank)%s; AdamW lr %g, warmup %zu, cosine over %zu steps, clip %g%s\n",
+               t->train.len, t->val.len, o->batch, T, t->local_batch,
+               o->accumulate > 1 ? " x accumulate" : "", o->lr, o->warmup, o->steps, o->clip,
+               o->zero ? ", ZeRO-1" : "");
+        printf("gpt: unigram baseline (validation bytes under training byte frequencies): "
+               "%.4f nats/byte; uniform: %.4f\n",
+               unigram_baseline(t), log((double)GPT_VOCAB));
+        fflush(stdout);
+    }
+
+    double t_start = ddp_time_us(), loss = NAN, val_loss = NAN;
+    uint64_t micro = 0;
+    for (size_t step = 0; step < o->steps; step++) {
+        double s0 = ddp_time_us();
+        double factor = ddp_lr_warmup_cosine(step, o->warmup, o->steps, 1.0, o->min_lr_ratio);
+        if (t->zero)
+            check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
+        else
+            check(ddp_optim_scale_lr(t->optim, factor), "ddp_optim_scale_lr");
+        double local = 0;
+        for (size_t k = 0; k < o->accumulate; k++, micro++) {
+            load_batch(t, micro);
+            check(ddp_reducer_set_sync(t->reducer, k + 1 == o->accumulate),
+                  "ddp_reducer_set_sync");
+            check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+            local += gpt_forward(m, t->tok, t->tgt, t->local_batch, T);
+            if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->grads, on_ready, t))
+                check(t->status, "ddp_reducer_grad_ready");
+            check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
+        }
+        local /= (double)o->accumulate;
+        check(ddp_group_allreduce(t->group, &local, &local, 1, DDP_F64, DDP_SUM),
+              "allreduce loss");
+        loss = local / t->world;
+        double norm = NAN;
+        if (t->zero) {
+            check(ddp_zero_step(t->zero, grad_ptrs), "ddp_zero_step");
+            if (o->clip > 0) ddp_zero_grad_norm(t->zero, &norm);
+        } else {
+            check(ddp_optim_step(t->optim, grad_ptrs), "ddp_optim_step");
+            if (o->clip > 0) ddp_optim_grad_norm(t->optim, &norm);
+        }
+        check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+        double ms = (ddp_time_us() - s0) / 1000.0;
+        int last = step + 1 == o->steps;
+        val_loss = NAN;
+        if (last || (o->eval_every && (step + 1) % o->eval_every == 0)) val_loss = evaluate(t);
+        if (t->rank == 0) {
+            if (o->print_losses) printf("step %zu loss %.9g\n", step, loss);
+            if (!isnan(val_loss) || step % 20 == 0 || last) {
+                printf("step %5zu/%zu  loss %.4f%s", step + 1, o->steps, loss,
+                       isnan(val_loss) ? "" : "  val ");
+                if (!isnan(val_loss)) printf("%.4f", val_loss);
+                printf("  lr %.2e  norm %.3f  %.0f ms\n", o->lr * factor, norm, ms);
+                fflush(stdout);
+            }
+            if (metrics)
+                fprintf(metrics, "%zu,%.6f,%s%.6f,%.6g,%.6f,%.2f\n", step + 1, loss, "",
+                        val_loss, o->lr * factor, norm, ms);
+        }
+    }
+    double secs = (ddp_time_us() - t_start) / 1e6;
+    if (metrics) fclose(metrics);
+    if (o->print_losses) { /* every rank: the test compares them */
+        printf("rank %d params fnv %016llx\n", t->rank, (unsigned long long)params_fnv(m));
+        fflush(stdout);
+    }
+    if (t->rank == 0) {
+        double tokens = (double)o->steps * (double)o->accumulate * (double)o->batch * (double)T;
+        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s); final loss %.4f, "
+               "validation %.4f\n",
+               o->steps, secs, tokens / secs, t->world, t->world == 1 ? "" : "s", loss, val_loss);
+        uint64_t rng = o->seed ^ 0x5A17ull;
+        static const char *const prompts[] = {"The ", "A man ", "Love is "};
+        char *out = malloc(o->sample_len + 1);
+        for (size_t s = 0; s < o->samples && out; s++) {
+            const char *p = prompts[s % 3];
+            gpt_generate(m, p, o->sample_len, &rng, out);
+            printf("--- sample %zu ---\n%s%s\n", s + 1, p, out);
+        }
+        free(out);
+        fflush(stdout);
+    }
+    ddp_reducer_destroy(t->reducer);
+    ddp_optim_destroy(t->optim);
+    ddp_zero_destroy(t->zero);
+    check(ddp_group_free_buffer(t->group, t->grads), "freeing the gradient block");
+    ddp_group_destroy(t->group);
+    if (t->local_store) ddp_store_destroy(t->local_store);
+    free(params);
+    free(grad_ptrs);
+    free(groups_of);
+    free(t->tok);
+    free(t->tgt);
+    free(t->perm);
+    gpt_destroy(m);
+    gpt_text_free(&t->train);
+    gpt_text_free(&t->val);
+    return 0;
+}
