@@ -17,3 +17,13 @@ if(TARGET gpt_model)
       ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   endif()
 endif()
+
+if(TARGET gpt AND TARGET ddprun)
+  foreach(case worlds accumulate errors)
+    add_test(NAME test_gpt.${case}
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh ${case} $<TARGET_FILE:gpt>
+              $<TARGET_FILE:ddprun>)
+    set_tests_properties(test_gpt.${case} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+      ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  endforeach()
+endif()

@@ -57,15 +57,15 @@ static void usage(FILE *f)
             "  --context N       tokens (bytes) per sequence (64)\n"
             "  --batch N         GLOBAL sequences per micro-step, divisible by the world size (16)\n"
             "  --accumulate K    micro-steps per optimizer step (1)\n"
-            "  --steps N         optimizer steps (300)\n"
-            "  --lr X            peak learning rate (1e-3), warmup then cosine to lr*min-lr-ratio\n"
+            "  --steps N         optimizer steps (600)\n"
+            "  --lr X            peak learning rate (2e-3), warmup then cosine to lr*min-lr-ratio\n"
             "  --warmup N        warmup steps (20)\n"
             "  --min-lr-ratio X  final lr / peak lr (0.1)\n"
             "  --weight-decay X  AdamW decay of the 2-D weights, embeddings included (0.1)\n"
             "  --clip X          global gradient norm clipping, 0 off (1.0)\n"
             "  --zero 0|1        1: ZeRO-1, the optimizer state sharded over ranks (0)\n"
             "  --bucket-mb X     Reducer bucket cap in MiB (1)\n"
-            "  --eval-every N    validation every N steps and at the end, 0: only at the end (100)\n"
+            "  --eval-every N    validation every N steps and at the end, 0: only at the end (200)\n"
             "  --eval-batches N  validation batches (8)\n"
             "  --samples N       generated samples printed at the end (3)\n"
             "  --sample-len N    bytes per sample (160)\n"
@@ -96,9 +96,9 @@ static double parse_double(const char *name, const char *v, double min)
 static void parse(int argc, char **argv, options_t *o)
 {
     *o = (options_t){.model = {.layers = 4, .heads = 4, .channels = 128, .context = 64},
-                     .batch = 16, .accumulate = 1, .steps = 300, .warmup = 20,
-                     .eval_every = 100, .eval_batches = 8, .samples = 3, .sample_len = 160,
-                     .lr = 1e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .clip = 1.0,
+                     .batch = 16, .accumulate = 1, .steps = 600, .warmup = 20,
+                     .eval_every = 200, .eval_batches = 8, .samples = 3, .sample_len = 160,
+                     .lr = 2e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .clip = 1.0,
                      .val_fraction = 0.05, .bucket_mb = 1.0, .seed = 1,
                      .data = "/usr/share/games/fortunes"};
     for (int i = 1; i < argc; i++) {

@@ -1,0 +1,108 @@
+#!/bin/sh
+# End-to-end checks of build/gpt, run by ctest: test_gpt.sh CASE GPT DDPRUN
+#   worlds      1, 2, 3 and 4 ranks with the same global batch (12 sequences): the same global loss
+#               per step (<= 1e-5 relative, 20 steps), bitwise identical parameters on every rank,
+#               and the loss falls
+#   accumulate  --accumulate 2 with batch 6 equals batch 12 (1e-5); --zero 1 equals the plain
+#               optimizer (1e-5) with one parameter checksum over ranks
+#   errors      missing data names the `fortunes` package; a batch not divisible by the world
+#               size and channels not divisible by heads are refused, naming the option
+# A tiny model (2 layers, 32 channels, context 16) keeps each case a few seconds.
+set -u
+CASE=$1
+GPT=$2
+DDPRUN=$3
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_gpt.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+FAILED=0
+TINY="--layers 2 --heads 2 --channels 32 --context 16 --steps 20 --warmup 5 --lr 3e-3
+      --eval-every 0 --eval-batches 2 --samples 0 --print-losses"
+
+if [ ! -d /usr/share/games/fortunes ]; then
+    echo "SKIP: the fortunes package is not installed (apt-get install fortunes)" >&2
+    exit 77
+fi
+
+fail() {
+    echo "FAIL: $*" >&2
+    FAILED=1
+}
+
+# run N OUT ARGS...: the trainer on N ranks; output without ddprun's prefixes in $WORK/OUT.
+run() {
+    n=$1
+    out=$2
+    shift 2
+    "$DDPRUN" -n "$n" "$GPT" "$@" >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/$out"
+    if [ "$RC" != 0 ]; then
+        echo "--- gpt on $n rank(s) exited $RC: $*" >&2
+        cat "$WORK/err" >&2
+    fi
+}
+
+losses() { grep '^step [0-9]* loss ' "$WORK/$1" | awk '{ print $4 }'; }
+checksums() { grep '^rank [0-9]* params fnv ' "$WORK/$1" | awk '{ print $5 }' | sort -u; }
+
+# same_losses A B WHAT: both 20 losses, each pair within 1e-5 relative
+same_losses() {
+    losses "$1" >"$WORK/a"
+    losses "$2" >"$WORK/b"
+    if ! awk 'NR == FNR { a[FNR] = $1; n = FNR; next }
+        { m = FNR; d = (a[FNR] - $1) / $1; if (d < 0) d = -d; if (d > 1e-5) { bad = 1;
+          printf "step %d: %s vs %s\n", FNR, a[FNR], $1 } }
+        END { if (n != m || n != 20) { printf "%d vs %d steps\n", n, m; exit 1 } exit bad }' \
+        "$WORK/a" "$WORK/b" >&2; then
+        fail "$3: losses differ"
+    fi
+}
+
+# one_checksum OUT N: N ranks printed a checksum, all the same
+one_checksum() {
+    c=$(grep -c '^rank [0-9]* params fnv ' "$WORK/$1")
+    [ "$c" = "$2" ] || fail "$1: $c parameter checksums, expected $2"
+    [ "$(checksums "$1" | wc -l)" = 1 ] || fail "$1: ranks end with different parameters"
+}
+
+case $CASE in
+worlds)
+    for n in 1 2 3 4; do
+        run $n w$n $TINY --batch 12
+        [ "$RC" = 0 ] || fail "$n ranks exited $RC"
+        one_checksum w$n $n
+    done
+    for n in 2 3 4; do same_losses w1 w$n "1 vs $n ranks"; done
+    first=$(losses w1 | head -1)
+    last=$(losses w1 | tail -1)
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
+        fail "the loss did not fall: $first -> $last"
+    ;;
+accumulate)
+    run 2 big $TINY --batch 12
+    run 2 acc $TINY --batch 6 --accumulate 2
+    [ "$RC" = 0 ] || fail "--accumulate 2 exited $RC"
+    same_losses big acc "--accumulate 2 x 6 vs batch 12"
+    run 3 zero $TINY --batch 12 --zero 1
+    [ "$RC" = 0 ] || fail "--zero 1 exited $RC"
+    one_checksum zero 3
+    same_losses big zero "--zero 1 on 3 ranks vs plain on 2"
+    ;;
+errors)
+    "$GPT" $TINY --data "$WORK/none" >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] || fail "missing data: exit 0"
+    grep -q "fortunes" "$WORK/err" && grep -q "$WORK/none" "$WORK/err" ||
+        fail "missing data: the message does not name the package and directory: $(cat "$WORK/err")"
+    run 2 e1 $TINY --batch 5
+    [ "$RC" != 0 ] && grep -q -- "--batch 5 is not divisible by the world size 2" "$WORK/err" ||
+        fail "an indivisible batch was not refused by name"
+    "$GPT" $TINY --channels 30 --heads 4 >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] && grep -q -- "--channels 30 is not a multiple of --heads 4" "$WORK/err" ||
+        fail "channels % heads was not refused by name"
+    ;;
+*)
+    echo "unknown case $CASE" >&2
+    exit 2
+    ;;
+esac
+exit $FAILED
