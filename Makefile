@@ -1,11 +1,11 @@
 # Thin wrapper over CMake: `make` builds into build/ (Release), `make test` runs every test through
 # ctest, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on 2
-# ranks.
+# ranks; `make demo-gpt` does the same for the GPT trainer on the fortunes quotations.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo install uninstall clean asan tsan
+.PHONY: all build test demo demo-gpt install uninstall clean asan tsan
 
 all: build
 
@@ -20,6 +20,10 @@ test: build
 
 demo:
 	./tools/demo.sh
+
+# demo-gpt: the byte-level GPT on the fortunes quotations, 2 ranks, about 2 minutes.
+demo-gpt:
+	./tools/demo_gpt.sh
 
 # install: the libraries and the installed programs only (target ddp_install_parts), not the
 # tests; PREFIX=/opt/ddp installs there (the programs find libddp.so through $$ORIGIN/../lib).

@@ -394,9 +394,11 @@ int main(int argc, char **argv)
                 printf("  lr %.2e  norm %.3f  %.0f ms\n", o->lr * factor, norm, ms);
                 fflush(stdout);
             }
-            if (metrics)
-                fprintf(metrics, "%zu,%.6f,%s%.6f,%.6g,%.6f,%.2f\n", step + 1, loss, "",
-                        val_loss, o->lr * factor, norm, ms);
+            if (metrics) { /* val_loss empty on steps without validation */
+                fprintf(metrics, "%zu,%.6f,", step + 1, loss);
+                if (!isnan(val_loss)) fprintf(metrics, "%.6f", val_loss);
+                fprintf(metrics, ",%.6g,%.6f,%.2f\n", o->lr * factor, norm, ms);
+            }
         }
     }
     double secs = (ddp_time_us() - t_start) / 1e6;
