@@ -5,6 +5,11 @@
 #               and the loss falls
 #   accumulate  --accumulate 2 with batch 6 equals batch 12 (1e-5); --zero 1 equals the plain
 #               optimizer (1e-5) with one parameter checksum over ranks
+#   resume      a run stopped after step 8 (--checkpoint, --stop-at) and continued with
+#               --resume auto ends bitwise equal to an uninterrupted one, with the same losses
+#               for steps 9-20; the same under --zero 1 (consolidated state); --resume auto
+#               without a file starts fresh; a checkpoint of other hyperparameters is refused,
+#               naming the field; a corrupted one is refused
 #   errors      missing data names the `fortunes` package; a batch not divisible by the world
 #               size and channels not divisible by heads are refused, naming the option
 # A tiny model (2 layers, 32 channels, context 16) keeps each case a few seconds.
@@ -87,6 +92,30 @@ accumulate)
     [ "$RC" = 0 ] || fail "--zero 1 exited $RC"
     one_checksum zero 3
     same_losses big zero "--zero 1 on 3 ranks vs plain on 2"
+    ;;
+resume)
+    for z in 0 1; do
+        run 2 full$z $TINY --batch 12 --zero $z
+        rm -f "$WORK/ck"
+        run 2 part$z $TINY --batch 12 --zero $z --checkpoint "$WORK/ck" --resume auto --stop-at 8
+        [ "$RC" = 0 ] && [ -f "$WORK/ck" ] || fail "zero $z: the stopped run wrote no checkpoint"
+        [ "$(losses part$z | wc -l)" = 8 ] || fail "zero $z: the stopped run did not stop at 8"
+        run 2 rest$z $TINY --batch 12 --zero $z --checkpoint "$WORK/ck" --resume auto
+        [ "$RC" = 0 ] || fail "zero $z: the resumed run exited $RC"
+        grep -q "resumed from $WORK/ck after step 8" "$WORK/rest$z" || fail "zero $z: not resumed"
+        one_checksum rest$z 2
+        [ "$(checksums rest$z)" = "$(checksums full$z)" ] ||
+            fail "zero $z: resumed parameters differ from the uninterrupted run's"
+        losses full$z | tail -12 >"$WORK/a"
+        losses rest$z >"$WORK/b"
+        cmp -s "$WORK/a" "$WORK/b" || fail "zero $z: losses after the resume differ"
+    done
+    run 2 lr $TINY --batch 12 --lr 1e-3 --resume "$WORK/ck"
+    [ "$RC" != 0 ] && grep -q "written with lr 0.003, this run has 0.001" "$WORK/err" ||
+        fail "a checkpoint of another lr was not refused by name"
+    printf 'X' | dd of="$WORK/ck" bs=1 seek=200 conv=notrunc 2>/dev/null
+    run 2 bad $TINY --batch 12 --resume "$WORK/ck"
+    [ "$RC" != 0 ] && grep -q "is corrupt" "$WORK/err" || fail "a corrupted checkpoint was accepted"
     ;;
 errors)
     "$GPT" $TINY --data "$WORK/none" >"$WORK/out" 2>"$WORK/err"

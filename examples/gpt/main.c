@@ -5,11 +5,13 @@
  * (decay on the matrices only), warmup + cosine and global-norm clipping, or ZeRO-1.
  *
  *     build/ddprun -n 2 build/gpt --steps 300      (docs/gpt.md has every option) */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ddp/ddp.h>
 
@@ -45,6 +47,8 @@ typedef struct options {
     int zero, print_losses;
     uint64_t seed;
     const char *data, *metrics;
+    const char *checkpoint, *resume; /* resume: a file, or "auto" (the checkpoint if it exists) */
+    size_t save_every, stop_at;
 } options_t;
 
 static void usage(FILE *f)
@@ -72,6 +76,11 @@ static void usage(FILE *f)
             "  --seed N          init, data order and sampling (1)\n"
             "  --data DIR        the fortunes directory (/usr/share/games/fortunes)\n"
             "  --metrics FILE    CSV: step,loss,val_loss,lr,grad_norm,ms\n"
+            "  --checkpoint FILE saved every --save-every steps and at the end (model, AdamW\n"
+            "                    state consolidated over ranks, step)\n"
+            "  --save-every N    0: only at the end (0)\n"
+            "  --resume FILE|auto  continue from FILE; auto: from --checkpoint when it exists\n"
+            "  --stop-at N       stop after step N as if interrupted (for tests)\n"
             "  --print-losses    print every step's global loss (%%.9g) and a parameter checksum\n",
             prog);
 }
@@ -134,8 +143,15 @@ static void parse(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--bucket-mb")) o->bucket_mb = parse_double(a, v, 0.001);
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--metrics")) o->metrics = v;
+        else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
+        else if (!strcmp(a, "--resume")) o->resume = v;
+        else if (!strcmp(a, "--save-every")) o->save_every = parse_size(a, v, 0);
+        else if (!strcmp(a, "--stop-at")) o->stop_at = parse_size(a, v, 1);
         else fail("unknown option %s (--help lists the options)", a);
     }
+    if (o->resume && !strcmp(o->resume, "auto") && !o->checkpoint)
+        fail("--resume auto needs --checkpoint FILE (the file it continues from)");
+    if (o->save_every && !o->checkpoint) fail("--save-every needs --checkpoint FILE");
     if (o->zero > 1) fail("--zero: %d is not supported (0 or 1)", o->zero);
     if (o->min_lr_ratio > 1) fail("--min-lr-ratio: %g is above 1", o->min_lr_ratio);
     if (o->model.channels % o->model.heads)
@@ -159,6 +175,7 @@ typedef struct trainer {
     int *tok, *tgt;
     size_t nwindows;
     uint32_t *perm;
+    uint64_t perm_epoch; /* the epoch perm holds; UINT64_MAX: none yet */
 } trainer_t;
 
 /* backward's callback: tensors [first, first + count) are final; hand them to the Reducer,
@@ -182,7 +199,10 @@ static void load_batch(trainer_t *t, uint64_t micro)
     const options_t *o = &t->o;
     size_t T = o->model.context, per_epoch = t->nwindows / o->batch;
     uint64_t epoch = micro / per_epoch, in_epoch = micro % per_epoch;
-    if (in_epoch == 0 || micro == 0) gpt_permutation(o->seed, epoch, t->nwindows, t->perm);
+    if (epoch != t->perm_epoch) {
+        gpt_permutation(o->seed, epoch, t->nwindows, t->perm);
+        t->perm_epoch = epoch;
+    }
     size_t base = in_epoch * o->batch + (size_t)t->rank * t->local_batch;
     for (size_t b = 0; b < t->local_batch; b++) {
         const uint8_t *w = t->train.bytes + (size_t)t->perm[base + b] * T;
@@ -235,6 +255,141 @@ static uint64_t params_fnv(const gpt_t *m)
     const unsigned char *p = (const unsigned char *)m->params;
     for (size_t i = 0; i < m->nparams * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------
+ * One file: a header (magic, the hyperparameters a resumed run must share, the steps done), the
+ * parameters, libddp's optimizer state consolidated to whole parameters (the plain optimizer's
+ * format, which ZeRO also loads at any world size), and an FNV-1a checksum of all of it. Rank 0
+ * writes it atomically (temporary file, fsync, rename); every rank reads it to resume. */
+
+#define GPT_CKPT_MAGIC "GPTCKPT1"
+enum { CK_LAYERS, CK_HEADS, CK_CHANNELS, CK_CONTEXT, CK_BATCH, CK_ACCUMULATE, CK_STEPS,
+       CK_WARMUP, CK_SEED, CK_NU };
+enum { CK_LR, CK_MIN_LR, CK_WD, CK_CLIP, CK_VAL, CK_ND };
+static const char *const ck_unames[CK_NU] = {"layers", "heads", "channels", "context", "batch",
+                                              "accumulate", "steps", "warmup", "seed"};
+static const char *const ck_dnames[CK_ND] = {"lr", "min-lr-ratio", "weight-decay", "clip",
+                                              "val_fraction"};
+
+typedef struct ckpt_header {
+    char magic[8];
+    uint64_t u[CK_NU];
+    double d[CK_ND];
+    uint64_t steps_done, nparams, state_bytes;
+} ckpt_header_t;
+
+static ckpt_header_t ckpt_header(const options_t *o)
+{
+    ckpt_header_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, GPT_CKPT_MAGIC, 8);
+    uint64_t u[CK_NU] = {o->model.layers, o->model.heads, o->model.channels, o->model.context,
+                         o->batch, o->accumulate, o->steps, o->warmup, o->seed};
+    double d[CK_ND] = {o->lr, o->min_lr_ratio, o->weight_decay, o->clip, o->val_fraction};
+    memcpy(h.u, u, sizeof u);
+    memcpy(h.d, d, sizeof d);
+    return h;
+}
+
+static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Collective (ZeRO consolidates its shards on rank 0). */
+static void save_checkpoint(trainer_t *t, uint64_t steps_done)
+{
+    const options_t *o = &t->o;
+    size_t bytes = 0;
+    void *state = NULL;
+    if (t->zero) {
+        check(ddp_zero_consolidated_state_size(t->zero, &bytes), "ddp_zero_consolidated_state_size");
+        if (t->rank == 0 && !(state = malloc(bytes))) fail("out of memory saving %s", o->checkpoint);
+        check(ddp_zero_state_consolidate(t->zero, 0, state, t->rank == 0 ? bytes : 0),
+              "ddp_zero_state_consolidate");
+    } else if (t->rank == 0) {
+        check(ddp_optim_state_size(t->optim, &bytes), "ddp_optim_state_size");
+        if (!(state = malloc(bytes))) fail("out of memory saving %s", o->checkpoint);
+        check(ddp_optim_state_save(t->optim, state, bytes), "ddp_optim_state_save");
+    }
+    if (t->rank != 0) return;
+    ckpt_header_t h = ckpt_header(o);
+    h.steps_done = steps_done;
+    h.nparams = t->model.nparams;
+    h.state_bytes = bytes;
+    uint64_t sum = 1469598103934665603ull;
+    sum = fnv_bytes(sum, &h, sizeof h);
+    sum = fnv_bytes(sum, t->model.params, t->model.nparams * sizeof(float));
+    sum = fnv_bytes(sum, state, bytes);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", o->checkpoint);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) fail("--checkpoint: cannot create %s: %s", tmp, strerror(errno));
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+             fwrite(t->model.params, sizeof(float), t->model.nparams, f) == t->model.nparams &&
+             fwrite(state, 1, bytes, f) == bytes && fwrite(&sum, sizeof sum, 1, f) == 1 &&
+             fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0 || !ok) fail("--checkpoint: writing %s failed: %s", tmp, strerror(errno));
+    if (rename(tmp, o->checkpoint) != 0)
+        fail("--checkpoint: renaming %s to %s: %s", tmp, o->checkpoint, strerror(errno));
+    free(state);
+}
+
+/* Every rank: the parameters and optimizer state from `path`; returns the steps done. */
+static uint64_t load_checkpoint(trainer_t *t, const char *path)
+{
+    const options_t *o = &t->o;
+    FILE *f = fopen(path, "rb");
+    if (!f) fail("--resume: cannot open %s: %s", path, strerror(errno));
+    ckpt_header_t h, want = ckpt_header(o);
+    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, GPT_CKPT_MAGIC, 8) != 0)
+        fail("--resume: %s is not a gpt checkpoint", path);
+    for (int i = 0; i < CK_NU; i++)
+        if (h.u[i] != want.u[i])
+            fail("--resume: %s was written with %s %llu, this run has %llu", path, ck_unames[i],
+                 (unsigned long long)h.u[i], (unsigned long long)want.u[i]);
+    for (int i = 0; i < CK_ND; i++)
+        if (h.d[i] != want.d[i])
+            fail("--resume: %s was written with %s %g, this run has %g", path, ck_dnames[i],
+                 h.d[i], want.d[i]);
+    if (h.nparams != t->model.nparams || h.steps_done > o->steps || h.state_bytes > (1ull << 40))
+        fail("--resume: %s is corrupt (header)", path);
+    void *state = malloc(h.state_bytes ? h.state_bytes : 1);
+    uint64_t stored = 0;
+    if (!state) fail("out of memory reading %s", path);
+    if (fread(t->model.params, sizeof(float), t->model.nparams, f) != t->model.nparams ||
+        fread(state, 1, h.state_bytes, f) != h.state_bytes ||
+        fread(&stored, sizeof stored, 1, f) != 1)
+        fail("--resume: %s is truncated", path);
+    fclose(f);
+    uint64_t sum = 1469598103934665603ull;
+    sum = fnv_bytes(sum, &h, sizeof h);
+    sum = fnv_bytes(sum, t->model.params, t->model.nparams * sizeof(float));
+    sum = fnv_bytes(sum, state, h.state_bytes);
+    if (sum != stored) fail("--resume: %s is corrupt (checksum)", path);
+    if (t->zero)
+        check(ddp_zero_state_load(t->zero, state, h.state_bytes), "ddp_zero_state_load");
+    else
+        check(ddp_optim_state_load(t->optim, state, h.state_bytes), "ddp_optim_state_load");
+    free(state);
+    return h.steps_done;
+}
+
+/* The file to resume from, or NULL to start fresh. */
+static const char *resume_path(const options_t *o)
+{
+    if (!o->resume) return NULL;
+    if (strcmp(o->resume, "auto") != 0) return o->resume;
+    FILE *f = fopen(o->checkpoint, "rb");
+    if (!f) {
+        if (errno == ENOENT) return NULL;
+        fail("--resume auto: cannot open %s: %s", o->checkpoint, strerror(errno));
+    }
+    fclose(f);
+    return o->checkpoint;
 }
 
 int main(int argc, char **argv)
@@ -348,9 +503,17 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    t->perm_epoch = UINT64_MAX;
+    size_t first_step = 0;
+    const char *from = resume_path(o);
+    if (from) {
+        first_step = (size_t)load_checkpoint(t, from);
+        if (t->rank == 0) printf("gpt: resumed from %s after step %zu\n", from, first_step);
+    }
     double t_start = ddp_time_us(), loss = NAN, val_loss = NAN;
-    uint64_t micro = 0;
-    for (size_t step = 0; step < o->steps; step++) {
+    uint64_t micro = (uint64_t)first_step * o->accumulate;
+    size_t end_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    for (size_t step = first_step; step < end_step; step++) {
         double s0 = ddp_time_us();
         double factor = ddp_lr_warmup_cosine(step, o->warmup, o->steps, 1.0, o->min_lr_ratio);
         if (t->zero)
@@ -382,7 +545,9 @@ int main(int argc, char **argv)
         }
         check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
         double ms = (ddp_time_us() - s0) / 1000.0;
-        int last = step + 1 == o->steps;
+        int last = step + 1 == end_step;
+        if (o->checkpoint && (step + 1 == end_step || (o->save_every && (step + 1) % o->save_every == 0)))
+            save_checkpoint(t, step + 1);
         val_loss = NAN;
         if (last || (o->eval_every && (step + 1) % o->eval_every == 0)) val_loss = evaluate(t);
         if (t->rank == 0) {
@@ -408,10 +573,10 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     if (t->rank == 0) {
-        double tokens = (double)o->steps * (double)o->accumulate * (double)o->batch * (double)T;
+        double tokens = (double)(end_step - first_step) * (double)o->accumulate * (double)o->batch * (double)T;
         printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s); final loss %.4f, "
                "validation %.4f\n",
-               o->steps, secs, tokens / secs, t->world, t->world == 1 ? "" : "s", loss, val_loss);
+               end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s", loss, val_loss);
         uint64_t rng = o->seed ^ 0x5A17ull;
         static const char *const prompts[] = {"The ", "A man ", "Love is "};
         char *out = malloc(o->sample_len + 1);
