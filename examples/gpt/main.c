@@ -49,6 +49,7 @@ typedef struct options {
     const char *data, *metrics;
     const char *checkpoint, *resume; /* resume: a file, or "auto" (the checkpoint if it exists) */
     size_t save_every, stop_at;
+    const char *trace; /* Chrome trace per rank: FILE.rank<r> */
 } options_t;
 
 static void usage(FILE *f)
@@ -81,6 +82,8 @@ static void usage(FILE *f)
             "  --save-every N    0: only at the end (0)\n"
             "  --resume FILE|auto  continue from FILE; auto: from --checkpoint when it exists\n"
             "  --stop-at N       stop after step N as if interrupted (for tests)\n"
+            "  --trace FILE      Chrome trace per rank (FILE.rank<r>): compute spans of the first\n"
+            "                    3 steps; the Reducer's bucket spans of every step (short runs)\n"
             "  --print-losses    print every step's global loss (%%.9g) and a parameter checksum\n",
             prog);
 }
@@ -144,6 +147,7 @@ static void parse(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--metrics")) o->metrics = v;
         else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
+        else if (!strcmp(a, "--trace")) o->trace = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--save-every")) o->save_every = parse_size(a, v, 0);
         else if (!strcmp(a, "--stop-at")) o->stop_at = parse_size(a, v, 1);
@@ -172,6 +176,9 @@ typedef struct trainer {
     ddp_optim_t *optim;
     ddp_zero_t *zero;
     ddp_status_t status; /* a failure inside a backward callback */
+    ddp_trace_t *trace;
+    int tracing;    /* this step's compute spans are recorded */
+    double mark_us; /* end of the last traced span */
     int *tok, *tgt;
     size_t nwindows;
     uint32_t *perm;
@@ -183,6 +190,16 @@ typedef struct trainer {
 static int on_ready(void *ctx, size_t first, size_t count)
 {
     trainer_t *t = ctx;
+    if (t->tracing) {
+        char name[64];
+        if (count == GPT_LAYER_TENSORS)
+            snprintf(name, sizeof name, "backward: layer %zu", (first - 2) / GPT_LAYER_TENSORS);
+        else
+            snprintf(name, sizeof name, "backward: %s", first == GPT_WTE ? "embeddings" : "lm head + lnf");
+        double now = ddp_time_us();
+        ddp_trace_span(t->trace, name, "compute", 0, t->mark_us, now);
+        t->mark_us = now;
+    }
     for (size_t i = first + count; i-- > first;) {
         ddp_status_t st = ddp_reducer_grad_ready(t->reducer, i);
         if (st != DDP_OK) {
@@ -456,6 +473,13 @@ int main(int argc, char **argv)
     rc.grad_block_bytes = block_bytes;
     rc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
     rc.bucket_layout = DDP_BUCKET_LAYOUT_LAST_FIRST;
+    if (o->trace) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.rank%d", o->trace, t->rank);
+        check(ddp_trace_open(path, t->rank, &t->trace), "opening the trace file");
+        ddp_trace_name_lane(t->trace, 0, "trainer (compute)");
+        rc.trace = t->trace;
+    }
     check(ddp_reducer_create(t->group, params, m->ntensors, NULL, 0, &rc, &t->reducer),
           "creating the Reducer");
     ddp_optim_group_t groups[2] = {{o->lr, o->weight_decay}, {o->lr, 0.0}};
@@ -510,7 +534,7 @@ int main(int argc, char **argv)
         first_step = (size_t)load_checkpoint(t, from);
         if (t->rank == 0) printf("gpt: resumed from %s after step %zu\n", from, first_step);
     }
-    double t_start = ddp_time_us(), loss = NAN, val_loss = NAN;
+    double t_start = ddp_time_us(), loss = NAN, val_loss = NAN, exposed_sum = 0;
     uint64_t micro = (uint64_t)first_step * o->accumulate;
     size_t end_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
     for (size_t step = first_step; step < end_step; step++) {
@@ -521,16 +545,25 @@ int main(int argc, char **argv)
         else
             check(ddp_optim_scale_lr(t->optim, factor), "ddp_optim_scale_lr");
         double local = 0;
+        t->tracing = t->trace && step - first_step < 3;
         for (size_t k = 0; k < o->accumulate; k++, micro++) {
             load_batch(t, micro);
             check(ddp_reducer_set_sync(t->reducer, k + 1 == o->accumulate),
                   "ddp_reducer_set_sync");
             check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+            double f0 = ddp_time_us();
             local += gpt_forward(m, t->tok, t->tgt, t->local_batch, T);
+            t->mark_us = ddp_time_us();
+            if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, f0, t->mark_us);
             if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->grads, on_ready, t))
                 check(t->status, "ddp_reducer_grad_ready");
+            double w0 = ddp_time_us();
             check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
+            if (t->tracing) ddp_trace_span(t->trace, "finalize (wait)", "compute", 0, w0, ddp_time_us());
         }
+        ddp_reducer_stats_t rs;
+        if (ddp_reducer_stats(t->reducer, &rs) == DDP_OK) exposed_sum += rs.exposed_us;
+        double o0 = ddp_time_us();
         local /= (double)o->accumulate;
         check(ddp_group_allreduce(t->group, &local, &local, 1, DDP_F64, DDP_SUM),
               "allreduce loss");
@@ -544,6 +577,7 @@ int main(int argc, char **argv)
             if (o->clip > 0) ddp_optim_grad_norm(t->optim, &norm);
         }
         check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+        if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, o0, ddp_time_us());
         double ms = (ddp_time_us() - s0) / 1000.0;
         int last = step + 1 == end_step;
         if (o->checkpoint && (step + 1 == end_step || (o->save_every && (step + 1) % o->save_every == 0)))
@@ -574,9 +608,11 @@ int main(int argc, char **argv)
     }
     if (t->rank == 0) {
         double tokens = (double)(end_step - first_step) * (double)o->accumulate * (double)o->batch * (double)T;
-        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s); final loss %.4f, "
-               "validation %.4f\n",
-               end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s", loss, val_loss);
+        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication "
+               "%.2f ms/step on rank 0; final loss %.4f, validation %.4f\n",
+               end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s",
+               end_step > first_step ? exposed_sum / 1000.0 / (double)(end_step - first_step) : 0.0,
+               loss, val_loss);
         uint64_t rng = o->seed ^ 0x5A17ull;
         static const char *const prompts[] = {"The ", "A man ", "Love is "};
         char *out = malloc(o->sample_len + 1);
@@ -589,6 +625,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     ddp_reducer_destroy(t->reducer);
+    if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
     ddp_optim_destroy(t->optim);
     ddp_zero_destroy(t->zero);
     check(ddp_group_free_buffer(t->group, t->grads), "freeing the gradient block");
