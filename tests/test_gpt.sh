@@ -4,10 +4,12 @@
 #               per step (<= 1e-5 relative, 20 steps), bitwise identical parameters on every rank,
 #               and the loss falls
 #   accumulate  --accumulate 2 with batch 6 equals batch 12 (1e-5); --zero 1 equals the plain
-#               optimizer (1e-5) with one parameter checksum over ranks
+#               optimizer (1e-5) with one parameter checksum over ranks; --param-dtype bf16 agrees
+#               on 1 and 3 ranks and differs from f32
 #   resume      a run stopped after step 8 (--checkpoint, --stop-at) and continued with
 #               --resume auto ends bitwise equal to an uninterrupted one, with the same losses
-#               for steps 9-20; the same under --zero 1 (consolidated state); --resume auto
+#               for steps 9-20; the same under --zero 1 (consolidated state) and with bf16
+#               parameters; --resume auto
 #               without a file starts fresh; a checkpoint of other hyperparameters is refused,
 #               naming the field; a corrupted one is refused
 #   errors      missing data names the `fortunes` package; a batch not divisible by the world
@@ -92,15 +94,26 @@ accumulate)
     [ "$RC" = 0 ] || fail "--zero 1 exited $RC"
     one_checksum zero 3
     same_losses big zero "--zero 1 on 3 ranks vs plain on 2"
+    run 1 bf1 $TINY --batch 12 --param-dtype bf16
+    run 3 bf3 $TINY --batch 12 --param-dtype bf16
+    [ "$RC" = 0 ] || fail "--param-dtype bf16 exited $RC"
+    one_checksum bf3 3
+    same_losses bf1 bf3 "bf16 parameters on 1 vs 3 ranks"
+    losses big >"$WORK/a"
+    losses bf3 >"$WORK/b"
+    cmp -s "$WORK/a" "$WORK/b" && fail "--param-dtype bf16 changed nothing"
     ;;
 resume)
-    for z in 0 1; do
-        run 2 full$z $TINY --batch 12 --zero $z
+    for z in 0 1 2; do
+        # 2: ZeRO-1 with bf16 parameters (f32 masters in the saved optimizer state)
+        v="--zero $z"
+        [ $z = 2 ] && v="--zero 1 --param-dtype bf16"
+        run 2 full$z $TINY --batch 12 $v
         rm -f "$WORK/ck"
-        run 2 part$z $TINY --batch 12 --zero $z --checkpoint "$WORK/ck" --resume auto --stop-at 8
+        run 2 part$z $TINY --batch 12 $v --checkpoint "$WORK/ck" --resume auto --stop-at 8
         [ "$RC" = 0 ] && [ -f "$WORK/ck" ] || fail "zero $z: the stopped run wrote no checkpoint"
         [ "$(losses part$z | wc -l)" = 8 ] || fail "zero $z: the stopped run did not stop at 8"
-        run 2 rest$z $TINY --batch 12 --zero $z --checkpoint "$WORK/ck" --resume auto
+        run 2 rest$z $TINY --batch 12 $v --checkpoint "$WORK/ck" --resume auto
         [ "$RC" = 0 ] || fail "zero $z: the resumed run exited $RC"
         grep -q "resumed from $WORK/ck after step 8" "$WORK/rest$z" || fail "zero $z: not resumed"
         one_checksum rest$z 2
@@ -110,11 +123,15 @@ resume)
         losses rest$z >"$WORK/b"
         cmp -s "$WORK/a" "$WORK/b" || fail "zero $z: losses after the resume differ"
     done
-    run 2 lr $TINY --batch 12 --lr 1e-3 --resume "$WORK/ck"
+    # the last checkpoint is the bf16 run's
+    run 2 dtype $TINY --batch 12 --zero 1 --resume "$WORK/ck"
+    [ "$RC" != 0 ] && grep -q "written with param-dtype bf16 1, this run has 0" "$WORK/err" ||
+        fail "a bf16 checkpoint resumed into f32 was not refused by name"
+    run 2 lr $TINY --batch 12 $v --lr 1e-3 --resume "$WORK/ck"
     [ "$RC" != 0 ] && grep -q "written with lr 0.003, this run has 0.001" "$WORK/err" ||
         fail "a checkpoint of another lr was not refused by name"
     printf 'X' | dd of="$WORK/ck" bs=1 seek=200 conv=notrunc 2>/dev/null
-    run 2 bad $TINY --batch 12 --resume "$WORK/ck"
+    run 2 bad $TINY --batch 12 $v --resume "$WORK/ck"
     [ "$RC" != 0 ] && grep -q "is corrupt" "$WORK/err" || fail "a corrupted checkpoint was accepted"
     ;;
 errors)

@@ -44,7 +44,7 @@ typedef struct options {
     gpt_config_t model;
     size_t batch, accumulate, steps, warmup, eval_every, eval_batches, samples, sample_len;
     double lr, min_lr_ratio, weight_decay, clip, val_fraction, bucket_mb;
-    int zero, print_losses;
+    int zero, print_losses, bf16;
     uint64_t seed;
     const char *data, *metrics;
     const char *checkpoint, *resume; /* resume: a file, or "auto" (the checkpoint if it exists) */
@@ -69,6 +69,8 @@ static void usage(FILE *f)
             "  --weight-decay X  AdamW decay of the 2-D weights, embeddings included (0.1)\n"
             "  --clip X          global gradient norm clipping, 0 off (1.0)\n"
             "  --zero 0|1        1: ZeRO-1, the optimizer state sharded over ranks (0)\n"
+            "  --param-dtype T   f32, or bf16: bf16 parameters (and gradients into the optimizer)\n"
+            "                    with f32 master weights in the optimizer (f32)\n"
             "  --bucket-mb X     Reducer bucket cap in MiB (1)\n"
             "  --eval-every N    validation every N steps and at the end, 0: only at the end (200)\n"
             "  --eval-batches N  validation batches (8)\n"
@@ -148,6 +150,11 @@ static void parse(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--metrics")) o->metrics = v;
         else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
         else if (!strcmp(a, "--trace")) o->trace = v;
+        else if (!strcmp(a, "--param-dtype")) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16"))
+                fail("--param-dtype: '%s' is not f32 or bf16", v);
+            o->bf16 = !strcmp(v, "bf16");
+        }
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--save-every")) o->save_every = parse_size(a, v, 0);
         else if (!strcmp(a, "--stop-at")) o->stop_at = parse_size(a, v, 1);
@@ -183,6 +190,7 @@ typedef struct trainer {
     size_t nwindows;
     uint32_t *perm;
     uint64_t perm_epoch; /* the epoch perm holds; UINT64_MAX: none yet */
+    uint16_t *half_params, *half_grads; /* --param-dtype bf16: what the optimizer updates */
 } trainer_t;
 
 /* backward's callback: tensors [first, first + count) are final; hand them to the Reducer,
@@ -282,10 +290,11 @@ static uint64_t params_fnv(const gpt_t *m)
 
 #define GPT_CKPT_MAGIC "GPTCKPT1"
 enum { CK_LAYERS, CK_HEADS, CK_CHANNELS, CK_CONTEXT, CK_BATCH, CK_ACCUMULATE, CK_STEPS,
-       CK_WARMUP, CK_SEED, CK_NU };
+       CK_WARMUP, CK_SEED, CK_BF16, CK_NU };
 enum { CK_LR, CK_MIN_LR, CK_WD, CK_CLIP, CK_VAL, CK_ND };
 static const char *const ck_unames[CK_NU] = {"layers", "heads", "channels", "context", "batch",
-                                              "accumulate", "steps", "warmup", "seed"};
+                                              "accumulate", "steps", "warmup", "seed",
+                                              "param-dtype bf16"};
 static const char *const ck_dnames[CK_ND] = {"lr", "min-lr-ratio", "weight-decay", "clip",
                                               "val_fraction"};
 
@@ -302,7 +311,8 @@ static ckpt_header_t ckpt_header(const options_t *o)
     memset(&h, 0, sizeof h);
     memcpy(h.magic, GPT_CKPT_MAGIC, 8);
     uint64_t u[CK_NU] = {o->model.layers, o->model.heads, o->model.channels, o->model.context,
-                         o->batch, o->accumulate, o->steps, o->warmup, o->seed};
+                         o->batch, o->accumulate, o->steps, o->warmup, o->seed,
+                         (uint64_t)o->bf16};
     double d[CK_ND] = {o->lr, o->min_lr_ratio, o->weight_decay, o->clip, o->val_fraction};
     memcpy(h.u, u, sizeof u);
     memcpy(h.d, d, sizeof d);
@@ -375,6 +385,7 @@ static uint64_t load_checkpoint(trainer_t *t, const char *path)
     if (h.nparams != t->model.nparams || h.steps_done > o->steps || h.state_bytes > (1ull << 40))
         fail("--resume: %s is corrupt (header)", path);
     void *state = malloc(h.state_bytes ? h.state_bytes : 1);
+    /* h.nparams was checked: the stored floats fill the model exactly */
     uint64_t stored = 0;
     if (!state) fail("out of memory reading %s", path);
     if (fread(t->model.params, sizeof(float), t->model.nparams, f) != t->model.nparams ||
@@ -482,6 +493,27 @@ int main(int argc, char **argv)
     }
     check(ddp_reducer_create(t->group, params, m->ntensors, NULL, 0, &rc, &t->reducer),
           "creating the Reducer");
+    /* bf16: the optimizer updates bf16 copies (keeping f32 masters); the model computes with
+     * their values widened to f32, so every rank and step sees bf16-rounded weights. */
+    ddp_param_t *optim_params = params;
+    void **optim_grads = grad_ptrs;
+    if (o->bf16) {
+        t->half_params = malloc(m->nparams * sizeof(uint16_t));
+        t->half_grads = malloc(m->nparams * sizeof(uint16_t));
+        optim_params = calloc(m->ntensors, sizeof *optim_params);
+        optim_grads = calloc(m->ntensors, sizeof *optim_grads);
+        if (!t->half_params || !t->half_grads || !optim_params || !optim_grads) fail("out of memory");
+        for (size_t i = 0; i < m->nparams; i++) {
+            t->half_params[i] = ddp_f32_to_bf16(m->params[i]);
+            m->params[i] = ddp_bf16_to_f32(t->half_params[i]);
+        }
+        for (size_t i = 0; i < m->ntensors; i++) {
+            optim_params[i] = params[i];
+            optim_params[i].data = t->half_params + m->tensors[i].offset;
+            optim_params[i].dtype = DDP_BF16;
+            optim_grads[i] = t->half_grads + m->tensors[i].offset;
+        }
+    }
     ddp_optim_group_t groups[2] = {{o->lr, o->weight_decay}, {o->lr, 0.0}};
     ddp_optim_config_t oc = DDP_OPTIM_CONFIG_INIT;
     oc.kind = DDP_OPTIM_ADAMW;
@@ -498,10 +530,10 @@ int main(int argc, char **argv)
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
         zc.stage = 1;
         zc.optim = oc;
-        check(ddp_zero_create(t->group, params, m->ntensors, &zc, &t->zero),
+        check(ddp_zero_create(t->group, optim_params, m->ntensors, &zc, &t->zero),
               "creating the ZeRO-1 optimizer");
     } else {
-        check(ddp_optim_create(params, m->ntensors, &oc, &t->optim), "creating the optimizer");
+        check(ddp_optim_create(optim_params, m->ntensors, &oc, &t->optim), "creating the optimizer");
     }
 
     FILE *metrics = NULL;
@@ -521,6 +553,7 @@ int main(int argc, char **argv)
                t->train.len, t->val.len, o->batch, T, t->local_batch,
                o->accumulate > 1 ? " x accumulate" : "", o->lr, o->warmup, o->steps, o->clip,
                o->zero ? ", ZeRO-1" : "");
+        if (o->bf16) printf("gpt: bf16 parameters, f32 master weights in the optimizer\n");
         printf("gpt: unigram baseline (validation bytes under training byte frequencies): "
                "%.4f nats/byte; uniform: %.4f\n",
                unigram_baseline(t), log((double)GPT_VOCAB));
@@ -532,6 +565,8 @@ int main(int argc, char **argv)
     const char *from = resume_path(o);
     if (from) {
         first_step = (size_t)load_checkpoint(t, from);
+        if (o->bf16) /* the saved values are bf16 values: exact */
+            for (size_t i = 0; i < m->nparams; i++) t->half_params[i] = ddp_f32_to_bf16(m->params[i]);
         if (t->rank == 0) printf("gpt: resumed from %s after step %zu\n", from, first_step);
     }
     double t_start = ddp_time_us(), loss = NAN, val_loss = NAN, exposed_sum = 0;
@@ -569,13 +604,17 @@ int main(int argc, char **argv)
               "allreduce loss");
         loss = local / t->world;
         double norm = NAN;
+        if (o->bf16)
+            for (size_t i = 0; i < m->nparams; i++) t->half_grads[i] = ddp_f32_to_bf16(t->grads[i]);
         if (t->zero) {
-            check(ddp_zero_step(t->zero, grad_ptrs), "ddp_zero_step");
+            check(ddp_zero_step(t->zero, optim_grads), "ddp_zero_step");
             if (o->clip > 0) ddp_zero_grad_norm(t->zero, &norm);
         } else {
-            check(ddp_optim_step(t->optim, grad_ptrs), "ddp_optim_step");
+            check(ddp_optim_step(t->optim, optim_grads), "ddp_optim_step");
             if (o->clip > 0) ddp_optim_grad_norm(t->optim, &norm);
         }
+        if (o->bf16)
+            for (size_t i = 0; i < m->nparams; i++) m->params[i] = ddp_bf16_to_f32(t->half_params[i]);
         check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
         if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, o0, ddp_time_us());
         double ms = (ddp_time_us() - s0) / 1000.0;
@@ -634,6 +673,10 @@ int main(int argc, char **argv)
     free(params);
     free(grad_ptrs);
     free(groups_of);
+    if (optim_params != params) free(optim_params);
+    if (optim_grads != grad_ptrs) free(optim_grads);
+    free(t->half_params);
+    free(t->half_grads);
     free(t->tok);
     free(t->tgt);
     free(t->perm);
