@@ -9,7 +9,8 @@
 #   resume      a run stopped after step 8 (--checkpoint, --stop-at) and continued with
 #               --resume auto ends bitwise equal to an uninterrupted one, with the same losses
 #               for steps 9-20; the same under --zero 1 (consolidated state) and with bf16
-#               parameters; --resume auto
+#               parameters; under ddprun --max-restarts 1 a rank killed after step 14
+#               restarts the job from the step-12 checkpoint, ending bitwise equal; --resume auto
 #               without a file starts fresh; a checkpoint of other hyperparameters is refused,
 #               naming the field; a corrupted one is refused
 #   errors      missing data names the `fortunes` package; a batch not divisible by the world
@@ -123,6 +124,20 @@ resume)
         losses rest$z >"$WORK/b"
         cmp -s "$WORK/a" "$WORK/b" || fail "zero $z: losses after the resume differ"
     done
+    # ddprun --max-restarts 1: rank 1 dies after step 14; the restarted job continues from the
+    # --save-every 4 checkpoint of step 12 and ends bitwise equal to the uninterrupted run
+    rm -f "$WORK/ck2"
+    GPT_TEST_KILL_AT_STEP=14 "$DDPRUN" -n 2 --max-restarts 1 "$GPT" $TINY --batch 12 \
+        --checkpoint "$WORK/ck2" --save-every 4 --resume auto >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/job"
+    [ "$RC" = 0 ] || { fail "--max-restarts 1: exit $RC"; cat "$WORK/err" >&2; }
+    grep -q 'killed by signal 9' "$WORK/err" || fail "rank 1 was not killed"
+    grep -q 'starting fresh (restart 0)' "$WORK/job" || fail "the first attempt did not start fresh"
+    grep -q "resumed from $WORK/ck2 after step 12 (restart 1)" "$WORK/job" ||
+        fail "the restart did not continue from step 12"
+    [ "$(checksums job)" = "$(checksums full0)" ] ||
+        fail "restarted job: parameters differ from the uninterrupted run's"
     # the last checkpoint is the bf16 run's
     run 2 dtype $TINY --batch 12 --zero 1 --resume "$WORK/ck"
     [ "$RC" != 0 ] && grep -q "written with param-dtype bf16 1, this run has 0" "$WORK/err" ||

@@ -7,6 +7,7 @@
  *     build/ddprun -n 2 build/gpt --steps 300      (docs/gpt.md has every option) */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -561,13 +562,25 @@ int main(int argc, char **argv)
     }
 
     t->perm_epoch = UINT64_MAX;
+    /* Tests only: GPT_TEST_KILL_AT_STEP=N makes rank 1 SIGKILL itself after optimizer step N
+     * (after that step's checkpoint, if any), on ddprun's first attempt only, so a restarted job
+     * runs through: a real crash at a step the test chooses. */
+    size_t kill_at = 0;
+    const char *kill_env = getenv("GPT_TEST_KILL_AT_STEP"), *attempt = getenv("DDP_RESTART_COUNT");
+    if (kill_env && t->rank == 1 && (!attempt || !strcmp(attempt, "0")))
+        kill_at = (size_t)strtoull(kill_env, NULL, 10);
     size_t first_step = 0;
     const char *from = resume_path(o);
     if (from) {
         first_step = (size_t)load_checkpoint(t, from);
         if (o->bf16) /* the saved values are bf16 values: exact */
             for (size_t i = 0; i < m->nparams; i++) t->half_params[i] = ddp_f32_to_bf16(m->params[i]);
-        if (t->rank == 0) printf("gpt: resumed from %s after step %zu\n", from, first_step);
+        if (t->rank == 0)
+            printf("gpt: resumed from %s after step %zu (restart %s)\n", from, first_step,
+                   attempt ? attempt : "0");
+    } else if (o->resume && t->rank == 0) {
+        printf("gpt: resume auto: no checkpoint at %s, starting fresh (restart %s)\n",
+               o->checkpoint, attempt ? attempt : "0");
     }
     double t_start = ddp_time_us(), loss = NAN, val_loss = NAN, exposed_sum = 0;
     uint64_t micro = (uint64_t)first_step * o->accumulate;
@@ -621,6 +634,7 @@ int main(int argc, char **argv)
         int last = step + 1 == end_step;
         if (o->checkpoint && (step + 1 == end_step || (o->save_every && (step + 1) % o->save_every == 0)))
             save_checkpoint(t, step + 1);
+        if (kill_at && step + 1 == kill_at) raise(SIGKILL);
         val_loss = NAN;
         if (last || (o->eval_every && (step + 1) % o->eval_every == 0)) val_loss = evaluate(t);
         if (t->rank == 0) {
