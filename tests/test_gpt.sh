@@ -13,6 +13,9 @@
 #               restarts the job from the step-12 checkpoint, ending bitwise equal; --resume auto
 #               without a file starts fresh; a checkpoint of other hyperparameters is refused,
 #               naming the field; a corrupted one is refused
+#   blocks      --grad-blocks 4 (each block matrix's row tiles handed to the Reducer as computed,
+#               pieces of 64 KiB, and of 1 KiB) gives the same bits as whole tensors on 2 and 3
+#               ranks, with --accumulate 2 and --zero 1 too; --grad-blocks 3 is refused
 #   errors      missing data names the `fortunes` package; a batch not divisible by the world
 #               size and channels not divisible by heads are refused, naming the option
 # A tiny model (2 layers, 32 channels, context 16) keeps each case a few seconds.
@@ -148,6 +151,28 @@ resume)
     printf 'X' | dd of="$WORK/ck" bs=1 seek=200 conv=notrunc 2>/dev/null
     run 2 bad $TINY --batch 12 $v --resume "$WORK/ck"
     [ "$RC" != 0 ] && grep -q "is corrupt" "$WORK/err" || fail "a corrupted checkpoint was accepted"
+    ;;
+blocks)
+    for n in 2 3; do
+        for extra in "" "--accumulate 2 --batch 6" "--zero 1"; do
+            # shellcheck disable=SC2086
+            run $n whole $TINY --batch 12 $extra
+            for piece in "" "--piece-kb 1"; do
+                # shellcheck disable=SC2086
+                run $n rows $TINY --batch 12 $extra --grad-blocks 4 $piece
+                [ "$RC" = 0 ] || fail "$n ranks, --grad-blocks 4 $extra $piece: exit $RC"
+                one_checksum rows $n
+                [ "$(checksums rows)" = "$(checksums whole)" ] ||
+                    fail "$n ranks $extra $piece: row tiles changed the parameters"
+                losses whole >"$WORK/a"
+                losses rows >"$WORK/b"
+                cmp -s "$WORK/a" "$WORK/b" || fail "$n ranks $extra $piece: losses differ"
+            done
+        done
+    done
+    "$GPT" $TINY --grad-blocks 3 >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] && grep -q -- "--grad-blocks: 3 is not 1 or 4" "$WORK/err" ||
+        fail "--grad-blocks 3 was not refused by name"
     ;;
 errors)
     "$GPT" $TINY --data "$WORK/none" >"$WORK/out" 2>"$WORK/err"

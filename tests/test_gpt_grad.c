@@ -51,7 +51,7 @@ static int finite_differences(void)
     make_tokens(tok, tgt, 3);
     float *grads = calloc(m.nparams, sizeof(float));
     gpt_forward(&m, tok, tgt, B, T);
-    gpt_backward(&m, tok, 1.0f, grads, NULL, NULL);
+    gpt_backward(&m, tok, 1.0f, grads, NULL, NULL, NULL);
     int failed = 0;
     const float h = 1e-2f;
     for (size_t i = 0; i < m.ntensors; i++) {
@@ -95,8 +95,8 @@ static int dump(const char *path)
     float *grads = calloc(m.nparams, sizeof(float));
     double loss = gpt_forward(&m, tok, tgt, B, T);
     /* accumulate twice with scale 0.5: the sum must equal one full gradient */
-    gpt_backward(&m, tok, 0.5f, grads, NULL, NULL);
-    gpt_backward(&m, tok, 0.5f, grads, NULL, NULL);
+    gpt_backward(&m, tok, 0.5f, grads, NULL, NULL, NULL);
+    gpt_backward(&m, tok, 0.5f, grads, NULL, NULL, NULL);
     FILE *f = fopen(path, "wb");
     if (!f) {
         perror(path);

@@ -69,11 +69,19 @@ const float *gpt_logits(const gpt_t *m);
  * final layer norm's 2, then wpe and wte). Non-zero stops backward with that value. */
 typedef int (*gpt_ready_fn)(void *ctx, size_t first, size_t count);
 
+/* Called when rows [row_begin, row_end) of matrix tensor `tensor`'s gradient are final. */
+typedef int (*gpt_rows_fn)(void *ctx, size_t tensor, size_t row_begin, size_t row_end);
+
+/* Each block matrix's weight gradient is computed in this many row tiles (one GEMM each),
+ * whether or not they are reported, so reporting them changes no bit. */
+#define GPT_GRAD_TILES 4
+
 /* After gpt_forward with targets: gradients of `scale` * (mean loss) ACCUMULATED into grads (a
  * block laid out as the parameters). Reports finished tensors through ready (may be NULL),
- * highest layer first. Returns 0 or ready's non-zero value. */
+ * highest layer first, and, when rows is not NULL, each row tile of a block's four matrices as
+ * it is computed (before that layer's ready). Returns 0 or the callbacks' non-zero value. */
 int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_ready_fn ready,
-                 void *ctx);
+                 gpt_rows_fn rows, void *ctx);
 
 /* Samples n bytes after `prompt` (temperature 1, top-k off) with the given random state. */
 void gpt_generate(gpt_t *m, const char *prompt, size_t n, uint64_t *rng, char *out);

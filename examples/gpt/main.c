@@ -46,6 +46,8 @@ typedef struct options {
     size_t batch, accumulate, steps, warmup, eval_every, eval_batches, samples, sample_len;
     double lr, min_lr_ratio, weight_decay, clip, val_fraction, bucket_mb;
     int zero, print_losses, bf16;
+    size_t grad_blocks; /* 1: whole tensors to the Reducer; GPT_GRAD_TILES: row tiles too */
+    double piece_kb;    /* the Reducer's piece size; < 0: 64 KiB with row tiles, else off */
     uint64_t seed;
     const char *data, *metrics;
     const char *checkpoint, *resume; /* resume: a file, or "auto" (the checkpoint if it exists) */
@@ -72,6 +74,9 @@ static void usage(FILE *f)
             "  --zero 0|1        1: ZeRO-1, the optimizer state sharded over ranks (0)\n"
             "  --param-dtype T   f32, or bf16: bf16 parameters (and gradients into the optimizer)\n"
             "                    with f32 master weights in the optimizer (f32)\n"
+            "  --grad-blocks N   1: each layer's gradients reported whole; 4: each block matrix's\n"
+            "                    row tiles reported as computed (same bits) (1)\n"
+            "  --piece-kb X      Reducer pieces in KiB, 0 off (64 with --grad-blocks 4, else 0)\n"
             "  --bucket-mb X     Reducer bucket cap in MiB (1)\n"
             "  --eval-every N    validation every N steps and at the end, 0: only at the end (200)\n"
             "  --eval-batches N  validation batches (8)\n"
@@ -114,7 +119,8 @@ static void parse(int argc, char **argv, options_t *o)
                      .batch = 16, .accumulate = 1, .steps = 600, .warmup = 20,
                      .eval_every = 200, .eval_batches = 8, .samples = 3, .sample_len = 160,
                      .lr = 2e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .clip = 1.0,
-                     .val_fraction = 0.05, .bucket_mb = 1.0, .seed = 1,
+                     .val_fraction = 0.05, .bucket_mb = 1.0, .seed = 1, .grad_blocks = 1,
+                     .piece_kb = -1,
                      .data = "/usr/share/games/fortunes"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -151,6 +157,8 @@ static void parse(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--metrics")) o->metrics = v;
         else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
         else if (!strcmp(a, "--trace")) o->trace = v;
+        else if (!strcmp(a, "--grad-blocks")) o->grad_blocks = parse_size(a, v, 1);
+        else if (!strcmp(a, "--piece-kb")) o->piece_kb = parse_double(a, v, 0);
         else if (!strcmp(a, "--param-dtype")) {
             if (strcmp(v, "f32") && strcmp(v, "bf16"))
                 fail("--param-dtype: '%s' is not f32 or bf16", v);
@@ -164,6 +172,9 @@ static void parse(int argc, char **argv, options_t *o)
     if (o->resume && !strcmp(o->resume, "auto") && !o->checkpoint)
         fail("--resume auto needs --checkpoint FILE (the file it continues from)");
     if (o->save_every && !o->checkpoint) fail("--save-every needs --checkpoint FILE");
+    if (o->grad_blocks != 1 && o->grad_blocks != GPT_GRAD_TILES)
+        fail("--grad-blocks: %zu is not 1 or %d (the row tiles backward computes)",
+             o->grad_blocks, GPT_GRAD_TILES);
     if (o->zero > 1) fail("--zero: %d is not supported (0 or 1)", o->zero);
     if (o->min_lr_ratio > 1) fail("--min-lr-ratio: %g is above 1", o->min_lr_ratio);
     if (o->model.channels % o->model.heads)
@@ -194,6 +205,26 @@ typedef struct trainer {
     uint16_t *half_params, *half_grads; /* --param-dtype bf16: what the optimizer updates */
 } trainer_t;
 
+/* The four matrices of a block: the tensors backward reports in row tiles. */
+static int is_block_matrix(const gpt_t *m, size_t i)
+{
+    if (i < 2 || i >= 2 + GPT_LAYER_TENSORS * m->cfg.layers) return 0;
+    size_t k = (i - 2) % GPT_LAYER_TENSORS;
+    return k == GPT_QKVW || k == GPT_ATTPROJW || k == GPT_FCW || k == GPT_FCPROJW;
+}
+
+/* backward's row callback: rows [r0, r1) of a block matrix's gradient are final. */
+static int on_rows(void *ctx, size_t tensor, size_t r0, size_t r1)
+{
+    trainer_t *t = ctx;
+    ddp_status_t st = ddp_reducer_grad_ready_rows(t->reducer, tensor, r0, r1);
+    if (st != DDP_OK) {
+        t->status = st;
+        return 1;
+    }
+    return 0;
+}
+
 /* backward's callback: tensors [first, first + count) are final; hand them to the Reducer,
  * last-registered first (the order the LAST_FIRST bucket layout expects). */
 static int on_ready(void *ctx, size_t first, size_t count)
@@ -210,6 +241,7 @@ static int on_ready(void *ctx, size_t first, size_t count)
         t->mark_us = now;
     }
     for (size_t i = first + count; i-- > first;) {
+        if (t->o.grad_blocks > 1 && is_block_matrix(&t->model, i)) continue; /* rows did it */
         ddp_status_t st = ddp_reducer_grad_ready(t->reducer, i);
         if (st != DDP_OK) {
             t->status = st;
@@ -485,6 +517,8 @@ int main(int argc, char **argv)
     rc.grad_block_bytes = block_bytes;
     rc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
     rc.bucket_layout = DDP_BUCKET_LAYOUT_LAST_FIRST;
+    double piece_kb = o->piece_kb >= 0 ? o->piece_kb : o->grad_blocks > 1 ? 64 : 0;
+    rc.piece_bytes = (size_t)(piece_kb * 1024.0);
     if (o->trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d", o->trace, t->rank);
@@ -603,7 +637,8 @@ int main(int argc, char **argv)
             local += gpt_forward(m, t->tok, t->tgt, t->local_batch, T);
             t->mark_us = ddp_time_us();
             if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, f0, t->mark_us);
-            if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->grads, on_ready, t))
+            if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->grads, on_ready,
+                             o->grad_blocks > 1 ? on_rows : NULL, t))
                 check(t->status, "ddp_reducer_grad_ready");
             double w0 = ddp_time_us();
             check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");

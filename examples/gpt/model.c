@@ -385,8 +385,33 @@ double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, si
     return loss / (double)N;
 }
 
+/* matmul_backward for a block matrix: dW in GPT_GRAD_TILES row tiles, each reported through
+ * rows when given. dW rows [r0, r1) = dout[:, r0:r1]^T . inp. */
+static int matmul_backward_tiled(float *dinp, float *dw, float *dbias, const float *dout,
+                                 const float *inp, const float *w, size_t N, size_t IC,
+                                 size_t OC, size_t tensor, gpt_rows_fn rows, void *ctx)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IC, (int)OC, 1.0f,
+                    dout, (int)OC, w, (int)IC, 1.0f, dinp, (int)IC);
+    if (dbias)
+        for (size_t i = 0; i < N; i++)
+            for (size_t o = 0; o < OC; o++) dbias[o] += dout[i * OC + o];
+    /* highest rows first: the order the Reducer's pieces are learned in does not matter, but
+     * finishing a tile early is the point */
+    for (size_t k = GPT_GRAD_TILES; k-- > 0;) {
+        size_t r0 = OC * k / GPT_GRAD_TILES, r1 = OC * (k + 1) / GPT_GRAD_TILES;
+        if (r1 == r0) continue;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), (int)IC, (int)N,
+                    1.0f, dout + r0, (int)OC, inp, (int)IC, 1.0f, dw + r0 * IC, (int)IC);
+        int rc;
+        if (rows && (rc = rows(ctx, tensor, r0, r1))) return rc;
+    }
+    return 0;
+}
+
 int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_ready_fn ready,
-                 void *ctx)
+                 gpt_rows_fn rows, void *ctx)
 {
     size_t C = m->cfg.channels, NH = m->cfg.heads, L = m->cfg.layers, V = GPT_VOCAB;
     size_t B = m->B, T = m->T, N = B * T;
@@ -422,23 +447,33 @@ int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_rea
         const float *res_in = l ? layer_acts(m, l - 1).res3 : encoded(m);
         /* MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))) */
         memset(dfch_gelu, 0, N * 4 * C * sizeof(float));
-        matmul_backward(dfch_gelu, G(GPT_T(l, GPT_FCPROJW)), G(GPT_T(l, GPT_FCPROJB)), dres,
-                        a.fch_gelu, P(m, GPT_T(l, GPT_FCPROJW)), N, 4 * C, C);
+        if ((rc = matmul_backward_tiled(dfch_gelu, G(GPT_T(l, GPT_FCPROJW)),
+                                        G(GPT_T(l, GPT_FCPROJB)), dres, a.fch_gelu,
+                                        P(m, GPT_T(l, GPT_FCPROJW)), N, 4 * C, C,
+                                        GPT_T(l, GPT_FCPROJW), rows, ctx)))
+            return rc;
         gelu_backward(dfch, a.fch, dfch_gelu, N * 4 * C);
         memset(dln, 0, N * C * sizeof(float));
-        matmul_backward(dln, G(GPT_T(l, GPT_FCW)), G(GPT_T(l, GPT_FCB)), dfch, a.ln2,
-                        P(m, GPT_T(l, GPT_FCW)), N, C, 4 * C);
+        if ((rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_FCW)), G(GPT_T(l, GPT_FCB)), dfch,
+                                        a.ln2, P(m, GPT_T(l, GPT_FCW)), N, C, 4 * C,
+                                        GPT_T(l, GPT_FCW), rows, ctx)))
+            return rc;
         layernorm_backward(dres, G(GPT_T(l, GPT_LN2W)), G(GPT_T(l, GPT_LN2B)), dln, a.res2,
                            P(m, GPT_T(l, GPT_LN2W)), a.ln2_mean, a.ln2_rstd, N, C);
         /* attention: res2 = res + proj(attn(qkv(ln1(res)))) */
         memset(datty, 0, N * C * sizeof(float));
-        matmul_backward(datty, G(GPT_T(l, GPT_ATTPROJW)), G(GPT_T(l, GPT_ATTPROJB)), dres,
-                        a.atty, P(m, GPT_T(l, GPT_ATTPROJW)), N, C, C);
+        if ((rc = matmul_backward_tiled(datty, G(GPT_T(l, GPT_ATTPROJW)),
+                                        G(GPT_T(l, GPT_ATTPROJB)), dres, a.atty,
+                                        P(m, GPT_T(l, GPT_ATTPROJW)), N, C, C,
+                                        GPT_T(l, GPT_ATTPROJW), rows, ctx)))
+            return rc;
         memset(dqkv, 0, N * 3 * C * sizeof(float));
         attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
         memset(dln, 0, N * C * sizeof(float));
-        matmul_backward(dln, G(GPT_T(l, GPT_QKVW)), G(GPT_T(l, GPT_QKVB)), dqkv, a.ln1,
-                        P(m, GPT_T(l, GPT_QKVW)), N, C, 3 * C);
+        if ((rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_QKVW)), G(GPT_T(l, GPT_QKVB)), dqkv,
+                                        a.ln1, P(m, GPT_T(l, GPT_QKVW)), N, C, 3 * C,
+                                        GPT_T(l, GPT_QKVW), rows, ctx)))
+            return rc;
         layernorm_backward(dres, G(GPT_T(l, GPT_LN1W)), G(GPT_T(l, GPT_LN1B)), dln, res_in,
                            P(m, GPT_T(l, GPT_LN1W)), a.ln1_mean, a.ln1_rstd, N, C);
         if (ready && (rc = ready(ctx, GPT_T(l, 0), GPT_LAYER_TENSORS))) return rc;
