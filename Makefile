@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo demo-gpt install uninstall clean asan tsan
+.PHONY: all build test demo demo-gpt gpt-demo install uninstall clean asan tsan
 
 all: build
 
@@ -21,9 +21,12 @@ test: build
 demo:
 	./tools/demo.sh
 
-# demo-gpt: the byte-level GPT on the fortunes quotations, 2 ranks, about 2 minutes.
+# demo-gpt (also gpt-demo): the byte-level GPT on the fortunes quotations, 2 ranks, about 2
+# minutes.
 demo-gpt:
 	./tools/demo_gpt.sh
+
+gpt-demo: demo-gpt
 
 # install: the libraries and the installed programs only (target ddp_install_parts), not the
 # tests; PREFIX=/opt/ddp installs there (the programs find libddp.so through $$ORIGIN/../lib).
