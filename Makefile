@@ -1,12 +1,12 @@
 # Thin wrapper over CMake: `make` builds into build/ (Release; with the torch backend when torch
 # is found), `make test` runs every test through ctest, `make python-install` installs the Python
 # package, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on
-# 2 ranks.
+# 2 ranks; `make demo-gpt` does the same for the GPT trainer on the fortunes quotations.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test demo install uninstall python-install clean asan tsan
+.PHONY: all build test demo demo-gpt gpt-demo install uninstall python-install clean asan tsan
 
 all: build
 
@@ -21,6 +21,13 @@ test: build
 
 demo:
 	./tools/demo.sh
+
+# demo-gpt (also gpt-demo): the byte-level GPT on the fortunes quotations, 2 ranks, about 2
+# minutes.
+demo-gpt:
+	./tools/demo_gpt.sh
+
+gpt-demo: demo-gpt
 
 # install: the libraries and the installed programs only (target ddp_install_parts), not the
 # tests; PREFIX=/opt/ddp installs there (the programs find libddp.so through $$ORIGIN/../lib).

@@ -1,0 +1,35 @@
+# build/gpt: the data-parallel GPT trainer (examples/gpt/). Needs a CBLAS (OpenBLAS:
+# libopenblas-dev), found as for the Fashion-MNIST trainer; without it the target is skipped with
+# a message. Its data (the `fortunes` package) is read at run time.
+find_path(GPT_CBLAS_INCLUDE_DIR cblas.h
+  PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas
+        /usr/include/x86_64-linux-gnu /usr/include)
+find_library(GPT_OPENBLAS_LIBRARY NAMES openblas)
+
+if(NOT GPT_CBLAS_INCLUDE_DIR OR NOT GPT_OPENBLAS_LIBRARY)
+  message(STATUS "gpt: SKIPPED, OpenBLAS/CBLAS not found (apt-get install libopenblas-dev)")
+else()
+  include(CheckFunctionExists)
+  include(CMakePushCheckState)
+  cmake_push_check_state(RESET)
+  set(CMAKE_REQUIRED_LIBRARIES ${GPT_OPENBLAS_LIBRARY})
+  set(CMAKE_REQUIRED_QUIET ON)
+  check_function_exists(openblas_set_num_threads GPT_OPENBLAS_SET_THREADS)
+  cmake_pop_check_state()
+
+  # The model and data on their own, shared by the trainer and tests/test_gpt_grad.
+  add_library(gpt_model STATIC ${PROJECT_SOURCE_DIR}/examples/gpt/model.c
+                               ${PROJECT_SOURCE_DIR}/examples/gpt/data.c)
+  target_include_directories(gpt_model PUBLIC ${PROJECT_SOURCE_DIR}/examples/gpt
+                                       PRIVATE ${GPT_CBLAS_INCLUDE_DIR})
+  target_link_libraries(gpt_model PUBLIC ${GPT_OPENBLAS_LIBRARY} m)
+
+  add_executable(gpt ${PROJECT_SOURCE_DIR}/examples/gpt/main.c)
+  # The shared library, as a user's program would (see examples/fashion-mnist.cmake).
+  target_link_libraries(gpt PRIVATE ddp gpt_model)
+  if(GPT_OPENBLAS_SET_THREADS)
+    target_compile_definitions(gpt PRIVATE GPT_HAVE_OPENBLAS_THREADS=1)
+  endif()
+  install(TARGETS gpt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  message(STATUS "gpt: building with ${GPT_OPENBLAS_LIBRARY}")
+endif()

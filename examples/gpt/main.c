@@ -1,0 +1,736 @@
+/* build/gpt: a GPT-2-style byte-level language model trained data-parallel on the fortunes
+ * quotations. Each rank takes its share of every global batch (DistributedSampler semantics: the
+ * global batch is the same whatever the world size); backward hands each layer's gradients to the
+ * Reducer as soon as they are final (highest layer first), in one stable gradient block; AdamW
+ * (decay on the matrices only), warmup + cosine and global-norm clipping, or ZeRO-1.
+ *
+ *     build/ddprun -n 2 build/gpt --steps 300      (docs/gpt.md has every option) */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ddp/ddp.h>
+
+#ifdef GPT_HAVE_OPENBLAS_THREADS
+void openblas_set_num_threads(int);
+#endif
+
+#include "gpt.h"
+
+static const char *prog = "gpt";
+static int g_rank = 0;
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: rank %d: error: ", prog, g_rank);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static void check(ddp_status_t st, const char *what)
+{
+    if (st != DDP_OK) fail("%s: %s: %s", what, ddp_status_string(st), ddp_last_error());
+}
+
+typedef struct options {
+    gpt_config_t model;
+    size_t batch, accumulate, steps, warmup, eval_every, eval_batches, samples, sample_len;
+    double lr, min_lr_ratio, weight_decay, clip, val_fraction, bucket_mb;
+    int zero, print_losses, bf16;
+    size_t grad_blocks; /* 1: whole tensors to the Reducer; GPT_GRAD_TILES: row tiles too */
+    double piece_kb;    /* the Reducer's piece size; < 0: 64 KiB with row tiles, else off */
+    uint64_t seed;
+    const char *data, *metrics;
+    const char *checkpoint, *resume; /* resume: a file, or "auto" (the checkpoint if it exists) */
+    size_t save_every, stop_at;
+    const char *trace; /* Chrome trace per rank: FILE.rank<r> */
+} options_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: %s [options]   (run under ddprun for several ranks)\n"
+            "  --layers N        transformer blocks (4)\n"
+            "  --heads N         attention heads (4)\n"
+            "  --channels N      embedding width, a multiple of heads (128)\n"
+            "  --context N       tokens (bytes) per sequence (64)\n"
+            "  --batch N         GLOBAL sequences per micro-step, divisible by the world size (16)\n"
+            "  --accumulate K    micro-steps per optimizer step (1)\n"
+            "  --steps N         optimizer steps (600)\n"
+            "  --lr X            peak learning rate (2e-3), warmup then cosine to lr*min-lr-ratio\n"
+            "  --warmup N        warmup steps (20)\n"
+            "  --min-lr-ratio X  final lr / peak lr (0.1)\n"
+            "  --weight-decay X  AdamW decay of the 2-D weights, embeddings included (0.1)\n"
+            "  --clip X          global gradient norm clipping, 0 off (1.0)\n"
+            "  --zero 0|1        1: ZeRO-1, the optimizer state sharded over ranks (0)\n"
+            "  --param-dtype T   f32, or bf16: bf16 parameters (and gradients into the optimizer)\n"
+            "                    with f32 master weights in the optimizer (f32)\n"
+            "  --grad-blocks N   1: each layer's gradients reported whole; 4: each block matrix's\n"
+            "                    row tiles reported as computed (same bits) (1)\n"
+            "  --piece-kb X      Reducer pieces in KiB, 0 off (64 with --grad-blocks 4, else 0)\n"
+            "  --bucket-mb X     Reducer bucket cap in MiB (1)\n"
+            "  --eval-every N    validation every N steps and at the end, 0: only at the end (200)\n"
+            "  --eval-batches N  validation batches (8)\n"
+            "  --samples N       generated samples printed at the end (3)\n"
+            "  --sample-len N    bytes per sample (160)\n"
+            "  --seed N          init, data order and sampling (1)\n"
+            "  --data DIR        the fortunes directory (/usr/share/games/fortunes)\n"
+            "  --metrics FILE    CSV: step,loss,val_loss,lr,grad_norm,ms\n"
+            "  --checkpoint FILE saved every --save-every steps and at the end (model, AdamW\n"
+            "                    state consolidated over ranks, step)\n"
+            "  --save-every N    0: only at the end (0)\n"
+            "  --resume FILE|auto  continue from FILE; auto: from --checkpoint when it exists\n"
+            "  --stop-at N       stop after step N as if interrupted (for tests)\n"
+            "  --trace FILE      Chrome trace per rank (FILE.rank<r>): compute spans of the first\n"
+            "                    3 steps; the Reducer's bucket spans of every step (short runs)\n"
+            "  --print-losses    print every step's global loss (%%.9g) and a parameter checksum\n",
+            prog);
+}
+
+static size_t parse_size(const char *name, const char *v, size_t min)
+{
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || v[0] == '-' || x < min)
+        fail("%s: '%s' is not an integer >= %zu", name, v, min);
+    return (size_t)x;
+}
+
+static double parse_double(const char *name, const char *v, double min)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x >= min)) fail("%s: '%s' is not a number >= %g", name, v, min);
+    return x;
+}
+
+static void parse(int argc, char **argv, options_t *o)
+{
+    *o = (options_t){.model = {.layers = 4, .heads = 4, .channels = 128, .context = 64},
+                     .batch = 16, .accumulate = 1, .steps = 600, .warmup = 20,
+                     .eval_every = 200, .eval_batches = 8, .samples = 3, .sample_len = 160,
+                     .lr = 2e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .clip = 1.0,
+                     .val_fraction = 0.05, .bucket_mb = 1.0, .seed = 1, .grad_blocks = 1,
+                     .piece_kb = -1,
+                     .data = "/usr/share/games/fortunes"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--print-losses")) {
+            o->print_losses = 1;
+            continue;
+        }
+        if (i + 1 >= argc) fail("%s needs a value (--help lists the options)", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--layers")) o->model.layers = parse_size(a, v, 1);
+        else if (!strcmp(a, "--heads")) o->model.heads = parse_size(a, v, 1);
+        else if (!strcmp(a, "--channels")) o->model.channels = parse_size(a, v, 1);
+        else if (!strcmp(a, "--context")) o->model.context = parse_size(a, v, 1);
+        else if (!strcmp(a, "--batch")) o->batch = parse_size(a, v, 1);
+        else if (!strcmp(a, "--accumulate")) o->accumulate = parse_size(a, v, 1);
+        else if (!strcmp(a, "--steps")) o->steps = parse_size(a, v, 1);
+        else if (!strcmp(a, "--warmup")) o->warmup = parse_size(a, v, 0);
+        else if (!strcmp(a, "--eval-every")) o->eval_every = parse_size(a, v, 0);
+        else if (!strcmp(a, "--eval-batches")) o->eval_batches = parse_size(a, v, 1);
+        else if (!strcmp(a, "--samples")) o->samples = parse_size(a, v, 0);
+        else if (!strcmp(a, "--sample-len")) o->sample_len = parse_size(a, v, 1);
+        else if (!strcmp(a, "--seed")) o->seed = parse_size(a, v, 0);
+        else if (!strcmp(a, "--zero")) o->zero = (int)parse_size(a, v, 0);
+        else if (!strcmp(a, "--lr")) o->lr = parse_double(a, v, 0);
+        else if (!strcmp(a, "--min-lr-ratio")) o->min_lr_ratio = parse_double(a, v, 0);
+        else if (!strcmp(a, "--weight-decay")) o->weight_decay = parse_double(a, v, 0);
+        else if (!strcmp(a, "--clip")) o->clip = parse_double(a, v, 0);
+        else if (!strcmp(a, "--bucket-mb")) o->bucket_mb = parse_double(a, v, 0.001);
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--metrics")) o->metrics = v;
+        else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
+        else if (!strcmp(a, "--trace")) o->trace = v;
+        else if (!strcmp(a, "--grad-blocks")) o->grad_blocks = parse_size(a, v, 1);
+        else if (!strcmp(a, "--piece-kb")) o->piece_kb = parse_double(a, v, 0);
+        else if (!strcmp(a, "--param-dtype")) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16"))
+                fail("--param-dtype: '%s' is not f32 or bf16", v);
+            o->bf16 = !strcmp(v, "bf16");
+        }
+        else if (!strcmp(a, "--resume")) o->resume = v;
+        else if (!strcmp(a, "--save-every")) o->save_every = parse_size(a, v, 0);
+        else if (!strcmp(a, "--stop-at")) o->stop_at = parse_size(a, v, 1);
+        else fail("unknown option %s (--help lists the options)", a);
+    }
+    if (o->resume && !strcmp(o->resume, "auto") && !o->checkpoint)
+        fail("--resume auto needs --checkpoint FILE (the file it continues from)");
+    if (o->save_every && !o->checkpoint) fail("--save-every needs --checkpoint FILE");
+    if (o->grad_blocks != 1 && o->grad_blocks != GPT_GRAD_TILES)
+        fail("--grad-blocks: %zu is not 1 or %d (the row tiles backward computes)",
+             o->grad_blocks, GPT_GRAD_TILES);
+    if (o->zero > 1) fail("--zero: %d is not supported (0 or 1)", o->zero);
+    if (o->min_lr_ratio > 1) fail("--min-lr-ratio: %g is above 1", o->min_lr_ratio);
+    if (o->model.channels % o->model.heads)
+        fail("--channels %zu is not a multiple of --heads %zu", o->model.channels,
+             o->model.heads);
+}
+
+typedef struct trainer {
+    options_t o;
+    ddp_store_t *local_store;
+    ddp_group_t *group;
+    int rank, world;
+    size_t local_batch;
+    gpt_text_t train, val;
+    gpt_t model;
+    float *grads; /* the gradient block (transport memory), laid out as the parameters */
+    ddp_reducer_t *reducer;
+    ddp_optim_t *optim;
+    ddp_zero_t *zero;
+    ddp_status_t status; /* a failure inside a backward callback */
+    ddp_trace_t *trace;
+    int tracing;    /* this step's compute spans are recorded */
+    double mark_us; /* end of the last traced span */
+    int *tok, *tgt;
+    size_t nwindows;
+    uint32_t *perm;
+    uint64_t perm_epoch; /* the epoch perm holds; UINT64_MAX: none yet */
+    uint16_t *half_params, *half_grads; /* --param-dtype bf16: what the optimizer updates */
+} trainer_t;
+
+/* The four matrices of a block: the tensors backward reports in row tiles. */
+static int is_block_matrix(const gpt_t *m, size_t i)
+{
+    if (i < 2 || i >= 2 + GPT_LAYER_TENSORS * m->cfg.layers) return 0;
+    size_t k = (i - 2) % GPT_LAYER_TENSORS;
+    return k == GPT_QKVW || k == GPT_ATTPROJW || k == GPT_FCW || k == GPT_FCPROJW;
+}
+
+/* backward's row callback: rows [r0, r1) of a block matrix's gradient are final. */
+static int on_rows(void *ctx, size_t tensor, size_t r0, size_t r1)
+{
+    trainer_t *t = ctx;
+    ddp_status_t st = ddp_reducer_grad_ready_rows(t->reducer, tensor, r0, r1);
+    if (st != DDP_OK) {
+        t->status = st;
+        return 1;
+    }
+    return 0;
+}
+
+/* backward's callback: tensors [first, first + count) are final; hand them to the Reducer,
+ * last-registered first (the order the LAST_FIRST bucket layout expects). */
+static int on_ready(void *ctx, size_t first, size_t count)
+{
+    trainer_t *t = ctx;
+    if (t->tracing) {
+        char name[64];
+        if (count == GPT_LAYER_TENSORS)
+            snprintf(name, sizeof name, "backward: layer %zu", (first - 2) / GPT_LAYER_TENSORS);
+        else
+            snprintf(name, sizeof name, "backward: %s", first == GPT_WTE ? "embeddings" : "lm head + lnf");
+        double now = ddp_time_us();
+        ddp_trace_span(t->trace, name, "compute", 0, t->mark_us, now);
+        t->mark_us = now;
+    }
+    for (size_t i = first + count; i-- > first;) {
+        if (t->o.grad_blocks > 1 && is_block_matrix(&t->model, i)) continue; /* rows did it */
+        ddp_status_t st = ddp_reducer_grad_ready(t->reducer, i);
+        if (st != DDP_OK) {
+            t->status = st;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Fills tok/tgt with this rank's sequences for micro-batch `micro` of the run (epochs wrap). */
+static void load_batch(trainer_t *t, uint64_t micro)
+{
+    const options_t *o = &t->o;
+    size_t T = o->model.context, per_epoch = t->nwindows / o->batch;
+    uint64_t epoch = micro / per_epoch, in_epoch = micro % per_epoch;
+    if (epoch != t->perm_epoch) {
+        gpt_permutation(o->seed, epoch, t->nwindows, t->perm);
+        t->perm_epoch = epoch;
+    }
+    size_t base = in_epoch * o->batch + (size_t)t->rank * t->local_batch;
+    for (size_t b = 0; b < t->local_batch; b++) {
+        const uint8_t *w = t->train.bytes + (size_t)t->perm[base + b] * T;
+        for (size_t i = 0; i < T; i++) {
+            t->tok[b * T + i] = w[i];
+            t->tgt[b * T + i] = w[i + 1];
+        }
+    }
+}
+
+/* Mean validation loss over the first eval_batches * batch windows of the validation text,
+ * split over ranks like training. */
+static double evaluate(trainer_t *t)
+{
+    const options_t *o = &t->o;
+    size_t T = o->model.context, nval = (t->val.len - 1) / T;
+    size_t batches = o->eval_batches;
+    if (batches * o->batch > nval) batches = nval / o->batch;
+    double sum = 0;
+    for (size_t k = 0; k < batches; k++) {
+        for (size_t b = 0; b < t->local_batch; b++) {
+            const uint8_t *w =
+                t->val.bytes + (k * o->batch + (size_t)t->rank * t->local_batch + b) * T;
+            for (size_t i = 0; i < T; i++) {
+                t->tok[b * T + i] = w[i];
+                t->tgt[b * T + i] = w[i + 1];
+            }
+        }
+        sum += gpt_forward(&t->model, t->tok, t->tgt, t->local_batch, T);
+    }
+    check(ddp_group_allreduce(t->group, &sum, &sum, 1, DDP_F64, DDP_SUM), "allreduce val loss");
+    return batches ? sum / (double)(batches * (size_t)t->world) : NAN;
+}
+
+/* Cross-entropy of the validation text under the training text's byte frequencies (add-one):
+ * the loss a model that ignores context cannot beat. */
+static double unigram_baseline(const trainer_t *t)
+{
+    double count[GPT_VOCAB];
+    for (int v = 0; v < GPT_VOCAB; v++) count[v] = 1;
+    for (size_t i = 0; i < t->train.len; i++) count[t->train.bytes[i]] += 1;
+    double total = (double)t->train.len + GPT_VOCAB, h = 0;
+    for (size_t i = 0; i < t->val.len; i++) h -= log(count[t->val.bytes[i]] / total);
+    return h / (double)t->val.len;
+}
+
+static uint64_t params_fnv(const gpt_t *m)
+{
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)m->params;
+    for (size_t i = 0; i < m->nparams * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------
+ * One file: a header (magic, the hyperparameters a resumed run must share, the steps done), the
+ * parameters, libddp's optimizer state consolidated to whole parameters (the plain optimizer's
+ * format, which ZeRO also loads at any world size), and an FNV-1a checksum of all of it. Rank 0
+ * writes it atomically (temporary file, fsync, rename); every rank reads it to resume. */
+
+#define GPT_CKPT_MAGIC "GPTCKPT1"
+enum { CK_LAYERS, CK_HEADS, CK_CHANNELS, CK_CONTEXT, CK_BATCH, CK_ACCUMULATE, CK_STEPS,
+       CK_WARMUP, CK_SEED, CK_BF16, CK_NU };
+enum { CK_LR, CK_MIN_LR, CK_WD, CK_CLIP, CK_VAL, CK_ND };
+static const char *const ck_unames[CK_NU] = {"layers", "heads", "channels", "context", "batch",
+                                              "accumulate", "steps", "warmup", "seed",
+                                              "param-dtype bf16"};
+static const char *const ck_dnames[CK_ND] = {"lr", "min-lr-ratio", "weight-decay", "clip",
+                                              "val_fraction"};
+
+typedef struct ckpt_header {
+    char magic[8];
+    uint64_t u[CK_NU];
+    double d[CK_ND];
+    uint64_t steps_done, nparams, state_bytes;
+} ckpt_header_t;
+
+static ckpt_header_t ckpt_header(const options_t *o)
+{
+    ckpt_header_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, GPT_CKPT_MAGIC, 8);
+    uint64_t u[CK_NU] = {o->model.layers, o->model.heads, o->model.channels, o->model.context,
+                         o->batch, o->accumulate, o->steps, o->warmup, o->seed,
+                         (uint64_t)o->bf16};
+    double d[CK_ND] = {o->lr, o->min_lr_ratio, o->weight_decay, o->clip, o->val_fraction};
+    memcpy(h.u, u, sizeof u);
+    memcpy(h.d, d, sizeof d);
+    return h;
+}
+
+static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Collective (ZeRO consolidates its shards on rank 0). */
+static void save_checkpoint(trainer_t *t, uint64_t steps_done)
+{
+    const options_t *o = &t->o;
+    size_t bytes = 0;
+    void *state = NULL;
+    if (t->zero) {
+        check(ddp_zero_consolidated_state_size(t->zero, &bytes), "ddp_zero_consolidated_state_size");
+        if (t->rank == 0 && !(state = malloc(bytes))) fail("out of memory saving %s", o->checkpoint);
+        check(ddp_zero_state_consolidate(t->zero, 0, state, t->rank == 0 ? bytes : 0),
+              "ddp_zero_state_consolidate");
+    } else if (t->rank == 0) {
+        check(ddp_optim_state_size(t->optim, &bytes), "ddp_optim_state_size");
+        if (!(state = malloc(bytes))) fail("out of memory saving %s", o->checkpoint);
+        check(ddp_optim_state_save(t->optim, state, bytes), "ddp_optim_state_save");
+    }
+    if (t->rank != 0) return;
+    ckpt_header_t h = ckpt_header(o);
+    h.steps_done = steps_done;
+    h.nparams = t->model.nparams;
+    h.state_bytes = bytes;
+    uint64_t sum = 1469598103934665603ull;
+    sum = fnv_bytes(sum, &h, sizeof h);
+    sum = fnv_bytes(sum, t->model.params, t->model.nparams * sizeof(float));
+    sum = fnv_bytes(sum, state, bytes);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", o->checkpoint);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) fail("--checkpoint: cannot create %s: %s", tmp, strerror(errno));
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+             fwrite(t->model.params, sizeof(float), t->model.nparams, f) == t->model.nparams &&
+             fwrite(state, 1, bytes, f) == bytes && fwrite(&sum, sizeof sum, 1, f) == 1 &&
+             fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0 || !ok) fail("--checkpoint: writing %s failed: %s", tmp, strerror(errno));
+    if (rename(tmp, o->checkpoint) != 0)
+        fail("--checkpoint: renaming %s to %s: %s", tmp, o->checkpoint, strerror(errno));
+    free(state);
+}
+
+/* Every rank: the parameters and optimizer state from `path`; returns the steps done. */
+static uint64_t load_checkpoint(trainer_t *t, const char *path)
+{
+    const options_t *o = &t->o;
+    FILE *f = fopen(path, "rb");
+    if (!f) fail("--resume: cannot open %s: %s", path, strerror(errno));
+    ckpt_header_t h, want = ckpt_header(o);
+    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, GPT_CKPT_MAGIC, 8) != 0)
+        fail("--resume: %s is not a gpt checkpoint", path);
+    for (int i = 0; i < CK_NU; i++)
+        if (h.u[i] != want.u[i])
+            fail("--resume: %s was written with %s %llu, this run has %llu", path, ck_unames[i],
+                 (unsigned long long)h.u[i], (unsigned long long)want.u[i]);
+    for (int i = 0; i < CK_ND; i++)
+        if (h.d[i] != want.d[i])
+            fail("--resume: %s was written with %s %g, this run has %g", path, ck_dnames[i],
+                 h.d[i], want.d[i]);
+    if (h.nparams != t->model.nparams || h.steps_done > o->steps || h.state_bytes > (1ull << 40))
+        fail("--resume: %s is corrupt (header)", path);
+    void *state = malloc(h.state_bytes ? h.state_bytes : 1);
+    /* h.nparams was checked: the stored floats fill the model exactly */
+    uint64_t stored = 0;
+    if (!state) fail("out of memory reading %s", path);
+    if (fread(t->model.params, sizeof(float), t->model.nparams, f) != t->model.nparams ||
+        fread(state, 1, h.state_bytes, f) != h.state_bytes ||
+        fread(&stored, sizeof stored, 1, f) != 1)
+        fail("--resume: %s is truncated", path);
+    fclose(f);
+    uint64_t sum = 1469598103934665603ull;
+    sum = fnv_bytes(sum, &h, sizeof h);
+    sum = fnv_bytes(sum, t->model.params, t->model.nparams * sizeof(float));
+    sum = fnv_bytes(sum, state, h.state_bytes);
+    if (sum != stored) fail("--resume: %s is corrupt (checksum)", path);
+    if (t->zero)
+        check(ddp_zero_state_load(t->zero, state, h.state_bytes), "ddp_zero_state_load");
+    else
+        check(ddp_optim_state_load(t->optim, state, h.state_bytes), "ddp_optim_state_load");
+    free(state);
+    return h.steps_done;
+}
+
+/* The file to resume from, or NULL to start fresh. */
+static const char *resume_path(const options_t *o)
+{
+    if (!o->resume) return NULL;
+    if (strcmp(o->resume, "auto") != 0) return o->resume;
+    FILE *f = fopen(o->checkpoint, "rb");
+    if (!f) {
+        if (errno == ENOENT) return NULL;
+        fail("--resume auto: cannot open %s: %s", o->checkpoint, strerror(errno));
+    }
+    fclose(f);
+    return o->checkpoint;
+}
+
+int main(int argc, char **argv)
+{
+    trainer_t tr = {0}, *t = &tr;
+    parse(argc, argv, &t->o);
+    const options_t *o = &t->o;
+#ifdef GPT_HAVE_OPENBLAS_THREADS
+    if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1); /* one core per rank */
+#endif
+    ddp_group_options_t gopt = DDP_GROUP_OPTIONS_INIT;
+    ddp_status_t st = ddp_group_create_from_env(&gopt, &t->group);
+    if (st == DDP_ERR_NOT_FOUND) { /* no launcher: one process */
+        check(ddp_store_hash_create(&t->local_store), "creating the in-memory store");
+        check(ddp_group_create(t->local_store, 0, 1, &gopt, &t->group), "creating a 1-rank group");
+    } else {
+        check(st, "creating the process group from the launcher's environment");
+    }
+    t->rank = ddp_group_rank(t->group);
+    t->world = ddp_group_size(t->group);
+    g_rank = t->rank;
+    if (o->batch % (size_t)t->world)
+        fail("--batch %zu is not divisible by the world size %d (the global batch is split "
+             "evenly over ranks)", o->batch, t->world);
+    t->local_batch = o->batch / (size_t)t->world;
+
+    char err[512];
+    if (gpt_text_load(o->data, o->val_fraction, &t->train, &t->val, err, sizeof err))
+        fail("%s", err);
+    size_t T = o->model.context;
+    t->nwindows = (t->train.len - 1) / T;
+    if (t->nwindows < o->batch || t->val.len < T + 1)
+        fail("the text (%zu bytes) is too short for --batch %zu of --context %zu", t->train.len,
+             o->batch, T);
+    if (gpt_create(&o->model, t->local_batch, o->seed, &t->model, err, sizeof err))
+        fail("%s", err);
+    gpt_t *m = &t->model;
+    t->tok = malloc(t->local_batch * T * sizeof(int));
+    t->tgt = malloc(t->local_batch * T * sizeof(int));
+    t->perm = malloc(t->nwindows * sizeof(uint32_t));
+    if (!t->tok || !t->tgt || !t->perm) fail("out of memory");
+
+    /* One gradient block in the transport's memory, laid out as the parameters: the Reducer
+     * reduces buckets of it in place, the optimizer reads it, addresses never change. */
+    size_t block_bytes = m->nparams * sizeof(float);
+    check(ddp_group_alloc_buffer(t->group, block_bytes, (void **)&t->grads),
+          "allocating the gradient block");
+    ddp_param_t *params = calloc(m->ntensors, sizeof *params);
+    void **grad_ptrs = calloc(m->ntensors, sizeof *grad_ptrs);
+    uint32_t *groups_of = calloc(m->ntensors, sizeof *groups_of);
+    if (!params || !grad_ptrs || !groups_of) fail("out of memory");
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const gpt_tensor_t *ten = &m->tensors[i];
+        params[i] = (ddp_param_t){ten->name, m->params + ten->offset, ten->numel, DDP_F32,
+                                  ten->rows, 0, t->grads + ten->offset};
+        grad_ptrs[i] = t->grads + ten->offset;
+        /* nanoGPT's rule: decay every 2-D tensor (matmul weights and the tied embedding),
+         * never biases or layer norms */
+        groups_of[i] = ten->rows ? 0 : 1;
+    }
+    ddp_reducer_config_t rc = DDP_REDUCER_CONFIG_INIT;
+    rc.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK;
+    rc.grad_block = t->grads;
+    rc.grad_block_bytes = block_bytes;
+    rc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+    rc.bucket_layout = DDP_BUCKET_LAYOUT_LAST_FIRST;
+    double piece_kb = o->piece_kb >= 0 ? o->piece_kb : o->grad_blocks > 1 ? 64 : 0;
+    rc.piece_bytes = (size_t)(piece_kb * 1024.0);
+    if (o->trace) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.rank%d", o->trace, t->rank);
+        check(ddp_trace_open(path, t->rank, &t->trace), "opening the trace file");
+        ddp_trace_name_lane(t->trace, 0, "trainer (compute)");
+        rc.trace = t->trace;
+    }
+    check(ddp_reducer_create(t->group, params, m->ntensors, NULL, 0, &rc, &t->reducer),
+          "creating the Reducer");
+    /* bf16: the optimizer updates bf16 copies (keeping f32 masters); the model computes with
+     * their values widened to f32, so every rank and step sees bf16-rounded weights. */
+    ddp_param_t *optim_params = params;
+    void **optim_grads = grad_ptrs;
+    if (o->bf16) {
+        t->half_params = malloc(m->nparams * sizeof(uint16_t));
+        t->half_grads = malloc(m->nparams * sizeof(uint16_t));
+        optim_params = calloc(m->ntensors, sizeof *optim_params);
+        optim_grads = calloc(m->ntensors, sizeof *optim_grads);
+        if (!t->half_params || !t->half_grads || !optim_params || !optim_grads) fail("out of memory");
+        for (size_t i = 0; i < m->nparams; i++) {
+            t->half_params[i] = ddp_f32_to_bf16(m->params[i]);
+            m->params[i] = ddp_bf16_to_f32(t->half_params[i]);
+        }
+        for (size_t i = 0; i < m->ntensors; i++) {
+            optim_params[i] = params[i];
+            optim_params[i].data = t->half_params + m->tensors[i].offset;
+            optim_params[i].dtype = DDP_BF16;
+            optim_grads[i] = t->half_grads + m->tensors[i].offset;
+        }
+    }
+    ddp_optim_group_t groups[2] = {{o->lr, o->weight_decay}, {o->lr, 0.0}};
+    ddp_optim_config_t oc = DDP_OPTIM_CONFIG_INIT;
+    oc.kind = DDP_OPTIM_ADAMW;
+    oc.lr = o->lr;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.95; /* GPT-2 / nanoGPT */
+    oc.eps = 1e-8;
+    oc.weight_decay = o->weight_decay;
+    oc.max_grad_norm = o->clip;
+    oc.ngroups = 2;
+    oc.groups = groups;
+    oc.param_groups = groups_of;
+    if (o->zero) {
+        ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
+        zc.stage = 1;
+        zc.optim = oc;
+        check(ddp_zero_create(t->group, optim_params, m->ntensors, &zc, &t->zero),
+              "creating the ZeRO-1 optimizer");
+    } else {
+        check(ddp_optim_create(optim_params, m->ntensors, &oc, &t->optim), "creating the optimizer");
+    }
+
+    FILE *metrics = NULL;
+    if (o->metrics && t->rank == 0) {
+        metrics = fopen(o->metrics, "w");
+        if (!metrics) fail("--metrics: cannot create %s", o->metrics);
+        fprintf(metrics, "step,loss,val_loss,lr,grad_norm,ms\n");
+    }
+    if (t->rank == 0) {
+        printf("gpt: %d rank%s (%s), %zu layers, %zu heads, %zu channels, context %zu: %.2fM "
+               "parameters in %zu tensors\n",
+               t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group),
+               o->model.layers, o->model.heads, o->model.channels, T, m->nparams / 1e6,
+               m->ntensors);
+        printf("gpt: fortunes %zu train / %zu validation bytes; global batch %zu x %zu tokens "
+               "(%zu per rank)%s; AdamW lr %g, warmup %zu, cosine over %zu steps, clip %g%s\n",
+               t->train.len, t->val.len, o->batch, T, t->local_batch,
+               o->accumulate > 1 ? " x accumulate" : "", o->lr, o->warmup, o->steps, o->clip,
+               o->zero ? ", ZeRO-1" : "");
+        if (o->bf16) printf("gpt: bf16 parameters, f32 master weights in the optimizer\n");
+        printf("gpt: unigram baseline (validation bytes under training byte frequencies): "
+               "%.4f nats/byte; uniform: %.4f\n",
+               unigram_baseline(t), log((double)GPT_VOCAB));
+        fflush(stdout);
+    }
+
+    t->perm_epoch = UINT64_MAX;
+    /* Tests only: GPT_TEST_KILL_AT_STEP=N makes rank 1 SIGKILL itself after optimizer step N
+     * (after that step's checkpoint, if any), on ddprun's first attempt only, so a restarted job
+     * runs through: a real crash at a step the test chooses. */
+    size_t kill_at = 0;
+    const char *kill_env = getenv("GPT_TEST_KILL_AT_STEP"), *attempt = getenv("DDP_RESTART_COUNT");
+    if (kill_env && t->rank == 1 && (!attempt || !strcmp(attempt, "0")))
+        kill_at = (size_t)strtoull(kill_env, NULL, 10);
+    size_t first_step = 0;
+    const char *from = resume_path(o);
+    if (from) {
+        first_step = (size_t)load_checkpoint(t, from);
+        if (o->bf16) /* the saved values are bf16 values: exact */
+            for (size_t i = 0; i < m->nparams; i++) t->half_params[i] = ddp_f32_to_bf16(m->params[i]);
+        if (t->rank == 0)
+            printf("gpt: resumed from %s after step %zu (restart %s)\n", from, first_step,
+                   attempt ? attempt : "0");
+    } else if (o->resume && t->rank == 0) {
+        printf("gpt: resume auto: no checkpoint at %s, starting fresh (restart %s)\n",
+               o->checkpoint, attempt ? attempt : "0");
+    }
+    double t_start = ddp_time_us(), loss = NAN, val_loss = NAN, exposed_sum = 0;
+    uint64_t micro = (uint64_t)first_step * o->accumulate;
+    size_t end_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    for (size_t step = first_step; step < end_step; step++) {
+        double s0 = ddp_time_us();
+        double factor = ddp_lr_warmup_cosine(step, o->warmup, o->steps, 1.0, o->min_lr_ratio);
+        if (t->zero)
+            check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
+        else
+            check(ddp_optim_scale_lr(t->optim, factor), "ddp_optim_scale_lr");
+        double local = 0;
+        t->tracing = t->trace && step - first_step < 3;
+        for (size_t k = 0; k < o->accumulate; k++, micro++) {
+            load_batch(t, micro);
+            check(ddp_reducer_set_sync(t->reducer, k + 1 == o->accumulate),
+                  "ddp_reducer_set_sync");
+            check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+            double f0 = ddp_time_us();
+            local += gpt_forward(m, t->tok, t->tgt, t->local_batch, T);
+            t->mark_us = ddp_time_us();
+            if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, f0, t->mark_us);
+            if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->grads, on_ready,
+                             o->grad_blocks > 1 ? on_rows : NULL, t))
+                check(t->status, "ddp_reducer_grad_ready");
+            double w0 = ddp_time_us();
+            check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
+            if (t->tracing) ddp_trace_span(t->trace, "finalize (wait)", "compute", 0, w0, ddp_time_us());
+        }
+        ddp_reducer_stats_t rs;
+        if (ddp_reducer_stats(t->reducer, &rs) == DDP_OK) exposed_sum += rs.exposed_us;
+        double o0 = ddp_time_us();
+        local /= (double)o->accumulate;
+        check(ddp_group_allreduce(t->group, &local, &local, 1, DDP_F64, DDP_SUM),
+              "allreduce loss");
+        loss = local / t->world;
+        double norm = NAN;
+        if (o->bf16)
+            for (size_t i = 0; i < m->nparams; i++) t->half_grads[i] = ddp_f32_to_bf16(t->grads[i]);
+        if (t->zero) {
+            check(ddp_zero_step(t->zero, optim_grads), "ddp_zero_step");
+            if (o->clip > 0) ddp_zero_grad_norm(t->zero, &norm);
+        } else {
+            check(ddp_optim_step(t->optim, optim_grads), "ddp_optim_step");
+            if (o->clip > 0) ddp_optim_grad_norm(t->optim, &norm);
+        }
+        if (o->bf16)
+            for (size_t i = 0; i < m->nparams; i++) m->params[i] = ddp_bf16_to_f32(t->half_params[i]);
+        check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+        if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, o0, ddp_time_us());
+        double ms = (ddp_time_us() - s0) / 1000.0;
+        int last = step + 1 == end_step;
+        if (o->checkpoint && (step + 1 == end_step || (o->save_every && (step + 1) % o->save_every == 0)))
+            save_checkpoint(t, step + 1);
+        if (kill_at && step + 1 == kill_at) raise(SIGKILL);
+        val_loss = NAN;
+        if (last || (o->eval_every && (step + 1) % o->eval_every == 0)) val_loss = evaluate(t);
+        if (t->rank == 0) {
+            if (o->print_losses) printf("step %zu loss %.9g\n", step, loss);
+            if (!isnan(val_loss) || step % 20 == 0 || last) {
+                printf("step %5zu/%zu  loss %.4f%s", step + 1, o->steps, loss,
+                       isnan(val_loss) ? "" : "  val ");
+                if (!isnan(val_loss)) printf("%.4f", val_loss);
+                printf("  lr %.2e  norm %.3f  %.0f ms\n", o->lr * factor, norm, ms);
+                fflush(stdout);
+            }
+            if (metrics) { /* val_loss empty on steps without validation */
+                fprintf(metrics, "%zu,%.6f,", step + 1, loss);
+                if (!isnan(val_loss)) fprintf(metrics, "%.6f", val_loss);
+                fprintf(metrics, ",%.6g,%.6f,%.2f\n", o->lr * factor, norm, ms);
+            }
+        }
+    }
+    double secs = (ddp_time_us() - t_start) / 1e6;
+    if (metrics) fclose(metrics);
+    if (o->print_losses) { /* every rank: the test compares them */
+        printf("rank %d params fnv %016llx\n", t->rank, (unsigned long long)params_fnv(m));
+        fflush(stdout);
+    }
+    if (t->rank == 0) {
+        double tokens = (double)(end_step - first_step) * (double)o->accumulate * (double)o->batch * (double)T;
+        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication "
+               "%.2f ms/step on rank 0; final loss %.4f, validation %.4f\n",
+               end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s",
+               end_step > first_step ? exposed_sum / 1000.0 / (double)(end_step - first_step) : 0.0,
+               loss, val_loss);
+        uint64_t rng = o->seed ^ 0x5A17ull;
+        static const char *const prompts[] = {"The ", "A man ", "Love is "};
+        char *out = malloc(o->sample_len + 1);
+        for (size_t s = 0; s < o->samples && out; s++) {
+            const char *p = prompts[s % 3];
+            gpt_generate(m, p, o->sample_len, &rng, out);
+            printf("--- sample %zu ---\n%s%s\n", s + 1, p, out);
+        }
+        free(out);
+        fflush(stdout);
+    }
+    ddp_reducer_destroy(t->reducer);
+    if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
+    ddp_optim_destroy(t->optim);
+    ddp_zero_destroy(t->zero);
+    check(ddp_group_free_buffer(t->group, t->grads), "freeing the gradient block");
+    ddp_group_destroy(t->group);
+    if (t->local_store) ddp_store_destroy(t->local_store);
+    free(params);
+    free(grad_ptrs);
+    free(groups_of);
+    if (optim_params != params) free(optim_params);
+    if (optim_grads != grad_ptrs) free(optim_grads);
+    free(t->half_params);
+    free(t->half_grads);
+    free(t->tok);
+    free(t->tgt);
+    free(t->perm);
+    gpt_destroy(m);
+    gpt_text_free(&t->train);
+    gpt_text_free(&t->val);
+    return 0;
+}

@@ -1,0 +1,537 @@
+/* A GPT-2-style decoder, forward and backward written out by hand (in the spirit of llm.c's CPU
+ * trainer): embeddings, blocks of layer norm, causal self-attention, residual, layer norm, GELU
+ * MLP, residual, then a final layer norm and the LM head tied to the token embedding. Matrix
+ * products go through cblas_sgemm; attention, norms and GELU are plain loops. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "gpt.h"
+
+/* Pointers into the activation block for the current B, T (laid out for max_batch x context). */
+typedef struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd,
+        *fch, *fch_gelu, *res3;
+} layer_acts_t;
+
+static size_t layer_acts_numel(size_t N, size_t C, size_t NH, size_t B, size_t T)
+{
+    return N * C * 5 + N * 4 + N * 3 * C + B * NH * T * T + N * 4 * C * 2;
+}
+
+static layer_acts_t layer_acts(const gpt_t *m, size_t l)
+{
+    size_t B = m->max_batch, T = m->cfg.context, C = m->cfg.channels, NH = m->cfg.heads;
+    size_t N = B * T;
+    float *p = m->acts + N * C + l * layer_acts_numel(N, C, NH, B, T);
+    layer_acts_t a;
+    a.ln1 = p, p += N * C;
+    a.ln1_mean = p, p += N;
+    a.ln1_rstd = p, p += N;
+    a.qkv = p, p += N * 3 * C;
+    a.att = p, p += B * NH * T * T;
+    a.atty = p, p += N * C;
+    a.res2 = p, p += N * C;
+    a.ln2 = p, p += N * C;
+    a.ln2_mean = p, p += N;
+    a.ln2_rstd = p, p += N;
+    a.fch = p, p += N * 4 * C;
+    a.fch_gelu = p, p += N * 4 * C;
+    a.res3 = p;
+    return a;
+}
+
+/* encoded (N*C) | layers | lnf (N*C), lnf_mean, lnf_rstd (N each) | logits (N*V) */
+static float *encoded(const gpt_t *m) { return m->acts; }
+static float *lnf_out(const gpt_t *m)
+{
+    size_t N = m->max_batch * m->cfg.context, C = m->cfg.channels;
+    return m->acts + N * C +
+           m->cfg.layers * layer_acts_numel(N, C, m->cfg.heads, m->max_batch, m->cfg.context);
+}
+static float *lnf_mean(const gpt_t *m) { return lnf_out(m) + m->max_batch * m->cfg.context * m->cfg.channels; }
+static float *lnf_rstd(const gpt_t *m) { return lnf_mean(m) + m->max_batch * m->cfg.context; }
+static float *logits_buf(const gpt_t *m) { return lnf_rstd(m) + m->max_batch * m->cfg.context; }
+
+const float *gpt_logits(const gpt_t *m) { return logits_buf(m); }
+
+uint64_t gpt_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((gpt_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+
+static float normal(uint64_t *s, float stddev)
+{
+    double u1 = uniform01(s), u2 = uniform01(s);
+    return (float)(stddev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+int gpt_create(const gpt_config_t *cfg, size_t max_batch, uint64_t seed, gpt_t *out, char *err,
+               size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (cfg->layers == 0 || cfg->heads == 0 || cfg->channels == 0 || cfg->context == 0 ||
+        max_batch == 0) {
+        snprintf(err, errlen, "layers, heads, channels, context and batch must be > 0");
+        return -1;
+    }
+    if (cfg->channels % cfg->heads != 0) {
+        snprintf(err, errlen, "channels (%zu) must be a multiple of heads (%zu)", cfg->channels,
+                 cfg->heads);
+        return -1;
+    }
+    out->cfg = *cfg;
+    out->max_batch = max_batch;
+    size_t L = cfg->layers, C = cfg->channels, T = cfg->context, V = GPT_VOCAB;
+    out->ntensors = 2 + GPT_LAYER_TENSORS * L + 2;
+    out->tensors = calloc(out->ntensors, sizeof *out->tensors);
+    if (!out->tensors) goto oom;
+    static const char *const kind_names[GPT_LAYER_TENSORS] = {
+        "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+        "attn.proj.bias", "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias",
+        "mlp.proj.weight", "mlp.proj.bias"};
+    const size_t kind_numel[GPT_LAYER_TENSORS] = {C, C, 3 * C * C, 3 * C, C * C, C,
+                                                  C, C, 4 * C * C, 4 * C, C * 4 * C, C};
+    const size_t kind_rows[GPT_LAYER_TENSORS] = {0, 0, 3 * C, 0, C, 0, 0, 0, 4 * C, 0, C, 0};
+    size_t off = 0;
+    gpt_tensor_t *t = out->tensors;
+#define ADD(idx, nm, n, r)                                                                        \
+    do {                                                                                          \
+        snprintf(t[idx].name, sizeof t[idx].name, "%s", nm);                                      \
+        t[idx].offset = off, t[idx].numel = (n), t[idx].rows = (r);                               \
+        off += (n);                                                                               \
+    } while (0)
+    ADD(GPT_WTE, "wte", V * C, V);
+    ADD(GPT_WPE, "wpe", T * C, T);
+    for (size_t l = 0; l < L; l++)
+        for (int k = 0; k < GPT_LAYER_TENSORS; k++) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "h%zu.%s", l, kind_names[k]);
+            ADD(GPT_T(l, k), nm, kind_numel[k], kind_rows[k]);
+        }
+    ADD(GPT_LNFW(out), "lnf.weight", C, 0);
+    ADD(GPT_LNFB(out), "lnf.bias", C, 0);
+#undef ADD
+    out->nparams = off;
+    out->params = malloc(off * sizeof(float));
+    size_t N = max_batch * T;
+    out->acts_numel = N * C + L * layer_acts_numel(N, C, cfg->heads, max_batch, T) + N * C +
+                      2 * N + N * V;
+    out->acts = malloc(out->acts_numel * sizeof(float));
+    /* backward scratch: dresidual, dln (N*C each), dqkv (3C), datty (C), dfch (4C), dfch_gelu
+     * (4C), datt (B*NH*T*T), dlogits (N*V) */
+    out->dacts_numel = N * C * 4 + N * 3 * C + N * 8 * C + max_batch * cfg->heads * T * T + N * V;
+    out->dacts = malloc(out->dacts_numel * sizeof(float));
+    if (!out->params || !out->acts || !out->dacts) goto oom;
+
+    uint64_t s = seed;
+    float resid_std = 0.02f / sqrtf(2.0f * (float)L);
+    for (size_t i = 0; i < out->ntensors; i++) {
+        float *p = out->params + t[i].offset;
+        int k = i >= 2 && i < 2 + GPT_LAYER_TENSORS * L ? (int)((i - 2) % GPT_LAYER_TENSORS) : -1;
+        int is_norm_w = k == GPT_LN1W || k == GPT_LN2W || i == GPT_LNFW(out);
+        if (is_norm_w) {
+            for (size_t j = 0; j < t[i].numel; j++) p[j] = 1.0f;
+        } else if (t[i].rows == 0) {
+            memset(p, 0, t[i].numel * sizeof(float));
+        } else {
+            float sd = k == GPT_ATTPROJW || k == GPT_FCPROJW ? resid_std : 0.02f;
+            for (size_t j = 0; j < t[i].numel; j++) p[j] = normal(&s, sd);
+        }
+    }
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory for the model (%zu layers, %zu channels, batch %zu)",
+             L, C, max_batch);
+    gpt_destroy(out);
+    return -1;
+}
+
+void gpt_destroy(gpt_t *m)
+{
+    free(m->tensors);
+    free(m->params);
+    free(m->acts);
+    free(m->dacts);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- kernels ---------------------------------------------------------------------------------- */
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, size_t N, size_t C)
+{
+    for (size_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        double m = 0, v = 0;
+        for (size_t c = 0; c < C; c++) m += x[c];
+        m /= (double)C;
+        for (size_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= (double)C;
+        float s = (float)(1.0 / sqrt(v + 1e-5));
+        float *o = out + i * C;
+        for (size_t c = 0; c < C; c++) o[c] = ((float)(x[c] - m) * s) * w[c] + b[c];
+        mean[i] = (float)m;
+        rstd[i] = s;
+    }
+}
+
+/* dinp += d(layernorm)/dinp . dout; dw, db accumulated. */
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, size_t N, size_t C)
+{
+    for (size_t i = 0; i < N; i++) {
+        const float *x = inp + i * C, *g = dout + i * C;
+        float mu = mean[i], rs = rstd[i];
+        double dnorm_mean = 0, dnorm_norm_mean = 0;
+        for (size_t c = 0; c < C; c++) {
+            float norm = (x[c] - mu) * rs;
+            float dnorm = w[c] * g[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= (double)C;
+        dnorm_norm_mean /= (double)C;
+        float *dx = dinp + i * C;
+        for (size_t c = 0; c < C; c++) {
+            float norm = (x[c] - mu) * rs;
+            float dnorm = w[c] * g[c];
+            db[c] += g[c];
+            dw[c] += norm * g[c];
+            dx[c] += (float)((dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs);
+        }
+    }
+}
+
+/* out[N, OC] = inp[N, IC] . w[OC, IC]^T + bias */
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                           size_t N, size_t IC, size_t OC)
+{
+    if (bias)
+        for (size_t i = 0; i < N; i++) memcpy(out + i * OC, bias, OC * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)IC, 1.0f, inp,
+                (int)IC, w, (int)IC, bias ? 1.0f : 0.0f, out, (int)OC);
+}
+
+/* dinp[N, IC] += dout . w (dinp may be NULL); dw[OC, IC] += dout^T . inp; dbias += sum rows. */
+static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, size_t N, size_t IC, size_t OC)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IC, (int)OC, 1.0f,
+                    dout, (int)OC, w, (int)IC, 1.0f, dinp, (int)IC);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)IC, (int)N, 1.0f, dout,
+                (int)OC, inp, (int)IC, 1.0f, dw, (int)IC);
+    if (dbias)
+        for (size_t i = 0; i < N; i++)
+            for (size_t o = 0; o < OC; o++) dbias[o] += dout[i * OC + o];
+}
+
+/* Causal multi-head attention over qkv (N x 3C: q | k | v, heads side by side in each). att
+ * keeps the softmax (B, NH, T, T) for backward. */
+static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
+                              size_t C, size_t NH)
+{
+    size_t hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < NH; h++) {
+                const float *q = qkv + (b * T + t) * C3 + h * hs;
+                float *a = att + ((b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + (b * T + t2) * C3 + C + h * hs;
+                    float dot = 0;
+                    for (size_t i = 0; i < hs; i++) dot += q[i] * k[i];
+                    a[t2] = dot * scale;
+                    if (a[t2] > maxv) maxv = a[t2];
+                }
+                float sum = 0;
+                for (size_t t2 = 0; t2 <= t; t2++) sum += (a[t2] = expf(a[t2] - maxv));
+                float inv = 1.0f / sum;
+                for (size_t t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
+                float *o = out + (b * T + t) * C + h * hs;
+                memset(o, 0, hs * sizeof(float));
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
+                    for (size_t i = 0; i < hs; i++) o[i] += a[t2] * v[i];
+                }
+            }
+}
+
+/* dqkv (zeroed by the caller) from dout; datt is scratch of T floats. */
+static void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                               const float *att, size_t B, size_t T, size_t C, size_t NH)
+{
+    size_t hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < NH; h++) {
+                const float *a = att + ((b * NH + h) * T + t) * T;
+                const float *g = dout + (b * T + t) * C + h * hs;
+                const float *q = qkv + (b * T + t) * C3 + h * hs;
+                float *dq = dqkv + (b * T + t) * C3 + h * hs;
+                float dsum = 0;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
+                    float *dv = dqkv + (b * T + t2) * C3 + 2 * C + h * hs;
+                    float d = 0;
+                    for (size_t i = 0; i < hs; i++) {
+                        d += g[i] * v[i];
+                        dv[i] += a[t2] * g[i];
+                    }
+                    datt[t2] = d;
+                    dsum += a[t2] * d;
+                }
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    float dpre = a[t2] * (datt[t2] - dsum) * scale;
+                    const float *k = qkv + (b * T + t2) * C3 + C + h * hs;
+                    float *dk = dqkv + (b * T + t2) * C3 + C + h * hs;
+                    for (size_t i = 0; i < hs; i++) {
+                        dq[i] += dpre * k[i];
+                        dk[i] += dpre * q[i];
+                    }
+                }
+            }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static void gelu_forward(float *out, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
+    }
+}
+
+static void gelu_backward(float *dx, const float *x, const float *dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        float u = GELU_K * (v + 0.044715f * v * v * v);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float d = 0.5f * (1.0f + th) + 0.5f * v * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] = d * dout[i];
+    }
+}
+
+/* ---- the model --------------------------------------------------------------------------------- */
+
+#define P(m, i) ((m)->params + (m)->tensors[i].offset)
+
+double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, size_t T)
+{
+    size_t C = m->cfg.channels, NH = m->cfg.heads, L = m->cfg.layers, V = GPT_VOCAB;
+    size_t N = B * T;
+    m->B = B, m->T = T, m->targets = targets;
+    /* activations are laid out for (max_batch, context); a smaller B, T uses their starts */
+    float *x = encoded(m);
+    const float *wte = P(m, GPT_WTE), *wpe = P(m, GPT_WPE);
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            float *o = x + (b * T + t) * C;
+            const float *te = wte + (size_t)tokens[b * T + t] * C, *pe = wpe + t * C;
+            for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
+        }
+    const float *res = x;
+    for (size_t l = 0; l < L; l++) {
+        layer_acts_t a = layer_acts(m, l);
+        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, res, P(m, GPT_T(l, GPT_LN1W)),
+                          P(m, GPT_T(l, GPT_LN1B)), N, C);
+        matmul_forward(a.qkv, a.ln1, P(m, GPT_T(l, GPT_QKVW)), P(m, GPT_T(l, GPT_QKVB)), N, C,
+                       3 * C);
+        attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+        matmul_forward(a.res2, a.atty, P(m, GPT_T(l, GPT_ATTPROJW)), P(m, GPT_T(l, GPT_ATTPROJB)),
+                       N, C, C);
+        for (size_t i = 0; i < N * C; i++) a.res2[i] += res[i];
+        layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(m, GPT_T(l, GPT_LN2W)),
+                          P(m, GPT_T(l, GPT_LN2B)), N, C);
+        matmul_forward(a.fch, a.ln2, P(m, GPT_T(l, GPT_FCW)), P(m, GPT_T(l, GPT_FCB)), N, C,
+                       4 * C);
+        gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+        matmul_forward(a.res3, a.fch_gelu, P(m, GPT_T(l, GPT_FCPROJW)),
+                       P(m, GPT_T(l, GPT_FCPROJB)), N, 4 * C, C);
+        for (size_t i = 0; i < N * C; i++) a.res3[i] += a.res2[i];
+        res = a.res3;
+    }
+    layernorm_forward(lnf_out(m), lnf_mean(m), lnf_rstd(m), res, P(m, GPT_LNFW(m)),
+                      P(m, GPT_LNFB(m)), N, C);
+    float *logits = logits_buf(m);
+    matmul_forward(logits, lnf_out(m), wte, NULL, N, C, V);
+    if (!targets) return NAN;
+    double loss = 0;
+    for (size_t i = 0; i < N; i++) {
+        const float *z = logits + i * V;
+        float maxv = z[0];
+        for (size_t v = 1; v < V; v++)
+            if (z[v] > maxv) maxv = z[v];
+        double sum = 0;
+        for (size_t v = 0; v < V; v++) sum += exp((double)(z[v] - maxv));
+        loss += log(sum) + maxv - z[targets[i]];
+    }
+    return loss / (double)N;
+}
+
+/* matmul_backward for a block matrix: dW in GPT_GRAD_TILES row tiles, each reported through
+ * rows when given. dW rows [r0, r1) = dout[:, r0:r1]^T . inp. */
+static int matmul_backward_tiled(float *dinp, float *dw, float *dbias, const float *dout,
+                                 const float *inp, const float *w, size_t N, size_t IC,
+                                 size_t OC, size_t tensor, gpt_rows_fn rows, void *ctx)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IC, (int)OC, 1.0f,
+                    dout, (int)OC, w, (int)IC, 1.0f, dinp, (int)IC);
+    if (dbias)
+        for (size_t i = 0; i < N; i++)
+            for (size_t o = 0; o < OC; o++) dbias[o] += dout[i * OC + o];
+    /* highest rows first: the order the Reducer's pieces are learned in does not matter, but
+     * finishing a tile early is the point */
+    for (size_t k = GPT_GRAD_TILES; k-- > 0;) {
+        size_t r0 = OC * k / GPT_GRAD_TILES, r1 = OC * (k + 1) / GPT_GRAD_TILES;
+        if (r1 == r0) continue;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), (int)IC, (int)N,
+                    1.0f, dout + r0, (int)OC, inp, (int)IC, 1.0f, dw + r0 * IC, (int)IC);
+        int rc;
+        if (rows && (rc = rows(ctx, tensor, r0, r1))) return rc;
+    }
+    return 0;
+}
+
+int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_ready_fn ready,
+                 gpt_rows_fn rows, void *ctx)
+{
+    size_t C = m->cfg.channels, NH = m->cfg.heads, L = m->cfg.layers, V = GPT_VOCAB;
+    size_t B = m->B, T = m->T, N = B * T;
+#define G(i) (grads + m->tensors[i].offset)
+    float *dres = m->dacts, *dln = dres + N * C, *dqkv = dln + N * C, *datty = dqkv + N * 3 * C,
+          *dfch = datty + N * C, *dfch_gelu = dfch + N * 4 * C, *datt = dfch_gelu + N * 4 * C,
+          *dlogits = datt + m->max_batch * NH * m->cfg.context * m->cfg.context;
+    /* softmax cross-entropy: dlogits = (p - onehot) * scale / N */
+    const float *logits = logits_buf(m);
+    float coef = scale / (float)N;
+    for (size_t i = 0; i < N; i++) {
+        const float *z = logits + i * V;
+        float *dz = dlogits + i * V;
+        float maxv = z[0];
+        for (size_t v = 1; v < V; v++)
+            if (z[v] > maxv) maxv = z[v];
+        double sum = 0;
+        for (size_t v = 0; v < V; v++) sum += exp((double)(z[v] - maxv));
+        for (size_t v = 0; v < V; v++)
+            dz[v] = (float)(exp((double)(z[v] - maxv)) / sum) * coef;
+        dz[m->targets[i]] -= coef;
+    }
+    memset(dln, 0, N * C * sizeof(float));
+    matmul_backward(dln, G(GPT_WTE), NULL, dlogits, lnf_out(m), P(m, GPT_WTE), N, C, V);
+    const float *res_last = L ? layer_acts(m, L - 1).res3 : encoded(m);
+    memset(dres, 0, N * C * sizeof(float));
+    layernorm_backward(dres, G(GPT_LNFW(m)), G(GPT_LNFB(m)), dln, res_last, P(m, GPT_LNFW(m)),
+                       lnf_mean(m), lnf_rstd(m), N, C);
+    int rc;
+    if (ready && (rc = ready(ctx, GPT_LNFW(m), 2))) return rc;
+    for (size_t l = L; l-- > 0;) {
+        layer_acts_t a = layer_acts(m, l);
+        const float *res_in = l ? layer_acts(m, l - 1).res3 : encoded(m);
+        /* MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))) */
+        memset(dfch_gelu, 0, N * 4 * C * sizeof(float));
+        if ((rc = matmul_backward_tiled(dfch_gelu, G(GPT_T(l, GPT_FCPROJW)),
+                                        G(GPT_T(l, GPT_FCPROJB)), dres, a.fch_gelu,
+                                        P(m, GPT_T(l, GPT_FCPROJW)), N, 4 * C, C,
+                                        GPT_T(l, GPT_FCPROJW), rows, ctx)))
+            return rc;
+        gelu_backward(dfch, a.fch, dfch_gelu, N * 4 * C);
+        memset(dln, 0, N * C * sizeof(float));
+        if ((rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_FCW)), G(GPT_T(l, GPT_FCB)), dfch,
+                                        a.ln2, P(m, GPT_T(l, GPT_FCW)), N, C, 4 * C,
+                                        GPT_T(l, GPT_FCW), rows, ctx)))
+            return rc;
+        layernorm_backward(dres, G(GPT_T(l, GPT_LN2W)), G(GPT_T(l, GPT_LN2B)), dln, a.res2,
+                           P(m, GPT_T(l, GPT_LN2W)), a.ln2_mean, a.ln2_rstd, N, C);
+        /* attention: res2 = res + proj(attn(qkv(ln1(res)))) */
+        memset(datty, 0, N * C * sizeof(float));
+        if ((rc = matmul_backward_tiled(datty, G(GPT_T(l, GPT_ATTPROJW)),
+                                        G(GPT_T(l, GPT_ATTPROJB)), dres, a.atty,
+                                        P(m, GPT_T(l, GPT_ATTPROJW)), N, C, C,
+                                        GPT_T(l, GPT_ATTPROJW), rows, ctx)))
+            return rc;
+        memset(dqkv, 0, N * 3 * C * sizeof(float));
+        attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
+        memset(dln, 0, N * C * sizeof(float));
+        if ((rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_QKVW)), G(GPT_T(l, GPT_QKVB)), dqkv,
+                                        a.ln1, P(m, GPT_T(l, GPT_QKVW)), N, C, 3 * C,
+                                        GPT_T(l, GPT_QKVW), rows, ctx)))
+            return rc;
+        layernorm_backward(dres, G(GPT_T(l, GPT_LN1W)), G(GPT_T(l, GPT_LN1B)), dln, res_in,
+                           P(m, GPT_T(l, GPT_LN1W)), a.ln1_mean, a.ln1_rstd, N, C);
+        if (ready && (rc = ready(ctx, GPT_T(l, 0), GPT_LAYER_TENSORS))) return rc;
+    }
+    /* embeddings: dres is the gradient of every token's (wte[token] + wpe[t]) */
+    float *dwte = G(GPT_WTE), *dwpe = G(GPT_WPE);
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            const float *g = dres + (b * T + t) * C;
+            float *te = dwte + (size_t)tokens[b * T + t] * C, *pe = dwpe + t * C;
+            for (size_t c = 0; c < C; c++) {
+                te[c] += g[c];
+                pe[c] += g[c];
+            }
+        }
+    if (ready && (rc = ready(ctx, GPT_WTE, 2))) return rc;
+#undef G
+    return 0;
+}
+
+void gpt_generate(gpt_t *m, const char *prompt, size_t n, uint64_t *rng, char *out)
+{
+    size_t T = m->cfg.context, len = strlen(prompt);
+    size_t total = len + n;
+    int *tok = malloc(total * sizeof(int));
+    if (!tok) {
+        out[0] = 0;
+        return;
+    }
+    for (size_t i = 0; i < len; i++) tok[i] = (unsigned char)prompt[i];
+    for (size_t i = len; i < total; i++) {
+        size_t start = i > T ? i - T : 0, len_ctx = i - start;
+        if (len_ctx == 0) { /* no prompt: start from a newline */
+            tok[i] = '\n';
+            continue;
+        }
+        gpt_forward(m, tok + start, NULL, 1, len_ctx);
+        const float *z = gpt_logits(m) + (len_ctx - 1) * GPT_VOCAB;
+        float maxv = z[0];
+        for (size_t v = 1; v < GPT_VOCAB; v++)
+            if (z[v] > maxv) maxv = z[v];
+        double sum = 0;
+        for (size_t v = 0; v < GPT_VOCAB; v++) sum += exp((double)(z[v] - maxv));
+        double r = uniform01(rng) * sum, acc = 0;
+        int pick = GPT_VOCAB - 1;
+        for (size_t v = 0; v < GPT_VOCAB; v++) {
+            acc += exp((double)(z[v] - maxv));
+            if (acc >= r) {
+                pick = (int)v;
+                break;
+            }
+        }
+        tok[i] = pick;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int c = tok[len + i];
+        out[i] = (c >= 32 && c < 127) || c == '\n' ? (char)c : '?';
+    }
+    out[n] = 0;
+    free(tok);
+}

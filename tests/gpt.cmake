@@ -1,0 +1,29 @@
+# The GPT trainer's tests: the model's gradients against finite differences and against PyTorch
+# (tests/gpt_torch_check.py, skipped without torch), then the program under build/ddprun
+# (tests/test_gpt.sh: 1-4 ranks agree step by step).
+if(TARGET gpt_model)
+  add_executable(test_gpt_grad test_gpt_grad.c)
+  target_link_libraries(test_gpt_grad PRIVATE gpt_model)
+  set_target_properties(test_gpt_grad PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME test_gpt.finite_differences COMMAND test_gpt_grad fd)
+  set_tests_properties(test_gpt.finite_differences PROPERTIES TIMEOUT 60
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  find_program(GPT_TORCH_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+  if(GPT_TORCH_PYTHON)
+    add_test(NAME test_gpt.torch
+      COMMAND ${GPT_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/gpt_torch_check.py
+              $<TARGET_FILE:test_gpt_grad>)
+    set_tests_properties(test_gpt.torch PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+      ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  endif()
+endif()
+
+if(TARGET gpt AND TARGET ddprun)
+  foreach(case worlds accumulate resume blocks errors)
+    add_test(NAME test_gpt.${case}
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh ${case} $<TARGET_FILE:gpt>
+              $<TARGET_FILE:ddprun>)
+    set_tests_properties(test_gpt.${case} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+      ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  endforeach()
+endif()

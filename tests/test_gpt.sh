@@ -1,0 +1,194 @@
+#!/bin/sh
+# End-to-end checks of build/gpt, run by ctest: test_gpt.sh CASE GPT DDPRUN
+#   worlds      1, 2, 3 and 4 ranks with the same global batch (12 sequences): the same global loss
+#               per step (<= 1e-5 relative, 20 steps), bitwise identical parameters on every rank,
+#               and the loss falls
+#   accumulate  --accumulate 2 with batch 6 equals batch 12 (1e-5); --zero 1 equals the plain
+#               optimizer (1e-5) with one parameter checksum over ranks; --param-dtype bf16 agrees
+#               on 1 and 3 ranks and differs from f32
+#   resume      a run stopped after step 8 (--checkpoint, --stop-at) and continued with
+#               --resume auto ends bitwise equal to an uninterrupted one, with the same losses
+#               for steps 9-20; the same under --zero 1 (consolidated state) and with bf16
+#               parameters; under ddprun --max-restarts 1 a rank killed after step 14
+#               restarts the job from the step-12 checkpoint, ending bitwise equal; --resume auto
+#               without a file starts fresh; a checkpoint of other hyperparameters is refused,
+#               naming the field; a corrupted one is refused
+#   blocks      --grad-blocks 4 (each block matrix's row tiles handed to the Reducer as computed,
+#               pieces of 64 KiB, and of 1 KiB) gives the same bits as whole tensors on 2 and 3
+#               ranks, with --accumulate 2 and --zero 1 too; --grad-blocks 3 is refused
+#   errors      missing data names the `fortunes` package; a batch not divisible by the world
+#               size and channels not divisible by heads are refused, naming the option
+# A tiny model (2 layers, 32 channels, context 16) keeps each case a few seconds.
+set -u
+CASE=$1
+GPT=$2
+DDPRUN=$3
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_gpt.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+FAILED=0
+TINY="--layers 2 --heads 2 --channels 32 --context 16 --steps 20 --warmup 5 --lr 3e-3
+      --eval-every 0 --eval-batches 2 --samples 0 --print-losses"
+
+if [ ! -d /usr/share/games/fortunes ]; then
+    echo "SKIP: the fortunes package is not installed (apt-get install fortunes)" >&2
+    exit 77
+fi
+
+fail() {
+    echo "FAIL: $*" >&2
+    FAILED=1
+}
+
+# run N OUT ARGS...: the trainer on N ranks; output without ddprun's prefixes in $WORK/OUT.
+run() {
+    n=$1
+    out=$2
+    shift 2
+    "$DDPRUN" -n "$n" "$GPT" "$@" >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/$out"
+    if [ "$RC" != 0 ]; then
+        echo "--- gpt on $n rank(s) exited $RC: $*" >&2
+        cat "$WORK/err" >&2
+    fi
+}
+
+losses() { grep '^step [0-9]* loss ' "$WORK/$1" | awk '{ print $4 }'; }
+checksums() { grep '^rank [0-9]* params fnv ' "$WORK/$1" | awk '{ print $5 }' | sort -u; }
+
+# same_losses A B WHAT: both 20 losses, each pair within 1e-5 relative
+same_losses() {
+    losses "$1" >"$WORK/a"
+    losses "$2" >"$WORK/b"
+    if ! awk 'NR == FNR { a[FNR] = $1; n = FNR; next }
+        { m = FNR; d = (a[FNR] - $1) / $1; if (d < 0) d = -d; if (d > 1e-5) { bad = 1;
+          printf "step %d: %s vs %s\n", FNR, a[FNR], $1 } }
+        END { if (n != m || n != 20) { printf "%d vs %d steps\n", n, m; exit 1 } exit bad }' \
+        "$WORK/a" "$WORK/b" >&2; then
+        fail "$3: losses differ"
+    fi
+}
+
+# one_checksum OUT N: N ranks printed a checksum, all the same
+one_checksum() {
+    c=$(grep -c '^rank [0-9]* params fnv ' "$WORK/$1")
+    [ "$c" = "$2" ] || fail "$1: $c parameter checksums, expected $2"
+    [ "$(checksums "$1" | wc -l)" = 1 ] || fail "$1: ranks end with different parameters"
+}
+
+case $CASE in
+worlds)
+    for n in 1 2 3 4; do
+        run $n w$n $TINY --batch 12
+        [ "$RC" = 0 ] || fail "$n ranks exited $RC"
+        one_checksum w$n $n
+    done
+    for n in 2 3 4; do same_losses w1 w$n "1 vs $n ranks"; done
+    first=$(losses w1 | head -1)
+    last=$(losses w1 | tail -1)
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
+        fail "the loss did not fall: $first -> $last"
+    ;;
+accumulate)
+    run 2 big $TINY --batch 12
+    run 2 acc $TINY --batch 6 --accumulate 2
+    [ "$RC" = 0 ] || fail "--accumulate 2 exited $RC"
+    same_losses big acc "--accumulate 2 x 6 vs batch 12"
+    run 3 zero $TINY --batch 12 --zero 1
+    [ "$RC" = 0 ] || fail "--zero 1 exited $RC"
+    one_checksum zero 3
+    same_losses big zero "--zero 1 on 3 ranks vs plain on 2"
+    run 1 bf1 $TINY --batch 12 --param-dtype bf16
+    run 3 bf3 $TINY --batch 12 --param-dtype bf16
+    [ "$RC" = 0 ] || fail "--param-dtype bf16 exited $RC"
+    one_checksum bf3 3
+    same_losses bf1 bf3 "bf16 parameters on 1 vs 3 ranks"
+    losses big >"$WORK/a"
+    losses bf3 >"$WORK/b"
+    cmp -s "$WORK/a" "$WORK/b" && fail "--param-dtype bf16 changed nothing"
+    ;;
+resume)
+    for z in 0 1 2; do
+        # 2: ZeRO-1 with bf16 parameters (f32 masters in the saved optimizer state)
+        v="--zero $z"
+        [ $z = 2 ] && v="--zero 1 --param-dtype bf16"
+        run 2 full$z $TINY --batch 12 $v
+        rm -f "$WORK/ck"
+        run 2 part$z $TINY --batch 12 $v --checkpoint "$WORK/ck" --resume auto --stop-at 8
+        [ "$RC" = 0 ] && [ -f "$WORK/ck" ] || fail "zero $z: the stopped run wrote no checkpoint"
+        [ "$(losses part$z | wc -l)" = 8 ] || fail "zero $z: the stopped run did not stop at 8"
+        run 2 rest$z $TINY --batch 12 $v --checkpoint "$WORK/ck" --resume auto
+        [ "$RC" = 0 ] || fail "zero $z: the resumed run exited $RC"
+        grep -q "resumed from $WORK/ck after step 8" "$WORK/rest$z" || fail "zero $z: not resumed"
+        one_checksum rest$z 2
+        [ "$(checksums rest$z)" = "$(checksums full$z)" ] ||
+            fail "zero $z: resumed parameters differ from the uninterrupted run's"
+        losses full$z | tail -12 >"$WORK/a"
+        losses rest$z >"$WORK/b"
+        cmp -s "$WORK/a" "$WORK/b" || fail "zero $z: losses after the resume differ"
+    done
+    # ddprun --max-restarts 1: rank 1 dies after step 14; the restarted job continues from the
+    # --save-every 4 checkpoint of step 12 and ends bitwise equal to the uninterrupted run
+    rm -f "$WORK/ck2"
+    GPT_TEST_KILL_AT_STEP=14 "$DDPRUN" -n 2 --max-restarts 1 "$GPT" $TINY --batch 12 \
+        --checkpoint "$WORK/ck2" --save-every 4 --resume auto >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/job"
+    [ "$RC" = 0 ] || { fail "--max-restarts 1: exit $RC"; cat "$WORK/err" >&2; }
+    grep -q 'killed by signal 9' "$WORK/err" || fail "rank 1 was not killed"
+    grep -q 'starting fresh (restart 0)' "$WORK/job" || fail "the first attempt did not start fresh"
+    grep -q "resumed from $WORK/ck2 after step 12 (restart 1)" "$WORK/job" ||
+        fail "the restart did not continue from step 12"
+    [ "$(checksums job)" = "$(checksums full0)" ] ||
+        fail "restarted job: parameters differ from the uninterrupted run's"
+    # the last checkpoint is the bf16 run's
+    run 2 dtype $TINY --batch 12 --zero 1 --resume "$WORK/ck"
+    [ "$RC" != 0 ] && grep -q "written with param-dtype bf16 1, this run has 0" "$WORK/err" ||
+        fail "a bf16 checkpoint resumed into f32 was not refused by name"
+    run 2 lr $TINY --batch 12 $v --lr 1e-3 --resume "$WORK/ck"
+    [ "$RC" != 0 ] && grep -q "written with lr 0.003, this run has 0.001" "$WORK/err" ||
+        fail "a checkpoint of another lr was not refused by name"
+    printf 'X' | dd of="$WORK/ck" bs=1 seek=200 conv=notrunc 2>/dev/null
+    run 2 bad $TINY --batch 12 $v --resume "$WORK/ck"
+    [ "$RC" != 0 ] && grep -q "is corrupt" "$WORK/err" || fail "a corrupted checkpoint was accepted"
+    ;;
+blocks)
+    for n in 2 3; do
+        for extra in "" "--accumulate 2 --batch 6" "--zero 1"; do
+            # shellcheck disable=SC2086
+            run $n whole $TINY --batch 12 $extra
+            for piece in "" "--piece-kb 1"; do
+                # shellcheck disable=SC2086
+                run $n rows $TINY --batch 12 $extra --grad-blocks 4 $piece
+                [ "$RC" = 0 ] || fail "$n ranks, --grad-blocks 4 $extra $piece: exit $RC"
+                one_checksum rows $n
+                [ "$(checksums rows)" = "$(checksums whole)" ] ||
+                    fail "$n ranks $extra $piece: row tiles changed the parameters"
+                losses whole >"$WORK/a"
+                losses rows >"$WORK/b"
+                cmp -s "$WORK/a" "$WORK/b" || fail "$n ranks $extra $piece: losses differ"
+            done
+        done
+    done
+    "$GPT" $TINY --grad-blocks 3 >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] && grep -q -- "--grad-blocks: 3 is not 1 or 4" "$WORK/err" ||
+        fail "--grad-blocks 3 was not refused by name"
+    ;;
+errors)
+    "$GPT" $TINY --data "$WORK/none" >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] || fail "missing data: exit 0"
+    grep -q "fortunes" "$WORK/err" && grep -q "$WORK/none" "$WORK/err" ||
+        fail "missing data: the message does not name the package and directory: $(cat "$WORK/err")"
+    run 2 e1 $TINY --batch 5
+    [ "$RC" != 0 ] && grep -q -- "--batch 5 is not divisible by the world size 2" "$WORK/err" ||
+        fail "an indivisible batch was not refused by name"
+    "$GPT" $TINY --channels 30 --heads 4 >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] && grep -q -- "--channels 30 is not a multiple of --heads 4" "$WORK/err" ||
+        fail "channels % heads was not refused by name"
+    ;;
+*)
+    echo "unknown case $CASE" >&2
+    exit 2
+    ;;
+esac
+exit $FAILED
