@@ -465,6 +465,25 @@ restart)
     one_checksum 2 "restarted job"
     [ "$(json_field final_loss)" = "$want_loss" ] ||
         fail "restarted job: final loss $(json_field final_loss) vs $want_loss"
+    # The recipe issue #14 names: ZeRO-1 AdamW, warmup + cosine, clipping; rank 0 killed after
+    # step 21 (the consolidated ZeRO state of step 20's checkpoint must bring back every shard).
+    zargs="$COMMON --batch 48 --epochs 2 --json --optim adamw --wd 0.1 --zero 1 \
+           --lr-schedule cosine --warmup-steps 5 --clip-grad 0.5"
+    run 2 $zargs
+    [ "$RC" = 0 ] || fail "uninterrupted ZeRO-1 AdamW run"
+    zwant=$(checksums)
+    rm -f "$WORK/ck"
+    FM_TEST_KILL_AT_STEP=21 FM_TEST_KILL_RANK=0 "$DDPRUN" -n 2 --max-restarts 1 "$FM" $zargs \
+        --checkpoint "$WORK/ck" --save-every 5 --resume auto >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/out"
+    [ "$RC" = 0 ] || { fail "ZeRO-1 AdamW under --max-restarts 1: exit $RC"; cat "$WORK/err" >&2; }
+    grep -q 'rank 0 (pid [0-9]*) killed by signal 9' "$WORK/err" || fail "ZeRO-1: rank 0 was not killed"
+    grep -q 'resume auto: continuing from .*ck at step 20 ' "$WORK/out" ||
+        { fail "ZeRO-1: the restart did not continue from step 20:"; grep 'resume auto' "$WORK/out" >&2; }
+    got=$(checksums)
+    [ "$got" = "$zwant" ] || fail "ZeRO-1 AdamW restarted job: parameters $got, uninterrupted $zwant"
+    one_checksum 2 "ZeRO-1 AdamW restarted job"
     # No restarts left: the kill ends the job, with the signal's status.
     rm -f "$WORK/ck"
     FM_TEST_KILL_AT_STEP=6 "$DDPRUN" -n 2 "$FM" $args $job >"$WORK/raw" 2>"$WORK/err"
