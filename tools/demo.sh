@@ -9,38 +9,9 @@ BUILD=${BUILD:-build}
 RANKS=${DEMO_RANKS:-2}
 EPOCHS=${DEMO_EPOCHS:-3}
 
-need="dataset-fashion-mnist zlib1g-dev libopenblas-dev cmake build-essential pkg-config gnuplot-nox"
-missing=""
-if command -v dpkg-query >/dev/null 2>&1; then
-    for p in $need; do
-        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-            missing="$missing $p"
-        fi
-    done
-else
-    echo "demo: not a Debian-like system (no dpkg-query); make sure these are installed: $need" >&2
-fi
-if [ -n "$missing" ]; then
-    if [ "$(id -u)" = 0 ]; then
-        echo "demo: installing$missing"
-        apt-get update
-        DEBIAN_FRONTEND=noninteractive apt-get install -y $missing
-    else
-        echo "demo: missing packages:$missing" >&2
-        echo "demo: install them with:" >&2
-        echo "    sudo apt-get update && sudo apt-get install -y$missing" >&2
-        exit 1
-    fi
-fi
-
-echo "demo: building into $BUILD/"
-make BUILD="$BUILD" >/dev/null || make BUILD="$BUILD"
-for f in "$BUILD/fashion-mnist" "$BUILD/ddprun"; do
-    if [ ! -x "$f" ]; then
-        echo "demo: $f was not built; see the cmake messages above (zlib and OpenBLAS are needed)" >&2
-        exit 1
-    fi
-done
+. tools/demo_common.sh
+demo_prepare demo "dataset-fashion-mnist zlib1g-dev libopenblas-dev cmake build-essential pkg-config gnuplot-nox" \
+    "zlib and OpenBLAS are needed" fashion-mnist ddprun
 
 # Adam on the full 60k training set, global batch 128 (64 per rank): about 87% after 3 epochs (85% after 1).
 echo "demo: training on $RANKS ranks: $BUILD/ddprun -n $RANKS $BUILD/fashion-mnist --epochs $EPOCHS" \

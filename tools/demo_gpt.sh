@@ -9,38 +9,9 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 RANKS=${DEMO_RANKS:-2}
 
-need="fortunes libopenblas-dev cmake build-essential pkg-config gnuplot-nox"
-missing=""
-if command -v dpkg-query >/dev/null 2>&1; then
-    for p in $need; do
-        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-            missing="$missing $p"
-        fi
-    done
-else
-    echo "demo-gpt: not a Debian-like system (no dpkg-query); make sure these are installed: $need" >&2
-fi
-if [ -n "$missing" ]; then
-    if [ "$(id -u)" = 0 ]; then
-        echo "demo-gpt: installing$missing"
-        apt-get update
-        DEBIAN_FRONTEND=noninteractive apt-get install -y $missing
-    else
-        echo "demo-gpt: missing packages:$missing" >&2
-        echo "demo-gpt: install them with:" >&2
-        echo "    sudo apt-get update && sudo apt-get install -y$missing" >&2
-        exit 1
-    fi
-fi
-
-echo "demo-gpt: building into $BUILD/"
-make BUILD="$BUILD" >/dev/null || make BUILD="$BUILD"
-for f in "$BUILD/gpt" "$BUILD/ddprun"; do
-    if [ ! -x "$f" ]; then
-        echo "demo-gpt: $f was not built; see the cmake messages above (OpenBLAS is needed)" >&2
-        exit 1
-    fi
-done
+. tools/demo_common.sh
+demo_prepare demo-gpt "fortunes libopenblas-dev cmake build-essential pkg-config gnuplot-nox" \
+    "OpenBLAS is needed" gpt ddprun
 
 csv="$BUILD/demo-gpt-metrics.csv"
 echo "demo-gpt: training on $RANKS ranks: $BUILD/ddprun -n $RANKS $BUILD/gpt --metrics $csv ${DEMO_ARGS:-}"
