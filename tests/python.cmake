@@ -9,6 +9,30 @@ if(DDP_PYTHON)
       "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
       "LIBDDP_BUILD_DIR=${PROJECT_BINARY_DIR}"
       "PYTHONDONTWRITEBYTECODE=1")
+    # A sanitized libddp inside an interpreter that is not: the sanitizer's runtime must be
+    # loaded first (ASan refuses otherwise), so the tests preload it; CPython's own allocations
+    # at exit are not libddp's leaks.
+    set(ddp_sanitizer_runtimes "")
+    if(DDP_SANITIZE)
+      set(ddp_sanitizer_runtimes libasan.so libubsan.so)
+      list(APPEND ddp_python_test_env "ASAN_OPTIONS=detect_leaks=0")
+    elseif(DDP_TSAN)
+      set(ddp_sanitizer_runtimes libtsan.so)
+    endif()
+    set(ddp_preload "")
+    foreach(rt ${ddp_sanitizer_runtimes})
+      execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=${rt}
+                      OUTPUT_VARIABLE rt_path OUTPUT_STRIP_TRAILING_WHITESPACE)
+      if(NOT IS_ABSOLUTE "${rt_path}" OR NOT EXISTS "${rt_path}")
+        message(FATAL_ERROR "Python tests in a sanitized build: ${CMAKE_C_COMPILER} does not name "
+                            "its ${rt} (-print-file-name gave '${rt_path}'); build with gcc")
+      endif()
+      string(APPEND ddp_preload " ${rt_path}")
+    endforeach()
+    if(ddp_preload)
+      string(STRIP "${ddp_preload}" ddp_preload)
+      list(APPEND ddp_python_test_env "LD_PRELOAD=${ddp_preload}")
+    endif()
     add_test(NAME test_python_numpy
              COMMAND ${DDP_PYTHON} -m pytest -q -p no:cacheprovider
                      ${PROJECT_SOURCE_DIR}/python/tests/test_numpy.py)
@@ -27,8 +51,9 @@ if(DDP_PYTHON)
 endif()
 
 # pip install ./python into a fresh venv, then the installed copy runs (compiles the backend:
-# a few minutes on a loaded machine).
-if(TARGET ddp_torch)
+# a few minutes on a loaded machine). Not in sanitized builds: it checks the packaging, which a
+# sanitizer does not look at, and the wheel it builds links the sanitized libddp.
+if(TARGET ddp_torch AND NOT DDP_SANITIZE AND NOT DDP_TSAN)
   add_test(NAME test_python_pip_install
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_python_pip.sh ${DDP_PYTHON}
                    ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
