@@ -8,7 +8,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 #include <unistd.h>
 
 #include "store/c10d.h"
+#include "store/conn_pool.h"
 #include "store/store_impl.h"
 #include "store/tcp_frame.h"
 
@@ -41,15 +41,8 @@ enum { WAIT_STOP_WAITING = 0 };
  * a c10d WAIT; the client does, and closes the connection). */
 #define REPLY_GRACE_MS 2000
 
-struct pooled {
-    int fd;
-    struct pooled *next;
-};
-
 typedef struct c10d_client {
-    pthread_mutex_t mutex;
-    struct pooled *idle;
-    pid_t pid;
+    ddp__conn_pool_t pool;
     char *host;
     int port;
 } c10d_client_t;
@@ -267,41 +260,13 @@ static void put_key(ddp__bytes_t *b, const char *key)
 static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     c10d_client_t *c = impl_of(store);
-    pthread_mutex_lock(&c->mutex);
-    if (c->pid != getpid()) {
-        /* A forked child must not share its parent's streams. */
-        while (c->idle) {
-            struct pooled *p = c->idle;
-            c->idle = p->next;
-            close(p->fd);
-            free(p);
-        }
-        c->pid = getpid();
-    }
-    struct pooled *p = c->idle;
-    if (p) c->idle = p->next;
-    pthread_mutex_unlock(&c->mutex);
-    if (p) {
-        *fd = p->fd;
-        free(p);
-        return DDP_OK;
-    }
+    if (ddp__conn_pool_take(&c->pool, fd)) return DDP_OK;
     return connect_retrying(c->host, c->port, deadline_after(atomic_load(&store->timeout_ms)), fd);
 }
 
 static void release(ddp_store_t *store, int fd, int healthy)
 {
-    c10d_client_t *c = impl_of(store);
-    struct pooled *p = healthy ? malloc(sizeof *p) : NULL;
-    if (!p) {
-        close(fd);
-        return;
-    }
-    p->fd = fd;
-    pthread_mutex_lock(&c->mutex);
-    p->next = c->idle;
-    c->idle = p;
-    pthread_mutex_unlock(&c->mutex);
+    ddp__conn_pool_put(&impl_of(store)->pool, fd, healthy);
 }
 
 /* What the reply to a request looks like. */
@@ -543,13 +508,7 @@ static void c10d_destroy(ddp_store_t *store)
 {
     c10d_client_t *c = impl_of(store);
     if (!c) return;
-    while (c->idle) {
-        struct pooled *p = c->idle;
-        c->idle = p->next;
-        close(p->fd);
-        free(p);
-    }
-    pthread_mutex_destroy(&c->mutex);
+    ddp__conn_pool_destroy(&c->pool);
     free(c->host);
     free(c);
 }
@@ -590,13 +549,12 @@ static ddp_status_t c10d_open(const char *host, int port, int timeout_ms, ddp_st
 {
     c10d_client_t *c = ddp__calloc(1, sizeof *c, "c10d store client");
     if (!c) return DDP_ERR_NO_MEMORY;
-    pthread_mutex_init(&c->mutex, NULL);
+    ddp__conn_pool_init(&c->pool);
     c->port = port;
-    c->pid = getpid();
     c->host = ddp__strdup(host, "store host");
     ddp_store_t *store = c->host ? ddp__store_new(&c10d_ops, c, timeout_ms) : NULL;
     if (!store) {
-        pthread_mutex_destroy(&c->mutex);
+        ddp__conn_pool_destroy(&c->pool);
         free(c->host);
         free(c);
         return DDP_ERR_NO_MEMORY;
