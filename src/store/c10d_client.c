@@ -5,8 +5,6 @@
  * Like the libddp client, a handle keeps a pool of connections: one per call in flight. */
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/socket.h"
 #include "store/c10d.h"
 #include "store/conn_pool.h"
 #include "store/store_impl.h"
@@ -49,17 +48,6 @@ typedef struct c10d_client {
 
 static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
 
-static int wait_fd(int fd, short events, int64_t deadline_ns)
-{
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, ddp__ms_left(deadline_ns, 1000000000));
-        if (n > 0) return 1;
-        if (n == 0 && ddp__now_ns() >= deadline_ns) return 0;
-        if (n < 0 && errno != EINTR) return -1;
-    }
-}
-
 static ddp_status_t send_all(const char *host, int port, int fd, const uint8_t *data, size_t len,
                              int64_t deadline_ns)
 {
@@ -72,7 +60,7 @@ static ddp_status_t send_all(const char *host, int port, int fd, const uint8_t *
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd(fd, POLLOUT, deadline_ns);
+            int r = ddp__socket_wait(fd, POLLOUT, deadline_ns);
             if (r == 0)
                 return ddp__error(DDP_ERR_TIMEOUT, "c10d store %s:%d: timed out sending a request",
                                   host, port);
@@ -108,7 +96,7 @@ static ddp_status_t recv_all(const char *host, int port, int fd, uint8_t *data, 
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int r = wait_fd(fd, POLLIN, deadline_ns);
+            int r = ddp__socket_wait(fd, POLLIN, deadline_ns);
             if (r == 0)
                 return ddp__error(DDP_ERR_TIMEOUT, "c10d store %s:%d: timed out waiting for %s",
                                   host, port, what);
@@ -126,44 +114,22 @@ static ddp_status_t recv_all(const char *host, int port, int fd, uint8_t *data, 
  * deadline. Shared with the probe. */
 static ddp_status_t connect_retrying(const char *host, int port, int64_t deadline_ns, int *out_fd)
 {
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", port);
     int64_t backoff_ms = 10;
     int last_err = 0;
     for (;;) {
-        struct addrinfo hints, *res = NULL;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_NUMERICSERV;
-        int gai = getaddrinfo(host, portstr, &hints, &res);
+        struct addrinfo *res = NULL;
+        int gai = ddp__socket_resolve(host, port, 0, &res);
         if (gai != 0 && gai != EAI_AGAIN)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "store host '%s': %s", host,
                               gai_strerror(gai));
         for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-            int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                            ai->ai_protocol);
-            if (fd < 0) {
-                last_err = errno;
+            int fd = -1;
+            int err = ddp__socket_connect(ai->ai_addr, ai->ai_addrlen, deadline_ns, &fd);
+            if (err != 0) {
+                last_err = err;
                 continue;
             }
-            int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-            if (rc != 0 && errno == EINPROGRESS) {
-                int r = wait_fd(fd, POLLOUT, deadline_ns);
-                int soerr = 0;
-                socklen_t sl = sizeof soerr;
-                if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
-                    rc = 0;
-                else
-                    errno = r == 1 ? soerr : ETIMEDOUT;
-            }
-            if (rc != 0) {
-                last_err = errno;
-                close(fd);
-                continue;
-            }
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            ddp__socket_nodelay(fd);
             freeaddrinfo(res);
             *out_fd = fd;
             return DDP_OK;
