@@ -58,12 +58,6 @@ print(torch.__version__)"
       target_include_directories(ddp_torch SYSTEM PRIVATE ${torch_includes} ${python_include})
       target_compile_definitions(ddp_torch PRIVATE TORCH_EXTENSION_NAME=_ddp_torch
         TORCH_API_INCLUDE_EXTENSION_H _GLIBCXX_USE_CXX11_ABI=${torch_cxx11_abi})
-      # The group's extended API (reduce, gather, scatter, alltoall(v), coalesced, send/recv):
-      # used natively when include/ddp/group.h declares it, emulated otherwise.
-      file(STRINGS ${PROJECT_SOURCE_DIR}/include/ddp/group.h ddp_group_v2 REGEX "ddp_group_send_async")
-      if(ddp_group_v2)
-        target_compile_definitions(ddp_torch PRIVATE DDP_TORCH_GROUP_V2=1)
-      endif()
       # torch's headers do not build warning-free; the directory's C-only flags do not apply.
       set_property(TARGET ddp_torch PROPERTY COMPILE_OPTIONS -Wall -Wextra -Wno-unused-parameter)
       target_link_directories(ddp_torch PRIVATE ${torch_libdirs})

@@ -50,14 +50,10 @@ except ImportError:
     print("libddp: torch is not importable; installing without the torch backend")
 else:
     libddp_so()  # the extension links against it
-    # The group's extended API (send/recv, reduce, gather, ...): native when the header has it.
-    with open(os.path.join(SOURCE, "include", "ddp", "group.h")) as f:
-        group_v2 = "ddp_group_send_async" in f.read()
     ext_modules.append(CppExtension(
         "libddp._ddp_torch", ["libddp/csrc/process_group_ddp.cpp"],
         include_dirs=[os.path.join(SOURCE, "include")], library_dirs=[BUILD],
         libraries=["ddp"], extra_compile_args=["-O2"],
-        define_macros=[("DDP_TORCH_GROUP_V2", "1")] if group_v2 else [],
         extra_link_args=["-Wl,-rpath,$ORIGIN"]))
     cmdclass["build_ext"] = BuildExtension
 

@@ -7,7 +7,7 @@
 The backend is a C++ extension (``_ddp_torch.so``) built against the installed torch by
 ``make`` (CMake, python/python.cmake) or by ``pip install ./python`` (setup.py); it is never
 compiled at import. Rendezvous goes through the store torch hands the backend, so any
-init_method works. See docs/pytorch.md for which ops are native, emulated or missing.
+init_method works. See docs/pytorch.md for the ops, what each maps to, and the ones missing.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from . import _candidate_dirs
 
-__all__ = ["BACKEND", "NATIVE_EXTENDED_OPS", "extension_path", "ProcessGroupDDP", "transport"]
+__all__ = ["BACKEND", "extension_path", "ProcessGroupDDP", "transport"]
 
 BACKEND = "ddp"
 
@@ -59,9 +59,6 @@ def _load() -> Any:
 
 _ext = _load()
 ProcessGroupDDP = _ext.ProcessGroupDDP
-#: True when the backend was built against libddp's extended group API: reduce, gather,
-#: scatter, alltoall (uneven splits too), coalesced allreduce and send/recv run natively.
-NATIVE_EXTENDED_OPS: bool = bool(_ext.group_v2)
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:

@@ -5,17 +5,16 @@
  * Like the libddp client, a handle keeps a pool of connections: one per call in flight. */
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/socket.h"
 #include "store/c10d.h"
+#include "store/conn_pool.h"
 #include "store/store_impl.h"
 #include "store/tcp_frame.h"
 
@@ -41,31 +40,13 @@ enum { WAIT_STOP_WAITING = 0 };
  * a c10d WAIT; the client does, and closes the connection). */
 #define REPLY_GRACE_MS 2000
 
-struct pooled {
-    int fd;
-    struct pooled *next;
-};
-
 typedef struct c10d_client {
-    pthread_mutex_t mutex;
-    struct pooled *idle;
-    pid_t pid;
+    ddp__conn_pool_t pool;
     char *host;
     int port;
 } c10d_client_t;
 
 static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
-
-static int wait_fd(int fd, short events, int64_t deadline_ns)
-{
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, ddp__ms_left(deadline_ns, 1000000000));
-        if (n > 0) return 1;
-        if (n == 0 && ddp__now_ns() >= deadline_ns) return 0;
-        if (n < 0 && errno != EINTR) return -1;
-    }
-}
 
 static ddp_status_t send_all(const char *host, int port, int fd, const uint8_t *data, size_t len,
                              int64_t deadline_ns)
@@ -79,7 +60,7 @@ static ddp_status_t send_all(const char *host, int port, int fd, const uint8_t *
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd(fd, POLLOUT, deadline_ns);
+            int r = ddp__socket_wait(fd, POLLOUT, deadline_ns);
             if (r == 0)
                 return ddp__error(DDP_ERR_TIMEOUT, "c10d store %s:%d: timed out sending a request",
                                   host, port);
@@ -115,7 +96,7 @@ static ddp_status_t recv_all(const char *host, int port, int fd, uint8_t *data, 
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int r = wait_fd(fd, POLLIN, deadline_ns);
+            int r = ddp__socket_wait(fd, POLLIN, deadline_ns);
             if (r == 0)
                 return ddp__error(DDP_ERR_TIMEOUT, "c10d store %s:%d: timed out waiting for %s",
                                   host, port, what);
@@ -133,44 +114,22 @@ static ddp_status_t recv_all(const char *host, int port, int fd, uint8_t *data, 
  * deadline. Shared with the probe. */
 static ddp_status_t connect_retrying(const char *host, int port, int64_t deadline_ns, int *out_fd)
 {
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", port);
     int64_t backoff_ms = 10;
     int last_err = 0;
     for (;;) {
-        struct addrinfo hints, *res = NULL;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_NUMERICSERV;
-        int gai = getaddrinfo(host, portstr, &hints, &res);
+        struct addrinfo *res = NULL;
+        int gai = ddp__socket_resolve(host, port, 0, &res);
         if (gai != 0 && gai != EAI_AGAIN)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "store host '%s': %s", host,
                               gai_strerror(gai));
         for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-            int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                            ai->ai_protocol);
-            if (fd < 0) {
-                last_err = errno;
+            int fd = -1;
+            int err = ddp__socket_connect(ai->ai_addr, ai->ai_addrlen, deadline_ns, &fd);
+            if (err != 0) {
+                last_err = err;
                 continue;
             }
-            int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-            if (rc != 0 && errno == EINPROGRESS) {
-                int r = wait_fd(fd, POLLOUT, deadline_ns);
-                int soerr = 0;
-                socklen_t sl = sizeof soerr;
-                if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
-                    rc = 0;
-                else
-                    errno = r == 1 ? soerr : ETIMEDOUT;
-            }
-            if (rc != 0) {
-                last_err = errno;
-                close(fd);
-                continue;
-            }
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            ddp__socket_nodelay(fd);
             freeaddrinfo(res);
             *out_fd = fd;
             return DDP_OK;
@@ -267,41 +226,13 @@ static void put_key(ddp__bytes_t *b, const char *key)
 static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     c10d_client_t *c = impl_of(store);
-    pthread_mutex_lock(&c->mutex);
-    if (c->pid != getpid()) {
-        /* A forked child must not share its parent's streams. */
-        while (c->idle) {
-            struct pooled *p = c->idle;
-            c->idle = p->next;
-            close(p->fd);
-            free(p);
-        }
-        c->pid = getpid();
-    }
-    struct pooled *p = c->idle;
-    if (p) c->idle = p->next;
-    pthread_mutex_unlock(&c->mutex);
-    if (p) {
-        *fd = p->fd;
-        free(p);
-        return DDP_OK;
-    }
+    if (ddp__conn_pool_take(&c->pool, fd)) return DDP_OK;
     return connect_retrying(c->host, c->port, deadline_after(atomic_load(&store->timeout_ms)), fd);
 }
 
 static void release(ddp_store_t *store, int fd, int healthy)
 {
-    c10d_client_t *c = impl_of(store);
-    struct pooled *p = healthy ? malloc(sizeof *p) : NULL;
-    if (!p) {
-        close(fd);
-        return;
-    }
-    p->fd = fd;
-    pthread_mutex_lock(&c->mutex);
-    p->next = c->idle;
-    c->idle = p;
-    pthread_mutex_unlock(&c->mutex);
+    ddp__conn_pool_put(&impl_of(store)->pool, fd, healthy);
 }
 
 /* What the reply to a request looks like. */
@@ -543,13 +474,7 @@ static void c10d_destroy(ddp_store_t *store)
 {
     c10d_client_t *c = impl_of(store);
     if (!c) return;
-    while (c->idle) {
-        struct pooled *p = c->idle;
-        c->idle = p->next;
-        close(p->fd);
-        free(p);
-    }
-    pthread_mutex_destroy(&c->mutex);
+    ddp__conn_pool_destroy(&c->pool);
     free(c->host);
     free(c);
 }
@@ -590,13 +515,12 @@ static ddp_status_t c10d_open(const char *host, int port, int timeout_ms, ddp_st
 {
     c10d_client_t *c = ddp__calloc(1, sizeof *c, "c10d store client");
     if (!c) return DDP_ERR_NO_MEMORY;
-    pthread_mutex_init(&c->mutex, NULL);
+    ddp__conn_pool_init(&c->pool);
     c->port = port;
-    c->pid = getpid();
     c->host = ddp__strdup(host, "store host");
     ddp_store_t *store = c->host ? ddp__store_new(&c10d_ops, c, timeout_ms) : NULL;
     if (!store) {
-        pthread_mutex_destroy(&c->mutex);
+        ddp__conn_pool_destroy(&c->pool);
         free(c->host);
         free(c);
         return DDP_ERR_NO_MEMORY;

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "core/socket.h"
 #include "store/store_impl.h"
 #include "store/c10d.h"
+#include "store/conn_pool.h"
 #include "store/tcp_frame.h"
 
 /* Extra time a client gives the server to answer a get/wait after the wait's own timeout, before
@@ -24,15 +24,8 @@
  * server speaks another protocol (a c10d TCPStore waits for more bytes and never answers). */
 #define AUTH_PATIENCE_MS 2000
 
-struct pooled {
-    int fd;
-    struct pooled *next;
-};
-
 struct tcp_client {
-    pthread_mutex_t mutex;
-    struct pooled *idle;
-    pid_t pid; /* the process the pooled connections belong to */
+    ddp__conn_pool_t pool;
     char *host;
     int port;
     char *token;
@@ -249,42 +242,13 @@ static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, 
 static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     struct tcp_client *tc = impl_of(store);
-    pthread_mutex_lock(&tc->mutex);
-    if (tc->pid != getpid()) {
-        /* A forked child must not talk on its parent's connections (the two would interleave
-         * frames on one stream): drop its copies and open its own. */
-        while (tc->idle) {
-            struct pooled *dropped = tc->idle;
-            tc->idle = dropped->next;
-            close(dropped->fd);
-            free(dropped);
-        }
-        tc->pid = getpid();
-    }
-    struct pooled *p = tc->idle;
-    if (p) tc->idle = p->next;
-    pthread_mutex_unlock(&tc->mutex);
-    if (p) {
-        *fd = p->fd;
-        free(p);
-        return DDP_OK;
-    }
+    if (ddp__conn_pool_take(&tc->pool, fd)) return DDP_OK;
     return open_connection(tc, ddp__deadline_precise_ns(atomic_load(&store->timeout_ms)), fd);
 }
 
 static void release(ddp_store_t *store, int fd, int healthy)
 {
-    struct tcp_client *tc = impl_of(store);
-    struct pooled *p = healthy ? malloc(sizeof *p) : NULL;
-    if (!p) {
-        close(fd);
-        return;
-    }
-    p->fd = fd;
-    pthread_mutex_lock(&tc->mutex);
-    p->next = tc->idle;
-    tc->idle = p;
-    pthread_mutex_unlock(&tc->mutex);
+    ddp__conn_pool_put(&impl_of(store)->pool, fd, healthy);
 }
 
 /* Encodes req, runs it on a pooled connection and returns the reply body. A connection whose
@@ -441,13 +405,7 @@ static void tcp_destroy(ddp_store_t *store)
 {
     struct tcp_client *tc = impl_of(store);
     if (!tc) return;
-    while (tc->idle) {
-        struct pooled *p = tc->idle;
-        tc->idle = p->next;
-        close(p->fd);
-        free(p);
-    }
-    pthread_mutex_destroy(&tc->mutex);
+    ddp__conn_pool_destroy(&tc->pool);
     free(tc->host);
     free(tc->token);
     free(tc);
@@ -490,9 +448,8 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
     ddp_status_t s = DDP_ERR_NO_MEMORY;
     struct tcp_client *tc = ddp__calloc(1, sizeof *tc, "TCP store client");
     if (!tc) return s;
-    pthread_mutex_init(&tc->mutex, NULL);
+    ddp__conn_pool_init(&tc->pool);
     tc->port = port;
-    tc->pid = getpid();
     tc->host = ddp__strdup(host, "store host");
     if (!tc->host) goto free_client;
     if (token && *token) {
@@ -513,7 +470,7 @@ ddp_status_t ddp_store_tcp_connect(const char *host, int port, const char *token
     *out = store;
     return DDP_OK;
 free_client:
-    pthread_mutex_destroy(&tc->mutex);
+    ddp__conn_pool_destroy(&tc->pool);
     free(tc->host);
     free(tc->token);
     free(tc);

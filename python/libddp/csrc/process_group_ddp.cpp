@@ -6,9 +6,9 @@
 // holds a c10 Future that libddp's ddp_work_on_complete callback completes (no thread per work),
 // so DDP's comm hooks chain on getFuture() as they do with gloo. Contiguous CPU tensors are
 // handed to libddp in place; a non-contiguous one goes through a contiguous copy and is copied
-// back when the work completes. Ops libddp's group does not have yet are emulated on the ones it
-// has where the result is the same (docs/pytorch.md lists each and its cost), and raise a
-// RuntimeError naming the op otherwise.
+// back when the work completes. Each op maps onto the libddp group operation of the same name
+// (docs/pytorch.md lists them); an op libddp has no counterpart for raises a RuntimeError naming
+// the op.
 //
 // Torch-version differences stay in this block: torch 1.13 subclasses c10d::ProcessGroup;
 // torch >= 2.0 would subclass c10d::Backend with the same methods.
@@ -33,10 +33,6 @@
 #include <vector>
 
 #include "ddp/ddp.h"
-
-#ifndef DDP_TORCH_GROUP_V2
-#define DDP_TORCH_GROUP_V2 0
-#endif
 
 #if TORCH_VERSION_MAJOR >= 2
 // torch 2.x moved collectives to c10d::Backend: this file would need that subclass.
@@ -473,7 +469,6 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
         }
         auto w = make_work(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
-#if DDP_TORCH_GROUP_V2
         bool one_dtype = true;
         for (auto& t : tensors)
             one_dtype = one_dtype && t.scalar_type() == tensors[0].scalar_type();
@@ -492,7 +487,6 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             });
             return launch(w);
         }
-#endif
         // One libddp allreduce per tensor, issued back to back: each is zero copy, and they run in
         // issue order, so the last one's completion completes the whole.
         for (auto& t : tensors) {
@@ -554,7 +548,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
                     outputs.size());
         check_gather_list("allgather", outputs[0], inputs[0]);
         auto w = make_work(c10d::OpType::ALLGATHER, "allgather", outputs[0]);
-        issue_gather_into_temp(*w, inputs[0], outputs[0], /*copy_out=*/true);
+        issue_gather_into_temp(*w, inputs[0], outputs[0]);
         return launch(w);
     }
 
@@ -573,7 +567,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         }
         auto w = make_work(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", all);
         for (size_t i = 0; i < inputs.size(); i++)
-            issue_gather_into_temp(*w, inputs[i], outputs[i], true);
+            issue_gather_into_temp(*w, inputs[i], outputs[i]);
         return launch(w);
     }
 
@@ -632,9 +626,6 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         issue(*w, [&](ddp_work_t** h) { return ddp_group_barrier_async(group_, h); });
         return launch(w);
     }
-
-#if DDP_TORCH_GROUP_V2
-    // ---- native on the extended group API (reduce ... send/recv) -----------------------------
 
     c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                           const c10d::ReduceOptions& opts) override {
@@ -841,212 +832,18 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         });
         return launch(w);
     }
-#else
-    // ---- emulated on the collectives libddp's group has ----------------------------------------
-
-    // reduce = allreduce; non-roots reduce into a temporary so their tensor stays as it was.
-    // Costs the allgather half of an allreduce more than a true reduce.
-    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                          const c10d::ReduceOptions& opts) override {
-        check_single("reduce", tensors);
-        check_root("reduce", opts.rootRank);
-        ddp_dtype_t dt;
-        ddp_reduce_op_t op;
-        reduction_of("reduce", tensors[0], opts.reduceOp, &dt, &op);
-        auto w = make_work(c10d::OpType::REDUCE, "reduce", tensors);
-        if (getRank() == opts.rootRank) {
-            at::Tensor buf = in_place_buffer(*w, tensors[0]);
-            issue(*w, [&](ddp_work_t** h) {
-                return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                                 (size_t)buf.numel(), dt, op, h);
-            });
-        } else {
-            at::Tensor in = tensors[0].contiguous();
-            at::Tensor scratch = at::empty_like(in);
-            w->keep_.push_back(in);
-            w->keep_.push_back(scratch);
-            issue(*w, [&](ddp_work_t** h) {
-                return ddp_group_allreduce_async(group_, in.data_ptr(), scratch.data_ptr(),
-                                                 (size_t)in.numel(), dt, op, h);
-            });
-        }
-        return launch(w);
-    }
-
-    // gather = allgather into a temporary; only the root copies out. Every rank receives
-    // world x the data and holds a world-sized temporary.
-    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::GatherOptions& opts) override {
-        check_single("gather", inputs);
-        check_root("gather", opts.rootRank);
-        bool root = getRank() == opts.rootRank;
-        if (root) {
-            TORCH_CHECK(outputs.size() == 1,
-                        "libddp backend: gather on the root takes one output "
-                        "list, got ",
-                        outputs.size());
-            check_gather_list("gather", outputs[0], inputs[0]);
-        } else {
-            TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                        "libddp backend: gather: only the root (rank ", opts.rootRank,
-                        ") passes output tensors");
-        }
-        std::vector<at::Tensor> none;
-        auto w = make_work(c10d::OpType::GATHER, "gather", root ? outputs[0] : none);
-        issue_gather_into_temp(*w, inputs[0], root ? outputs[0] : none, root);
-        return launch(w);
-    }
-
-    // scatter = broadcast of the root's concatenated inputs; each rank copies out its block.
-    // Every rank receives world x its share and holds a world-sized temporary.
-    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                           std::vector<std::vector<at::Tensor>>& inputs,
-                                           const c10d::ScatterOptions& opts) override {
-        check_single("scatter", outputs);
-        check_root("scatter", opts.rootRank);
-        at::Tensor out = outputs[0];
-        bool root = getRank() == opts.rootRank;
-        at::Tensor flat;
-        if (root) {
-            TORCH_CHECK(inputs.size() == 1,
-                        "libddp backend: scatter on the root takes one input "
-                        "list, got ",
-                        inputs.size());
-            check_gather_list("scatter", inputs[0], out);
-            flat = at::cat(flat_views(inputs[0]));
-        } else {
-            TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                        "libddp backend: scatter: only the root (rank ", opts.rootRank,
-                        ") passes input tensors");
-            flat = at::empty({out.numel() * getSize()}, out.options());
-        }
-        auto w = make_work(c10d::OpType::SCATTER, "scatter", outputs);
-        w->keep_.push_back(flat);
-        int64_t n = out.numel(), r = getRank();
-        w->finish_ = [flat, out, n, r]() mutable {
-            out.copy_(flat.narrow(0, r * n, n).view(out.sizes()));
-        };
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_broadcast_async(group_, flat.data_ptr(), bytes_of(flat), DDP_U8,
-                                             (int)opts.rootRank, h);
-        });
-        return launch(w);
-    }
-
-    // alltoall with equal splits = allgather of every rank's whole input; rank r keeps block r of
-    // each. Every rank receives world x its share. Uneven splits need libddp's alltoallv.
-    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                 std::vector<int64_t>& outputSplitSizes,
-                                                 std::vector<int64_t>& inputSplitSizes,
-                                                 const c10d::AllToAllOptions&) override {
-        check_cpu("alltoall_base", output);
-        check_cpu("alltoall_base", input);
-        check_same_dtype("alltoall_base", input, output);
-        int world = getSize();
-        TORCH_CHECK(input.numel() == output.numel(), "libddp backend: alltoall_base: input has ",
-                    input.numel(), " elements and output ", output.numel());
-        TORCH_CHECK(input.dim() > 0 && equal_splits(inputSplitSizes, input.size(0), world) &&
-                        equal_splits(outputSplitSizes, output.size(0), world),
-                    "libddp backend: alltoall_base with uneven split sizes is not supported yet: "
-                    "it needs an alltoallv in libddp's group, which this build does not have");
-        TORCH_CHECK(input.size(0) % world == 0,
-                    "libddp backend: alltoall_base: the first "
-                    "dimension (",
-                    input.size(0), ") must split evenly over ", world, " ranks");
-        std::vector<at::Tensor> outs{output};
-        auto w = make_work(c10d::OpType::ALLTOALL_BASE, "alltoall_base", outs);
-        at::Tensor in = input.contiguous();
-        at::Tensor all = at::empty({world * in.numel()}, in.options());
-        w->keep_.push_back(in);
-        w->keep_.push_back(all);
-        int64_t block = in.numel() / world, n = in.numel(), r = getRank();
-        w->finish_ = [all, output, block, n, r, world]() mutable {
-            // Block r of rank j's input lands in block j of the output.
-            at::Tensor blocks = all.view({world, n}).narrow(1, r * block, block);
-            output.copy_(blocks.reshape(output.sizes()));
-        };
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
-                                             DDP_U8, h);
-        });
-        return launch(w);
-    }
-
-    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                            std::vector<at::Tensor>& inputs,
-                                            const c10d::AllToAllOptions&) override {
-        int world = getSize();
-        TORCH_CHECK((int)outputs.size() == world && (int)inputs.size() == world,
-                    "libddp backend: alltoall takes ", world, " input and output tensors, got ",
-                    inputs.size(), " and ", outputs.size());
-        for (int i = 0; i < world; i++) {
-            check_cpu("alltoall", inputs[i]);
-            check_cpu("alltoall", outputs[i]);
-            check_same_dtype("alltoall", inputs[i], inputs[0]);
-            check_same_dtype("alltoall", outputs[i], inputs[0]);
-            TORCH_CHECK(
-                inputs[i].numel() == inputs[0].numel() && outputs[i].numel() == inputs[0].numel(),
-                "libddp backend: alltoall with tensors of different sizes is not "
-                "supported yet: it needs an alltoallv in libddp's group, which this build "
-                "does not have");
-        }
-        auto w = make_work(c10d::OpType::ALLTOALL, "alltoall", outputs);
-        at::Tensor in = at::cat(flat_views(inputs));
-        at::Tensor all = at::empty({world * in.numel()}, in.options());
-        w->keep_.push_back(in);
-        w->keep_.push_back(all);
-        int64_t block = inputs[0].numel(), n = in.numel(), r = getRank();
-        std::vector<at::Tensor> outs = outputs;
-        w->finish_ = [all, outs, block, n, r]() mutable {
-            for (size_t j = 0; j < outs.size(); j++)
-                outs[j].copy_(
-                    all.narrow(0, (int64_t)j * n + r * block, block).view(outs[j].sizes()));
-        };
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
-                                             DDP_U8, h);
-        });
-        return launch(w);
-    }
-
-    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override {
-        TORCH_CHECK(false, kNoP2P("send"));
-    }
-    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override {
-        TORCH_CHECK(false, kNoP2P("recv"));
-    }
-#endif  // DDP_TORCH_GROUP_V2
 
     // ---- missing -----------------------------------------------------------------------------
 
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-        TORCH_CHECK(false, DDP_TORCH_GROUP_V2
-                               ? "libddp backend: recv from any source is not supported: libddp "
-                                 "pairs each recv with a send from a named rank"
-                               : kNoP2P("recv from any source"));
+        TORCH_CHECK(false,
+                    "libddp backend: recv from any source is not supported: libddp pairs each "
+                    "recv with a send from a named rank");
     }
 
   private:
-    static std::string kNoP2P(const char* op) {
-        return std::string("libddp backend: ") + op +
-               " is not supported yet: libddp's group has "
-               "no point-to-point operations in this build (collectives only)";
-    }
-
     static size_t bytes_of(const at::Tensor& t) {
         return (size_t)t.numel() * t.element_size();
-    }
-
-    static bool equal_splits(const std::vector<int64_t>& splits, int64_t rows, int world) {
-        if (splits.empty())
-            return true;  // equal by definition; the caller checks divisibility
-        if ((int)splits.size() != world || rows % world != 0)
-            return false;
-        for (int64_t s : splits)
-            if (s != rows / world)
-                return false;
-        return true;
     }
 
     static std::vector<at::Tensor> flat_views(const std::vector<at::Tensor>& ts) {
@@ -1107,24 +904,22 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         return tmp;
     }
 
-    // allgather of `input` into a world-sized temporary; when copy_out, block j goes to outs[j].
+    // allgather of `input` into a world-sized temporary; block j is copied out to outs[j].
     void issue_gather_into_temp(WorkDDP& w, const at::Tensor& input,
-                                const std::vector<at::Tensor>& outs, bool copy_out) {
+                                const std::vector<at::Tensor>& outs) {
         at::Tensor in = input.contiguous();
         at::Tensor all = at::empty({getSize() * in.numel()}, in.options());
         w.keep_.push_back(in);
         w.keep_.push_back(all);
-        if (copy_out) {
-            int64_t n = in.numel();
-            auto prev = std::move(w.finish_);
-            std::vector<at::Tensor> targets = outs;
-            w.finish_ = [prev, all, targets, n]() mutable {
-                if (prev)
-                    prev();
-                for (size_t j = 0; j < targets.size(); j++)
-                    targets[j].copy_(all.narrow(0, (int64_t)j * n, n).view(targets[j].sizes()));
-            };
-        }
+        int64_t n = in.numel();
+        auto prev = std::move(w.finish_);
+        std::vector<at::Tensor> targets = outs;
+        w.finish_ = [prev, all, targets, n]() mutable {
+            if (prev)
+                prev();
+            for (size_t j = 0; j < targets.size(); j++)
+                targets[j].copy_(all.narrow(0, (int64_t)j * n, n).view(targets[j].sizes()));
+        };
         issue(w, [&](ddp_work_t** h) {
             return ddp_group_allgather_async(group_, in.data_ptr(), all.data_ptr(), bytes_of(in),
                                              DDP_U8, h);
@@ -1208,6 +1003,4 @@ PYBIND11_MODULE(_ddp_torch, m) {
           py::arg("size"), py::arg("timeout"),
           "Creates the backend's process group (the creator torch.distributed calls)");
     m.attr("torch_version") = TORCH_VERSION;
-    // True when built against the group's extended API (native reduce ... send/recv).
-    m.attr("group_v2") = py::bool_(DDP_TORCH_GROUP_V2 != 0);
 }
