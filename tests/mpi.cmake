@@ -16,6 +16,10 @@ if(DDP_HAVE_MPI)
     # Open MPI itself leaks at MPI_Finalize (every frame of the reports is inside libmpi/PMIx),
     # which LeakSanitizer turns into a failed test; the sanitizers' other checks stay on.
     list(APPEND DDP_MPI_TEST_ENV ASAN_OPTIONS=detect_leaks=0)
+  elseif(DDP_TSAN)
+    # Reports from inside Open MPI's own (uninstrumented) libraries: tests/tsan_openmpi.supp.
+    list(APPEND DDP_MPI_TEST_ENV
+         "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/tsan_openmpi.supp")
   endif()
 
   # ddp_add_mpi_test(NAME name SOURCES a.c ... NP n ... [TIMEOUT s] [ENV k=v ...] [ARGS ...])

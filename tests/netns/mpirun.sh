@@ -79,7 +79,7 @@ out=$(ip netns exec "${P}h0" unshare --uts sh -c "hostname ddp-host-0 && exec en
     OMPI_MCA_plm=rsh OMPI_MCA_plm_rsh_agent=$WORK/rsh OMPI_MCA_btl=self,vader,tcp \
     OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
     OMPI_MCA_rmaps_base_oversubscribe=1 \
-    '$MPIRUN' --hostfile '$WORK/hosts' -np $world -x DDP_TIMEOUT=60 '$HELLO'" 2>&1) ||
+    '$MPIRUN' --hostfile '$WORK/hosts' -np $world -x DDP_TIMEOUT=60 ${TSAN_OPTIONS:+-x TSAN_OPTIONS} '$HELLO'" 2>&1) ||
     { echo "$out"; fail "mpirun across $NHOSTS hosts"; }
 echo "$out"
 echo "$out" | grep -q '^hello_ddp: transport hierarchical$' || fail "not hierarchical across hosts"
