@@ -166,4 +166,14 @@ if(DDP_HAVE_MPI)
                    TIMEOUT 120)
   ddp_add_mpi_test(NAME test_mpi_agreement SOURCES test_mpi_agreement.c NP 2 3 ARGS stop
                    TIMEOUT 120)
+  # Groups over the same processes never take each other's messages: a group made after a
+  # failed one (late rank, mismatch), and a parent with two splits in flight together.
+  ddp_add_mpi_test(NAME test_mpi_isolation SOURCES test_mpi_isolation.c NP 2 3 4 ARGS stale
+                   TIMEOUT 180)
+  ddp_add_mpi_test(NAME test_mpi_isolation SOURCES test_mpi_isolation.c NP 2 3 4 ARGS interleave
+                   TIMEOUT 180)
+  ddp_add_mpi_test(NAME test_mpi_isolation SOURCES test_mpi_isolation.c NP 3 TIMEOUT 180
+                   ARGS stale --allreduce-exchange)
+  ddp_add_mpi_test(NAME test_mpi_isolation SOURCES test_mpi_isolation.c NP 3 TIMEOUT 180
+                   ARGS interleave --allreduce-exchange)
 endif()
