@@ -1235,10 +1235,14 @@ static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank,
                                   ? wait_setup(&req, timeout_ms, "agreeing on the group's notice id")
                                   : ddp__mpi_error(rc, "MPI transport: MPI_Ibcast (notice id)");
         if (status != DDP_OK) {
-            enter_mpi();
-            MPI_Comm_free(&s->comm);
-            leave_mpi();
-            if (rc != MPI_SUCCESS) free(id);
+            /* After a timeout the broadcast may still arrive: keep the communicator, as destroy
+             * does for a failed group, so that its context id is not handed on with it. */
+            if (rc != MPI_SUCCESS) {
+                enter_mpi();
+                MPI_Comm_free(&s->comm);
+                leave_mpi();
+                free(id);
+            }
             return status;
         }
         s->notice_id = *id;
