@@ -695,7 +695,7 @@ static ddp_status_t exchange_p2p(mpi_state_t *s, const ddp__collective_t *c)
     else status = wait_requests(s, n, s->xreqs, c, "fingerprint exchange");
     while (status == DDP_OK) {
         /* A record stamped with another group's id was sent on an earlier communicator that
-         * had this one's context id (see keep_comm in destroy): drop it and receive again; the
+         * had this one's context id (see mpi_destroy): drop it and receive again; the
          * peer's own record follows it (one source, one tag, one communicator: in order). */
         int stale = 0;
         enter_mpi();
