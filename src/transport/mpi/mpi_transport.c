@@ -58,6 +58,9 @@ enum {
 enum { INLINE_BYTES = 512 };
 typedef struct fused_record {
     int64_t fp[2 * FP_FIELDS];
+    /* The sending group's notice id and its complement (reduced by MIN like fp): a record of
+     * another group that reached this group's communicator is told apart (see exchange_p2p). */
+    int64_t group[2];
     _Alignas(8) unsigned char payload[INLINE_BYTES];
 } fused_record_t;
 
@@ -126,6 +129,7 @@ static int thread_level = -1;
 static int we_initialized;     /* we called MPI_Init_thread, so we finalise at exit */
 static int live_states;        /* groups not yet destroyed */
 static int leaked_requests;    /* requests abandoned at a timeout that MPI never completed */
+static int kept_comms;         /* communicators of failed groups, never freed (see destroy) */
 
 /* Under MPI_THREAD_SERIALIZED two groups' progress threads must not be inside MPI together. */
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -626,7 +630,8 @@ static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *ty
     for (int k = 0; k < *len; k++) {
         fused_record_t *a = &in[k], *b = &inout[k];
         ddp__fingerprint_t f = fingerprint_from_fields(a->fp);
-        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 && inline_allreduce(&f)) {
+        if (memcmp(a->fp, b->fp, sizeof a->fp) == 0 &&
+            memcmp(a->group, b->group, sizeof a->group) == 0 && inline_allreduce(&f)) {
             ddp_reduce_op_t op = (ddp_reduce_op_t)f.op;
             size_t n = (size_t)f.count;
             switch (reduce_dtype((ddp_dtype_t)f.dtype, op)) {
@@ -640,6 +645,8 @@ static void fused_reduce(void *invec, void *inoutvec, int *len, MPI_Datatype *ty
         }
         for (int i = 0; i < 2 * FP_FIELDS; i++)
             if (a->fp[i] < b->fp[i]) b->fp[i] = a->fp[i];
+        for (int i = 0; i < 2; i++)
+            if (a->group[i] < b->group[i]) b->group[i] = a->group[i];
     }
 }
 
@@ -686,6 +693,29 @@ static ddp_status_t exchange_p2p(mpi_state_t *s, const ddp__collective_t *c)
     if (rc != MPI_SUCCESS)
         status = post_failed(s, rc, c, "MPI_Isend/MPI_Irecv (fingerprint exchange)");
     else status = wait_requests(s, n, s->xreqs, c, "fingerprint exchange");
+    while (status == DDP_OK) {
+        /* A record stamped with another group's id was sent on an earlier communicator that
+         * had this one's context id (see mpi_destroy): drop it and receive again; the
+         * peer's own record follows it (one source, one tag, one communicator: in order). */
+        int stale = 0;
+        enter_mpi();
+        for (int i = 0, q = 0; q < s->world && rc == MPI_SUCCESS; q++) {
+            if (q == s->rank) continue;
+            MPI_Request *r = &s->xreqs[i++];
+            if ((uint64_t)s->records[q].group[0] == s->notice_id) continue;
+            DDP_LOG(DDP_LOG_DEBUG, "MPI transport, group '%s' (id %llx), rank %d: dropped rank "
+                    "%d's record of another group (id %llx) at seq %llu", s->name,
+                    (unsigned long long)s->notice_id, s->rank, q,
+                    (unsigned long long)s->records[q].group[0], (unsigned long long)c->seq);
+            rc = MPI_Irecv(&s->records[q], (int)bytes, MPI_BYTE, q, EXCHANGE_TAG, s->comm, r);
+            stale++;
+        }
+        leave_mpi();
+        if (!stale) break;
+        if (rc != MPI_SUCCESS)
+            status = post_failed(s, rc, c, "MPI_Irecv (fingerprint exchange, again)");
+        else status = wait_requests(s, n, s->xreqs, c, "fingerprint exchange");
+    }
     if (status == DDP_OK) {
         memcpy(&s->records[s->rank], &s->fused_send, bytes);
         for (int q = 0; q < s->world; q++) s->last_seq[q] = (uint64_t)s->records[q].fp[0];
@@ -776,6 +806,8 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
         s->fused_send.fp[i] = f[i];
         s->fused_send.fp[FP_FIELDS + i] = ~f[i]; /* min of ~x is ~max of x */
     }
+    s->fused_send.group[0] = (int64_t)s->notice_id;
+    s->fused_send.group[1] = ~(int64_t)s->notice_id;
     ddp__fingerprint_t mine = fingerprint_from_fields(f);
     int inline_data = inline_allreduce(&mine);
     ddp_dtype_t rtype = reduce_dtype(c->dtype, c->op);
@@ -801,6 +833,18 @@ static ddp_status_t exchange_fingerprint(mpi_state_t *s, const ddp__collective_t
         for (int i = 0; i < FP_FIELDS; i++) {
             if (s->fused_recv.fp[i] != ~s->fused_recv.fp[FP_FIELDS + i])
                 return report_mismatch(s, c);
+        }
+        /* A contribution of another group (sent on an earlier communicator with this one's
+         * context id) cannot be told apart and dropped inside a collective: report it. */
+        if (s->fused_recv.group[0] != ~s->fused_recv.group[1]) {
+            char fp[256];
+            describe(c, fp, sizeof fp);
+            return break_state(
+                s, ddp__error(DDP_ERR_PROTOCOL,
+                              "MPI transport, group '%s', rank %d: the fingerprint exchange of "
+                              "%s combined a record of another group (a message sent on an "
+                              "earlier communicator that MPI gave the same context id)",
+                              s->name, s->rank, fp));
         }
     }
     *done = 0;
@@ -1072,6 +1116,17 @@ static uint32_t name_hash(const char *name)
     return h;
 }
 
+/* The tag MPI_Comm_create_group uses for its own messages on the parent communicator, from the
+ * group's name, in 0..32767 (MPI_TAG_UB is at least that) but never one of the transport's
+ * tags: a member that finished the creation may already send the parent's next fingerprint
+ * record (EXCHANGE_TAG) to a member still inside it, which must not take it for its own. */
+static int creation_tag(const char *name)
+{
+    int tag = (int)(name_hash(name) & 0x7fff);
+    if (tag == ABORT_TAG || tag == EXCHANGE_TAG) tag ^= 0x4000;
+    return tag;
+}
+
 /* Learns, through the store, which MPI_COMM_WORLD rank holds each group rank: map[r]. */
 static ddp_status_t exchange_world_ranks(ddp_store_t *store, const char *group_name, int rank,
                                          int world, int timeout_ms, int world_rank, int world_size,
@@ -1180,10 +1235,14 @@ static ddp_status_t adopt_comm(mpi_state_t *s, const char *group_name, int rank,
                                   ? wait_setup(&req, timeout_ms, "agreeing on the group's notice id")
                                   : ddp__mpi_error(rc, "MPI transport: MPI_Ibcast (notice id)");
         if (status != DDP_OK) {
-            enter_mpi();
-            MPI_Comm_free(&s->comm);
-            leave_mpi();
-            if (rc != MPI_SUCCESS) free(id);
+            /* After a timeout the broadcast may still arrive: keep the communicator, as destroy
+             * does for a failed group, so that its context id is not handed on with it. */
+            if (rc != MPI_SUCCESS) {
+                enter_mpi();
+                MPI_Comm_free(&s->comm);
+                leave_mpi();
+                free(id);
+            }
             return status;
         }
         s->notice_id = *id;
@@ -1293,8 +1352,7 @@ static ddp_status_t mpi_create(ddp_store_t *store, const char *group_name, int r
         MPI_Comm_group(MPI_COMM_WORLD, &world_group);
         int rc = MPI_Group_incl(world_group, world, map, &group);
         if (rc == MPI_SUCCESS) {
-            rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, (int)(name_hash(group_name) & 0x7fff),
-                                       &s->comm);
+            rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, creation_tag(group_name), &s->comm);
             MPI_Group_free(&group);
         }
         MPI_Group_free(&world_group);
@@ -1361,7 +1419,7 @@ ddp_status_t ddp__mpi_split(void *parent, const int *ranks, int nranks, const ch
     MPI_Comm_group(p->comm, &parent_group);
     int rc = MPI_Group_incl(parent_group, nranks, ranks, &group);
     if (rc == MPI_SUCCESS) {
-        rc = MPI_Comm_create_group(p->comm, group, (int)(name_hash(name) & 0x7fff), &s->comm);
+        rc = MPI_Comm_create_group(p->comm, group, creation_tag(name), &s->comm);
         MPI_Group_free(&group);
     }
     MPI_Group_free(&parent_group);
@@ -1438,12 +1496,32 @@ static void mpi_destroy(void *state)
             MPI_Request_free(&s->abort_sends[i]);
         }
     }
-    if (!pending && s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);
+    /* A state that failed or was aborted keeps its communicator for the rest of the process.
+     * Its peers may still send on it: a late rank's fingerprint record, the fragments of a data
+     * collective it entered, an abort notice. Open MPI (ob1) parks a message for a context id
+     * with no communicator and hands it to the next communicator created with that id, and it
+     * reuses the id of a freed communicator for the next one made over the same processes: a
+     * late rank's record of a destroyed group then completed the next group's exchange
+     * (test_mpi_agreement late, 3 ranks: ranks 0 and 1 returned DDP_OK and the late rank's
+     * data while it was still held elsewhere), and stray fragments could complete its data
+     * collectives. A kept communicator holds its context id, so the next group gets another
+     * one and the stray messages land here, where nothing receives them. A healthy state has
+     * received every message its peers sent on it (each exchange receives one record from
+     * every peer, and data collectives end in a commit round), so it frees its communicator;
+     * an abort notice that reaches a reused id is dropped by its group id (receive_notice),
+     * a record by its group id (exchange_p2p). */
+    int keep = s->broken || atomic_load(&s->aborted);
+    if (!pending && !keep && s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);
     leave_mpi();
     pthread_mutex_lock(&init_lock);
     live_states--;
     leaked_requests += pending;
+    if (keep && !pending) kept_comms++;
+    int kept = kept_comms;
     pthread_mutex_unlock(&init_lock);
+    if (keep && !pending)
+        DDP_LOG(DDP_LOG_DEBUG, "MPI transport, group '%s': keeping its communicator after a "
+                "failure (%d kept in this process)", s->name, kept);
     if (pending) {
         /* MPI may still write into the state's fingerprint buffers: leave them allocated. */
         return;
