@@ -2,10 +2,12 @@
  * trainer): embeddings, blocks of layer norm, causal self-attention, residual, layer norm, GELU
  * MLP, residual, then a final layer norm and the LM head tied to the token embedding. Matrix
  * products go through cblas_sgemm; attention, norms and GELU are plain loops. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cblas.h>
 
@@ -163,6 +165,26 @@ void gpt_destroy(gpt_t *m)
     free(m->dacts);
     memset(m, 0, sizeof *m);
 }
+
+const char *const gpt_phase_names[GPT_NPHASES] = {
+    "matmul forward", "matmul backward", "attention forward", "attention backward",
+    "layernorm", "gelu", "softmax + loss", "embeddings, residuals"};
+
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Runs the statement (variadic: it may hold commas), adding its time to phase when the model is profiled (one clock read each side;
+ * off, it costs a branch). */
+#define TIMED(m, phase, ...)                                                                      \
+    do {                                                                                          \
+        double t0_ = (m)->profile ? seconds_now() : 0;                                            \
+        __VA_ARGS__;                                                                              \
+        if ((m)->profile) (m)->phase_seconds[phase] += seconds_now() - t0_;                       \
+    } while (0)
 
 /* ---- kernels ---------------------------------------------------------------------------------- */
 
@@ -340,38 +362,48 @@ double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, si
     /* activations are laid out for (max_batch, context); a smaller B, T uses their starts */
     float *x = encoded(m);
     const float *wte = P(m, GPT_WTE), *wpe = P(m, GPT_WPE);
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            float *o = x + (b * T + t) * C;
-            const float *te = wte + (size_t)tokens[b * T + t] * C, *pe = wpe + t * C;
-            for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
-        }
+    TIMED(m, GPT_PHASE_ELEMENTWISE,
+          for (size_t b = 0; b < B; b++)
+              for (size_t t = 0; t < T; t++) {
+                  float *o = x + (b * T + t) * C;
+                  const float *te = wte + (size_t)tokens[b * T + t] * C, *pe = wpe + t * C;
+                  for (size_t c = 0; c < C; c++) o[c] = te[c] + pe[c];
+              });
     const float *res = x;
     for (size_t l = 0; l < L; l++) {
         layer_acts_t a = layer_acts(m, l);
-        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, res, P(m, GPT_T(l, GPT_LN1W)),
-                          P(m, GPT_T(l, GPT_LN1B)), N, C);
-        matmul_forward(a.qkv, a.ln1, P(m, GPT_T(l, GPT_QKVW)), P(m, GPT_T(l, GPT_QKVB)), N, C,
-                       3 * C);
-        attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-        matmul_forward(a.res2, a.atty, P(m, GPT_T(l, GPT_ATTPROJW)), P(m, GPT_T(l, GPT_ATTPROJB)),
-                       N, C, C);
-        for (size_t i = 0; i < N * C; i++) a.res2[i] += res[i];
-        layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(m, GPT_T(l, GPT_LN2W)),
-                          P(m, GPT_T(l, GPT_LN2B)), N, C);
-        matmul_forward(a.fch, a.ln2, P(m, GPT_T(l, GPT_FCW)), P(m, GPT_T(l, GPT_FCB)), N, C,
-                       4 * C);
-        gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-        matmul_forward(a.res3, a.fch_gelu, P(m, GPT_T(l, GPT_FCPROJW)),
-                       P(m, GPT_T(l, GPT_FCPROJB)), N, 4 * C, C);
-        for (size_t i = 0; i < N * C; i++) a.res3[i] += a.res2[i];
+        TIMED(m, GPT_PHASE_LAYERNORM,
+              layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, res, P(m, GPT_T(l, GPT_LN1W)),
+                                P(m, GPT_T(l, GPT_LN1B)), N, C));
+        TIMED(m, GPT_PHASE_MATMUL_FWD,
+              matmul_forward(a.qkv, a.ln1, P(m, GPT_T(l, GPT_QKVW)), P(m, GPT_T(l, GPT_QKVB)),
+                             N, C, 3 * C));
+        TIMED(m, GPT_PHASE_ATTN_FWD, attention_forward(a.atty, a.att, a.qkv, B, T, C, NH));
+        TIMED(m, GPT_PHASE_MATMUL_FWD,
+              matmul_forward(a.res2, a.atty, P(m, GPT_T(l, GPT_ATTPROJW)),
+                             P(m, GPT_T(l, GPT_ATTPROJB)), N, C, C));
+        TIMED(m, GPT_PHASE_ELEMENTWISE, for (size_t i = 0; i < N * C; i++) a.res2[i] += res[i]);
+        TIMED(m, GPT_PHASE_LAYERNORM,
+              layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, P(m, GPT_T(l, GPT_LN2W)),
+                                P(m, GPT_T(l, GPT_LN2B)), N, C));
+        TIMED(m, GPT_PHASE_MATMUL_FWD,
+              matmul_forward(a.fch, a.ln2, P(m, GPT_T(l, GPT_FCW)), P(m, GPT_T(l, GPT_FCB)), N,
+                             C, 4 * C));
+        TIMED(m, GPT_PHASE_GELU, gelu_forward(a.fch_gelu, a.fch, N * 4 * C));
+        TIMED(m, GPT_PHASE_MATMUL_FWD,
+              matmul_forward(a.res3, a.fch_gelu, P(m, GPT_T(l, GPT_FCPROJW)),
+                             P(m, GPT_T(l, GPT_FCPROJB)), N, 4 * C, C));
+        TIMED(m, GPT_PHASE_ELEMENTWISE,
+              for (size_t i = 0; i < N * C; i++) a.res3[i] += a.res2[i]);
         res = a.res3;
     }
-    layernorm_forward(lnf_out(m), lnf_mean(m), lnf_rstd(m), res, P(m, GPT_LNFW(m)),
-                      P(m, GPT_LNFB(m)), N, C);
+    TIMED(m, GPT_PHASE_LAYERNORM,
+          layernorm_forward(lnf_out(m), lnf_mean(m), lnf_rstd(m), res, P(m, GPT_LNFW(m)),
+                            P(m, GPT_LNFB(m)), N, C));
     float *logits = logits_buf(m);
-    matmul_forward(logits, lnf_out(m), wte, NULL, N, C, V);
+    TIMED(m, GPT_PHASE_MATMUL_FWD, matmul_forward(logits, lnf_out(m), wte, NULL, N, C, V));
     if (!targets) return NAN;
+    double t_loss = m->profile ? seconds_now() : 0;
     double loss = 0;
     for (size_t i = 0; i < N; i++) {
         const float *z = logits + i * V;
@@ -382,6 +414,7 @@ double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, si
         for (size_t v = 0; v < V; v++) sum += exp((double)(z[v] - maxv));
         loss += log(sum) + maxv - z[targets[i]];
     }
+    if (m->profile) m->phase_seconds[GPT_PHASE_SOFTMAX_LOSS] += seconds_now() - t_loss;
     return loss / (double)N;
 }
 
@@ -422,6 +455,7 @@ int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_rea
     /* softmax cross-entropy: dlogits = (p - onehot) * scale / N */
     const float *logits = logits_buf(m);
     float coef = scale / (float)N;
+    double t_loss = m->profile ? seconds_now() : 0;
     for (size_t i = 0; i < N; i++) {
         const float *z = logits + i * V;
         float *dz = dlogits + i * V;
@@ -434,12 +468,15 @@ int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_rea
             dz[v] = (float)(exp((double)(z[v] - maxv)) / sum) * coef;
         dz[m->targets[i]] -= coef;
     }
+    if (m->profile) m->phase_seconds[GPT_PHASE_SOFTMAX_LOSS] += seconds_now() - t_loss;
     memset(dln, 0, N * C * sizeof(float));
-    matmul_backward(dln, G(GPT_WTE), NULL, dlogits, lnf_out(m), P(m, GPT_WTE), N, C, V);
+    TIMED(m, GPT_PHASE_MATMUL_BWD,
+          matmul_backward(dln, G(GPT_WTE), NULL, dlogits, lnf_out(m), P(m, GPT_WTE), N, C, V));
     const float *res_last = L ? layer_acts(m, L - 1).res3 : encoded(m);
     memset(dres, 0, N * C * sizeof(float));
-    layernorm_backward(dres, G(GPT_LNFW(m)), G(GPT_LNFB(m)), dln, res_last, P(m, GPT_LNFW(m)),
-                       lnf_mean(m), lnf_rstd(m), N, C);
+    TIMED(m, GPT_PHASE_LAYERNORM,
+          layernorm_backward(dres, G(GPT_LNFW(m)), G(GPT_LNFB(m)), dln, res_last,
+                             P(m, GPT_LNFW(m)), lnf_mean(m), lnf_rstd(m), N, C));
     int rc;
     if (ready && (rc = ready(ctx, GPT_LNFW(m), 2))) return rc;
     for (size_t l = L; l-- > 0;) {
@@ -447,48 +484,56 @@ int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_rea
         const float *res_in = l ? layer_acts(m, l - 1).res3 : encoded(m);
         /* MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))) */
         memset(dfch_gelu, 0, N * 4 * C * sizeof(float));
-        if ((rc = matmul_backward_tiled(dfch_gelu, G(GPT_T(l, GPT_FCPROJW)),
-                                        G(GPT_T(l, GPT_FCPROJB)), dres, a.fch_gelu,
-                                        P(m, GPT_T(l, GPT_FCPROJW)), N, 4 * C, C,
-                                        GPT_T(l, GPT_FCPROJW), rows, ctx)))
-            return rc;
-        gelu_backward(dfch, a.fch, dfch_gelu, N * 4 * C);
+        TIMED(m, GPT_PHASE_MATMUL_BWD,
+              rc = matmul_backward_tiled(dfch_gelu, G(GPT_T(l, GPT_FCPROJW)),
+                                         G(GPT_T(l, GPT_FCPROJB)), dres, a.fch_gelu,
+                                         P(m, GPT_T(l, GPT_FCPROJW)), N, 4 * C, C,
+                                         GPT_T(l, GPT_FCPROJW), rows, ctx));
+        if (rc) return rc;
+        TIMED(m, GPT_PHASE_GELU, gelu_backward(dfch, a.fch, dfch_gelu, N * 4 * C));
         memset(dln, 0, N * C * sizeof(float));
-        if ((rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_FCW)), G(GPT_T(l, GPT_FCB)), dfch,
-                                        a.ln2, P(m, GPT_T(l, GPT_FCW)), N, C, 4 * C,
-                                        GPT_T(l, GPT_FCW), rows, ctx)))
-            return rc;
-        layernorm_backward(dres, G(GPT_T(l, GPT_LN2W)), G(GPT_T(l, GPT_LN2B)), dln, a.res2,
-                           P(m, GPT_T(l, GPT_LN2W)), a.ln2_mean, a.ln2_rstd, N, C);
+        TIMED(m, GPT_PHASE_MATMUL_BWD,
+              rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_FCW)), G(GPT_T(l, GPT_FCB)), dfch,
+                                         a.ln2, P(m, GPT_T(l, GPT_FCW)), N, C, 4 * C,
+                                         GPT_T(l, GPT_FCW), rows, ctx));
+        if (rc) return rc;
+        TIMED(m, GPT_PHASE_LAYERNORM,
+              layernorm_backward(dres, G(GPT_T(l, GPT_LN2W)), G(GPT_T(l, GPT_LN2B)), dln, a.res2,
+                                 P(m, GPT_T(l, GPT_LN2W)), a.ln2_mean, a.ln2_rstd, N, C));
         /* attention: res2 = res + proj(attn(qkv(ln1(res)))) */
         memset(datty, 0, N * C * sizeof(float));
-        if ((rc = matmul_backward_tiled(datty, G(GPT_T(l, GPT_ATTPROJW)),
-                                        G(GPT_T(l, GPT_ATTPROJB)), dres, a.atty,
-                                        P(m, GPT_T(l, GPT_ATTPROJW)), N, C, C,
-                                        GPT_T(l, GPT_ATTPROJW), rows, ctx)))
-            return rc;
+        TIMED(m, GPT_PHASE_MATMUL_BWD,
+              rc = matmul_backward_tiled(datty, G(GPT_T(l, GPT_ATTPROJW)),
+                                         G(GPT_T(l, GPT_ATTPROJB)), dres, a.atty,
+                                         P(m, GPT_T(l, GPT_ATTPROJW)), N, C, C,
+                                         GPT_T(l, GPT_ATTPROJW), rows, ctx));
+        if (rc) return rc;
         memset(dqkv, 0, N * 3 * C * sizeof(float));
-        attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
+        TIMED(m, GPT_PHASE_ATTN_BWD,
+              attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH));
         memset(dln, 0, N * C * sizeof(float));
-        if ((rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_QKVW)), G(GPT_T(l, GPT_QKVB)), dqkv,
-                                        a.ln1, P(m, GPT_T(l, GPT_QKVW)), N, C, 3 * C,
-                                        GPT_T(l, GPT_QKVW), rows, ctx)))
-            return rc;
-        layernorm_backward(dres, G(GPT_T(l, GPT_LN1W)), G(GPT_T(l, GPT_LN1B)), dln, res_in,
-                           P(m, GPT_T(l, GPT_LN1W)), a.ln1_mean, a.ln1_rstd, N, C);
+        TIMED(m, GPT_PHASE_MATMUL_BWD,
+              rc = matmul_backward_tiled(dln, G(GPT_T(l, GPT_QKVW)), G(GPT_T(l, GPT_QKVB)), dqkv,
+                                         a.ln1, P(m, GPT_T(l, GPT_QKVW)), N, C, 3 * C,
+                                         GPT_T(l, GPT_QKVW), rows, ctx));
+        if (rc) return rc;
+        TIMED(m, GPT_PHASE_LAYERNORM,
+              layernorm_backward(dres, G(GPT_T(l, GPT_LN1W)), G(GPT_T(l, GPT_LN1B)), dln, res_in,
+                                 P(m, GPT_T(l, GPT_LN1W)), a.ln1_mean, a.ln1_rstd, N, C));
         if (ready && (rc = ready(ctx, GPT_T(l, 0), GPT_LAYER_TENSORS))) return rc;
     }
     /* embeddings: dres is the gradient of every token's (wte[token] + wpe[t]) */
     float *dwte = G(GPT_WTE), *dwpe = G(GPT_WPE);
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            const float *g = dres + (b * T + t) * C;
-            float *te = dwte + (size_t)tokens[b * T + t] * C, *pe = dwpe + t * C;
-            for (size_t c = 0; c < C; c++) {
-                te[c] += g[c];
-                pe[c] += g[c];
-            }
-        }
+    TIMED(m, GPT_PHASE_ELEMENTWISE,
+          for (size_t b = 0; b < B; b++)
+              for (size_t t = 0; t < T; t++) {
+                  const float *g = dres + (b * T + t) * C;
+                  float *te = dwte + (size_t)tokens[b * T + t] * C, *pe = dwpe + t * C;
+                  for (size_t c = 0; c < C; c++) {
+                      te[c] += g[c];
+                      pe[c] += g[c];
+                  }
+              });
     if (ready && (rc = ready(ctx, GPT_WTE, 2))) return rc;
 #undef G
     return 0;
