@@ -258,80 +258,9 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
             for (size_t o = 0; o < OC; o++) dbias[o] += dout[i * OC + o];
 }
 
-/* Causal multi-head attention over qkv (N x 3C: q | k | v, heads side by side in each). att
- * keeps the softmax (B, NH, T, T) for backward. */
-static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
-                              size_t C, size_t NH)
-{
-    size_t hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++)
-            for (size_t h = 0; h < NH; h++) {
-                const float *q = qkv + (b * T + t) * C3 + h * hs;
-                float *a = att + ((b * NH + h) * T + t) * T;
-                float maxv = -INFINITY;
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    const float *k = qkv + (b * T + t2) * C3 + C + h * hs;
-                    float dot = 0;
-                    for (size_t i = 0; i < hs; i++) dot += q[i] * k[i];
-                    a[t2] = dot * scale;
-                    if (a[t2] > maxv) maxv = a[t2];
-                }
-                float sum = 0;
-                for (size_t t2 = 0; t2 <= t; t2++) sum += (a[t2] = expf(a[t2] - maxv));
-                float inv = 1.0f / sum;
-                for (size_t t2 = 0; t2 < T; t2++) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
-                float *o = out + (b * T + t) * C + h * hs;
-                memset(o, 0, hs * sizeof(float));
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
-                    for (size_t i = 0; i < hs; i++) o[i] += a[t2] * v[i];
-                }
-            }
-}
-
-/* dqkv (zeroed by the caller) from dout; datt is scratch of T floats. */
-static void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                               const float *att, size_t B, size_t T, size_t C, size_t NH)
-{
-    size_t hs = C / NH, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++)
-            for (size_t h = 0; h < NH; h++) {
-                const float *a = att + ((b * NH + h) * T + t) * T;
-                const float *g = dout + (b * T + t) * C + h * hs;
-                const float *q = qkv + (b * T + t) * C3 + h * hs;
-                float *dq = dqkv + (b * T + t) * C3 + h * hs;
-                float dsum = 0;
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
-                    float *dv = dqkv + (b * T + t2) * C3 + 2 * C + h * hs;
-                    float d = 0;
-                    for (size_t i = 0; i < hs; i++) {
-                        d += g[i] * v[i];
-                        dv[i] += a[t2] * g[i];
-                    }
-                    datt[t2] = d;
-                    dsum += a[t2] * d;
-                }
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    float dpre = a[t2] * (datt[t2] - dsum) * scale;
-                    const float *k = qkv + (b * T + t2) * C3 + C + h * hs;
-                    float *dk = dqkv + (b * T + t2) * C3 + C + h * hs;
-                    for (size_t i = 0; i < hs; i++) {
-                        dq[i] += dpre * k[i];
-                        dk[i] += dpre * q[i];
-                    }
-                }
-            }
-}
-
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-
 /* e^x in a form the compiler vectorises (no call, no branch; libm's tanhf/expf are calls, one
- * element at a time, and GELU's tanh was 40% of a step at the default size: --profile). x is
+ * element at a time, and GELU's tanh was 40% of a step at the default size: --profile). Used by
+ * GELU and the attention softmax. x is
  * clamped to [-87, 87]; x = n ln2 + r with |r| <= ln2/2 (Cody-Waite: ln2 in two parts, so n ln2
  * is exact), e^r by Cephes' expf polynomial (relative error about 1e-7), 2^n built in the
  * exponent bits. */
@@ -363,6 +292,84 @@ static inline float tanh_vec(float u)
     return 1.0f - 2.0f / (exp_vec(2.0f * u) + 1.0f);
 }
 
+/* Causal multi-head attention over qkv (N x 3C: q | k | v, heads side by side in each). att
+ * keeps the softmax (B, NH, T, T) for backward, zero above the diagonal. Per sequence and head,
+ * the two products (q k^T and att v) are GEMMs on strided views of qkv: the full T x T scores
+ * cost twice the causal half's arithmetic, but one BLAS call runs it at several times the speed
+ * of the scalar loops this replaced (attention was 12% of a step at the default size). */
+static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
+                              size_t C, size_t NH)
+{
+    size_t hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < NH; h++) {
+            const float *q = qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+            float *a = att + (b * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, scale,
+                        q, (int)C3, k, (int)C3, 0.0f, a, (int)T);
+            for (size_t t = 0; t < T; t++) {
+                float *row = a + t * T;
+                float maxv = -INFINITY;
+                for (size_t t2 = 0; t2 <= t; t2++)
+                    if (row[t2] > maxv) maxv = row[t2];
+                float sum = 0;
+                for (size_t t2 = 0; t2 <= t; t2++) sum += (row[t2] = exp_vec(row[t2] - maxv));
+                float inv = 1.0f / sum;
+                for (size_t t2 = 0; t2 < T; t2++) row[t2] = t2 <= t ? row[t2] * inv : 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f,
+                        a, (int)T, v, (int)C3, 0.0f, out + b * T * C + h * hs, (int)C);
+        }
+}
+
+/* dqkv (zeroed by the caller) from dout; datt is scratch of T*T floats. With P the softmax and
+ * dP = dout v^T: dv = P^T dout, dS = P * (dP - rowsum(P * dP)) * scale, dq = dS k, dk = dS^T q
+ * (P is zero above the diagonal, so dS is too and the causal mask needs no other care). */
+static void attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                               const float *att, size_t B, size_t T, size_t C, size_t NH)
+{
+    size_t hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < NH; h++) {
+            const float *q = qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + (b * NH + h) * T * T, *g = dout + b * T * C + h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)hs, 1.0f,
+                        g, (int)C, v, (int)C3, 0.0f, datt, (int)T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f,
+                        a, (int)T, g, (int)C, 1.0f, dv, (int)C3);
+            for (size_t t = 0; t < T; t++) {
+                const float *p = a + t * T;
+                float *d = datt + t * T, dsum = 0;
+                for (size_t t2 = 0; t2 <= t; t2++) dsum += p[t2] * d[t2];
+                for (size_t t2 = 0; t2 < T; t2++)
+                    d[t2] = t2 <= t ? p[t2] * (d[t2] - dsum) * scale : 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f,
+                        datt, (int)T, k, (int)C3, 1.0f, dq, (int)C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)hs, (int)T, 1.0f,
+                        datt, (int)T, q, (int)C3, 1.0f, dk, (int)C3);
+        }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+/* GELU's loops are the model's largest work outside BLAS; on x86-64 they are compiled twice,
+ * for AVX2 and for the baseline, and the loader picks the one the CPU runs (GCC's function
+ * multiversioning: an ifunc). Elementwise and without FMA contraction, so both give the same
+ * bits. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define GPT_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef GPT_VECTOR_CLONES
+#define GPT_VECTOR_CLONES
+#endif
+
+GPT_VECTOR_CLONES
 static void gelu_forward(float *out, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -371,6 +378,7 @@ static void gelu_forward(float *out, const float *x, size_t n)
     }
 }
 
+GPT_VECTOR_CLONES
 static void gelu_backward(float *dx, const float *x, const float *dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
