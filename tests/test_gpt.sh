@@ -26,7 +26,8 @@
 #               and first timed steps are synchronised (losses equal a plain run's); refused
 #               with --zero 1 and with --checkpoint
 #   progress    under a pseudo-terminal (script(1)) rank 0 draws a \r progress bar (step,
-#               loss, tokens/s, ETA), also under ddprun -n 2 and never from rank 1; into a
+#               loss, tokens/s, ETA), also under ddprun -n 2 and never from rank 1 (not even
+#               with --no-prefix, when every rank has the terminal); into a
 #               pipe, and with --no-progress, not one \r
 # A tiny model (2 layers, 32 channels, context 16) keeps each case a few seconds.
 set -u
@@ -260,12 +261,17 @@ progress)
     # into a pipe: not one \r, so logs stay line-oriented
     "$GPT" $P | cat >"$WORK/pipe"
     grep -q '^gpt: 20 steps in' "$WORK/pipe" || fail "no summary into a pipe"
-    ! grep -q "$(printf '\r')" "$WORK/pipe" || fail "a \\r in output to a pipe"
+    ! grep -q "$(printf '\r')" "$WORK/pipe" || fail "a carriage return in the output to a pipe"
     # under ddprun: rank 0 has the terminal and draws; rank 1 never does
     script -qec "$DDPRUN -n 2 $GPT $P --batch 12" /dev/null >"$WORK/tty3" 2>&1 || fail "ddprun under script(1): exit $?"
     tr '\r' '\n' <"$WORK/tty3" >"$WORK/tty3.lines"
     grep -q '^\[#*\.*\] step 20/20 ' "$WORK/tty3.lines" || fail "no bar from rank 0 under ddprun"
     ! grep -q '^\[1\] \[[#.]' "$WORK/tty3.lines" || fail "rank 1 drew a bar"
+    # --no-prefix: every rank writes to the terminal itself; still one bar (rank 0's)
+    script -qec "$DDPRUN --no-prefix -n 2 $GPT $P --batch 12" /dev/null >"$WORK/tty4" 2>&1 ||
+        fail "ddprun --no-prefix under script(1): exit $?"
+    c=$(tr '\r' '\n' <"$WORK/tty4" | grep -c '^\[#*\.*\] step 20/20 ')
+    [ "$c" = 1 ] || fail "ddprun --no-prefix: $c final bars (rank 0's alone expected)"
     ;;
 *)
     echo "unknown case $CASE" >&2
