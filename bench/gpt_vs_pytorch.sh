@@ -32,6 +32,7 @@ CONTEXT=${CONTEXT:-64}
 BATCH=${BATCH:-16}
 BUCKET_MB=${BUCKET_MB:-1}
 PY=/usr/bin/python3
+case $BUILD in /*) BUILD_ABS=$BUILD ;; *) BUILD_ABS=$PWD/$BUILD ;; esac
 for f in "$BUILD/gpt" "$BUILD/ddprun"; do
     [ -x "$f" ] || { echo "bench: $f missing: build first (make)" >&2; exit 1; }
 done
@@ -79,7 +80,7 @@ run() {
             --eval-every 0 --eval-batches 1 --samples 0 --no-progress >"$tmp/out" 2>"$tmp/err"
         line=$(sed -n 's/^\[0\] {/{/p' "$tmp/out" | tail -1) ;;
     pytorch+*)
-        PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} LIBDDP_BUILD_DIR=$PWD/$BUILD \
+        PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} LIBDDP_BUILD_DIR=$BUILD_ABS \
             $PY bench/gpt_pytorch.py --backend "${name#pytorch+}" --world "$n" $model \
             --steps "$STEPS" --warmup "$WARMUP" --bucket-mb "$BUCKET_MB" >"$tmp/out" 2>"$tmp/err"
         line=$(grep '^{' "$tmp/out" | tail -1) ;;

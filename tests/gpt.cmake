@@ -26,4 +26,10 @@ if(TARGET gpt AND TARGET ddprun)
     set_tests_properties(test_gpt.${case} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
       ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   endforeach()
+  # bench/gpt_vs_pytorch.sh end to end on a tiny model: 6 runs, 4 of them PyTorch (spawned ranks)
+  add_test(NAME test_gpt.compare
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh compare $<TARGET_FILE:gpt>
+            $<TARGET_FILE:ddprun>)
+  set_tests_properties(test_gpt.compare PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS python
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
 endif()

@@ -25,6 +25,9 @@
 #               the first no_sync step's loss is rank 0's own, not the average); the warm-up
 #               and first timed steps are synchronised (losses equal a plain run's); refused
 #               with --zero 1 and with --checkpoint
+#   compare     bench/gpt_vs_pytorch.sh on a tiny model (1 repeat, 2 timed steps): its table has
+#               a row per implementation and world size with numbers, and the targets' ratios;
+#               without torch only build/gpt's rows (the script says why)
 #   progress    under a pseudo-terminal (script(1)) rank 0 draws a \r progress bar (step,
 #               loss, tokens/s, ETA), also under ddprun -n 2 and never from rank 1 (not even
 #               with --no-prefix, when every rank has the terminal); into a
@@ -242,6 +245,33 @@ PY
     "$GPT" $TINY $B --checkpoint "$WORK/ck" >"$WORK/out" 2>"$WORK/err"
     [ $? != 0 ] && grep -q -- "--bench-nosync: .*not with --checkpoint" "$WORK/err" ||
         fail "--bench-nosync with --checkpoint was not refused by name"
+    ;;
+compare)
+    SRC=$(cd "$(dirname "$0")/.." && pwd)
+    BUILD=$(cd "$(dirname "$GPT")" && pwd)
+    REPS=1 STEPS=2 WARMUP=1 LAYERS=1 HEADS=2 CHANNELS=32 CONTEXT=16 BATCH=4 \
+        sh "$SRC/bench/gpt_vs_pytorch.sh" "$BUILD" >"$WORK/cmp" 2>"$WORK/cmp.err" ||
+        fail "gpt_vs_pytorch.sh: exit $?: $(cat "$WORK/cmp.err")"
+    impls="gpt"
+    if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+        impls="gpt pytorch+gloo"
+        [ -f "$BUILD/python/libddp/_ddp_torch.so" ] && impls="$impls pytorch+ddp"
+    fi
+    for impl in $impls; do
+        for n in 1 2; do
+            # | impl | n | tokens/s [range] | step ms [range] | exposed [range] | wait | RSS per rank |
+            grep -q "^| $impl | $n | [0-9][0-9]* \[[0-9-]*\] | [0-9.]* \[[0-9.-]*\] | -*[0-9.]* \[" "$WORK/cmp" ||
+                fail "gpt_vs_pytorch.sh: no row for $impl on $n rank(s): $(cat "$WORK/cmp" "$WORK/cmp.err")"
+        done
+    done
+    grep -q '^- gpt 2 ranks / 1 rank tokens/s: [0-9.]*x' "$WORK/cmp" || fail "gpt_vs_pytorch.sh: no scaling ratio"
+    case $impls in
+    *gloo*)
+        grep -q '^- gpt / pytorch+gloo tokens/s, 1 rank: [0-9.]*x' "$WORK/cmp" &&
+            grep -q '^- pytorch+gloo exposed comm / gpt exposed comm, 2 ranks: [0-9.]*x' "$WORK/cmp" ||
+            fail "gpt_vs_pytorch.sh: no ratios against PyTorch" ;;
+    esac
+    ! grep -q "failed" "$WORK/cmp.err" || fail "gpt_vs_pytorch.sh: a run failed: $(cat "$WORK/cmp.err")"
     ;;
 progress)
     if ! command -v script >/dev/null; then
