@@ -406,8 +406,17 @@ static void attention_backward(float *dqkv, float *datt, const float *dout, cons
 /* GELU's loops are the model's largest work outside BLAS; on x86-64 they are compiled twice,
  * for AVX2 and for the baseline, and the loader picks the one the CPU runs (GCC's function
  * multiversioning: an ifunc). Elementwise and without FMA contraction, so both give the same
- * bits. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+ * bits. Not under a sanitizer: the ifunc resolver runs while the loader relocates, before the
+ * sanitizer's runtime is set up, and a TSan build crashed there (tried). */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define GPT_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define GPT_SANITIZED 1
+#endif
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute) && !defined(GPT_SANITIZED)
 #if __has_attribute(target_clones)
 #define GPT_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
