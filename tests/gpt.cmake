@@ -19,11 +19,22 @@ if(TARGET gpt_model)
 endif()
 
 if(TARGET gpt AND TARGET ddprun)
-  foreach(case worlds accumulate resume blocks errors)
+  foreach(case worlds accumulate resume blocks errors bench progress)
     add_test(NAME test_gpt.${case}
       COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh ${case} $<TARGET_FILE:gpt>
               $<TARGET_FILE:ddprun>)
     set_tests_properties(test_gpt.${case} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
       ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   endforeach()
+  # bench/gpt_vs_pytorch.sh end to end on a tiny model: 6 runs, 4 of them PyTorch (spawned ranks).
+  # Not in sanitized builds: it checks the script's plumbing, and the torch backend would load a
+  # sanitized libddp into an interpreter without the sanitizer's runtime (tests/python.cmake
+  # preloads it for the tests that are about the backend).
+  if(NOT DDP_SANITIZE AND NOT DDP_TSAN)
+    add_test(NAME test_gpt.compare
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh compare $<TARGET_FILE:gpt>
+              $<TARGET_FILE:ddprun>)
+    set_tests_properties(test_gpt.compare PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+      LABELS python ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  endif()
 endif()

@@ -18,6 +18,20 @@
 #               ranks, with --accumulate 2 and --zero 1 too; --grad-blocks 3 is refused
 #   errors      missing data names the `fortunes` package; a batch not divisible by the world
 #               size and channels not divisible by heads are refused, naming the option
+#   bench       --bench-nosync --json --profile on 2 ranks (bench/gpt_vs_pytorch.sh's run): the
+#               JSON line parses, counts the synchronised steps, its tokens/s is the global
+#               tokens over the median step, a peak RSS per rank, every phase timed; the no_sync
+#               steps really skip communication (the ranks end with different parameters, and
+#               the first no_sync step's loss is rank 0's own, not the average); the warm-up
+#               and first timed steps are synchronised (losses equal a plain run's); refused
+#               with --zero 1 and with --checkpoint
+#   compare     bench/gpt_vs_pytorch.sh on a tiny model (1 repeat, 2 timed steps): its table has
+#               a row per implementation and world size with numbers, and the targets' ratios;
+#               without torch only build/gpt's rows (the script says why)
+#   progress    under a pseudo-terminal (script(1)) rank 0 draws a \r progress bar (step,
+#               loss, tokens/s, ETA), also under ddprun -n 2 and never from rank 1 (not even
+#               with --no-prefix, when every rank has the terminal); into a
+#               pipe, and with --no-progress, not one \r
 # A tiny model (2 layers, 32 channels, context 16) keeps each case a few seconds.
 set -u
 CASE=$1
@@ -185,6 +199,109 @@ errors)
     "$GPT" $TINY --channels 30 --heads 4 >"$WORK/out" 2>"$WORK/err"
     [ $? != 0 ] && grep -q -- "--channels 30 is not a multiple of --heads 4" "$WORK/err" ||
         fail "channels % heads was not refused by name"
+    ;;
+bench)
+    # 4 warm-up steps, then 8 synchronised and 8 no_sync steps alternating
+    B="--bench-warmup 4 --bench-nosync --json"
+    # shellcheck disable=SC2086
+    run 2 b $TINY --batch 12 $B --profile
+    [ "$RC" = 0 ] || fail "--bench-nosync --json --profile on 2 ranks: exit $RC"
+    grep '^{' "$WORK/b" | tail -1 >"$WORK/json"
+    python3 - "$WORK/json" <<'PY' || fail "the JSON line of --bench-nosync --json --profile is wrong"
+import json, sys
+r = json.loads(open(sys.argv[1]).read())
+bad = []
+def check(ok, what):
+    if not ok:
+        bad.append(what)
+check(r["world_size"] == 2 and r["timed_steps"] == 8, "world %s, timed_steps %s (8)" % (r["world_size"], r["timed_steps"]))
+check(r["step_ms_median"] > 0 and abs(r["tokens_per_sec"] - 12 * 16 * 1000.0 / r["step_ms_median"]) <= 0.01 * r["tokens_per_sec"],
+      "tokens_per_sec %s is not 12 x 16 tokens / %s ms" % (r["tokens_per_sec"], r["step_ms_median"]))
+check(r["nosync_step_ms_median"] > 0 and "nosync_exposed_ms" in r, "no no_sync median")
+check(len(r["peak_rss_mib"]) == 2 and all(1 < x < 100000 for x in r["peak_rss_mib"]), "peak RSS %s" % r["peak_rss_mib"])
+prof = r.get("profile_ms_per_step", {})
+check(len(prof) == 9 and all(v > 0 for v in prof.values()), "profile %s" % prof)
+for b in bad:
+    print("json:", b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+    # no_sync steps apply each rank's own gradients: the ranks' parameters part
+    [ "$(checksums b | wc -l)" = 2 ] || fail "--bench-nosync: the ranks end with the same parameters (no_sync steps communicated)"
+    # shellcheck disable=SC2086
+    run 2 plain $TINY --batch 12
+    losses plain | head -5 >"$WORK/a"
+    losses b | head -5 >"$WORK/b5"
+    cmp -s "$WORK/a" "$WORK/b5" || fail "--bench-nosync: the warm-up and first timed steps are not the plain run's"
+    [ "$(losses plain | sed -n 6p)" != "$(losses b | sed -n 6p)" ] ||
+        fail "--bench-nosync: the first no_sync step's loss is the global one (the loss was averaged)"
+    # shellcheck disable=SC2086
+    "$GPT" $TINY $B >"$WORK/one" 2>"$WORK/err" || fail "--bench-nosync on 1 rank: exit $?"
+    grep -q '"nosync_exposed_ms"' "$WORK/one" || fail "--bench-nosync on 1 rank: no no_sync figure"
+    # shellcheck disable=SC2086
+    run 2 z $TINY --batch 12 $B --zero 1
+    [ "$RC" != 0 ] && grep -q -- "--bench-nosync: not with --zero 1" "$WORK/err" ||
+        fail "--bench-nosync with --zero 1 was not refused by name"
+    # shellcheck disable=SC2086
+    "$GPT" $TINY $B --checkpoint "$WORK/ck" >"$WORK/out" 2>"$WORK/err"
+    [ $? != 0 ] && grep -q -- "--bench-nosync: .*not with --checkpoint" "$WORK/err" ||
+        fail "--bench-nosync with --checkpoint was not refused by name"
+    ;;
+compare)
+    SRC=$(cd "$(dirname "$0")/.." && pwd)
+    BUILD=$(cd "$(dirname "$GPT")" && pwd)
+    REPS=1 STEPS=2 WARMUP=1 LAYERS=1 HEADS=2 CHANNELS=32 CONTEXT=16 BATCH=4 \
+        sh "$SRC/bench/gpt_vs_pytorch.sh" "$BUILD" >"$WORK/cmp" 2>"$WORK/cmp.err" ||
+        fail "gpt_vs_pytorch.sh: exit $?: $(cat "$WORK/cmp.err")"
+    impls="gpt"
+    if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+        impls="gpt pytorch+gloo"
+        [ -f "$BUILD/python/libddp/_ddp_torch.so" ] && impls="$impls pytorch+ddp"
+    fi
+    for impl in $impls; do
+        for n in 1 2; do
+            # | impl | n | tokens/s [range] | step ms [range] | exposed [range] | wait | RSS per rank |
+            grep -q "^| $impl | $n | [0-9][0-9]* \[[0-9-]*\] | [0-9.]* \[[0-9.-]*\] | -*[0-9.]* \[" "$WORK/cmp" ||
+                fail "gpt_vs_pytorch.sh: no row for $impl on $n rank(s): $(cat "$WORK/cmp" "$WORK/cmp.err")"
+        done
+    done
+    grep -q '^- gpt 2 ranks / 1 rank tokens/s: [0-9.]*x' "$WORK/cmp" || fail "gpt_vs_pytorch.sh: no scaling ratio"
+    case $impls in
+    *gloo*)
+        grep -q '^- gpt / pytorch+gloo tokens/s, 1 rank: [0-9.]*x' "$WORK/cmp" &&
+            grep -q '^- pytorch+gloo exposed comm / gpt exposed comm, 2 ranks: [0-9.]*x' "$WORK/cmp" ||
+            fail "gpt_vs_pytorch.sh: no ratios against PyTorch" ;;
+    esac
+    ! grep -q "failed" "$WORK/cmp.err" || fail "gpt_vs_pytorch.sh: a run failed: $(cat "$WORK/cmp.err")"
+    ;;
+progress)
+    if ! command -v script >/dev/null; then
+        echo "SKIP: script(1) (util-linux/bsdutils) is needed for a pseudo-terminal" >&2
+        exit 77
+    fi
+    P="--layers 2 --heads 2 --channels 32 --context 16 --steps 20 --warmup 5 --eval-every 0 --eval-batches 2 --samples 0"
+    # in a pseudo-terminal: the bar, on one line redrawn with \r
+    script -qec "$GPT $P" /dev/null >"$WORK/tty" 2>&1 || fail "gpt under script(1): exit $?"
+    tr '\r' '\n' <"$WORK/tty" >"$WORK/tty.lines"
+    grep -q '^\[#*\.*\] step 20/20  loss [0-9.]*  [0-9]* tokens/s  ETA [0-9:]*' "$WORK/tty.lines" ||
+        fail "no progress bar on a terminal: $(head -c 600 "$WORK/tty")"
+    grep -q '^gpt: 20 steps in' "$WORK/tty.lines" || fail "the summary line is not at the start of a line after the bar"
+    script -qec "$GPT $P --no-progress" /dev/null >"$WORK/tty2" 2>&1
+    ! grep -q 'ETA' "$WORK/tty2" && ! tr -d '\n' <"$WORK/tty2" | grep -q "$(printf '\r')\[" ||
+        fail "--no-progress still draws the bar"
+    # into a pipe: not one \r, so logs stay line-oriented
+    "$GPT" $P | cat >"$WORK/pipe"
+    grep -q '^gpt: 20 steps in' "$WORK/pipe" || fail "no summary into a pipe"
+    ! grep -q "$(printf '\r')" "$WORK/pipe" || fail "a carriage return in the output to a pipe"
+    # under ddprun: rank 0 has the terminal and draws; rank 1 never does
+    script -qec "$DDPRUN -n 2 $GPT $P --batch 12" /dev/null >"$WORK/tty3" 2>&1 || fail "ddprun under script(1): exit $?"
+    tr '\r' '\n' <"$WORK/tty3" >"$WORK/tty3.lines"
+    grep -q '^\[#*\.*\] step 20/20 ' "$WORK/tty3.lines" || fail "no bar from rank 0 under ddprun"
+    ! grep -q '^\[1\] \[[#.]' "$WORK/tty3.lines" || fail "rank 1 drew a bar"
+    # --no-prefix: every rank writes to the terminal itself; still one bar (rank 0's)
+    script -qec "$DDPRUN --no-prefix -n 2 $GPT $P --batch 12" /dev/null >"$WORK/tty4" 2>&1 ||
+        fail "ddprun --no-prefix under script(1): exit $?"
+    c=$(tr '\r' '\n' <"$WORK/tty4" | grep -c '^\[#*\.*\] step 20/20 ')
+    [ "$c" = 1 ] || fail "ddprun --no-prefix: $c final bars (rank 0's alone expected)"
     ;;
 *)
     echo "unknown case $CASE" >&2

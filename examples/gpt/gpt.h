@@ -29,6 +29,15 @@ typedef struct gpt_tensor {
     size_t rows; /* matrix rows, 0 for a vector */
 } gpt_tensor_t;
 
+/* Phases of forward and backward timed when gpt_t.profile is set (--profile): where a step's
+ * compute goes, for the comparison with PyTorch (docs/gpt.md). */
+enum {
+    GPT_PHASE_MATMUL_FWD, GPT_PHASE_MATMUL_BWD, GPT_PHASE_ATTN_FWD, GPT_PHASE_ATTN_BWD,
+    GPT_PHASE_LAYERNORM, GPT_PHASE_GELU, GPT_PHASE_SOFTMAX_LOSS, GPT_PHASE_ELEMENTWISE,
+    GPT_NPHASES
+};
+extern const char *const gpt_phase_names[GPT_NPHASES];
+
 typedef struct gpt {
     gpt_config_t cfg;
     size_t ntensors; /* 2 + 12 * layers + 2 */
@@ -44,6 +53,8 @@ typedef struct gpt {
     /* set by forward */
     size_t B, T;
     const int *targets;
+    int profile;                    /* accumulate phase_seconds (a clock read per kernel call) */
+    double phase_seconds[GPT_NPHASES];
 } gpt_t;
 
 /* Tensor index of kind k in layer l; of wte, wpe, lnf w/b. */

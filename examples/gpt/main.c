@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <ddp/ddp.h>
@@ -46,6 +47,9 @@ typedef struct options {
     size_t batch, accumulate, steps, warmup, eval_every, eval_batches, samples, sample_len;
     double lr, min_lr_ratio, weight_decay, clip, val_fraction, bucket_mb;
     int zero, print_losses, bf16;
+    int bench_nosync; /* every other timed step without communication (no_sync) */
+    size_t bench_warmup; /* steps left out of the medians */
+    int json, profile, no_progress;
     size_t grad_blocks; /* 1: whole tensors to the Reducer; GPT_GRAD_TILES: row tiles too */
     double piece_kb;    /* the Reducer's piece size; < 0: 64 KiB with row tiles, else off */
     uint64_t seed;
@@ -92,7 +96,18 @@ static void usage(FILE *f)
             "  --stop-at N       stop after step N as if interrupted (for tests)\n"
             "  --trace FILE      Chrome trace per rank (FILE.rank<r>): compute spans of the first\n"
             "                    3 steps; the Reducer's bucket spans of every step (short runs)\n"
-            "  --print-losses    print every step's global loss (%%.9g) and a parameter checksum\n",
+            "  --print-losses    print every step's global loss (%%.9g) and a parameter checksum\n"
+            "  --no-progress     no progress bar (it is drawn only when stdout is a terminal, on\n"
+            "                    rank 0, and never mixed into redirected output)\n"
+            "  --json            print one final JSON line (rank 0): tokens/s, median step ms,\n"
+            "                    exposed communication, peak RSS of every rank, phase times\n"
+            "  --bench-nosync    timing only: after --bench-warmup steps, every other step runs\n"
+            "                    without communication (no_sync, the loss not averaged either):\n"
+            "                    exposed communication = synchronised - no_sync median step on\n"
+            "                    the slowest rank (the method bench/ uses for PyTorch DDP)\n"
+            "  --bench-warmup N  steps left out of the medians (5)\n"
+            "  --profile         time each phase of forward/backward (matmuls, attention,\n"
+            "                    layernorm, gelu, softmax+loss, elementwise) and the optimizer\n",
             prog);
 }
 
@@ -120,7 +135,7 @@ static void parse(int argc, char **argv, options_t *o)
                      .eval_every = 200, .eval_batches = 8, .samples = 3, .sample_len = 160,
                      .lr = 2e-3, .min_lr_ratio = 0.1, .weight_decay = 0.1, .clip = 1.0,
                      .val_fraction = 0.05, .bucket_mb = 1.0, .seed = 1, .grad_blocks = 1,
-                     .piece_kb = -1,
+                     .piece_kb = -1, .bench_warmup = 5,
                      .data = "/usr/share/games/fortunes"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -128,8 +143,14 @@ static void parse(int argc, char **argv, options_t *o)
             usage(stdout);
             exit(0);
         }
-        if (!strcmp(a, "--print-losses")) {
-            o->print_losses = 1;
+        int *flag = !strcmp(a, "--print-losses")  ? &o->print_losses
+                    : !strcmp(a, "--no-progress") ? &o->no_progress
+                    : !strcmp(a, "--json")        ? &o->json
+                    : !strcmp(a, "--bench-nosync") ? &o->bench_nosync
+                    : !strcmp(a, "--profile")     ? &o->profile
+                                                  : NULL;
+        if (flag) {
+            *flag = 1;
             continue;
         }
         if (i + 1 >= argc) fail("%s needs a value (--help lists the options)", a);
@@ -167,6 +188,7 @@ static void parse(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--save-every")) o->save_every = parse_size(a, v, 0);
         else if (!strcmp(a, "--stop-at")) o->stop_at = parse_size(a, v, 1);
+        else if (!strcmp(a, "--bench-warmup")) o->bench_warmup = parse_size(a, v, 0);
         else fail("unknown option %s (--help lists the options)", a);
     }
     if (o->resume && !strcmp(o->resume, "auto") && !o->checkpoint)
@@ -176,6 +198,13 @@ static void parse(int argc, char **argv, options_t *o)
         fail("--grad-blocks: %zu is not 1 or %d (the row tiles backward computes)",
              o->grad_blocks, GPT_GRAD_TILES);
     if (o->zero > 1) fail("--zero: %d is not supported (0 or 1)", o->zero);
+    /* ZeRO's step communicates (the updated shards are gathered), so its no_sync step would
+     * still wait for the other ranks and the difference would not be the Reducer's exposure */
+    if (o->bench_nosync && o->zero)
+        fail("--bench-nosync: not with --zero 1 (ZeRO's optimizer step communicates too)");
+    if (o->bench_nosync && (o->checkpoint || o->resume))
+        fail("--bench-nosync: no_sync steps leave the ranks' parameters apart: not with "
+             "--checkpoint or --resume");
     if (o->min_lr_ratio > 1) fail("--min-lr-ratio: %g is above 1", o->min_lr_ratio);
     if (o->model.channels % o->model.heads)
         fail("--channels %zu is not a multiple of --heads %zu", o->model.channels,
@@ -280,6 +309,8 @@ static double evaluate(trainer_t *t)
     size_t batches = o->eval_batches;
     if (batches * o->batch > nval) batches = nval / o->batch;
     double sum = 0;
+    int profile = t->model.profile;
+    t->model.profile = 0; /* the phase times are those of training steps */
     for (size_t k = 0; k < batches; k++) {
         for (size_t b = 0; b < t->local_batch; b++) {
             const uint8_t *w =
@@ -291,6 +322,7 @@ static double evaluate(trainer_t *t)
         }
         sum += gpt_forward(&t->model, t->tok, t->tgt, t->local_batch, T);
     }
+    t->model.profile = profile;
     check(ddp_group_allreduce(t->group, &sum, &sum, 1, DDP_F64, DDP_SUM), "allreduce val loss");
     return batches ? sum / (double)(batches * (size_t)t->world) : NAN;
 }
@@ -437,6 +469,74 @@ static uint64_t load_checkpoint(trainer_t *t, const char *path)
         check(ddp_optim_state_load(t->optim, state, h.state_bytes), "ddp_optim_state_load");
     free(state);
     return h.steps_done;
+}
+
+/* ---- progress bar and timing summary (rank 0) ---------------------------------------------- */
+
+static void format_eta(double seconds, char *out, size_t len)
+{
+    if (!(seconds >= 0) || seconds > 1e7) {
+        snprintf(out, len, "--:--");
+        return;
+    }
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(out, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(out, len, "%ld:%02ld", s / 60, s % 60);
+}
+
+#define BAR_WIDTH 30
+#define BAR_LINE 100 /* characters a bar line can take, cleared before other output */
+
+/* One terminal line redrawn in place: step, loss, tokens/s and ETA over this run so far. At
+ * most 10 redraws a second (a redraw per step would cost a write per step); the last step
+ * always draws. Only ever called when stdout is a terminal. */
+static void draw_progress(size_t step, size_t steps, size_t done, size_t left, double loss,
+                          double elapsed_s, double tokens_per_step, int force)
+{
+    static double last_draw = -1;
+    double now = ddp_time_us();
+    if (!force && last_draw >= 0 && now - last_draw < 100e3) return;
+    last_draw = now;
+    char bar[BAR_WIDTH + 1], eta[32];
+    size_t fill = steps ? step * BAR_WIDTH / steps : 0;
+    for (size_t i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+    bar[BAR_WIDTH] = '\0';
+    double per_step = done ? elapsed_s / (double)done : 0;
+    format_eta(done ? per_step * (double)left : -1, eta, sizeof eta);
+    printf("\r[%s] step %zu/%zu  loss %.4f  %.0f tokens/s  ETA %s ", bar, step, steps, loss,
+           per_step > 0 ? tokens_per_step / per_step : 0.0, eta);
+    fflush(stdout);
+}
+
+/* Erases the bar so that a log line starts at column 0 on a clean line. */
+static void clear_progress(void)
+{
+    printf("\r%*s\r", BAR_LINE, "");
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of n values (sorts them in place); 0 for none. The median, not the mean: a busy
+ * machine's stalls do not drag it (bench/pytorch_ddp.py reports the same for PyTorch). */
+static double median(double *v, size_t n)
+{
+    if (n == 0) return 0;
+    qsort(v, n, sizeof *v, compare_doubles);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Peak resident set of this process in MiB (Linux reports ru_maxrss in KiB). */
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_maxrss / 1024.0;
 }
 
 /* The file to resume from, or NULL to start fresh. */
@@ -619,8 +719,30 @@ int main(int argc, char **argv)
     double t_start = ddp_time_us(), loss = NAN, val_loss = NAN, exposed_sum = 0;
     uint64_t micro = (uint64_t)first_step * o->accumulate;
     size_t end_step = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    size_t run_steps = end_step > first_step ? end_step - first_step : 0, synced_steps = 0;
+    /* per timed step (after --bench-warmup): step ms, synchronised and no_sync apart, and the
+     * finalize wait of the synchronised ones */
+    double *sync_ms = calloc(run_steps + 1, sizeof(double));
+    double *nosync_ms = calloc(run_steps + 1, sizeof(double));
+    double *wait_ms = calloc(run_steps + 1, sizeof(double));
+    if (!sync_ms || !nosync_ms || !wait_ms) fail("out of memory");
+    size_t nsync = 0, nnosync = 0;
+    double optim_seconds = 0; /* --profile: the optimizer steps of the timed steps */
+    const int tty = t->rank == 0 && !o->no_progress && isatty(STDOUT_FILENO);
+    const double tokens_per_step = (double)o->accumulate * (double)o->batch * (double)T;
+    m->profile = o->profile;
     for (size_t step = first_step; step < end_step; step++) {
-        double s0 = ddp_time_us();
+        size_t run_step = step - first_step;
+        if (run_step == o->bench_warmup) { /* the profile covers the timed steps only */
+            memset(m->phase_seconds, 0, sizeof m->phase_seconds);
+            optim_seconds = 0;
+        }
+        /* --bench-nosync: odd timed steps skip every collective of the step (gradients and
+         * the loss), as PyTorch's model.no_sync() does, so that the synchronised - no_sync
+         * difference is the communication backward left exposed */
+        const int skip_comm = o->bench_nosync && run_step >= o->bench_warmup &&
+                              (run_step - o->bench_warmup) % 2 == 1;
+        double s0 = ddp_time_us(), step_wait_us = 0;
         double factor = ddp_lr_warmup_cosine(step, o->warmup, o->steps, 1.0, o->min_lr_ratio);
         if (t->zero)
             check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
@@ -630,7 +752,7 @@ int main(int argc, char **argv)
         t->tracing = t->trace && step - first_step < 3;
         for (size_t k = 0; k < o->accumulate; k++, micro++) {
             load_batch(t, micro);
-            check(ddp_reducer_set_sync(t->reducer, k + 1 == o->accumulate),
+            check(ddp_reducer_set_sync(t->reducer, !skip_comm && k + 1 == o->accumulate),
                   "ddp_reducer_set_sync");
             check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
             double f0 = ddp_time_us();
@@ -645,15 +767,24 @@ int main(int argc, char **argv)
             if (t->tracing) ddp_trace_span(t->trace, "finalize (wait)", "compute", 0, w0, ddp_time_us());
         }
         ddp_reducer_stats_t rs;
-        if (ddp_reducer_stats(t->reducer, &rs) == DDP_OK) exposed_sum += rs.exposed_us;
+        if (!skip_comm && ddp_reducer_stats(t->reducer, &rs) == DDP_OK) {
+            exposed_sum += rs.exposed_us;
+            step_wait_us = rs.exposed_us;
+        }
+        synced_steps += !skip_comm;
         double o0 = ddp_time_us();
         local /= (double)o->accumulate;
-        check(ddp_group_allreduce(t->group, &local, &local, 1, DDP_F64, DDP_SUM),
-              "allreduce loss");
-        loss = local / t->world;
+        if (skip_comm) { /* this rank's own loss: nothing leaves the process */
+            loss = local;
+        } else {
+            check(ddp_group_allreduce(t->group, &local, &local, 1, DDP_F64, DDP_SUM),
+                  "allreduce loss");
+            loss = local / t->world;
+        }
         double norm = NAN;
         if (o->bf16)
             for (size_t i = 0; i < m->nparams; i++) t->half_grads[i] = ddp_f32_to_bf16(t->grads[i]);
+        double os0 = ddp_time_us();
         if (t->zero) {
             check(ddp_zero_step(t->zero, optim_grads), "ddp_zero_step");
             if (o->clip > 0) ddp_zero_grad_norm(t->zero, &norm);
@@ -661,11 +792,20 @@ int main(int argc, char **argv)
             check(ddp_optim_step(t->optim, optim_grads), "ddp_optim_step");
             if (o->clip > 0) ddp_optim_grad_norm(t->optim, &norm);
         }
+        optim_seconds += (ddp_time_us() - os0) * 1e-6;
         if (o->bf16)
             for (size_t i = 0; i < m->nparams; i++) m->params[i] = ddp_bf16_to_f32(t->half_params[i]);
         check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
         if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, o0, ddp_time_us());
         double ms = (ddp_time_us() - s0) / 1000.0;
+        if (run_step >= o->bench_warmup) {
+            if (skip_comm) {
+                nosync_ms[nnosync++] = ms;
+            } else {
+                sync_ms[nsync] = ms;
+                wait_ms[nsync++] = step_wait_us / 1000.0;
+            }
+        }
         int last = step + 1 == end_step;
         if (o->checkpoint && (step + 1 == end_step || (o->save_every && (step + 1) % o->save_every == 0)))
             save_checkpoint(t, step + 1);
@@ -673,8 +813,10 @@ int main(int argc, char **argv)
         val_loss = NAN;
         if (last || (o->eval_every && (step + 1) % o->eval_every == 0)) val_loss = evaluate(t);
         if (t->rank == 0) {
+            int log_line = !isnan(val_loss) || step % 20 == 0 || last;
+            if (tty && (o->print_losses || log_line)) clear_progress();
             if (o->print_losses) printf("step %zu loss %.9g\n", step, loss);
-            if (!isnan(val_loss) || step % 20 == 0 || last) {
+            if (log_line) {
                 printf("step %5zu/%zu  loss %.4f%s", step + 1, o->steps, loss,
                        isnan(val_loss) ? "" : "  val ");
                 if (!isnan(val_loss)) printf("%.4f", val_loss);
@@ -686,9 +828,36 @@ int main(int argc, char **argv)
                 if (!isnan(val_loss)) fprintf(metrics, "%.6f", val_loss);
                 fprintf(metrics, ",%.6g,%.6f,%.2f\n", o->lr * factor, norm, ms);
             }
+            if (tty)
+                draw_progress(step + 1, o->steps, run_step + 1, end_step - step - 1, loss,
+                              (ddp_time_us() - t_start) / 1e6, tokens_per_step, last);
         }
     }
     double secs = (ddp_time_us() - t_start) / 1e6;
+    if (tty) {
+        clear_progress();
+        fflush(stdout);
+    }
+    /* Medians per rank, gathered: rank r's synchronised step, no_sync step, finalize wait and
+     * peak RSS. A faster rank gets ahead in no_sync steps and waits for the slower one in the
+     * next synchronised step, which its own difference would count as communication; the
+     * slowest rank (largest no_sync median) never waits in a no_sync step, so its difference
+     * is the communication alone (as bench/pytorch_ddp.py takes it for PyTorch). */
+    double mine[4] = {median(sync_ms, nsync), median(nosync_ms, nnosync),
+                      median(wait_ms, nsync), peak_rss_mib()};
+    double *every = calloc(4 * (size_t)t->world, sizeof(double));
+    if (!every) fail("out of memory");
+    check(ddp_group_allgather(t->group, mine, every, 4, DDP_F64),
+          "gathering every rank's step medians and peak RSS");
+    int slowest = 0;
+    for (int q = 1; q < t->world; q++)
+        if (every[4 * q + 1] > every[4 * slowest + 1]) slowest = q;
+    double nosync_exposed_ms = nnosync ? every[4 * slowest] - every[4 * slowest + 1] : 0;
+    double step_ms = 0, wait_min = 0; /* step: the slowest rank's median; wait: the smallest */
+    for (int q = 0; q < t->world; q++) {
+        if (every[4 * q] > step_ms) step_ms = every[4 * q];
+        if (q == 0 || every[4 * q + 2] < wait_min) wait_min = every[4 * q + 2];
+    }
     if (metrics) fclose(metrics);
     if (o->print_losses) { /* every rank: the test compares them */
         printf("rank %d params fnv %016llx\n", t->rank, (unsigned long long)params_fnv(m));
@@ -699,8 +868,55 @@ int main(int argc, char **argv)
         printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication "
                "%.2f ms/step on rank 0; final loss %.4f, validation %.4f\n",
                end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s",
-               end_step > first_step ? exposed_sum / 1000.0 / (double)(end_step - first_step) : 0.0,
-               loss, val_loss);
+               synced_steps ? exposed_sum / 1000.0 / (double)synced_steps : 0.0, loss, val_loss);
+        printf("gpt: median step %.2f ms over %zu steps after %zu (slowest rank): %.0f tokens/s; "
+               "peak RSS",
+               step_ms, nsync, o->bench_warmup, step_ms > 0 ? tokens_per_step * 1000.0 / step_ms : 0.0);
+        for (int q = 0; q < t->world; q++) printf("%s %.1f", q ? "," : "", every[4 * q + 3]);
+        printf(" MiB (rank 0%s)\n", t->world > 1 ? ", 1, ..." : "");
+        if (nnosync)
+            printf("gpt: --bench-nosync: synchronised %.2f ms, no_sync %.2f ms on the slowest "
+                   "rank (%d): exposed communication %.2f ms/step\n",
+                   every[4 * slowest], every[4 * slowest + 1], slowest, nosync_exposed_ms);
+        double timed = run_steps > o->bench_warmup ? (double)(run_steps - o->bench_warmup)
+                                                   : (double)run_steps;
+        if (o->profile && timed > 0) {
+            double total = optim_seconds;
+            for (int p = 0; p < GPT_NPHASES; p++) total += m->phase_seconds[p];
+            printf("gpt: profile (rank 0, ms per step over %.0f steps):", timed);
+            for (int p = 0; p < GPT_NPHASES; p++)
+                printf(" %s %.2f,", gpt_phase_names[p], m->phase_seconds[p] * 1000.0 / timed);
+            printf(" adamw %.2f; total %.2f\n", optim_seconds * 1000.0 / timed,
+                   total * 1000.0 / timed);
+        }
+        if (o->json) {
+            printf("{\"impl\":\"libddp-gpt\",\"world_size\":%d,\"transport\":\"%s\","
+                   "\"layers\":%zu,\"heads\":%zu,\"channels\":%zu,\"context\":%zu,"
+                   "\"global_batch\":%zu,\"accumulate\":%zu,\"steps\":%zu,\"timed_steps\":%zu,"
+                   "\"tokens_per_sec\":%.1f,\"wall_tokens_per_sec\":%.1f,\"step_ms_median\":%.3f,"
+                   "\"exposed_wait_ms_median\":%.3f",
+                   t->world, ddp_group_transport(t->group), o->model.layers, o->model.heads,
+                   o->model.channels, T, o->batch, o->accumulate, run_steps, nsync,
+                   step_ms > 0 ? tokens_per_step * 1000.0 / step_ms : 0.0, tokens / secs,
+                   step_ms, wait_min);
+            if (nnosync)
+                printf(",\"nosync_step_ms_median\":%.3f,\"nosync_exposed_ms\":%.3f,"
+                       "\"slowest_rank\":%d",
+                       every[4 * slowest + 1], nosync_exposed_ms, slowest);
+            printf(",\"peak_rss_mib\":[");
+            for (int q = 0; q < t->world; q++) printf("%s%.1f", q ? "," : "", every[4 * q + 3]);
+            printf("]");
+            if (o->profile && timed > 0) {
+                printf(",\"profile_ms_per_step\":{");
+                for (int p = 0; p < GPT_NPHASES; p++)
+                    printf("\"%s\":%.3f,", gpt_phase_names[p], m->phase_seconds[p] * 1000.0 / timed);
+                printf("\"adamw\":%.3f}", optim_seconds * 1000.0 / timed);
+            }
+            if (isfinite(loss))
+                printf(",\"final_loss\":%.6f}\n", loss);
+            else
+                printf(",\"final_loss\":null}\n");
+        }
         uint64_t rng = o->seed ^ 0x5A17ull;
         static const char *const prompts[] = {"The ", "A man ", "Love is "};
         char *out = malloc(o->sample_len + 1);
@@ -729,6 +945,10 @@ int main(int argc, char **argv)
     free(t->tok);
     free(t->tgt);
     free(t->perm);
+    free(sync_ms);
+    free(nosync_ms);
+    free(wait_ms);
+    free(every);
     gpt_destroy(m);
     gpt_text_free(&t->train);
     gpt_text_free(&t->val);
