@@ -886,6 +886,10 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
         recvs[j] = (uintptr_t)S->ranks[j].cma_recv;
     }
     const int stream = bytes >= STREAM_MIN_BYTES;
+    /* At debug, each step's time (what limits single copy at a size: docs/shm-transport.md). */
+    const int profile = ddp__log_level() >= DDP_LOG_DEBUG;
+    int64_t t[5] = {0};
+    if (profile) t[0] = ddp__now_ns();
     size_t lo, hi;
     slice_of(c->count, p, me, esize, &lo, &hi);
     ddp_status_t s = DDP_OK;
@@ -894,8 +898,10 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
                                 (char *)c->recv + lo * esize, lo, hi - lo, c->dtype, c->op,
                                 stream);
     if (s != DDP_OK) return cma_failed(S, c, s);
+    if (profile) t[1] = ddp__now_ns();
     s = sync_all(S, c, c->deadline_ns);
     if (s != DDP_OK) return s;
+    if (profile) t[2] = ddp__now_ns();
     for (int j = 0; j < p; j++) {
         size_t jlo, jhi;
         slice_of(c->count, p, j, esize, &jlo, &jhi);
@@ -905,7 +911,20 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
                               (jhi - jlo) * esize, "a peer's result", &err);
         if (s != DDP_OK) return cma_failed(S, c, ddp__error_context(s, "rank %d's slice", j));
     }
-    return sync_all(S, c, c->deadline_ns);
+    if (profile) t[3] = ddp__now_ns();
+    s = sync_all(S, c, c->deadline_ns);
+    if (profile && s == DDP_OK) {
+        t[4] = ddp__now_ns();
+        DDP_LOG(DDP_LOG_DEBUG,
+                "shm: rank %d single copy of %zu bytes: reduce %.1f us (%.2f GB/s of slice), "
+                "wait %.1f, gather %.1f us (%.2f GB/s), wait %.1f",
+                me, bytes, (double)(t[1] - t[0]) / 1e3,
+                (double)((hi - lo) * esize) / (double)(t[1] - t[0] + 1),
+                (double)(t[2] - t[1]) / 1e3, (double)(t[3] - t[2]) / 1e3,
+                (double)(bytes - (hi - lo) * esize) / (double)(t[3] - t[2] + 1),
+                (double)(t[4] - t[3]) / 1e3);
+    }
+    return s;
 }
 
 /* One allreduce above the mailbox size, the way `variant` says (ddp__shm_variant_t; -1: by the
