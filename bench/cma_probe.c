@@ -164,7 +164,8 @@ static double run(int t, int r, char *src, char *dst, char *evict, char *scratch
                     (const float *)scratch, k / sizeof(float));
         }
         /* The peer's result half: without waiting for it (its values do not matter here). */
-        if (rc == 0 && t != REDUCE_PART && t != REDUCE_PART_512K && t != REDUCE_PART_32K) rc = readv_all(peer, dst + other, dst + other, half, half);
+        int gather = t != REDUCE_PART && t != REDUCE_PART_512K && t != REDUCE_PART_32K;
+        if (rc == 0 && gather) rc = readv_all(peer, dst + other, dst + other, half, half);
         break;
     }
     }
@@ -227,7 +228,8 @@ int main(int argc, char **argv)
             for (int t = 0; t < TESTS; t++) {
                 qsort(us[t], (size_t)rounds, sizeof(double), cmp);
                 printf("%-16s %12zu %10.2f %10.2f %10.2f\n", names[t], bytes,
-                       (double)bytes / us[t][rounds / 2] / 1e3, (double)bytes / us[t][rounds - 1] / 1e3,
+                       (double)bytes / us[t][rounds / 2] / 1e3,
+                       (double)bytes / us[t][rounds - 1] / 1e3,
                        (double)bytes / us[t][0] / 1e3);
             }
         if (bytes > hi / (size_t)factor) break;

@@ -496,7 +496,8 @@ static int rank_trace(int rank, int world, ddp_store_t *store, void *arg)
     free(text);
     text = read_text(log_path);
     if (world > 1 && rank == 0)
-        CHECK_MSG(strstr(text, "[libddp info] shm tune: allreduce 65536-131071 bytes: staged:plain"),
+        CHECK_MSG(strstr(text, "[libddp info] shm tune: allreduce 65536-131071 bytes: "
+                               "staged:plain"),
                   "rank 0's log at info has no decision:\n%s", text);
     else
         CHECK_MSG(!strstr(text, "shm tune"), "rank %d logged a decision:\n%s", rank, text);

@@ -78,7 +78,7 @@ struct ddp_group {
     uint64_t seq;                   /* only whoever holds `busy` touches it */
     _Atomic int64_t last_progress_ns; /* last time the progress thread started or ended something */
     _Atomic int broken;
-    _Atomic(ddp_trace_t *) trace;   /* ddp_group_set_trace: handed to the transport per collective */
+    _Atomic(ddp_trace_t *) trace;   /* ddp_group_set_trace: handed to the transport per call */
     ddp_status_t broken_status;     /* guarded by mu */
     char broken_text[DDP_ERROR_TEXT_MAX];
 

@@ -1129,13 +1129,13 @@ static unsigned allreduce_candidates(const shm_state_t *S, size_t bytes)
     const size_t shorter = S->round_bytes < S->allreduce_round_bytes ? S->round_bytes
                                                                     : S->allreduce_round_bytes;
     const int both = S->round_bytes != S->allreduce_round_bytes && bytes > shorter;
-    const int want_long = S->fixed & FIXED_ROUNDS_LONG ? 1 : S->fixed & FIXED_ROUNDS_SHORT ? 0 : -1;
-    if (nt && (want_long == 1 || (want_long < 0)))
-        set |= 1u << DDP__SHM_V_STAGED_NT;
-    if (nt && (want_long == 0 || (want_long < 0 && both)))
-        set |= 1u << DDP__SHM_V_STAGED_NT_SHORT;
-    if (plain && (want_long == 0 || (want_long < 0)))
-        set |= 1u << DDP__SHM_V_STAGED_PLAIN;
+    /* -1: tuned; 1 or 0: DDP_SHM_STAGED_ROUNDS=long or short. */
+    const int want_long = S->fixed & FIXED_ROUNDS_LONG    ? 1
+                          : S->fixed & FIXED_ROUNDS_SHORT ? 0
+                                                          : -1;
+    if (nt && want_long != 0) set |= 1u << DDP__SHM_V_STAGED_NT;
+    if (nt && (want_long == 0 || (want_long < 0 && both))) set |= 1u << DDP__SHM_V_STAGED_NT_SHORT;
+    if (plain && want_long != 1) set |= 1u << DDP__SHM_V_STAGED_PLAIN;
     if (plain && (want_long == 1 || (want_long < 0 && both)))
         set |= 1u << DDP__SHM_V_STAGED_PLAIN_LONG;
     if (!(S->fixed & FIXED_ONESHOT) && bytes < TUNE_ONESHOT_MAX)
@@ -1159,8 +1159,11 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     /* With tuning off: the stores asked for (nt by default) with the rounds asked for (by
      * default those that go with the stores). */
     const int plain = (S->fixed & FIXED_STORES_PLAIN) != 0;
-    const int long_rounds = S->fixed & FIXED_ROUNDS_LONG ? 1 : S->fixed & FIXED_ROUNDS_SHORT ? 0 : !plain;
-    const int staged = plain ? (long_rounds ? DDP__SHM_V_STAGED_PLAIN_LONG : DDP__SHM_V_STAGED_PLAIN)
+    const int long_rounds = S->fixed & FIXED_ROUNDS_LONG    ? 1
+                            : S->fixed & FIXED_ROUNDS_SHORT ? 0
+                                                            : !plain;
+    const int staged = plain ? (long_rounds ? DDP__SHM_V_STAGED_PLAIN_LONG
+                                            : DDP__SHM_V_STAGED_PLAIN)
                              : (long_rounds ? DDP__SHM_V_STAGED_NT : DDP__SHM_V_STAGED_NT_SHORT);
     const int fallback = S->cma_enabled && bytes >= S->cma_bytes ? DDP__SHM_V_CMA : staged;
     const int variant = ddp__shm_tune_pick(&S->tune, cls, candidates, fallback);

@@ -152,13 +152,14 @@ int ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update, ddp_trace_t *trace)
     /* Only rank 0's estimates decided; the other ranks' are their own clocks' and say nothing. */
     char new_cost[32] = "", old_cost[32] = "";
     if (t->rank == 0) {
-        snprintf(new_cost, sizeof new_cost, "%.3f",
+        snprintf(new_cost, sizeof new_cost, "%.3g",
                  t->samples[cls][variant] ? estimate(t, cls, variant) : 0.0);
         if (before >= 0)
-            snprintf(old_cost, sizeof old_cost, "%.3f",
+            snprintf(old_cost, sizeof old_cost, "%.3g",
                      t->samples[cls][before] ? estimate(t, cls, before) : 0.0);
-        DDP_LOG(DDP_LOG_INFO, "shm tune: %s %zu-%zu bytes: %s (%s ns/B on rank 0) replaces %s%s%s%s",
-                kind, (size_t)64 << size_class, ((size_t)128 << size_class) - 1,
+        DDP_LOG(DDP_LOG_INFO,
+                "shm tune: %s %zu-%zu bytes: %s (%s ns/B on rank 0) replaces %s%s%s%s", kind,
+                (size_t)64 << size_class, ((size_t)128 << size_class) - 1,
                 variant_names[variant], new_cost, old_name, before >= 0 ? " (" : "", old_cost,
                 before >= 0 ? " ns/B)" : "");
     }
