@@ -21,7 +21,9 @@
  *             and a Reducer made with config.trace hands its trace to the group while it lives.
  *             With a directory as 3rd argument the traces stay there (tests/group.cmake parses
  *             them as JSON).
- * Usage: test_shm_tune <world> variants|fallback|collectives|agree|trace [DIR] */
+ *   knobs     online tuning with DDP_SHM_STAGED_ROUNDS or DDP_SHM_STAGED_STORES set: only the
+ *             staged variants they allow run (both of them), same bytes on every rank.
+ * Usage: test_shm_tune <world> variants|fallback|collectives|agree|trace|knobs [DIR] */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,6 +415,54 @@ static int rank_agree(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* With tuning on, a staged knob set explicitly bounds what the tuner tries: every call of a
+ * 2 MiB allreduce (longer than the short round, so both round sizes are candidates otherwise)
+ * runs one of the allowed variants, each of them runs during the probe, and the results are the
+ * same bytes on every rank. */
+static int rank_knobs(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    static const struct {
+        const char *stores, *rounds; /* NULL: unset */
+        const char *allowed[2];
+    } knobs[] = {
+        {NULL, "short", {"staged:nt:short", "staged:plain"}},
+        {NULL, "long", {"staged:nt", "staged:plain:long"}},
+        {"plain", NULL, {"staged:plain", "staged:plain:long"}},
+        {"nt", NULL, {"staged:nt", "staged:nt:short"}},
+    };
+    const size_t count = (size_t)1 << 19; /* 2 MiB of f32 */
+    float *buf = malloc(count * sizeof(float));
+    CHECK(buf);
+    for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
+        clear_env();
+        setenv("DDP_SHM_TUNE", "online", 1);
+        setenv("DDP_SHM_CMA", "off", 1);
+        if (knobs[k].stores) setenv("DDP_SHM_STAGED_STORES", knobs[k].stores, 1);
+        if (knobs[k].rounds) setenv("DDP_SHM_STAGED_ROUNDS", knobs[k].rounds, 1);
+        char name[32];
+        snprintf(name, sizeof name, "knobs%zu", k);
+        ddp_group_t *g = make_group(rank, world, store, name);
+        int seen[2] = {0, 0};
+        for (int call = 0; call < 40; call++) {
+            for (size_t i = 0; i < count; i++) buf[i] = input_f32(rank, i, call);
+            CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
+            const char *ran = ddp_group_algorithm(g);
+            int which = !strcmp(ran, knobs[k].allowed[0]) ? 0
+                        : !strcmp(ran, knobs[k].allowed[1]) ? 1
+                                                            : -1;
+            CHECK_MSG(world == 1 || which >= 0, "knobs %zu, call %d ran %s, not %s or %s", k, call,
+                      ran, knobs[k].allowed[0], knobs[k].allowed[1]);
+            if (which >= 0) seen[which] = 1;
+            check_same_everywhere(g, hash_bytes(buf, count * sizeof(float)), "the result", call);
+        }
+        CHECK_MSG(world == 1 || (seen[0] && seen[1]), "knobs %zu: the probe did not try both", k);
+        ddp_group_destroy(g);
+    }
+    free(buf);
+    return 0;
+}
+
 static const char *trace_dir;
 
 static char *read_text(const char *path)
@@ -516,10 +566,11 @@ int main(int argc, char **argv)
                           : !strcmp(mode, "agree")    ? rank_agree
                           : !strcmp(mode, "collectives") ? rank_collectives
                           : !strcmp(mode, "trace")    ? rank_trace
+                          : !strcmp(mode, "knobs")    ? rank_knobs
                                                       : NULL;
     if (!fn) {
         fprintf(stderr,
-                "usage: test_shm_tune <world> variants|fallback|collectives|agree|trace [DIR]\n");
+                "usage: test_shm_tune <world> variants|fallback|collectives|agree|trace|knobs [DIR]\n");
         return 2;
     }
     trace_dir = argc > 3 ? argv[3] : ddp_test_tmpdir();
