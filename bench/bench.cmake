@@ -7,6 +7,11 @@ target_link_libraries(memcpy-probe PRIVATE m)
 # build/switch-probe: the cost of one CPU switching between two processes, the floor of a small
 # collective when there are more ranks than cores.
 add_executable(switch-probe ${PROJECT_SOURCE_DIR}/bench/switch_probe.c)
+# build/cma-probe: the parts of a 2-rank single-copy allreduce (process_vm_readv, memcpy alone and
+# on both cores at once) timed apart, to find what limits it (docs/shm-transport.md).
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  add_executable(cma-probe ${PROJECT_SOURCE_DIR}/bench/cma_probe.c)
+endif()
 find_package(MPI COMPONENTS C QUIET)
 if(MPI_C_FOUND)
   add_executable(mpi-baseline ${PROJECT_SOURCE_DIR}/bench/mpi_baseline.c)

@@ -51,8 +51,22 @@ foreach(world 1 2 3 4)
   ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} variants TIMEOUT 300)
   ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} collectives TIMEOUT 300)
 endforeach()
+# The tuner's decisions reach the Chrome trace (every rank's; the files must parse as JSON and hold
+# the instant event) and rank 0's log at info.
+find_program(DDP_TRACE_JSON_PYTHON NAMES python3)
+foreach(world 1 2 3 4)
+  set(dir ${CMAKE_BINARY_DIR}/tests/shm-tune-trace-${world})
+  set(check "")
+  if(DDP_TRACE_JSON_PYTHON)
+    set(check " && ${DDP_TRACE_JSON_PYTHON} -c \"import json,sys\nfor p in sys.argv[2:]:\n  e=[x for x in json.load(open(p))['traceEvents'] if x.get('cat')=='tune' and x['ph']=='i']\n  assert (len(e)>=1)==(int(sys.argv[1])>1), (p,e)\n  assert all(x['args']['variant']=='staged:plain' and x['args']['collective']=='allreduce' for x in e), e\nprint('parsed',len(sys.argv)-2,'traces')\" ${world} ${dir}/shm-tune.rank*.json")
+  endif()
+  add_test(NAME test_shm_tune.${world}_trace
+           COMMAND sh -c "rm -rf ${dir} && mkdir -p ${dir} && $<TARGET_FILE:test_shm_tune> ${world} trace ${dir}${check}")
+  set_tests_properties(test_shm_tune.${world}_trace PROPERTIES TIMEOUT 200
+                       ENVIRONMENT "DDP_LOG_LEVEL=info")
+endforeach()
 foreach(world 2 3)
-  foreach(mode fallback agree)
+  foreach(mode fallback agree knobs)
     ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} ${mode} TIMEOUT 200)
   endforeach()
 endforeach()

@@ -133,6 +133,17 @@ static void test_trace(void)
     CHECK_OK(ddp_trace_open(path, 3, &t));
     CHECK_OK(ddp_trace_name_lane(t, 1, "comm"));
     CHECK_OK(ddp_trace_span(t, "bucket \"0\"", "allreduce", 1, 10.0, 25.5));
+    const char *args[4] = {"variant", "staged:\"nt\"", "bytes", "65536-131071"};
+    CHECK_OK(ddp_trace_instant(t, "shm tune", "tune", 0, 30.25, args, 2));
+    CHECK_OK(ddp_trace_instant(t, "no args", NULL, 0, 31.0, NULL, 0));
+    CHECK_STATUS(ddp_trace_instant(t, "x", "tune", 0, INFINITY, NULL, 0), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("ts_us");
+    CHECK_STATUS(ddp_trace_instant(t, "x", "tune", 0, 1.0, NULL, 1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("nargs");
+    const char *half[2] = {"key", NULL};
+    CHECK_STATUS(ddp_trace_instant(t, "x", "tune", 0, 1.0, half, 1), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("args[1]");
+    CHECK_STATUS(ddp_trace_instant(NULL, "x", "tune", 0, 1.0, NULL, 0), DDP_ERR_INVALID_ARGUMENT);
     CHECK_OK(ddp_trace_close(t));
     FILE *f = fopen(path, "r");
     CHECK(f);
@@ -144,6 +155,11 @@ static void test_trace(void)
     CHECK(strstr(buf, "bucket \\\"0\\\""));
     CHECK(strstr(buf, "\"dur\":15.500"));
     CHECK(strstr(buf, "\"pid\":3"));
+    CHECK(strstr(buf, "{\"name\":\"shm tune\",\"cat\":\"tune\",\"ph\":\"i\",\"s\":\"p\",\"pid\":3,"
+                      "\"tid\":0,\"ts\":30.250,\"args\":{\"variant\":\"staged:\\\"nt\\\"\","
+                      "\"bytes\":\"65536-131071\"}}"));
+    CHECK(strstr(buf, "\"name\":\"no args\",\"cat\":\"ddp\",\"ph\":\"i\""));
+    CHECK(!strstr(buf, "\"x\""));
     remove(path);
     rmdir(dir);
     CHECK_STATUS(ddp_trace_open("/nonexistent-dir/x.json", 0, &t), DDP_ERR_SYSTEM);

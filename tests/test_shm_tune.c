@@ -2,7 +2,8 @@
  * through process_vm_readv) and the tuner that chooses among them (docs/shm-transport.md,
  * "Single-copy allreduce" and "Self-tuning").
  *
- *   variants  every variant, forced through the config knobs, gives bitwise the same bytes as
+ *   variants  every variant (the staged ones: both stores x both round sizes), forced through
+ *             the config knobs, gives bitwise the same bytes as
  *             every other and on every rank, for sizes around each threshold, in place and not,
  *             f32 sum (also against a reference summed here in rank order), f16 sum, i32 avg,
  *             f64 max; and the variant asked for is the one that ran (ddp_group_algorithm).
@@ -14,10 +15,19 @@
  *   agree     online tuning with each rank's measurements skewed so that every rank believes a
  *             different variant is fastest: after every call all ranks report the same variant,
  *             and it is rank 0's favourite once the probe is over.
- * Usage: test_shm_tune <world> variants|fallback|collectives|agree */
+ *   trace     the tuner's decision shows up: rank 0's skewed clock makes staged:plain win at
+ *             64 KiB; every rank's Chrome trace (ddp_group_set_trace) gets the instant event
+ *             naming it, rank 0 logs it at DDP_LOG_LEVEL=info (set by the test's registration),
+ *             and a Reducer made with config.trace hands its trace to the group while it lives.
+ *             With a directory as 3rd argument the traces stay there (tests/group.cmake parses
+ *             them as JSON).
+ *   knobs     online tuning with DDP_SHM_STAGED_ROUNDS or DDP_SHM_STAGED_STORES set: only the
+ *             staged variants they allow run (both of them), same bytes on every rank.
+ * Usage: test_shm_tune <world> variants|fallback|collectives|agree|trace|knobs [DIR] */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "transport/shm/shm.h"
@@ -109,13 +119,25 @@ static const variant_t variants[] = {
     {"staged:plain", {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_STAGED_STORES", "plain"}}},
     {"one-shot", {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_ONESHOT_BYTES", "1048576"}}},
     {"single-copy", {{"DDP_SHM_CMA_BYTES", "0"}, {"DDP_SHM_ONESHOT_BYTES", "0"}}},
+    {"staged:nt:short",
+     {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_STAGED_STORES", "nt"}, {"DDP_SHM_STAGED_ROUNDS", "short"}}},
+    {"staged:plain:long",
+     {{"DDP_SHM_CMA", "off"},
+      {"DDP_SHM_STAGED_STORES", "plain"},
+      {"DDP_SHM_STAGED_ROUNDS", "long"}}},
+    /* Rounds of a prime number of bytes (chunks cut at odd places): the same bytes. */
+    {"staged:nt",
+     {{"DDP_SHM_CMA", "off"}, {"DDP_SHM_STAGED_ROUNDS", "long"},
+      {"DDP_SHM_ALLREDUCE_ROUND_BYTES", "69997"}}},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
 static void clear_env(void)
 {
-    const char *names[] = {"DDP_SHM_CMA", "DDP_SHM_STAGED_STORES", "DDP_SHM_ONESHOT_BYTES",
-                           "DDP_SHM_CMA_BYTES", "DDP_SHM_TUNE"};
+    const char *names[] = {"DDP_SHM_CMA",           "DDP_SHM_STAGED_STORES",
+                           "DDP_SHM_ONESHOT_BYTES", "DDP_SHM_CMA_BYTES",
+                           "DDP_SHM_TUNE",          "DDP_SHM_STAGED_ROUNDS",
+                           "DDP_SHM_ALLREDUCE_ROUND_BYTES"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) unsetenv(names[i]);
 }
 
@@ -347,8 +369,11 @@ static int rank_collectives(int rank, int world, ddp_store_t *store, void *arg)
 
 static int variant_index(const char *name)
 {
-    static const char *const names[] = {"staged:nt", "staged:plain", "one-shot", "single-copy"};
-    for (int v = 0; v < 4; v++)
+    /* In ddp__shm_variant_t's order (4 is broadcast's "rounds"). */
+    static const char *const names[] = {"staged:nt",   "staged:plain", "one-shot",
+                                        "single-copy", "rounds",       "staged:nt:short",
+                                        "staged:plain:long"};
+    for (int v = 0; v < 7; v++)
         if (!strcmp(name, names[v])) return v;
     return -1;
 }
@@ -390,6 +415,147 @@ static int rank_agree(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* With tuning on, a staged knob set explicitly bounds what the tuner tries: every call of a
+ * 2 MiB allreduce (longer than the short round, so both round sizes are candidates otherwise)
+ * runs one of the allowed variants, each of them runs during the probe, and the results are the
+ * same bytes on every rank. */
+static int rank_knobs(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    static const struct {
+        const char *stores, *rounds; /* NULL: unset */
+        const char *allowed[2];
+    } knobs[] = {
+        {NULL, "short", {"staged:nt:short", "staged:plain"}},
+        {NULL, "long", {"staged:nt", "staged:plain:long"}},
+        {"plain", NULL, {"staged:plain", "staged:plain:long"}},
+        {"nt", NULL, {"staged:nt", "staged:nt:short"}},
+    };
+    const size_t count = (size_t)1 << 19; /* 2 MiB of f32 */
+    float *buf = malloc(count * sizeof(float));
+    CHECK(buf);
+    for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
+        clear_env();
+        setenv("DDP_SHM_TUNE", "online", 1);
+        setenv("DDP_SHM_CMA", "off", 1);
+        if (knobs[k].stores) setenv("DDP_SHM_STAGED_STORES", knobs[k].stores, 1);
+        if (knobs[k].rounds) setenv("DDP_SHM_STAGED_ROUNDS", knobs[k].rounds, 1);
+        char name[32];
+        snprintf(name, sizeof name, "knobs%zu", k);
+        ddp_group_t *g = make_group(rank, world, store, name);
+        int seen[2] = {0, 0};
+        for (int call = 0; call < 40; call++) {
+            for (size_t i = 0; i < count; i++) buf[i] = input_f32(rank, i, call);
+            CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
+            const char *ran = ddp_group_algorithm(g);
+            int which = !strcmp(ran, knobs[k].allowed[0]) ? 0
+                        : !strcmp(ran, knobs[k].allowed[1]) ? 1
+                                                            : -1;
+            CHECK_MSG(world == 1 || which >= 0, "knobs %zu, call %d ran %s, not %s or %s", k, call,
+                      ran, knobs[k].allowed[0], knobs[k].allowed[1]);
+            if (which >= 0) seen[which] = 1;
+            check_same_everywhere(g, hash_bytes(buf, count * sizeof(float)), "the result", call);
+        }
+        CHECK_MSG(world == 1 || (seen[0] && seen[1]), "knobs %zu: the probe did not try both", k);
+        ddp_group_destroy(g);
+    }
+    free(buf);
+    return 0;
+}
+
+static const char *trace_dir;
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)n + 1);
+    CHECK(text && fread(text, 1, (size_t)n, f) == (size_t)n);
+    text[n] = 0;
+    fclose(f);
+    return text;
+}
+
+static int rank_trace(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    clear_env();
+    setenv("DDP_SHM_TUNE", "online", 1);
+    /* Rank 0's clock says staged:plain is a million times faster: the probe ends with rank 0
+     * publishing it, which replaces the default (staged:nt), a decision every rank applies. */
+    double skew[2] = {1.0, rank == 0 ? 1e-6 : 1.0};
+    ddp__shm_set_tune_skew(skew, 2);
+    char path[700], log_path[700];
+    snprintf(path, sizeof path, "%s/shm-tune.rank%d.json", trace_dir, rank);
+    snprintf(log_path, sizeof log_path, "%s/log.rank%d.txt", trace_dir, rank);
+    /* The log goes to stderr: catch it in a file while the collectives run. */
+    fflush(stderr);
+    int saved_stderr = dup(2);
+    FILE *log = fopen(log_path, "w");
+    CHECK(saved_stderr >= 0 && log && dup2(fileno(log), 2) == 2);
+    ddp_trace_t *trace = NULL;
+    CHECK_OK(ddp_trace_open(path, rank, &trace));
+    ddp_group_t *g = make_group(rank, world, store, "trace");
+    CHECK(ddp_group_trace(g) == NULL);
+    ddp_group_set_trace(g, trace);
+    CHECK(ddp_group_trace(g) == trace);
+    const size_t count = 16384; /* 64 KiB: staged nt/plain and one-shot are candidates */
+    float *buf = malloc(count * sizeof(float));
+    CHECK(buf);
+    for (int call = 0; call < 20; call++) {
+        for (size_t i = 0; i < count; i++) buf[i] = input_f32(rank, i, call);
+        CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
+    }
+    if (world > 1)
+        CHECK_MSG(!strcmp(ddp_group_algorithm(g), "staged:plain"), "ran %s, not staged:plain",
+                  ddp_group_algorithm(g));
+    ddp_group_set_trace(g, NULL);
+
+    /* A Reducer with config.trace gives it to the group (for the transport's events) while it
+     * lives, and takes it back when destroyed. */
+    float weights[5] = {1, 2, 3, 4, 5};
+    ddp_param_t param = {.name = "w", .data = weights, .numel = 5, .dtype = DDP_F32};
+    ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
+    config.trace = trace;
+    ddp_reducer_t *reducer = NULL;
+    CHECK_OK(ddp_reducer_create(g, &param, 1, NULL, 0, &config, &reducer));
+    CHECK(ddp_group_trace(g) == trace);
+    ddp_reducer_destroy(reducer);
+    CHECK(ddp_group_trace(g) == NULL);
+    ddp_group_destroy(g);
+    CHECK_OK(ddp_trace_close(trace));
+    fflush(stderr);
+    CHECK(dup2(saved_stderr, 2) == 2);
+    close(saved_stderr);
+    fclose(log);
+
+    char *text = read_text(path);
+    if (world > 1) {
+        const char *event = strstr(text, "\"shm tune: allreduce [64 KiB, 128 KiB): staged:plain\"");
+        CHECK_MSG(event, "no tuner decision in %s:\n%s", path, text);
+        CHECK(strstr(event, "\"cat\":\"tune\",\"ph\":\"i\""));
+        CHECK(strstr(event, "\"replaces\":\"the default\""));
+        /* Rank 0's event carries the estimates that decided. */
+        CHECK((strstr(event, "\"ns per byte on rank 0\"") != NULL) == (rank == 0));
+    } else {
+        CHECK_MSG(!strstr(text, "shm tune"), "world 1 has nothing to tune, yet:\n%s", text);
+    }
+    free(text);
+    text = read_text(log_path);
+    if (world > 1 && rank == 0)
+        CHECK_MSG(strstr(text, "[libddp info] shm tune: allreduce 65536-131071 bytes: "
+                               "staged:plain"),
+                  "rank 0's log at info has no decision:\n%s", text);
+    else
+        CHECK_MSG(!strstr(text, "shm tune"), "rank %d logged a decision:\n%s", rank, text);
+    free(text);
+    free(buf);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int world = argc > 1 ? atoi(argv[1]) : 2;
@@ -399,10 +565,15 @@ int main(int argc, char **argv)
                           : !strcmp(mode, "fallback") ? rank_fallback
                           : !strcmp(mode, "agree")    ? rank_agree
                           : !strcmp(mode, "collectives") ? rank_collectives
+                          : !strcmp(mode, "trace")    ? rank_trace
+                          : !strcmp(mode, "knobs")    ? rank_knobs
                                                       : NULL;
     if (!fn) {
-        fprintf(stderr, "usage: test_shm_tune <world> variants|fallback|collectives|agree\n");
+        fprintf(stderr,
+                "usage: test_shm_tune <world> variants|fallback|collectives|agree|trace|knobs [DIR]\n");
         return 2;
     }
+    trace_dir = argc > 3 ? argv[3] : ddp_test_tmpdir();
+    CHECK(trace_dir);
     return ddp_test_run_ranks(world, 300, fn, NULL);
 }

@@ -20,6 +20,7 @@
 
 #include "ddp/status.h"
 #include "ddp/store.h"
+#include "ddp/trace.h"
 #include "ddp/types.h"
 
 #ifdef __cplusplus
@@ -87,6 +88,14 @@ DDP_API const char *ddp_group_transport(const ddp_group_t *group);
  * "mailbox", "one-shot", "staged", "single-copy", "zero-copy", ...; docs/shm-transport.md), or
  * the transport's name when it has only one way. For benchmarks and logs; a static string. */
 DDP_API const char *ddp_group_algorithm(const ddp_group_t *group);
+/* Where the group's transport records its own events (NULL: nowhere, the default): the shm
+ * transport's tuner decisions as instant events named "shm tune: ..." (category "tune"), so a
+ * trace shows when a size class switched its algorithm. A Reducer created with config.trace sets
+ * it for its group while it lives. The trace must stay open until the group is destroyed or
+ * until this is called again with no work of the group in flight. */
+DDP_API void ddp_group_set_trace(ddp_group_t *group, ddp_trace_t *trace);
+/* The trace set by ddp_group_set_trace, or NULL. */
+DDP_API ddp_trace_t *ddp_group_trace(const ddp_group_t *group);
 
 /* ---- asynchronous collectives ------------------------------------------------------------
  * Buffers must stay valid and untouched until the work completes. send == recv is in-place.

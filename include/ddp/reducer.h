@@ -91,7 +91,11 @@ typedef struct ddp_reducer_config {
     int sync_at_create;            /* 1: verify the model across ranks and broadcast from rank 0 */
     ddp_comm_hook_fn comm_hook;    /* NULL: allreduce with DDP_AVG (sum, divide once) */
     void *comm_hook_state;
-    ddp_trace_t *trace; /* NULL, or bucket allreduce spans are recorded here */
+    /* NULL, or bucket allreduce spans are recorded here; while the reducer lives it is also its
+     * group's trace (ddp_group_set_trace, unless the group had one), where the transport records
+     * its tuner's decisions. Keep it open until the reducer is destroyed and every collective
+     * issued on the group meanwhile has completed. */
+    ddp_trace_t *trace;
     /* 0 (off): a bucket is reduced whole when all its parameters are ready. > 0 (e.g. 4 MiB,
      * for callers of ddp_reducer_grad_ready_rows): with the default hook (comm_hook NULL), each
      * dense bucket is cut into pieces of this many bytes (whole elements; the last piece is

@@ -44,8 +44,11 @@
       "shm: how allreduce variants are chosen: off: fixed thresholds; probe: measured on the "    \
       "first calls of each size; online: and re-tried now and then (rank 0 decides)")            \
     X("DDP_SHM_STAGED_STORES", "auto", CHOICE, 0, 0, "auto|nt|plain",                            \
-      "shm: stage writes of the staged allreduce: auto: tuned; nt: non-temporal with "            \
-      "DDP_SHM_ALLREDUCE_ROUND_BYTES rounds; plain: plain with DDP_SHM_ROUND_BYTES rounds")       \
+      "shm: stage writes of the staged allreduce: auto: tuned; nt: non-temporal stores only; "    \
+      "plain: plain stores only (the round size is DDP_SHM_STAGED_ROUNDS')")                       \
+    X("DDP_SHM_STAGED_ROUNDS", "auto", CHOICE, 0, 0, "auto|long|short",                           \
+      "shm: round size of the staged allreduce: auto: tuned (default long with nt stores, short "  \
+      "with plain); long: DDP_SHM_ALLREDUCE_ROUND_BYTES only; short: DDP_SHM_ROUND_BYTES only")   \
     X("DDP_SHM_CMA", "auto", CHOICE, 0, 0, "auto|off",                                            \
       "shm: auto: large allreduces of user buffers read peers' buffers directly "                 \
       "(process_vm_readv) when every rank can; off: stage them through the segment")             \

@@ -71,6 +71,45 @@ ddp_status_t ddp_trace_span(ddp_trace_t *trace, const char *name, const char *ca
     return DDP_OK;
 }
 
+ddp_status_t ddp_trace_instant(ddp_trace_t *trace, const char *name, const char *category,
+                               int tid, double ts_us, const char *const *args, int nargs)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!trace) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "trace is NULL");
+    if (!name) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "name is NULL");
+    if (!isfinite(ts_us))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "ts_us is %g, not a finite time", ts_us);
+    if (nargs < 0 || (nargs > 0 && !args))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "nargs is %d with args %s", nargs,
+                          args ? "given" : "NULL");
+    for (int i = 0; i < 2 * nargs; i++)
+        if (!args[i])
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "args[%d] (the %s of argument %d) is NULL",
+                              i, i % 2 ? "value" : "key", i / 2);
+    pthread_mutex_lock(&trace->lock);
+    if (!trace->first) fputs(",\n", trace->file);
+    trace->first = 0;
+    fputs("{\"name\":", trace->file);
+    write_string(trace->file, name);
+    fputs(",\"cat\":", trace->file);
+    write_string(trace->file, category ? category : "ddp");
+    fprintf(trace->file, ",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", trace->pid,
+            tid, ts_us);
+    if (nargs > 0) {
+        fputs(",\"args\":{", trace->file);
+        for (int i = 0; i < nargs; i++) {
+            if (i) fputc(',', trace->file);
+            write_string(trace->file, args[2 * i]);
+            fputc(':', trace->file);
+            write_string(trace->file, args[2 * i + 1]);
+        }
+        fputc('}', trace->file);
+    }
+    fputc('}', trace->file);
+    pthread_mutex_unlock(&trace->lock);
+    return DDP_OK;
+}
+
 ddp_status_t ddp_trace_name_lane(ddp_trace_t *trace, int tid, const char *name)
 {
     ddp__clear_error(); /* status.h: no stale text after a success */

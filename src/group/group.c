@@ -78,6 +78,7 @@ struct ddp_group {
     uint64_t seq;                   /* only whoever holds `busy` touches it */
     _Atomic int64_t last_progress_ns; /* last time the progress thread started or ended something */
     _Atomic int broken;
+    _Atomic(ddp_trace_t *) trace;   /* ddp_group_set_trace: handed to the transport per call */
     ddp_status_t broken_status;     /* guarded by mu */
     char broken_text[DDP_ERROR_TEXT_MAX];
 
@@ -183,6 +184,7 @@ static ddp_status_t run_collective(ddp_group_t *g, ddp__collective_t *c)
     c->deadline_ns = ddp__deadline_ns(g->timeout_ms);
     /* Any group's progress thread (a task of one group may run another's collective inline). */
     c->on_progress_thread = progress_group != NULL;
+    c->trace = atomic_load_explicit(&g->trace, memory_order_acquire);
     atomic_store(&g->last_progress_ns, ddp__coarse_now_ns());
     ddp__clear_error();
     ddp_status_t s = g->ops->run(g->state, c);
@@ -780,6 +782,19 @@ const char *ddp_group_algorithm(const ddp_group_t *group)
     if (!group || !group->ops) return "none";
     if (!group->ops->algorithm || !group->state) return group->ops->name;
     return group->ops->algorithm(group->state);
+}
+
+void ddp_group_set_trace(ddp_group_t *group, ddp_trace_t *trace)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    if (group) atomic_store_explicit(&group->trace, trace, memory_order_release);
+}
+
+ddp_trace_t *ddp_group_trace(const ddp_group_t *group)
+{
+    ddp__clear_error();
+    return group ? atomic_load_explicit(&((ddp_group_t *)group)->trace, memory_order_acquire)
+                 : NULL;
 }
 
 /* ---- creation ----------------------------------------------------------------------------- */

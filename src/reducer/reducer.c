@@ -300,6 +300,10 @@ static void destroy_reducer(ddp_reducer_t *r)
         }
     }
     ddp__reducer_wait_callbacks(r);
+    /* No work of ours is in flight any more: the group stops writing into our trace, which the
+     * caller may close once we return. */
+    if (r->set_group_trace && ddp_group_trace(r->group) == r->config.trace)
+        ddp_group_set_trace(r->group, NULL);
     ddp__reducer_free_stale(r);
     ddp__reducer_free_buckets(r);
     for (size_t i = 0; i < r->nparams; i++) {
@@ -448,7 +452,15 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         status = DDP_ERR_NO_MEMORY;
         goto fail;
     }
-    if (c->trace) ddp_trace_name_lane(c->trace, DDP__COMM_LANE, "comm");
+    if (c->trace) {
+        ddp_trace_name_lane(c->trace, DDP__COMM_LANE, "comm");
+        /* The transport's decisions (the shm tuner's) go into the same trace, unless the user
+         * gave the group a trace of its own. */
+        if (!ddp_group_trace(group)) {
+            ddp_group_set_trace(group, c->trace);
+            r->set_group_trace = 1;
+        }
+    }
     r->recording = c->rebuild_buckets && !c->find_unused_parameters;
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d, %zu parameters (%zu registered), %zu buckets", r->rank,
             r->nparams, nparams, r->nbuckets);

@@ -120,6 +120,7 @@ struct ddp_reducer {
     ddp_group_t *group;
     int rank, world;
     ddp_reducer_config_t config;
+    int set_group_trace; /* 1: config.trace was made the group's (ddp_group_set_trace) */
     size_t nregistered;
     size_t *kept_of; /* registered index -> kept index */
     size_t nparams;

@@ -42,6 +42,9 @@ typedef struct ddp__collective {
     int on_progress_thread; /* 1: run on a group's progress thread, which shares its rank's CPU
                                with the user's thread when the rank is pinned, so a wait should
                                not spin; 0: on the user's thread. Not part of the fingerprint. */
+    ddp_trace_t *trace; /* NULL, or where the transport may record events of this call (the
+                           shm tuner's decisions) with ddp_trace_instant; the group's
+                           ddp_group_set_trace. Not part of the fingerprint. */
 } ddp__collective_t;
 
 typedef struct ddp__transport_ops {

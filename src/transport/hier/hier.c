@@ -46,6 +46,7 @@ typedef struct hier {
     void *leaders; /* NULL unless I lead my host and there are several hosts */
     uint64_t lseq, xseq, parent_seq;
     int on_progress_thread; /* of the collective being run: handed to the sub-collectives */
+    ddp_trace_t *trace;     /* the same */
     char local_map[160], leader_map[160]; /* "local rank i = global rank g" for error texts */
     char *work;
     size_t work_bytes;
@@ -72,6 +73,7 @@ static ddp_status_t sub(hier_t *h, int among_leaders, ddp__collective_kind_t kin
     c.root = root;
     c.deadline_ns = deadline_ns;
     c.on_progress_thread = h->on_progress_thread;
+    c.trace = h->trace;
     const ddp__transport_ops_t *ops = among_leaders ? &ddp__transport_tcp : h->lops;
     ddp_status_t s = ops->run(state, &c);
     /* The sub-transport numbers ranks and sequence numbers its own way: say how to read them. */
@@ -404,6 +406,7 @@ static ddp_status_t hier_run(void *state, const ddp__collective_t *c)
     }
     h->parent_seq = c->seq;
     h->on_progress_thread = c->on_progress_thread;
+    h->trace = c->trace;
     ddp_status_t s = dispatch(h, c);
     if (s != DDP_OK) {
         h->broken = 1;

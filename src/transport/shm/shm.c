@@ -67,6 +67,8 @@
 #define FIXED_CMA 2u         /* DDP_SHM_CMA_BYTES: single copy exactly from it */
 #define FIXED_STORES_NT 4u   /* DDP_SHM_STAGED_STORES=nt */
 #define FIXED_STORES_PLAIN 8u /* DDP_SHM_STAGED_STORES=plain */
+#define FIXED_ROUNDS_LONG 16u  /* DDP_SHM_STAGED_ROUNDS=long */
+#define FIXED_ROUNDS_SHORT 32u /* DDP_SHM_STAGED_ROUNDS=short */
 /* The one-shot variant is a candidate of the tuner below this size (every rank reduces
  * everything: p times the work of a slice, worth it only while synchronisation dominates). */
 #define TUNE_ONESHOT_MAX ((size_t)256 << 10)
@@ -750,7 +752,7 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
         }
     }
     /* Every rank applies rank 0's tuner decision at this same collective. */
-    ddp__shm_tune_apply(&S->tune, m0->tune_update);
+    if (m0->tune_update) ddp__shm_tune_apply(&S->tune, m0->tune_update, c->trace);
     return DDP_OK;
 }
 
@@ -799,6 +801,8 @@ typedef enum {
     ALG_ONESHOT,
     ALG_STAGED,
     ALG_STAGED_PLAIN,
+    ALG_STAGED_NT_SHORT,
+    ALG_STAGED_PLAIN_LONG,
     ALG_ZERO_COPY,
     ALG_CMA,
     ALG_ROUNDS, /* broadcast, allgather, reduce_scatter: rounds through the stage */
@@ -806,7 +810,8 @@ typedef enum {
 } shm_algorithm_t;
 
 static const char *const algorithm_names[] = {
-    "none", "mailbox", "one-shot", "staged:nt", "staged:plain", "zero-copy", "single-copy",
+    "none", "mailbox", "one-shot", "staged:nt", "staged:plain", "staged:nt:short",
+    "staged:plain:long", "zero-copy", "single-copy",
     "rounds", "barrier",
 };
 
@@ -881,6 +886,10 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
         recvs[j] = (uintptr_t)S->ranks[j].cma_recv;
     }
     const int stream = bytes >= STREAM_MIN_BYTES;
+    /* At debug, each step's time (what limits single copy at a size: docs/shm-transport.md). */
+    const int profile = ddp__log_level() >= DDP_LOG_DEBUG;
+    int64_t t[5] = {0};
+    if (profile) t[0] = ddp__now_ns();
     size_t lo, hi;
     slice_of(c->count, p, me, esize, &lo, &hi);
     ddp_status_t s = DDP_OK;
@@ -889,8 +898,10 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
                                 (char *)c->recv + lo * esize, lo, hi - lo, c->dtype, c->op,
                                 stream);
     if (s != DDP_OK) return cma_failed(S, c, s);
+    if (profile) t[1] = ddp__now_ns();
     s = sync_all(S, c, c->deadline_ns);
     if (s != DDP_OK) return s;
+    if (profile) t[2] = ddp__now_ns();
     for (int j = 0; j < p; j++) {
         size_t jlo, jhi;
         slice_of(c->count, p, j, esize, &jlo, &jhi);
@@ -900,7 +911,20 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
                               (jhi - jlo) * esize, "a peer's result", &err);
         if (s != DDP_OK) return cma_failed(S, c, ddp__error_context(s, "rank %d's slice", j));
     }
-    return sync_all(S, c, c->deadline_ns);
+    if (profile) t[3] = ddp__now_ns();
+    s = sync_all(S, c, c->deadline_ns);
+    if (profile && s == DDP_OK) {
+        t[4] = ddp__now_ns();
+        DDP_LOG(DDP_LOG_DEBUG,
+                "shm: rank %d single copy of %zu bytes: reduce %.1f us (%.2f GB/s of slice), "
+                "wait %.1f, gather %.1f us (%.2f GB/s), wait %.1f",
+                me, bytes, (double)(t[1] - t[0]) / 1e3,
+                (double)((hi - lo) * esize) / (double)(t[1] - t[0] + 1),
+                (double)(t[2] - t[1]) / 1e3, (double)(t[3] - t[2]) / 1e3,
+                (double)(bytes - (hi - lo) * esize) / (double)(t[3] - t[2] + 1),
+                (double)(t[4] - t[3]) / 1e3);
+    }
+    return s;
 }
 
 /* One allreduce above the mailbox size, the way `variant` says (ddp__shm_variant_t; -1: by the
@@ -948,10 +972,13 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         fp.recv_offset = recv_off;
     }
     const size_t line_elems = LINE / esize;
-    /* Plain stage stores keep the staging in L2, so they go with L2-sized rounds; streamed
-     * ones with whole-stage rounds (docs/shm-transport.md, "Self-tuning"). */
-    const int stream_stage = variant != DDP__SHM_V_STAGED_PLAIN;
-    const size_t round = stream_stage ? S->allreduce_round_bytes : S->round_bytes;
+    /* Two knobs, each tuned (docs/shm-transport.md, "Self-tuning"): the stores that write the
+     * stage, and the round size. By default streamed stores go with whole-stage rounds (fewer
+     * synchronisations) and plain ones with L2-sized rounds (the staging stays in L2); -1 (the
+     * static rules, up to the one-shot size here) is the former. */
+    const int stream_stage = variant < 0 || ddp__shm_variant_streams(variant);
+    const int long_rounds = variant < 0 || ddp__shm_variant_long_rounds(variant);
+    const size_t round = long_rounds ? S->allreduce_round_bytes : S->round_bytes;
     size_t chunk = round / esize / (size_t)p / line_elems * line_elems;
     chunk *= (size_t)p;
     if (chunk == 0) chunk = (size_t)p * line_elems;
@@ -1033,7 +1060,8 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
     const char *send = c->send;
     char *recv = c->recv;
     const int stream = bytes >= STREAM_MIN_BYTES;
-    set_algorithm(S, stream_stage ? ALG_STAGED : ALG_STAGED_PLAIN);
+    set_algorithm(S, stream_stage ? (long_rounds ? ALG_STAGED : ALG_STAGED_NT_SHORT)
+                                  : (long_rounds ? ALG_STAGED_PLAIN_LONG : ALG_STAGED_PLAIN));
     if (any_zero_copy) {
         /* Some rank did not stage round 0 (it hoped for zero copy): stage it now, everywhere. */
         if (!precopied) {
@@ -1095,8 +1123,21 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
 static unsigned allreduce_candidates(const shm_state_t *S, size_t bytes)
 {
     unsigned set = 0;
-    if (!(S->fixed & FIXED_STORES_PLAIN)) set |= 1u << DDP__SHM_V_STAGED_NT;
-    if (!(S->fixed & FIXED_STORES_NT)) set |= 1u << DDP__SHM_V_STAGED_PLAIN;
+    const int nt = !(S->fixed & FIXED_STORES_PLAIN), plain = !(S->fixed & FIXED_STORES_NT);
+    /* Both round sizes only where they cut the message differently (it is longer than the
+     * shorter round); else the variant that goes with the stores by default. */
+    const size_t shorter = S->round_bytes < S->allreduce_round_bytes ? S->round_bytes
+                                                                    : S->allreduce_round_bytes;
+    const int both = S->round_bytes != S->allreduce_round_bytes && bytes > shorter;
+    /* -1: tuned; 1 or 0: DDP_SHM_STAGED_ROUNDS=long or short. */
+    const int want_long = S->fixed & FIXED_ROUNDS_LONG    ? 1
+                          : S->fixed & FIXED_ROUNDS_SHORT ? 0
+                                                          : -1;
+    if (nt && want_long != 0) set |= 1u << DDP__SHM_V_STAGED_NT;
+    if (nt && (want_long == 0 || (want_long < 0 && both))) set |= 1u << DDP__SHM_V_STAGED_NT_SHORT;
+    if (plain && want_long != 1) set |= 1u << DDP__SHM_V_STAGED_PLAIN;
+    if (plain && (want_long == 1 || (want_long < 0 && both)))
+        set |= 1u << DDP__SHM_V_STAGED_PLAIN_LONG;
     if (!(S->fixed & FIXED_ONESHOT) && bytes < TUNE_ONESHOT_MAX)
         set |= 1u << DDP__SHM_V_ONESHOT;
     if (S->cma_enabled) {
@@ -1115,9 +1156,16 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     if (bytes <= MAILBOX_DATA || bytes <= S->oneshot_bytes) return run_allreduce_as(S, c, -1);
     const int cls = ddp__shm_tune_key(0, bytes);
     const unsigned candidates = allreduce_candidates(S, bytes);
-    const int fallback = S->cma_enabled && bytes >= S->cma_bytes ? DDP__SHM_V_CMA
-                         : S->fixed & FIXED_STORES_PLAIN          ? DDP__SHM_V_STAGED_PLAIN
-                                                                  : DDP__SHM_V_STAGED_NT;
+    /* With tuning off: the stores asked for (nt by default) with the rounds asked for (by
+     * default those that go with the stores). */
+    const int plain = (S->fixed & FIXED_STORES_PLAIN) != 0;
+    const int long_rounds = S->fixed & FIXED_ROUNDS_LONG    ? 1
+                            : S->fixed & FIXED_ROUNDS_SHORT ? 0
+                                                            : !plain;
+    const int staged = plain ? (long_rounds ? DDP__SHM_V_STAGED_PLAIN_LONG
+                                            : DDP__SHM_V_STAGED_PLAIN)
+                             : (long_rounds ? DDP__SHM_V_STAGED_NT : DDP__SHM_V_STAGED_NT_SHORT);
+    const int fallback = S->cma_enabled && bytes >= S->cma_bytes ? DDP__SHM_V_CMA : staged;
     const int variant = ddp__shm_tune_pick(&S->tune, cls, candidates, fallback);
     S->untimed_ns = 0;
     const int64_t start = ddp__now_ns();
@@ -1482,9 +1530,10 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     const char *cma = NULL;
     if ((s = ddp__env_text("DDP_SHM_CMA", &cma)) != DDP_OK) return ddp__error_context(s, "shm");
     t->cma_wanted = !cma || strcmp(cma, "off") != 0;
-    const char *tune = NULL, *stores = NULL;
+    const char *tune = NULL, *stores = NULL, *rounds = NULL;
     if ((s = ddp__env_text("DDP_SHM_TUNE", &tune)) != DDP_OK ||
-        (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK)
+        (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK ||
+        (s = ddp__env_text("DDP_SHM_STAGED_ROUNDS", &rounds)) != DDP_OK)
         return ddp__error_context(s, "shm");
     t->tune_mode = !tune || !strcmp(tune, "online") ? DDP__SHM_TUNE_ONLINE
                    : !strcmp(tune, "probe")         ? DDP__SHM_TUNE_PROBE
@@ -1494,6 +1543,8 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     if (set_explicitly("DDP_SHM_CMA_BYTES")) t->fixed |= FIXED_CMA;
     if (stores && !strcmp(stores, "nt")) t->fixed |= FIXED_STORES_NT;
     if (stores && !strcmp(stores, "plain")) t->fixed |= FIXED_STORES_PLAIN;
+    if (rounds && !strcmp(rounds, "long")) t->fixed |= FIXED_ROUNDS_LONG;
+    if (rounds && !strcmp(rounds, "short")) t->fixed |= FIXED_ROUNDS_SHORT;
     return DDP_OK;
 }
 

@@ -27,9 +27,13 @@
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 /* Scratch per peer for the pieces of a reduction: small enough that all peers' pieces and the
  * output block stay in L2 while they are reduced (measured no faster above 128 KiB). */
+#ifndef PIECE_BYTES_MAX
 #define PIECE_BYTES_MAX ((size_t)128 << 10)
+#endif
 #define PIECE_BYTES_MIN ((size_t)16 << 10)
+#ifndef SCRATCH_TOTAL
 #define SCRATCH_TOTAL ((size_t)512 << 10)
+#endif
 
 void ddp__shm_cma_allow_peers(void)
 {

@@ -28,7 +28,8 @@
 #define SWITCH_MARGIN 0.9
 
 static const char *const variant_names[DDP__SHM_VARIANTS] = {
-    "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds"};
+    "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds", "staged:nt:short",
+    "staged:plain:long"};
 static const char *const kind_names[DDP__SHM_TUNE_KINDS] = {"allreduce", "broadcast", "allgather",
                                                             "reduce_scatter"};
 
@@ -126,24 +127,67 @@ uint16_t ddp__shm_tune_take_update(ddp__shm_tune_t *t)
     return u;
 }
 
-void ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update)
+/* "64 KiB", "1 MiB": the bounds of a size class, which are powers of two. */
+static void power_text(size_t bytes, char *buf, size_t size)
 {
-    if (!update) return;
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+        bytes /= 1024;
+        u++;
+    }
+    snprintf(buf, size, "%zu %s", bytes, units[u]);
+}
+
+int ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update, ddp_trace_t *trace)
+{
+    if (!update) return 0;
     int cls = (update - 1) / DDP__SHM_VARIANTS, variant = (update - 1) % DDP__SHM_VARIANTS;
-    if (cls >= DDP__SHM_TUNE_KEYS || t->current[cls] == variant + 1) return;
+    if (cls >= DDP__SHM_TUNE_KEYS || t->current[cls] == variant + 1) return 0;
     int before = t->current[cls] ? t->current[cls] - 1 : -1;
     t->current[cls] = (uint8_t)(variant + 1);
+    const int size_class = cls % DDP__SHM_TUNE_CLASSES;
+    const char *kind = kind_names[cls / DDP__SHM_TUNE_CLASSES];
+    const char *old_name = before >= 0 ? variant_names[before] : "the default";
+    /* Only rank 0's estimates decided; the other ranks' are their own clocks' and say nothing. */
+    char new_cost[32] = "", old_cost[32] = "";
     if (t->rank == 0) {
-        char was[64];
+        snprintf(new_cost, sizeof new_cost, "%.3g",
+                 t->samples[cls][variant] ? estimate(t, cls, variant) : 0.0);
         if (before >= 0)
-            snprintf(was, sizeof was, "%s (%.3f ns/B)", variant_names[before],
+            snprintf(old_cost, sizeof old_cost, "%.3g",
                      t->samples[cls][before] ? estimate(t, cls, before) : 0.0);
-        else
-            snprintf(was, sizeof was, "the default");
-        int size_class = cls % DDP__SHM_TUNE_CLASSES;
-        DDP_LOG(DDP_LOG_INFO, "shm tune: %s %zu-%zu bytes: %s (%.3f ns/B on rank 0) replaces %s",
-                kind_names[cls / DDP__SHM_TUNE_CLASSES], (size_t)64 << size_class,
-                ((size_t)128 << size_class) - 1, variant_names[variant],
-                t->samples[cls][variant] ? estimate(t, cls, variant) : 0.0, was);
+        DDP_LOG(DDP_LOG_INFO,
+                "shm tune: %s %zu-%zu bytes: %s (%s ns/B on rank 0) replaces %s%s%s%s", kind,
+                (size_t)64 << size_class, ((size_t)128 << size_class) - 1,
+                variant_names[variant], new_cost, old_name, before >= 0 ? " (" : "", old_cost,
+                before >= 0 ? " ns/B)" : "");
     }
+    if (trace) {
+        char lo[32], hi[32], name[160], calls[16];
+        power_text((size_t)64 << size_class, lo, sizeof lo);
+        power_text((size_t)128 << size_class, hi, sizeof hi);
+        snprintf(name, sizeof name, "shm tune: %s [%s, %s): %s", kind, lo, hi,
+                 variant_names[variant]);
+        snprintf(calls, sizeof calls, "%u", (unsigned)t->calls[cls]);
+        char bytes_text[48];
+        snprintf(bytes_text, sizeof bytes_text, "%zu-%zu", (size_t)64 << size_class,
+                 ((size_t)128 << size_class) - 1);
+        const char *args[16] = {"collective", kind,     "bytes",      bytes_text,
+                                "variant",    variant_names[variant], "replaces", old_name,
+                                "calls of the class", calls};
+        int nargs = 5;
+        if (t->rank == 0) {
+            args[2 * nargs] = "ns per byte on rank 0";
+            args[2 * nargs + 1] = new_cost;
+            nargs++;
+            if (before >= 0) {
+                args[2 * nargs] = "replaced ns per byte on rank 0";
+                args[2 * nargs + 1] = old_cost;
+                nargs++;
+            }
+        }
+        (void)ddp_trace_instant(trace, name, "tune", 0, ddp__now_us(), args, nargs);
+    }
+    return 1;
 }

@@ -8,16 +8,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Variants: of an allreduce larger than the one-shot threshold (the first four), of a broadcast,
- * allgather or reduce_scatter (rounds or single copy). */
+#include "ddp/trace.h"
+
+/* Variants: of an allreduce larger than the one-shot threshold (all but ROUNDS), of a broadcast,
+ * allgather or reduce_scatter (rounds or single copy). The staged allreduce has two knobs, the
+ * stores that write the stage and the round size, each tuned: four variants. Long rounds are
+ * DDP_SHM_ALLREDUCE_ROUND_BYTES (1 MiB), short ones DDP_SHM_ROUND_BYTES (256 KiB). */
 typedef enum {
     DDP__SHM_V_STAGED_NT,    /* staged, stage written with non-temporal stores, long rounds */
-    DDP__SHM_V_STAGED_PLAIN, /* staged, plain stores, L2-sized rounds */
+    DDP__SHM_V_STAGED_PLAIN, /* staged, plain stores, short (L2-sized) rounds */
     DDP__SHM_V_ONESHOT,      /* every rank stages everything, reduces everything (<= 256 KiB) */
     DDP__SHM_V_CMA,          /* single copy: peers' buffers read with process_vm_readv */
     DDP__SHM_V_ROUNDS,       /* broadcast, allgather, reduce_scatter: rounds through the stage */
+    DDP__SHM_V_STAGED_NT_SHORT,  /* staged, non-temporal stores, short rounds */
+    DDP__SHM_V_STAGED_PLAIN_LONG, /* staged, plain stores, long rounds */
     DDP__SHM_VARIANTS
 } ddp__shm_variant_t;
+
+/* Whether a staged variant writes its stage with non-temporal stores, and uses long rounds. */
+static inline int ddp__shm_variant_streams(int v)
+{
+    return v == DDP__SHM_V_STAGED_NT || v == DDP__SHM_V_STAGED_NT_SHORT;
+}
+static inline int ddp__shm_variant_long_rounds(int v)
+{
+    return v == DDP__SHM_V_STAGED_NT || v == DDP__SHM_V_STAGED_PLAIN_LONG;
+}
 
 #define DDP__SHM_TUNE_CLASSES 40 /* class = floor(log2(bytes)) - 6, clamped */
 #define DDP__SHM_TUNE_KINDS 4     /* allreduce, broadcast, allgather, reduce_scatter */
@@ -60,10 +76,14 @@ void ddp__shm_tune_record(ddp__shm_tune_t *t, int cls, int variant, unsigned can
 /* Rank 0: the update to publish in the next first phase (0: none), cleared. */
 uint16_t ddp__shm_tune_take_update(ddp__shm_tune_t *t);
 
-/* Every rank, at the same collective: applies rank 0's published update. */
-void ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update);
+/* Every rank, at the same collective: applies rank 0's published update. A change is logged by
+ * rank 0 at DDP_LOG_LEVEL=info and, on every rank, recorded in `trace` (NULL: nowhere) as an
+ * instant event "shm tune: ..." with the class, the new and the old variant as arguments (rank
+ * 0's adds its estimates). Returns 1 when the incumbent changed. */
+int ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update, ddp_trace_t *trace);
 
-/* "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds". */
+/* "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds", "staged:nt:short",
+ * "staged:plain:long". */
 const char *ddp__shm_variant_name(int variant);
 
 #endif
