@@ -20,8 +20,10 @@
 # 70-320 ms between single runs of one configuration). PT_BACKENDS picks the backends ("gloo ddp";
 # "ddp" needs the build's python/libddp/_ddp_torch.so and is skipped with a message without it);
 # each gets its step, exposed and "/ libddp" columns, and with both a last column compares them.
-#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=60 WARMUP=5 REPS=5 PT_STEPS=30
-#                                                    PT_REPS=3 PT_BACKENDS="gloo ddp"
+# The defaults (with both PyTorch backends) took 23 min under load 9-16 with 60/5/30; they were
+# cut to 40/3/20 so that a quiet machine gives the full table in about 10 minutes.
+#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=40 WARMUP=5 REPS=3 PT_STEPS=20
+#                                                    PT_REPS=3 PT_BACKENDS="gloo ddp" PT_BIND=auto
 #                                                    HIDDEN="1024 4096" BATCH="1 64"
 #                                                    SCALE_BATCH="128 512")
 set -u
@@ -37,12 +39,15 @@ if [ -n "${PLOT:-}" ] && [ -z "${DDP_PLOT_INNER:-}" ]; then
 fi
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-STEPS=${STEPS:-60}
+STEPS=${STEPS:-40}
 WARMUP=${WARMUP:-5}
-REPS=${REPS:-5}
-PT_STEPS=${PT_STEPS:-30}
+REPS=${REPS:-3}
+PT_STEPS=${PT_STEPS:-20}
 PT_REPS=${PT_REPS:-3}
 PT_BACKENDS=${PT_BACKENDS:-gloo ddp}
+# PyTorch's ranks pinned one per CPU as ddprun pins libddp's ("auto"), or left to the scheduler
+# ("none"; bench/torch_allreduce.py, where "ddp" beat gloo 7-10x at 2-8 MiB, does not pin)
+PT_BIND=${PT_BIND:-auto}
 HIDDEN=${HIDDEN:-1024 4096}
 BATCH=${BATCH:-1 64}
 SCALE_BATCH=${SCALE_BATCH:-128 512}
@@ -157,7 +162,8 @@ for h in $HIDDEN; do
                 [ $((r % 2)) = 0 ] && order=$(echo "$backends" | awk '{ for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "") }')
                 for be in $order; do
                     if $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
-                        --warmup "$WARMUP" --backend "$be" --build "$BUILD" >"$tmp/pt" 2>"$tmp/pt.err"; then
+                        --warmup "$WARMUP" --backend "$be" --build "$BUILD" --bind "$PT_BIND" \
+                        >"$tmp/pt" 2>"$tmp/pt.err"; then
                         p1=$(field ddp_step_ms <"$tmp/pt")
                         pe1=$(field exposed_ms <"$tmp/pt")
                         pe2=$(field slowest_rank_exposed_ms <"$tmp/pt")
