@@ -24,20 +24,29 @@ trap 'rm -rf "$tmp"' EXIT
 # [ "pt+ddp step | v1 / ns [lo-hi] | Rx |" ... ]
 # -> label, libddp step, PyTorch step, libddp exposed lo hi, PyTorch exposed lo hi, ratio
 #    [, PyTorch+ddp step, exposed lo hi]
-awk -F'|' '/^\| hidden [0-9]+, batch [0-9]+\/rank/ {
+awk -F'|' '
+    # "[lo-hi]" in cell -> out[1], out[2]; lo may be negative (an exposure measure is a
+    # difference: noise can make it so), and the log axis needs it above 0, so it is clamped
+    function range_of(cell, out,    r, neg) {
+        match(cell, /\[-?[0-9.]+-[0-9.]+\]/); r = substr(cell, RSTART + 1, RLENGTH - 2)
+        neg = substr(r, 1, 1) == "-"; if (neg) r = substr(r, 2)
+        split(r, out, "-"); if (neg) out[1] = -out[1]
+        if (out[1] < 0.05) out[1] = 0.05
+    }
+    /^\| hidden [0-9]+, batch [0-9]+\/rank/ {
         label = $2; gsub(/^ +| +$/, "", label); sub(/, batch /, "\\n", label); sub(/\/rank/, "/rank", label); label = label; sub(/\\n/, "\\nbatch ", label)
         lstep = $3 + 0; pstep = $5 + 0
         # libddp exposed: "v1 / ns [lo-hi] / wait"
         split($4, a, "/"); ns = a[2] + 0; wait = a[3] + 0
-        match(a[2], /\[[0-9.]+-[0-9.]+\]/); r = substr(a[2], RSTART + 1, RLENGTH - 2); split(r, lr, "-")
+        range_of(a[2], lr)
         lexp = ns > wait ? ns : wait; llo = lr[1] < lexp ? lr[1] : lexp; lhi = lr[2] > lexp ? lr[2] : lexp
         split($6, b, "/"); pns = b[2] + 0
-        match(b[2], /\[[0-9.]+-[0-9.]+\]/); r = substr(b[2], RSTART + 1, RLENGTH - 2); split(r, pr, "-")
+        range_of(b[2], pr)
         ratio = $7; gsub(/ /, "", ratio)
         extra = ""
         if (NF >= 11 && $8 ~ /[0-9]/) {
             split($9, c, "/"); dns = c[2] + 0
-            match(c[2], /\[[0-9.]+-[0-9.]+\]/); r = substr(c[2], RSTART + 1, RLENGTH - 2); split(r, dr, "-")
+            range_of(c[2], dr)
             extra = sprintf(" %s %s %s %s", $8 + 0, dns, dr[1], dr[2])
         }
         printf "\"%s\" %s %s %s %s %s %s %s %s %s%s\n", label, lstep, pstep, lexp, llo, lhi, pns, pr[1], pr[2], ratio, extra
