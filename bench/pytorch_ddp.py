@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """PyTorch DDP anchor for the trainer benchmark: the same MLP 784-h-h-10 (ReLU, cross-entropy,
-SGD with momentum) as build/fashion-mnist, one thread per rank, 2 ranks over gloo on 127.0.0.1.
+SGD with momentum) as build/fashion-mnist, one thread per rank, 2 ranks on 127.0.0.1 over
+torch's "gloo" or libddp's "ddp" backend (--backend; "ddp" imports libddp.torch from the
+checkout's python/ with the build directory --build, as the tests do).
 
 For each (hidden, batch per rank) it measures
   local_step_ms  forward + backward + optimizer step in one process, no communication
@@ -12,7 +14,8 @@ For each (hidden, batch per rank) it measures
                  machine load (robust on a shared machine)
 and prints one JSON line per configuration.
 
-  /usr/bin/python3 bench/pytorch_ddp.py --hidden 1024 4096 --batch 1 64 --steps 30 --warmup 5
+  /usr/bin/python3 bench/pytorch_ddp.py --hidden 1024 4096 --batch 1 64 --steps 30 --warmup 5 \
+      --backend ddp
 """
 import argparse
 import json
@@ -68,7 +71,17 @@ def timed_steps(model, batch, steps, warmup, interleave_nosync=False):
     return median_ms(synced), (median_ms(local) if local else None)
 
 
-def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, queue):
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def use_libddp(build):
+    """Makes `import libddp.torch` find the checkout's package and the build's backend."""
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    os.environ["LIBDDP_BUILD_DIR"] = os.path.abspath(build)
+    import libddp.torch  # noqa: F401  (registers "ddp")
+
+
+def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, backend, build, queue):
     # Pinned one rank per CPU when asked, as ddprun pins libddp's workers by default, so both
     # sides of the comparison run with the same placement.
     cpus = sorted(os.sched_getaffinity(0))
@@ -77,7 +90,9 @@ def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, queue):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if backend == "ddp":
+        use_libddp(build)
+    dist.init_process_group(backend, rank=rank, world_size=world)
     model = nn.parallel.DistributedDataParallel(make_model(hidden))
     # Line the ranks up so that one rank's start-up is not counted as the other's communication.
     dist.barrier()
@@ -109,6 +124,10 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--backend", choices=["gloo", "ddp"], default="gloo",
+                    help="the torch.distributed backend of the DDP ranks")
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"),
+                    help="libddp's build directory (backend ddp): libddp.so and the extension")
     ap.add_argument("--bind", choices=["auto", "none"], default="auto",
                     help="auto: pin rank i to the i-th CPU when 2 <= world <= CPUs (like ddprun)")
     args = ap.parse_args()
@@ -119,10 +138,12 @@ def main():
             local, _ = timed_steps(make_model(hidden), batch, args.steps, args.warmup)
             queue = ctx.SimpleQueue()
             mp.start_processes(ddp_worker, args=(args.world, free_port(), hidden, batch, args.steps,
-                                                 args.warmup, args.bind == "auto", queue),
+                                                 args.warmup, args.bind == "auto", args.backend,
+                                                 args.build, queue),
                                nprocs=args.world, join=True, start_method="spawn")
             ddp, ddp_interleaved, nosync, slowest_exposed = queue.get()
-            print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "hidden": hidden,
+            print(json.dumps({"impl": "pytorch", "backend": args.backend,
+                              "torch": torch.__version__, "hidden": hidden,
                               "batch_per_rank": batch, "world_size": args.world,
                               "local_step_ms": round(local, 3), "ddp_step_ms": round(ddp, 3),
                               "exposed_ms": round(ddp - local, 3),

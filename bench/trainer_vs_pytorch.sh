@@ -1,5 +1,6 @@
 #!/bin/sh
-# libddp's trainer against PyTorch DDP (gloo) on the same MLP 784-h-h-10, 2 ranks on this machine,
+# libddp's trainer against PyTorch DDP on the same MLP 784-h-h-10, 2 ranks on this machine, with
+# PyTorch over torch's "gloo" and over libddp's own torch backend "ddp" (python/, built by make),
 # side by side in one invocation. For each hidden size and batch per rank:
 #   step       one data-parallel optimizer step on 2 ranks (forward, backward, allreduce, SGD),
 #              the median over the timed steps (robust to a busy machine's stalls)
@@ -14,10 +15,16 @@
 # This machine's speed drifts by 10-20 % from minute to minute (a shared VM), so every libddp
 # measurement is REPS runs, 1-rank and 2-rank interleaved, and each cell is the median over the
 # runs of the per-run medians; the no_sync column also shows the runs' range. PyTorch runs
-# PT_REPS times per configuration, interleaved with libddp's runs, and is summarised the same way
-# (its no_sync exposure moved 70-320 ms between single runs of one configuration).
-#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=60 WARMUP=5 REPS=5 PT_STEPS=30
-#                                                    PT_REPS=3 HIDDEN="1024 4096" BATCH="1 64"
+# PT_REPS times per configuration and backend, interleaved with libddp's runs (the backends'
+# order alternating between repeats), and is summarised the same way (its no_sync exposure moved
+# 70-320 ms between single runs of one configuration). PT_BACKENDS picks the backends ("gloo ddp";
+# "ddp" needs the build's python/libddp/_ddp_torch.so and is skipped with a message without it);
+# each gets its step, exposed and "/ libddp" columns, and with both a last column compares them.
+# The defaults (with both PyTorch backends) took 23 min under load 9-16 with 60/5/30; they were
+# cut to 40/3/20 so that a quiet machine gives the full table in about 10 minutes.
+#   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=40 WARMUP=5 REPS=3 PT_STEPS=20
+#                                                    PT_REPS=3 PT_BACKENDS="gloo ddp" PT_BIND=auto
+#                                                    HIDDEN="1024 4096" BATCH="1 64"
 #                                                    SCALE_BATCH="128 512")
 set -u
 # PLOT=FILE.png: the same run, its output also drawn into FILE.png by bench/plot_trainer_vs_pytorch.sh
@@ -32,11 +39,15 @@ if [ -n "${PLOT:-}" ] && [ -z "${DDP_PLOT_INNER:-}" ]; then
 fi
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-STEPS=${STEPS:-60}
+STEPS=${STEPS:-40}
 WARMUP=${WARMUP:-5}
-REPS=${REPS:-5}
-PT_STEPS=${PT_STEPS:-30}
+REPS=${REPS:-3}
+PT_STEPS=${PT_STEPS:-20}
 PT_REPS=${PT_REPS:-3}
+PT_BACKENDS=${PT_BACKENDS:-gloo ddp}
+# PyTorch's ranks pinned one per CPU as ddprun pins libddp's ("auto"), or left to the scheduler
+# ("none"; bench/torch_allreduce.py, where "ddp" beat gloo 7-10x at 2-8 MiB, does not pin)
+PT_BIND=${PT_BIND:-auto}
 HIDDEN=${HIDDEN:-1024 4096}
 BATCH=${BATCH:-1 64}
 SCALE_BATCH=${SCALE_BATCH:-128 512}
@@ -60,6 +71,23 @@ if ! $PY -c 'import torch.distributed' 2>/dev/null; then
     fi
 fi
 [ "$have_torch" = 1 ] || echo "bench: PyTorch unavailable (apt-get install python3-torch): its columns are skipped" >&2
+backends=""
+if [ "$have_torch" = 1 ]; then
+    for be in $PT_BACKENDS; do
+        case $be in
+            gloo) ;;
+            ddp)
+                if [ ! -f "$BUILD/python/libddp/_ddp_torch.so" ]; then
+                    echo "bench: $BUILD/python/libddp/_ddp_torch.so missing (make builds it when python3-torch, libtorch-dev and python3-dev are installed): PyTorch+ddp is skipped" >&2
+                    continue
+                fi ;;
+            *) echo "bench: PT_BACKENDS: unknown backend '$be' (gloo, ddp)" >&2; exit 2 ;;
+        esac
+        backends="$backends $be"
+    done
+fi
+backends=${backends# }
+[ -n "$backends" ] || have_torch=0
 
 field() { sed -n "s/.*\"$1\": *\([0-9.eE+-]*\).*/\1/p" | tail -1; }
 # median and range of the numbers on stdin, one per line
@@ -85,7 +113,7 @@ trainer() {
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-trainer.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum; libddp: $REPS runs of $STEPS timed steps after $WARMUP (1-rank and 2-rank runs interleaved), PyTorch: $PT_REPS runs of $PT_STEPS, interleaved with them"
+echo "# trainer_vs_pytorch: 2 ranks, MLP 784-h-h-10, SGD momentum; libddp: $REPS runs of $STEPS timed steps after $WARMUP (1-rank and 2-rank runs interleaved), PyTorch ($backends): $PT_REPS runs of $PT_STEPS per backend, interleaved with them"
 echo "# machine: $(nproc) cores, $(uname -r); $(date -u '+%Y-%m-%d %H:%M UTC'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# all times in ms; libddp cells: median over the runs of each run's median step; exposed ="
 echo "# communication not hidden:"
@@ -95,12 +123,28 @@ echo "#              the rank with the slower no_sync step (median [range] over 
 echo "#   wait:      per step the smallest time ddp_reducer_finalize waited over the ranks (the"
 echo "#              last rank to finish backward waits only for unhidden communication)"
 echo
-echo "| config | libddp step | libddp exposed: vs 1 rank / no_sync [range] / wait | PyTorch step | PyTorch exposed: vs 1 rank / no_sync [range] | PyTorch / libddp exposed |"
-echo "|---|---|---|---|---|---|"
+# PyTorch's columns, one group per backend; with gloo and ddp both, their ratio last.
+head="| config | libddp step | libddp exposed: vs 1 rank / no_sync [range] / wait |"
+rule="|---|---|---|"
+for be in $backends; do
+    # gloo keeps the column names of earlier results (bench/plot_trainer_vs_pytorch.sh reads both)
+    name="PyTorch"
+    [ "$be" = gloo ] || name="PyTorch+$be"
+    head="$head $name step | $name exposed: vs 1 rank / no_sync [range] | $name / libddp exposed |"
+    rule="$rule---|---|---|"
+done
+both=0
+case " $backends " in *" gloo "*) case " $backends " in *" ddp "*) both=1 ;; esac ;; esac
+if [ "$both" = 1 ]; then
+    head="$head PyTorch gloo / ddp exposed [range] |"
+    rule="$rule---|"
+fi
+echo "$head"
+echo "$rule"
 for h in $HIDDEN; do
     for b in $BATCH; do
         : >"$tmp/runs"
-        : >"$tmp/pt_runs"
+        for be in $backends; do : >"$tmp/pt_runs_$be"; done
         # libddp's and PyTorch's runs interleaved, so that both see the same machine states
         r=1
         while [ "$r" -le "$REPS" ] || { [ "$have_torch" = 1 ] && [ "$r" -le "$PT_REPS" ]; }; do
@@ -113,15 +157,21 @@ for h in $HIDDEN; do
                 echo "$local1 $step2 $nosync_exp $wait_ms" >>"$tmp/runs"
             fi
             if [ "$have_torch" = 1 ] && [ "$r" -le "$PT_REPS" ]; then
-                if $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
-                    --warmup "$WARMUP" >"$tmp/pt" 2>"$tmp/pt.err"; then
-                    p1=$(field ddp_step_ms <"$tmp/pt")
-                    pe1=$(field exposed_ms <"$tmp/pt")
-                    pe2=$(field slowest_rank_exposed_ms <"$tmp/pt")
-                    [ -n "$p1" ] && echo "$p1 $pe1 $pe2" >>"$tmp/pt_runs"
-                else
-                    cat "$tmp/pt.err" >&2
-                fi
+                # the backends' order alternates between repeats: neither always runs second
+                order=$backends
+                [ $((r % 2)) = 0 ] && order=$(echo "$backends" | awk '{ for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "") }')
+                for be in $order; do
+                    if $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
+                        --warmup "$WARMUP" --backend "$be" --build "$BUILD" --bind "$PT_BIND" \
+                        >"$tmp/pt" 2>"$tmp/pt.err"; then
+                        p1=$(field ddp_step_ms <"$tmp/pt")
+                        pe1=$(field exposed_ms <"$tmp/pt")
+                        pe2=$(field slowest_rank_exposed_ms <"$tmp/pt")
+                        [ -n "$p1" ] && echo "$p1 $pe1 $pe2 $r" >>"$tmp/pt_runs_$be"
+                    else
+                        cat "$tmp/pt.err" >&2
+                    fi
+                done
             fi
             r=$((r + 1))
         done
@@ -130,19 +180,36 @@ for h in $HIDDEN; do
         exp2=$(awk '{ print $3 }' "$tmp/runs" | median)
         exp2r=$(awk '{ print $3 }' "$tmp/runs" | range)
         wait_ms=$(awk '{ print $4 }' "$tmp/runs" | median)
-        pstep="-" pexp="-" ratio="-"
-        if [ -s "$tmp/pt_runs" ]; then
-            pstep=$(awk '{ print $1 }' "$tmp/pt_runs" | median)
-            pe1=$(awk '{ print $2 }' "$tmp/pt_runs" | median)
-            pe2=$(awk '{ print $3 }' "$tmp/pt_runs" | median)
-            pe2r=$(awk '{ print $3 }' "$tmp/pt_runs" | range)
-            pexp="$pe1 / $pe2 [$pe2r]"
-            # libddp's larger no_sync/wait measure against PyTorch's no_sync measure, medians
-            ratio=$(awk -v p="$pe2" -v e="$exp2" -v w="$wait_ms" 'BEGIN {
-                m = e > w ? e : w; if (m < 0.01) m = 0.01; printf "%.1fx", p / m }')
+        row=$(printf '| hidden %s, batch %s/rank | %s | %s / %s [%s] / %s |' "$h" "$b" \
+            "$step2" "$exp1" "$exp2" "$exp2r" "$wait_ms")
+        for be in $backends; do
+            pstep="-" pexp="-" ratio="-"
+            if [ -s "$tmp/pt_runs_$be" ]; then
+                pstep=$(awk '{ print $1 }' "$tmp/pt_runs_$be" | median)
+                pe1=$(awk '{ print $2 }' "$tmp/pt_runs_$be" | median)
+                pe2=$(awk '{ print $3 }' "$tmp/pt_runs_$be" | median)
+                pe2r=$(awk '{ print $3 }' "$tmp/pt_runs_$be" | range)
+                pexp="$pe1 / $pe2 [$pe2r]"
+                # libddp's larger no_sync/wait measure against PyTorch's no_sync measure, medians
+                ratio=$(awk -v p="$pe2" -v e="$exp2" -v w="$wait_ms" 'BEGIN {
+                    m = e > w ? e : w; if (m < 0.01) m = 0.01; printf "%.1fx", p / m }')
+            fi
+            row="$row $pstep | $pexp | $ratio |"
+        done
+        if [ "$both" = 1 ]; then
+            # gloo's no_sync exposure over ddp's, per repeat (the two ran back to back), then
+            # the median and range of those ratios
+            gd="-"
+            if [ -s "$tmp/pt_runs_gloo" ] && [ -s "$tmp/pt_runs_ddp" ]; then
+                gd=$(awk 'NR == FNR { g[$4] = $3; next } ($4 in g) {
+                        d = $3 < 0.01 ? 0.01 : $3; print g[$4] / d }' \
+                    "$tmp/pt_runs_gloo" "$tmp/pt_runs_ddp" >"$tmp/gd"
+                    m=$(median <"$tmp/gd"); rr=$(awk '{ printf "%.1f\n", $1 }' "$tmp/gd" | range)
+                    [ -n "$m" ] && printf '%.1fx [%s]' "$m" "$rr" || printf -- '-')
+            fi
+            row="$row $gd |"
         fi
-        printf '| hidden %s, batch %s/rank | %s | %s / %s [%s] / %s | %s | %s | %s |\n' "$h" "$b" \
-            "$step2" "$exp1" "$exp2" "$exp2r" "$wait_ms" "$pstep" "$pexp" "$ratio"
+        echo "$row"
     done
 done
 echo

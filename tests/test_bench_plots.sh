@@ -34,6 +34,11 @@ sh "$SRC/bench/plot_trainer_vs_pytorch.sh" "$R/2026-11-23-0823-trainer-vs-pytorc
     { fail "plot_trainer_vs_pytorch"; cat "$WORK/out" >&2; }
 grep -q '(4 configurations)' "$WORK/out" || fail "plot_trainer_vs_pytorch: $(cat "$WORK/out")"
 [ "$(png_size "$WORK/t.png")" = "1300 620" ] || fail "t.png: '$(png_size "$WORK/t.png")', expected a 1300x620 PNG"
+# a run with PyTorch over both backends: the "ddp" bars are drawn too
+sh "$SRC/bench/plot_trainer_vs_pytorch.sh" "$R/2026-11-24-1030-trainer-vs-pytorch-ddp-loaded.txt" "$WORK/d.png" >"$WORK/out" 2>&1 ||
+    { fail "plot_trainer_vs_pytorch with ddp"; cat "$WORK/out" >&2; }
+grep -q '(4 configurations, with PyTorch+ddp)' "$WORK/out" || fail "plot_trainer_vs_pytorch did not draw ddp: $(cat "$WORK/out")"
+[ "$(png_size "$WORK/d.png")" = "1300 620" ] || fail "d.png: '$(png_size "$WORK/d.png")'"
 # each refuses the other's output
 sh "$SRC/bench/plot_collectives.sh" "$R/2026-11-23-0823-trainer-vs-pytorch.txt" "$WORK/x.png" 2>"$WORK/err"
 [ $? = 1 ] && grep -q "no '## allreduce' table" "$WORK/err" || fail "plot_collectives accepted a trainer table"

@@ -2,11 +2,13 @@
 every collective against gloo's result on the same inputs in the same processes (or a reference
 where gloo has no such op), identical bits on every rank, the errors of unsupported ops, several
 process groups, both the inline and the asynchronous path, DDP training equal to gloo's (plain,
-find_unused_parameters, no_sync, the fp16 compression hook, ZeroRedundancyOptimizer), and a dead
+find_unused_parameters, no_sync, the fp16 compression hook, torch's PowerSGD hook with its chained
+allreduces on the training thread and on the progress thread, ZeroRedundancyOptimizer), and a dead
 or stalled rank reaching the others as an exception naming it. World sizes 1-4."""
 import io
 import os
 import socket
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -324,7 +326,7 @@ def test_collectives_match_gloo(world):
 # ---- DDP training equal to gloo's ---------------------------------------------------------------
 
 class MLP(torch.nn.Module):
-    def __init__(self, unused_branch=False):
+    def __init__(self, unused_branch=False, wide_vector=False):
         super().__init__()
         # 19 K parameters (77 KB): above the backend's 64 KiB inline limit, so DDP's bucket
         # goes through the asynchronous path and its future.
@@ -332,20 +334,52 @@ class MLP(torch.nn.Module):
         self.l2 = torch.nn.Linear(128, 128)
         self.l3 = torch.nn.Linear(128, 4)
         self.unused = torch.nn.Linear(128, 4) if unused_branch else None
+        # A 1-D parameter of 80 KB: PowerSGD leaves vectors uncompressed, so its first allreduce
+        # (of the vectors) is over 64 KiB and asynchronous, and the hook's later allreduces are
+        # issued from that work's completion, on libddp's progress thread.
+        self.shift = torch.nn.Parameter(torch.zeros(20000)) if wide_vector else None
 
     def forward(self, x):
-        return self.l3(torch.tanh(self.l2(torch.tanh(self.l1(x)))))
+        h = self.l1(x)
+        if self.shift is not None:
+            h = h + self.shift[:128]
+        return self.l3(torch.tanh(self.l2(torch.tanh(h))))
+
+
+def make_mlp(mode):
+    return MLP(unused_branch=(mode == "unused"), wide_vector=(mode == "powersgd_async"))
 
 
 def train(rank, group, mode, steps=20):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.distributed.optim import ZeroRedundancyOptimizer
     torch.manual_seed(0)
-    model = MLP(unused_branch=(mode == "unused"))
+    main_thread = threading.get_ident()
+    off_main_thread = [0]
+    model = make_mlp(mode)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, process_group=group, find_unused_parameters=(mode == "unused"))
     if mode == "fp16":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    if mode.startswith("powersgd"):
+        # Rank 2 with error feedback and warm start (torch's defaults), compressing from the
+        # third step on: the first steps take the hook's plain allreduce, the rest its chain of
+        # allreduce (vectors) -> P -> orthogonalise -> Q, whose random start is seeded (so
+        # training is deterministic: the test checks gloo against itself too).
+        state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=2,
+                                       start_powerSGD_iter=3, min_compression_rate=1,
+                                       random_seed=5)
+
+        def hook(state, bucket):
+            # Counts the hook chains that completed off the training thread (on the backend's
+            # progress thread for "ddp"), so the test knows which path it exercised.
+            def note(fut):
+                if threading.get_ident() != main_thread:
+                    off_main_thread[0] += 1
+                return fut.value()
+            return powersgd.powerSGD_hook(state, bucket).then(note)
+        ddp.register_comm_hook(state, hook)
     if mode == "zero":
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
                                       process_group=group, lr=0.05)
@@ -362,29 +396,46 @@ def train(rank, group, mode, steps=20):
             x = torch.randn(8, 20, generator=g)
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
+    train.off_main_thread = off_main_thread[0]
     return [p.detach().clone() for p in model.parameters()]
 
 
 def ddp_body(rank, world, mode):
     gloo = dist.new_group(backend="gloo")
     ours = train(rank, None, mode)
+    off_main = train.off_main_thread
     theirs = train(rank, gloo, mode)
-    return ours, theirs
+    # PowerSGD draws random matrices: gloo twice must agree before "ddp" is held to gloo.
+    again = train(rank, gloo, mode) if mode.startswith("powersgd") else theirs
+    return ours, theirs, again, off_main
 
 
 @pytest.mark.parametrize("world,mode", [(2, "plain"), (3, "plain"), (2, "unused"),
-                                        (2, "no_sync"), (2, "fp16"), (2, "zero")])
+                                        (2, "no_sync"), (2, "fp16"), (2, "zero"),
+                                        (2, "powersgd"), (3, "powersgd"), (2, "powersgd_async"),
+                                        (3, "powersgd_async")])
 def test_ddp_training_matches_gloo(world, mode):
     res = run(world, ddp_body, mode)
+    # Three ranks sum in a different order than gloo ((a+b)+c against a+(b+c)); PowerSGD's
+    # orthogonalisation divides by column norms and carries the error feedback across steps,
+    # which grows those last-bit differences to ~3e-6 over 20 steps (measured). Two ranks sum
+    # identically, so they are held to 1e-6 as every other mode.
+    tol = 1e-5 if mode.startswith("powersgd") and world > 2 else 1e-6
     for r in range(world):
-        ours, theirs = res[r]
+        ours, theirs, again, off_main = res[r]
+        for a, b in zip(theirs, again):
+            assert torch.equal(a, b), "gloo twice differs on rank %d: not deterministic" % r
         for a, b in zip(ours, theirs):
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+        if mode == "powersgd_async":
+            # The hook's chain ran in the completion of an asynchronous work: the path whose
+            # nested allreduce-and-wait needs the backend's inline run on its progress thread.
+            assert off_main > 0, "rank %d: no PowerSGD chain completed off the training thread" % r
         for a, b in zip(ours, res[0][0]):
             assert torch.equal(a, b), "rank %d's parameters differ from rank 0's" % r
     # Training moved the parameters (the comparison is not of two untouched models).
     torch.manual_seed(0)
-    initial = [p.detach() for p in MLP(unused_branch=(mode == "unused")).parameters()]
+    initial = [p.detach() for p in make_mlp(mode).parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(res[0][0], initial))
 
 

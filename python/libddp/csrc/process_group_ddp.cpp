@@ -346,7 +346,15 @@ class WorkDDP : public c10d::Work {
 struct Completion {
     c10::intrusive_ptr<WorkDDP> work;
     std::atomic<int>* outstanding;  // the group's count of Works not yet completed
+    const ddp_group_t* group;       // the libddp group the work ran on
 };
+
+// The group whose completion this thread is running (set around the future's completion, which
+// runs the callbacks chained on it). On libddp's progress thread a callback that issues a
+// collective and waits for it (torch's PowerSGD hook does: allreduce(P).wait() inside a then())
+// would wait for the very thread it blocks; such collectives run inline instead (libddp executes
+// a blocking call on the progress thread at once, as the next sequence number on every rank).
+static thread_local const ddp_group_t* completing_group = nullptr;
 
 static void on_complete(void* arg, ddp_status_t status) {
     Completion* c = static_cast<Completion*>(arg);
@@ -370,6 +378,11 @@ static void on_complete(void* arg, ddp_status_t status) {
     }
     w.keep_.clear();
     w.finish_ = nullptr;
+    // No longer in flight before the waiter wakes: the training thread that waited on this Work
+    // issues its next small collective inline rather than seeing this one still outstanding.
+    c->outstanding->fetch_sub(1);
+    const ddp_group_t* outer = completing_group;  // a run_inline inside a callback nests
+    completing_group = c->group;
     try {
         if (error)
             w.future_->setError(error);
@@ -379,7 +392,7 @@ static void on_complete(void* arg, ddp_status_t status) {
         // A future callback threw: c10's Future logs and swallows callback errors itself; nothing
         // may escape into libddp's progress thread.
     }
-    c->outstanding->fetch_sub(1);
+    completing_group = outer;
     delete c;
 }
 
@@ -447,7 +460,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         reduction_of("allreduce", tensors[0], opts.reduceOp, &dt, &op);
         auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
-        if (can_run_inline(bytes_of(buf)))
+        if (can_run_inline(bytes_of(buf)) || in_completion())
             return run_inline(w, [&] {
                 return ddp_group_allreduce(group_, buf.data_ptr(), buf.data_ptr(),
                                            (size_t)buf.numel(), dt, op);
@@ -481,6 +494,11 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
                 bufs.push_back(b.data_ptr());
                 counts.push_back((size_t)b.numel());
             }
+            if (in_completion())
+                return run_inline(w, [&] {
+                    return ddp_group_allreduce_coalesced(group_, bufs.data(), counts.data(),
+                                                         bufs.size(), dt, op);
+                });
             issue(*w, [&](ddp_work_t** h) {
                 return ddp_group_allreduce_coalesced_async(group_, bufs.data(), counts.data(),
                                                            bufs.size(), dt, op, h);
@@ -507,7 +525,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::BROADCAST, "broadcast", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
         int root = (int)opts.rootRank;
-        if (can_run_inline(bytes_of(buf)))
+        if (can_run_inline(bytes_of(buf)) || in_completion())
             return run_inline(w, [&] {
                 return ddp_group_broadcast(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, root);
             });
@@ -622,7 +640,8 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
         std::vector<at::Tensor> none;
         auto w = make_work(c10d::OpType::BARRIER, "barrier", none);
-        if (can_run_inline(0)) return run_inline(w, [&] { return ddp_group_barrier(group_); });
+        if (can_run_inline(0) || in_completion())
+            return run_inline(w, [&] { return ddp_group_barrier(group_); });
         issue(*w, [&](ddp_work_t** h) { return ddp_group_barrier_async(group_, h); });
         return launch(w);
     }
@@ -931,6 +950,15 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     // because this waits for it before raising.
     template <typename Start>
     void issue(WorkDDP& w, Start start) {
+        // On the progress thread, inside a callback of this group's completion, an asynchronous
+        // work would run only after the callback returns: a callback waiting for it (as the
+        // PowerSGD hook waits for its allreduces) would hang. The ops with an inline path take
+        // it there; the others are refused here rather than risk that hang.
+        TORCH_CHECK(!in_completion(), "libddp backend: ", w.what_, " on rank ", getRank(),
+                    " was issued from a callback of a completing Work of the same group (a comm "
+                    "hook's then()), which runs on libddp's progress thread; there only "
+                    "allreduce, allreduce_coalesced of one dtype, broadcast and barrier can run "
+                    "(inline). Issue it from the training thread instead");
         ddp_work_t* h = nullptr;
         ddp_status_t s = start(&h);
         if (s != DDP_OK) {
@@ -946,7 +974,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     // Hands the Work to libddp's completion callback of its last libddp work.
     c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<WorkDDP>& w) {
         outstanding_.fetch_add(1);
-        auto* c = new Completion{w, &outstanding_};
+        auto* c = new Completion{w, &outstanding_, group_};
         ddp_status_t s = ddp_work_on_complete(w->works_.back(), on_complete, c);
         if (s != DDP_OK) {
             outstanding_.fetch_sub(1);
@@ -968,11 +996,14 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         return bytes <= kInlineMaxBytes && outstanding_.load() == 0;
     }
 
+    // This thread runs a callback of one of this group's completing Works (see completing_group).
+    bool in_completion() const { return completing_group == group_; }
+
     template <typename Run>
     c10::intrusive_ptr<c10d::Work> run_inline(const c10::intrusive_ptr<WorkDDP>& w, Run run) {
         ddp_status_t s = run();  // on failure ddp_last_error() holds the text on this thread
         outstanding_.fetch_add(1);
-        on_complete(new Completion{w, &outstanding_}, s);
+        on_complete(new Completion{w, &outstanding_, group_}, s);
         return w;
     }
 
