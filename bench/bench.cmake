@@ -19,3 +19,8 @@ if(MPI_C_FOUND)
 else()
   message(STATUS "libddp: MPI not found, bench/mpi_baseline.c is not built")
 endif()
+# build/optim-kernels-bench: the optimizer kernels' ns per element against the scalar loop they
+# replaced (tests/optim_reference.h), interleaved (run by hand; results in docs/sharding.md).
+add_executable(optim-kernels-bench ${PROJECT_SOURCE_DIR}/bench/optim_kernels.c)
+target_include_directories(optim-kernels-bench PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_link_libraries(optim-kernels-bench PRIVATE ddp_internal m)

@@ -63,3 +63,7 @@ foreach(spec 1:1 1:2 1:3 2:1 2:2 2:3)
   string(REPLACE ":" ";" parts ${spec})
   ddp_add_test(NAME test_optim_state SOURCES test_optim_state.c ARGS zero ${parts} TIMEOUT 120)
 endforeach()
+
+# The vectorised optimizer kernels against a scalar copy of the loop they replaced, bit for bit,
+# over every option combination and dtype.
+ddp_add_test(NAME test_optim_kernels SOURCES test_optim_kernels.c TIMEOUT 120)

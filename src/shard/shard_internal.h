@@ -66,7 +66,8 @@ size_t ddp__optim_run_bytes(const ddp__optim_run_t *run, const ddp_optim_config_
  * gradient (same dtype), reading the parameter from `param` and writing the updated values to
  * `out` (which may be param). grad_scale < 1 is the clipping coefficient applied to every
  * gradient element first (as clip_grad_norm_ multiplies the gradients); pass 1 for none.
- * Increments run->steps. */
+ * Increments run->steps. `out` is `param` or does not overlap it, and neither overlaps the
+ * gradient or the run's state: the kernels (optim_kernels.c) are vectorised on that promise. */
 void ddp__optim_run_update_to(ddp__optim_run_t *run, const ddp_optim_config_t *config,
                               ddp_dtype_t dtype, const void *param, void *out, const void *grad,
                               double grad_scale);
