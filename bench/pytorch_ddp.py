@@ -81,7 +81,8 @@ def use_libddp(build):
     import libddp.torch  # noqa: F401  (registers "ddp")
 
 
-def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, backend, build, queue):
+def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, backend, build, ddp_kwargs,
+               queue):
     # Pinned one rank per CPU when asked, as ddprun pins libddp's workers by default, so both
     # sides of the comparison run with the same placement.
     cpus = sorted(os.sched_getaffinity(0))
@@ -93,7 +94,7 @@ def ddp_worker(rank, world, port, hidden, batch, steps, warmup, bind, backend, b
     if backend == "ddp":
         use_libddp(build)
     dist.init_process_group(backend, rank=rank, world_size=world)
-    model = nn.parallel.DistributedDataParallel(make_model(hidden))
+    model = nn.parallel.DistributedDataParallel(make_model(hidden), **ddp_kwargs)
     # Line the ranks up so that one rank's start-up is not counted as the other's communication.
     dist.barrier()
     ms, _ = timed_steps(model, batch, steps, warmup)
@@ -130,7 +131,17 @@ def main():
                     help="libddp's build directory (backend ddp): libddp.so and the extension")
     ap.add_argument("--bind", choices=["auto", "none"], default="auto",
                     help="auto: pin rank i to the i-th CPU when 2 <= world <= CPUs (like ddprun)")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP(gradient_as_bucket_view=True): gradients are views into the buckets, "
+                         "so DDP copies nothing in or out (libddp's trainer works that way)")
+    ap.add_argument("--bucket-mb", type=float, default=None,
+                    help="DDP's bucket_cap_mb (torch's default: 25)")
     args = ap.parse_args()
+    ddp_kwargs = {}
+    if args.bucket_view:
+        ddp_kwargs["gradient_as_bucket_view"] = True
+    if args.bucket_mb is not None:
+        ddp_kwargs["bucket_cap_mb"] = args.bucket_mb
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     for hidden in args.hidden:
@@ -139,12 +150,14 @@ def main():
             queue = ctx.SimpleQueue()
             mp.start_processes(ddp_worker, args=(args.world, free_port(), hidden, batch, args.steps,
                                                  args.warmup, args.bind == "auto", args.backend,
-                                                 args.build, queue),
+                                                 args.build, ddp_kwargs, queue),
                                nprocs=args.world, join=True, start_method="spawn")
             ddp, ddp_interleaved, nosync, slowest_exposed = queue.get()
             print(json.dumps({"impl": "pytorch", "backend": args.backend,
                               "torch": torch.__version__, "hidden": hidden,
                               "batch_per_rank": batch, "world_size": args.world,
+                              "gradient_as_bucket_view": args.bucket_view,
+                              "bucket_cap_mb": args.bucket_mb,
                               "local_step_ms": round(local, 3), "ddp_step_ms": round(ddp, 3),
                               "exposed_ms": round(ddp - local, 3),
                               "interleaved_ddp_step_ms": round(ddp_interleaved, 3),

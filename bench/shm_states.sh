@@ -12,7 +12,7 @@
 #
 # Environment: BUILD (default <repo>/build; built if a program is missing), DURATION (seconds,
 # default 600; runs continue until it has passed), RUNS (stop after this many runs instead),
-# RANKS ("2"), SIZES (ddp-bench sizes: MIN, MAX, FACTOR; default 8 B .. 128 MiB x4), ITERS (3),
+# RANKS ("2"), SIZES (ddp-bench sizes: MIN, MAX, FACTOR; default 8 B .. 128 MiB x4), ITERS (3), WARMUP (16),
 # ROUNDS (3), PAUSE (seconds between runs, default 20), OUT (the report file, default
 # bench/results/<UTC date-time>-shm-states.txt; the raw JSON goes to OUT's name without .txt).
 # Ratios > 1 mean libddp is faster (time of Open MPI / time of libddp).
@@ -27,6 +27,13 @@ MIN=${MIN:-8}
 MAX=${MAX:-128M}
 FACTOR=${FACTOR:-4}
 ITERS=${ITERS:-3}
+# Warm-up calls per size before timing. The shm tuner (docs/shm-transport.md, "Self-tuning")
+# probes every candidate variant for its first 3 x (number of candidates) calls of a size class
+# (12 at 32/128 MiB): with 2 warm-up calls, the timed calls at those sizes were mostly probes of
+# the slower variants (24 Nov 11:38, quiet: 6.9 GB/s at 32 and 128 MiB with -w 2, 10.3-11.3 with
+# -w 40, and 8.0-8.7 with the tuner off). A job makes thousands of calls; the steady state is
+# what this measures.
+WARMUP=${WARMUP:-16}
 ROUNDS=${ROUNDS:-3}
 PAUSE=${PAUSE:-20}
 STAMP=$(date -u '+%Y-%m-%d-%H%M')
@@ -49,7 +56,7 @@ command -v mpirun >/dev/null 2>&1 && [ -x "$BUILD/mpi-baseline" ] || {
 }
 mkdir -p "$RAW"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-COMMON="-d f32 -r sum -b $MIN -e $MAX -f $FACTOR -n $ITERS -w 2 --rounds $ROUNDS --min-ms 10 --json"
+COMMON="-d f32 -r sum -b $MIN -e $MAX -f $FACTOR -n $ITERS -w $WARMUP --rounds $ROUNDS --min-ms 10 --json"
 json_only() { grep '^{' || true; }
 
 start=$(date +%s)

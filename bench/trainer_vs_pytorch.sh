@@ -21,9 +21,10 @@
 # "ddp" needs the build's python/libddp/_ddp_torch.so and is skipped with a message without it);
 # each gets its step, exposed and "/ libddp" columns, and with both a last column compares them.
 # The defaults (with both PyTorch backends) took 23 min under load 9-16 with 60/5/30; they were
-# cut to 40/3/20 so that a quiet machine gives the full table in about 10 minutes.
+# cut to 40/3/20: on the quiet machine (24 Nov, 11:21 UTC) the full table took 4 minutes.
 #   sh bench/trainer_vs_pytorch.sh [BUILD_DIR]      (STEPS=40 WARMUP=5 REPS=3 PT_STEPS=20
 #                                                    PT_REPS=3 PT_BACKENDS="gloo ddp" PT_BIND=auto
+#                                                    PT_ARGS="--bucket-view"
 #                                                    HIDDEN="1024 4096" BATCH="1 64"
 #                                                    SCALE_BATCH="128 512")
 set -u
@@ -48,6 +49,9 @@ PT_BACKENDS=${PT_BACKENDS:-gloo ddp}
 # PyTorch's ranks pinned one per CPU as ddprun pins libddp's ("auto"), or left to the scheduler
 # ("none"; bench/torch_allreduce.py, where "ddp" beat gloo 7-10x at 2-8 MiB, does not pin)
 PT_BIND=${PT_BIND:-auto}
+# PT_ARGS: more options for bench/pytorch_ddp.py, e.g. "--bucket-view" (DDP's
+# gradient_as_bucket_view=True) or "--bucket-mb 1"
+PT_ARGS=${PT_ARGS:-}
 HIDDEN=${HIDDEN:-1024 4096}
 BATCH=${BATCH:-1 64}
 SCALE_BATCH=${SCALE_BATCH:-128 512}
@@ -162,7 +166,7 @@ for h in $HIDDEN; do
                 [ $((r % 2)) = 0 ] && order=$(echo "$backends" | awk '{ for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "") }')
                 for be in $order; do
                     if $PY bench/pytorch_ddp.py --hidden "$h" --batch "$b" --steps "$PT_STEPS" \
-                        --warmup "$WARMUP" --backend "$be" --build "$BUILD" --bind "$PT_BIND" \
+                        --warmup "$WARMUP" --backend "$be" --build "$BUILD" --bind "$PT_BIND" $PT_ARGS \
                         >"$tmp/pt" 2>"$tmp/pt.err"; then
                         p1=$(field ddp_step_ms <"$tmp/pt")
                         pe1=$(field exposed_ms <"$tmp/pt")
