@@ -39,17 +39,10 @@ done
 [ -d /usr/share/games/fortunes ] || { echo "bench: no fortunes text: apt-get install fortunes" >&2; exit 1; }
 export OPENBLAS_NUM_THREADS=1
 
-# PyTorch: install Debian's python3-torch when missing (root only); otherwise skip its columns.
-have_torch=1
-if ! $PY -c 'import torch.distributed' 2>/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "bench: installing python3-torch (Debian)" >&2
-        apt-get install -y python3-torch >/dev/null 2>&1 || have_torch=0
-        $PY -c 'import torch.distributed' 2>/dev/null || have_torch=0
-    else
-        have_torch=0
-    fi
-fi
+# PyTorch: install Debian's python3-torch when missing (root only); otherwise skip its
+# columns.
+. bench/common.sh
+have_torch=$(bench_have_torch "$PY")
 backends=""
 if [ "$have_torch" = 1 ]; then
     backends="gloo"

@@ -63,17 +63,10 @@ for f in "$FM" "$DDPRUN"; do
 done
 export OPENBLAS_NUM_THREADS=1
 
-# PyTorch: install Debian's python3-torch when missing (root only); otherwise skip its column.
-have_torch=1
-if ! $PY -c 'import torch.distributed' 2>/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "bench: installing python3-torch (Debian)" >&2
-        apt-get install -y python3-torch >/dev/null 2>&1 || have_torch=0
-        $PY -c 'import torch.distributed' 2>/dev/null || have_torch=0
-    else
-        have_torch=0
-    fi
-fi
+# PyTorch: install Debian's python3-torch when missing (root only); otherwise skip its
+# column.
+. bench/common.sh
+have_torch=$(bench_have_torch "$PY")
 [ "$have_torch" = 1 ] || echo "bench: PyTorch unavailable (apt-get install python3-torch): its columns are skipped" >&2
 backends=""
 if [ "$have_torch" = 1 ]; then

@@ -46,6 +46,18 @@ static void write_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* Opens the next event of the file, up to its name and category (default "ddp"); the caller
+ * holds trace->lock and writes the rest of the event. */
+static void begin_event(ddp_trace_t *trace, const char *name, const char *category)
+{
+    if (!trace->first) fputs(",\n", trace->file);
+    trace->first = 0;
+    fputs("{\"name\":", trace->file);
+    write_string(trace->file, name);
+    fputs(",\"cat\":", trace->file);
+    write_string(trace->file, category ? category : "ddp");
+}
+
 ddp_status_t ddp_trace_span(ddp_trace_t *trace, const char *name, const char *category, int tid,
                             double start_us, double end_us)
 {
@@ -59,12 +71,7 @@ ddp_status_t ddp_trace_span(ddp_trace_t *trace, const char *name, const char *ca
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "end_us is %g, not a finite time", end_us);
     if (end_us < start_us) end_us = start_us;
     pthread_mutex_lock(&trace->lock);
-    if (!trace->first) fputs(",\n", trace->file);
-    trace->first = 0;
-    fputs("{\"name\":", trace->file);
-    write_string(trace->file, name);
-    fputs(",\"cat\":", trace->file);
-    write_string(trace->file, category ? category : "ddp");
+    begin_event(trace, name, category);
     fprintf(trace->file, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
             trace->pid, tid, start_us, end_us - start_us);
     pthread_mutex_unlock(&trace->lock);
@@ -87,12 +94,7 @@ ddp_status_t ddp_trace_instant(ddp_trace_t *trace, const char *name, const char 
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "args[%d] (the %s of argument %d) is NULL",
                               i, i % 2 ? "value" : "key", i / 2);
     pthread_mutex_lock(&trace->lock);
-    if (!trace->first) fputs(",\n", trace->file);
-    trace->first = 0;
-    fputs("{\"name\":", trace->file);
-    write_string(trace->file, name);
-    fputs(",\"cat\":", trace->file);
-    write_string(trace->file, category ? category : "ddp");
+    begin_event(trace, name, category);
     fprintf(trace->file, ",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", trace->pid,
             tid, ts_us);
     if (nargs > 0) {
