@@ -29,9 +29,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _send(queue, item):
+    """Puts item and waits until it is all in the pipe. Queue.put hands the bytes to a feeder
+    thread; a rank that then crashes while tearing down (torch 1.13 can, at exit) would leave a
+    message cut short, and the parent blocks for ever reading its rest (Queue.get's timeout
+    covers only the wait for the first byte)."""
+    queue.put(item)
+    queue.close()
+    queue.join_thread()
+
+
 def _main(fn, rank, world, port, queue, timeout_s, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    sent = False
     try:
         import libddp.torch  # noqa: F401
         dist.init_process_group("ddp", rank=rank, world_size=world,
@@ -41,10 +52,12 @@ def _main(fn, rank, world, port, queue, timeout_s, args):
         # this process.
         buf = io.BytesIO()
         torch.save(out, buf)
-        queue.put((rank, "ok", buf.getvalue()))
+        _send(queue, (rank, "ok", buf.getvalue()))
+        sent = True
         dist.destroy_process_group()
     except BaseException as e:
-        queue.put((rank, "error", "%r\n%s" % (e, traceback.format_exc())))
+        if not sent:
+            _send(queue, (rank, "error", "%r\n%s" % (e, traceback.format_exc())))
 
 
 def run(world, fn, *args, timeout_s=60, wait_s=240):
