@@ -283,6 +283,27 @@ DDP_API void ddp_work_free(ddp_work_t *work);
 DDP_API ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out);
 DDP_API ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer);
 
+/* ---- registering your own memory -----------------------------------------------------------
+ * Not collective. Declares [ptr, ptr + bytes), memory from malloc (or any private anonymous
+ * mapping) that this rank will pass to collectives again and again, such as a gradient block.
+ * On shm the whole pages inside the range are moved onto shared memory in place: the same
+ * addresses, the same bytes, nothing for the caller to change; from then on an allreduce whose
+ * buffers lie in registered memory on every rank reads and writes the peers' buffers directly
+ * (ddp_group_algorithm says "mapped"): each rank reads every input once and writes every output
+ * once, with no copy through the segment. Results are bitwise those of the other paths.
+ * The contract, as for any registered memory (ibv_reg_mr, cudaHostRegister):
+ *   - keep the memory allocated, unmoved (no realloc) and unregistered until
+ *     ddp_group_unregister_memory; no collective on it may be pending then;
+ *   - do not write it while a collective on it runs (as for any buffer);
+ *   - a process forked afterwards gets a private copy, as with ordinary memory.
+ * Errors: NULL/0 or a range overlapping one already registered (DDP_ERR_INVALID_ARGUMENT);
+ * memory that is not private anonymous and writable, a range holding no whole page, or too many
+ * registrations (DDP_ERR_UNSUPPORTED: nothing changed, the memory works as before). On
+ * transports without shared memory (tcp, mpi) both calls succeed and do nothing. */
+DDP_API ddp_status_t ddp_group_register_memory(ddp_group_t *group, void *ptr, size_t bytes);
+/* Gives the pages back as ordinary private memory, content unchanged. `ptr` as registered. */
+DDP_API ddp_status_t ddp_group_unregister_memory(ddp_group_t *group, void *ptr);
+
 #ifdef __cplusplus
 }
 #endif

@@ -767,6 +767,32 @@ ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer)
     return DDP_OK;
 }
 
+ddp_status_t ddp_group_register_memory(ddp_group_t *group, void *ptr, size_t bytes)
+{
+    ddp__clear_error();
+    TRY(check_group(group, "register_memory"));
+    if (!ptr || bytes == 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "register_memory: %s",
+                          ptr ? "bytes is 0" : "ptr is NULL");
+    if ((uintptr_t)ptr > UINTPTR_MAX - bytes)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "register_memory: %p + %zu bytes wraps around the address space", ptr,
+                          bytes);
+    if (atomic_load(&group->broken)) return aborted_error(group, "register_memory");
+    return group->ops->register_memory ? group->ops->register_memory(group->state, ptr, bytes)
+                                       : DDP_OK;
+}
+
+ddp_status_t ddp_group_unregister_memory(ddp_group_t *group, void *ptr)
+{
+    ddp__clear_error();
+    TRY(check_group(group, "unregister_memory"));
+    if (!ptr) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "unregister_memory: ptr is NULL");
+    /* Also on a broken group: the pages must go back to ordinary memory whatever happened. */
+    return group->ops->unregister_memory ? group->ops->unregister_memory(group->state, ptr)
+                                         : DDP_OK;
+}
+
 /* ---- accessors ---------------------------------------------------------------------------- */
 
 int ddp_group_rank(const ddp_group_t *group) { return group ? group->rank : -1; }

@@ -72,6 +72,11 @@ typedef struct ddp__transport_ops {
      * may then write other ranks' results with non-temporal stores. Results are unchanged. */
     void (*advise_cold_results)(void *state, void *buffer);
 
+    /* Optional (NULL: both succeed and do nothing). Not collective; may be called from any
+     * thread while collectives run (on other buffers). See ddp_group_register_memory. */
+    ddp_status_t (*register_memory)(void *state, void *ptr, size_t bytes);
+    ddp_status_t (*unregister_memory)(void *state, void *ptr);
+
     /* Marks the transport broken with a reason peers can read, so that they fail fast instead
      * of waiting for their timeout. Optional. */
     void (*abort)(void *state, const char *reason);
