@@ -139,6 +139,9 @@ static void clear_env(void)
                            "DDP_SHM_TUNE",          "DDP_SHM_STAGED_ROUNDS",
                            "DDP_SHM_ALLREDUCE_ROUND_BYTES"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) unsetenv(names[i]);
+    /* The variants of unregistered buffers: with DDP_SHM_MAP=auto the buffers this test reuses
+     * call after call would be registered and go mapped (tests/test_shm_map.c tests that). */
+    setenv("DDP_SHM_MAP", "on", 1);
 }
 
 static ddp_group_t *make_group(int rank, int world, ddp_store_t *store, const char *name)

@@ -296,6 +296,9 @@ DDP_API ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer);
  *     ddp_group_unregister_memory; no collective on it may be pending then;
  *   - do not write it while a collective on it runs (as for any buffer);
  *   - a process forked afterwards gets a private copy, as with ordinary memory.
+ * With DDP_SHM_MAP=auto (the default) libddp also registers, by itself, allreduce buffers of at
+ * least 128 KiB that come back (glibc malloc and Linux >= 6.11 only: docs/shm-transport.md);
+ * registering such a buffer yourself takes it over.
  * Errors: NULL/0 or a range overlapping one already registered (DDP_ERR_INVALID_ARGUMENT);
  * memory that is not private anonymous and writable, a range holding no whole page, or too many
  * registrations (DDP_ERR_UNSUPPORTED: nothing changed, the memory works as before). On

@@ -966,6 +966,19 @@ static void covered(const ddp__shm_map_hint_t *h, size_t n, size_t esize, size_t
     if (*hi < *lo) *hi = *lo;
 }
 
+/* DDP_SHM_MAP: off, on (registered memory), auto (also buffers libddp registers itself). */
+enum { MAP_OFF, MAP_ON, MAP_AUTO };
+/* The smallest buffer DDP_SHM_MAP=auto registers (below, a copy through the stage is cheap). */
+#define MAP_AUTO_MIN ((size_t)128 << 10)
+
+/* The export holding buffer p of a collective, registering it first under DDP_SHM_MAP=auto. */
+static int map_lookup(shm_state_t *S, const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
+{
+    if (ddp__shm_map_find(p, bytes, hint)) return 1;
+    return S->map_wanted == MAP_AUTO && bytes >= MAP_AUTO_MIN && ddp__shm_map_auto(p, bytes) &&
+           ddp__shm_map_find(p, bytes, hint);
+}
+
 /* This rank's hints for c's buffers, or slot -1 in both (then the collective is not mapped). */
 static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
                          shm_fingerprint_t *fp)
@@ -973,10 +986,10 @@ static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t byte
     if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return;
     const size_t esize = ddp_dtype_size(c->dtype);
     if ((uintptr_t)c->send % esize || (uintptr_t)c->recv % esize) return;
-    if (!ddp__shm_map_find(c->send, bytes, &fp->map[0])) return;
+    if (!map_lookup(S, c->send, bytes, &fp->map[0])) return;
     if (c->recv == c->send) {
         fp->map[1] = fp->map[0];
-    } else if (!ddp__shm_map_find(c->recv, bytes, &fp->map[1])) {
+    } else if (!map_lookup(S, c->recv, bytes, &fp->map[1])) {
         fp->map[0].slot = fp->map[1].slot = -1;
         return;
     }
@@ -1097,8 +1110,10 @@ static ddp_status_t run_allreduce_mapped(shm_state_t *S, const ddp__collective_t
             else
                 dsts[nd++] = stage + EDGE_RECV_TAIL + (x - hi_of[k][1]) * esize;
         }
-        /* Plain stores: streaming the results (all, or this rank's own) was slower at 8-128 MiB
-         * (2 ranks: 8 MiB 25-38 against 52-57 GB/s, 128 MiB 10-17 against 19). */
+        /* Plain stores: streaming the results (all, or this rank's own, or the peers') was slower
+         * or no faster at 128 KiB-128 MiB in both states of the test VM (2 ranks: 8 MiB 25-38
+         * against 52-57 GB/s, 128 MiB 10-17 against 19). Every rank reducing everything into
+         * its own recv (no remote writes) was slower too (2 MiB 33 against 46 GB/s). */
         ddp__reduce_multi_stream(dsts, nd, 0u, srcs, p, y - x, c->dtype, c->op);
     }
     ddp_status_t s = sync_all(S, c, c->deadline_ns);
@@ -1140,8 +1155,8 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         /* Registered memory on every rank: this size class goes the mapped way from the next
          * call on (the one-shot variant stops being a candidate, the same on every rank). */
         if (!(variant >= 0 && S->map_wanted && p > 1 &&
-              ddp__shm_map_find(c->send, bytes, &fp.map[0]) &&
-              ddp__shm_map_find(c->recv, bytes, &fp.map[1])))
+              map_lookup(S, c->send, bytes, &fp.map[0]) &&
+              map_lookup(S, c->recv, bytes, &fp.map[1])))
             fp.map[0].slot = fp.map[1].slot = -1;
         unsigned q = (unsigned)(S->use++ & 1);
         if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
@@ -1751,7 +1766,7 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     t->cma_wanted = !cma || strcmp(cma, "off") != 0;
     const char *map = NULL;
     if ((s = ddp__env_text("DDP_SHM_MAP", &map)) != DDP_OK) return ddp__error_context(s, "shm");
-    t->map_wanted = !map || strcmp(map, "off") != 0;
+    t->map_wanted = !map || !strcmp(map, "auto") ? MAP_AUTO : !strcmp(map, "on") ? MAP_ON : MAP_OFF;
     const char *tune = NULL, *stores = NULL, *rounds = NULL;
     if ((s = ddp__env_text("DDP_SHM_TUNE", &tune)) != DDP_OK ||
         (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK ||

@@ -9,6 +9,7 @@
  * shared, which is what lets a peer map it. Only whole pages inside the registered range move:
  * the partial pages at its ends may hold other objects, which other threads may be writing while
  * the bytes are copied. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -38,19 +39,43 @@ struct ddp_procmap_query {
 #define VMA_WRITABLE 0x02u
 #define VMA_SHARED 0x08u
 
+/* The memfd's size: far beyond the pages it backs, sparse (nothing is allocated until touched),
+ * so that a mapping of it grown by mremap (realloc of a chunk malloc had mmap'd) reads zeros
+ * where it would otherwise fault with SIGBUS. */
+#define MEMFD_BYTES ((off_t)1 << 40)
+
 typedef struct export {
     uintptr_t user, user_end; /* as registered */
     uintptr_t start, end;     /* the whole pages moved onto the memfd */
     int fd;                   /* open while registered: peers open /proc/<pid>/fd/<fd> */
     uint32_t gen;             /* 0: slot free */
+    int automatic;            /* registered by libddp itself (DDP_SHM_MAP=auto) */
     uint64_t ino;
 } export_t;
+
+/* DDP_SHM_MAP=auto: buffers seen before, by (address, size). A buffer is registered the second
+ * time it comes (the first call may be its only one); one that went away after being registered
+ * twice (freed and allocated again each step) is left alone from then on. */
+#define SEEN_SLOTS 64
+typedef struct seen {
+    uintptr_t addr;
+    size_t bytes;
+    uint32_t calls, registrations;
+    uint64_t last; /* for replacement: the oldest goes */
+} seen_t;
 
 static pthread_mutex_t exports_mu = PTHREAD_MUTEX_INITIALIZER;
 static export_t exports[DDP__SHM_MAP_SLOTS];
 static uint32_t last_gen;
+static seen_t seen[SEEN_SLOTS];
+static uint64_t seen_clock;
+/* Inodes of registrations forgotten because their pages moved or went away (fork_child). */
+#define GONE_SLOTS 256
+static uint64_t gone[GONE_SLOTS];
+static unsigned gone_next;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int maps_fd = -1; /* /proc/self/maps for PROCMAP_QUERY; -1: the kernel has none */
+static int glibc_malloc; /* malloc is the C library's (see init_once) */
 
 /* ---- this process's memory areas ---------------------------------------------------------- */
 
@@ -78,7 +103,13 @@ static void init_once(void)
             close(fd);
         }
     }
-    /* A child forked after registration gets private copies (fork_child). */
+    /* Automatic registration relies on how glibc's malloc treats a chunk it mmap'd: its own
+     * mapping, unmapped by free, never reused for other objects. Allocators loaded in its place
+     * (jemalloc, tcmalloc) keep freed extents and reuse them. */
+    Dl_info info;
+    void *m = dlsym(RTLD_DEFAULT, "malloc");
+    glibc_malloc = m && dladdr(m, &info) && info.dli_fname && strstr(info.dli_fname, "libc.so");
+    /* A child forked after registration gets private pages (fork_child). */
     pthread_atfork(NULL, NULL, fork_child);
 }
 
@@ -183,9 +214,12 @@ static int move_over(void *tmp, uintptr_t start, size_t len)
     return r == (void *)start ? 0 : -1;
 }
 
-ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
+static void sweep_stale(void);
+static ddp_status_t release_export(export_t *e, int check);
+
+/* Registers [ptr, ptr + bytes) with exports_mu held. */
+static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
 {
-    pthread_once(&once, init_once);
     const uintptr_t user = (uintptr_t)ptr, user_end = user + bytes;
     const uintptr_t start = (user + PAGE - 1) & ~(PAGE - 1), end = user_end & ~(PAGE - 1);
     if (end <= start)
@@ -194,11 +228,22 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
                           "(only whole pages can be shared)",
                           ptr, bytes, (size_t)PAGE);
     const size_t len = end - start;
-    pthread_mutex_lock(&exports_mu);
     ddp_status_t s = DDP_OK;
     int slot = -1;
+    sweep_stale();
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
-        const export_t *e = &exports[i];
+        export_t *e = &exports[i];
+        /* The caller registers what libddp registered by itself (DDP_SHM_MAP=auto): the same
+         * pages become the caller's registration; other pages go back to private memory first. */
+        if (e->gen && e->automatic && !automatic && user < e->user_end && e->user < user_end) {
+            if (e->start == start && e->end == end) {
+                e->automatic = 0;
+                e->user = user;
+                e->user_end = user_end;
+                return DDP_OK;
+            }
+            if ((s = release_export(e, 1)) != DDP_OK) ddp__clear_error();
+        }
         if (!e->gen) {
             if (slot < 0) slot = i;
             continue;
@@ -208,7 +253,7 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
                            "register_memory: [%p, +%zu bytes) overlaps [%p, +%zu bytes), "
                            "registered already",
                            ptr, bytes, (void *)e->user, (size_t)(e->user_end - e->user));
-            goto out;
+            return s;
         }
     }
     if (slot < 0) {
@@ -216,22 +261,19 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
                        "register_memory: %d buffers are registered already, the most a process "
                        "may have; unregister one first",
                        DDP__SHM_MAP_SLOTS);
-        goto out;
+        return s;
     }
-    if ((s = check_movable(start, end)) != DDP_OK) goto out;
+    if ((s = check_movable(start, end)) != DDP_OK) return s;
     int fd = memfd_create("ddp-registered", MFD_CLOEXEC);
-    if (fd < 0) {
-        s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "register_memory: memfd_create");
-        goto out;
-    }
+    if (fd < 0) return ddp__error_errno(DDP_ERR_SYSTEM, errno, "register_memory: memfd_create");
     struct stat st;
     void *tmp = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) != 0 || fstat(fd, &st) != 0 ||
+    if (ftruncate(fd, MEMFD_BYTES) != 0 || fstat(fd, &st) != 0 ||
         (tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
         s = ddp__error_errno(DDP_ERR_NO_MEMORY, errno,
                              "register_memory: shared memory for %zu bytes", len);
         close(fd);
-        goto out;
+        return s;
     }
     memcpy(tmp, (const void *)start, len);
     if (move_over(tmp, start, len) != 0) {
@@ -240,7 +282,7 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
                              (void *)start);
         munmap(tmp, len);
         close(fd);
-        goto out;
+        return s;
     }
     export_t *e = &exports[slot];
     e->user = user;
@@ -249,11 +291,77 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
     e->end = end;
     e->fd = fd;
     e->ino = (uint64_t)st.st_ino;
+    e->automatic = automatic;
     e->gen = ++last_gen ? last_gen : ++last_gen;
-    DDP_LOG(DDP_LOG_DEBUG, "shm: registered %zu bytes at %p (slot %d)", len, (void *)start, slot);
-out:
+    DDP_LOG(DDP_LOG_DEBUG, "shm: registered %zu bytes at %p (slot %d%s)", len, (void *)start, slot,
+            automatic ? ", automatically" : "");
+    return DDP_OK;
+}
+
+ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes)
+{
+    pthread_once(&once, init_once);
+    pthread_mutex_lock(&exports_mu);
+    ddp_status_t s = register_locked(ptr, bytes, 0);
     pthread_mutex_unlock(&exports_mu);
     return s;
+}
+
+/* Frees the slots of exports whose pages are gone (the memory was unmapped: freed without
+ * unregistering, or an automatic registration whose buffer was freed). */
+static void sweep_stale(void)
+{
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++)
+        if (exports[i].gen && !still_there(&exports[i])) {
+            DDP_LOG(DDP_LOG_DEBUG, "shm: registered memory at %p is gone: slot %d freed",
+                    (void *)exports[i].user, i);
+            gone[gone_next++ % GONE_SLOTS] = exports[i].ino;
+            close(exports[i].fd);
+            memset(&exports[i], 0, sizeof exports[i]);
+        }
+}
+
+static seen_t *seen_of(uintptr_t addr, size_t bytes)
+{
+    seen_t *oldest = &seen[0];
+    for (int i = 0; i < SEEN_SLOTS; i++) {
+        if (seen[i].addr == addr && seen[i].bytes == bytes) return &seen[i];
+        if (seen[i].last < oldest->last) oldest = &seen[i];
+    }
+    memset(oldest, 0, sizeof *oldest);
+    oldest->addr = addr;
+    oldest->bytes = bytes;
+    return oldest;
+}
+
+int ddp__shm_map_auto(const void *p, size_t bytes)
+{
+    pthread_once(&once, init_once);
+    if (maps_fd < 0 || !glibc_malloc) return 0;
+    const uintptr_t a = (uintptr_t)p, b = a + bytes;
+    pthread_mutex_lock(&exports_mu);
+    seen_t *v = seen_of(a, bytes);
+    v->last = ++seen_clock;
+    int ok = 0;
+    if (++v->calls >= 2 && v->registrations < 2) {
+        /* Whatever register_memory accepts (private anonymous memory: malloc's mmap'd chunks,
+         * its heaps). With glibc's malloc, pages that stay shared after the buffer is freed are
+         * harmless: freed mmap'd chunks are unmapped, and pages of a heap it reuses are never
+         * assumed to read as zero; a fork gives the child private pages (fork_child). */
+        ddp_status_t s = register_locked((void *)a, bytes, 1);
+        if (s == DDP_OK) {
+            v->registrations++;
+            ok = 1;
+        } else {
+            DDP_LOG(DDP_LOG_DEBUG, "shm: not registering %zu bytes at %p: %s", bytes, p,
+                    ddp_last_error());
+            ddp__clear_error();
+            v->registrations = 2;
+        }
+    }
+    (void)b;
+    pthread_mutex_unlock(&exports_mu);
+    return ok;
 }
 
 /* Gives the pages of e back to private anonymous memory with the same bytes, closes the memfd
@@ -291,30 +399,77 @@ ddp_status_t ddp__shm_map_unregister(void *ptr)
 {
     pthread_once(&once, init_once);
     pthread_mutex_lock(&exports_mu);
-    ddp_status_t s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                                "unregister_memory: %p was not registered (pass the pointer given "
-                                "to ddp_group_register_memory)",
-                                ptr);
-    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
-        if (exports[i].gen && exports[i].user == (uintptr_t)ptr) {
-            ddp__clear_error();
-            s = release_export(&exports[i], 1);
-            break;
-        }
-    }
+    int slot = -1;
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS && slot < 0; i++)
+        if (exports[i].gen && !exports[i].automatic && exports[i].user == (uintptr_t)ptr) slot = i;
+    ddp_status_t s = slot >= 0 ? release_export(&exports[slot], 1)
+                               : ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                                            "unregister_memory: %p was not registered (pass the "
+                                            "pointer given to ddp_group_register_memory)",
+                                            ptr);
     pthread_mutex_unlock(&exports_mu);
     return s;
 }
 
-/* In a child after fork(): its registered pages would be shared with the parent; they become
- * private copies, as with ordinary memory, and the registrations are forgotten. Only this
- * thread runs in the child, so the lock is not taken (the parent may have held it at the
- * fork; it is reinitialised instead). */
+/* In a child after fork(): its registered pages would be shared with the parent. Each export
+ * is mapped again, privately (MAP_PRIVATE of the same memfd): the child's writes stay its own,
+ * nothing is copied (a DataLoader forking workers would otherwise copy every registered
+ * gradient), and the registrations are forgotten. Only this thread runs in the child, so the
+ * lock is not taken (the parent may have held it at the fork; it is reinitialised instead). */
 static void fork_child(void)
 {
-    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++)
-        if (exports[i].gen) release_export(&exports[i], 0);
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
+        export_t *e = &exports[i];
+        if (!e->gen) continue;
+        if (still_there(e))
+            mmap((void *)e->start, e->end - e->start, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_FIXED, e->fd, 0);
+        close(e->fd);
+        memset(e, 0, sizeof *e);
+    }
+    memset(seen, 0, sizeof seen);
     pthread_mutex_init(&exports_mu, NULL);
+    /* Pages of a registration that moved (realloc of an mmap'd chunk moves the mapping) are no
+     * longer in the table: find them by inode among the shared mappings and copy them into
+     * private memory (peers' exports mapped here are left alone). Raw reads into a static
+     * buffer: this runs right after fork. */
+    static char buf[1 << 16];
+    int any = 0;
+    for (int i = 0; i < GONE_SLOTS; i++) any |= gone[i] != 0;
+    if (!any) return;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    size_t have = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + have, sizeof buf - 1 - have);
+        if (r <= 0) break;
+        have += (size_t)r;
+        buf[have] = 0;
+        char *line = buf, *nl;
+        while ((nl = strchr(line, '\n'))) {
+            *nl = 0;
+            unsigned long long lo, hi, off, ino = 0;
+            char perms[8], dev[16];
+            int moved = 0;
+            if (sscanf(line, "%llx-%llx %7s %llx %15s %llu", &lo, &hi, perms, &off, dev, &ino) ==
+                    6 &&
+                perms[3] == 's' && ino && hi > lo)
+                for (int i = 0; i < GONE_SLOTS && !moved; i++) moved = gone[i] == ino;
+            if (moved) {
+                size_t len = (size_t)(hi - lo);
+                void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (tmp != MAP_FAILED) {
+                    memcpy(tmp, (const void *)(uintptr_t)lo, len);
+                    if (move_over(tmp, (uintptr_t)lo, len) != 0) munmap(tmp, len);
+                }
+            }
+            line = nl + 1;
+        }
+        have = (size_t)(buf + have - line);
+        memmove(buf, line, have);
+    }
+    close(fd);
 }
 
 int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
@@ -337,15 +492,19 @@ int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
             break;
         }
     }
+    if (slot >= 0 && !still_there(&e)) {
+        if (!e.automatic)
+            DDP_LOG(DDP_LOG_INFO,
+                    "shm: the memory registered at %p is no longer where it was (freed without "
+                    "ddp_group_unregister_memory?): forgotten",
+                    (void *)e.user);
+        gone[gone_next++ % GONE_SLOTS] = exports[slot].ino;
+        close(exports[slot].fd);
+        memset(&exports[slot], 0, sizeof exports[slot]);
+        slot = -1;
+    }
     pthread_mutex_unlock(&exports_mu);
     if (slot < 0) return 0;
-    if (!still_there(&e)) {
-        DDP_LOG(DDP_LOG_INFO,
-                "shm: the memory registered at %p is no longer where it was (freed without "
-                "ddp_group_unregister_memory?): not used",
-                (void *)e.user);
-        return 0;
-    }
     hint->start = e.start;
     hint->end = e.end;
     hint->ino = e.ino;
@@ -423,7 +582,7 @@ static int map_view(ddp__shm_view_t *v, int k, const ddp__shm_map_hint_t *h, int
         return 0;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h->ino || (size_t)st.st_size != len) {
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h->ino || (size_t)st.st_size < len) {
         DDP_LOG(DDP_LOG_INFO, "shm: %s is not rank %d's registered memory any more", path, k);
         close(fd);
         return 0;

@@ -37,6 +37,11 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes);
 /* Undoes it: the pages become private anonymous memory again with the same bytes. */
 ddp_status_t ddp__shm_map_unregister(void *ptr);
 
+/* DDP_SHM_MAP=auto: registers [p, p + bytes) if it is a buffer seen before that is a mapping of
+ * its own (a large malloc chunk), where malloc is glibc's and the kernel has PROCMAP_QUERY to
+ * notice when it is freed. Returns 1 when registered now. */
+int ddp__shm_map_auto(const void *p, size_t bytes);
+
 /* The hint for a collective buffer [p, p + bytes): an export whose pages cover all of it but
  * less than a page at each end, still backing those addresses. Returns 0 (hint->slot = -1)
  * when there is none. Cheap: a table scan and, where the kernel has PROCMAP_QUERY, one ioctl. */
