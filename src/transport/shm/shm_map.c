@@ -334,6 +334,12 @@ static seen_t *seen_of(uintptr_t addr, size_t bytes)
     return oldest;
 }
 
+int ddp__shm_map_auto_available(void)
+{
+    pthread_once(&once, init_once);
+    return maps_fd >= 0 && glibc_malloc;
+}
+
 int ddp__shm_map_auto(const void *p, size_t bytes)
 {
     pthread_once(&once, init_once);

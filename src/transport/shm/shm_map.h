@@ -41,6 +41,9 @@ ddp_status_t ddp__shm_map_unregister(void *ptr);
  * its own (a large malloc chunk), where malloc is glibc's and the kernel has PROCMAP_QUERY to
  * notice when it is freed. Returns 1 when registered now. */
 int ddp__shm_map_auto(const void *p, size_t bytes);
+/* Whether ddp__shm_map_auto can register anything here (glibc's malloc and PROCMAP_QUERY; not
+ * under ASan or TSan, whose malloc is their own). For tests. */
+int ddp__shm_map_auto_available(void);
 
 /* The hint for a collective buffer [p, p + bytes): an export whose pages cover all of it but
  * less than a page at each end, still backing those addresses. Returns 0 (hint->slot = -1)
