@@ -295,7 +295,9 @@ DDP_API ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer);
  *   - keep the memory allocated, unmoved (no realloc) and unregistered until
  *     ddp_group_unregister_memory; no collective on it may be pending then;
  *   - do not write it while a collective on it runs (as for any buffer);
- *   - a process forked afterwards gets a private copy, as with ordinary memory.
+ *   - a process forked afterwards gets the pages privately: its writes stay its own, but pages
+ *     it has not written show the parent's later writes (no copy is made at fork: a DataLoader
+ *     forking workers would otherwise copy every registered gradient).
  * With DDP_SHM_MAP=auto (the default) libddp also registers, by itself, allreduce buffers of at
  * least 128 KiB that come back (glibc malloc and Linux >= 6.11 only: docs/shm-transport.md);
  * registering such a buffer yourself takes it over.

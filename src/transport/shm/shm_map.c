@@ -256,6 +256,12 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
             return s;
         }
     }
+    /* The caller's registrations go before libddp's own: a full table gives one of those back. */
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS && slot < 0 && !automatic; i++)
+        if (exports[i].automatic) {
+            if (release_export(&exports[i], 1) != DDP_OK) ddp__clear_error();
+            if (!exports[i].gen) slot = i;
+        }
     if (slot < 0) {
         s = ddp__error(DDP_ERR_UNSUPPORTED,
                        "register_memory: %d buffers are registered already, the most a process "
