@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -89,6 +90,27 @@ typedef struct area {
 
 static void fork_child(void);
 
+/* Whether malloc is glibc's. The definition the process uses is libc's, or a program's own
+ * (an executable that takes malloc's address gets a stub of its own, which dladdr names) while
+ * no known replacement is loaded: jemalloc, tcmalloc, mimalloc, TBB's, or a sanitizer's. */
+static int malloc_is_glibcs(void)
+{
+    static const char *const replacements[] = {
+        "mallctl",    "je_malloc",     "tc_malloc",   "MallocExtension_GetStats",
+        "mi_malloc",  "scalable_malloc", "rpmalloc",  "__asan_init",
+        "__tsan_init", "__msan_init",  "__hwasan_init", "__lsan_init",
+    };
+    for (size_t i = 0; i < sizeof replacements / sizeof *replacements; i++)
+        if (dlsym(RTLD_DEFAULT, replacements[i])) return 0;
+    Dl_info info, self;
+    void *m = dlsym(RTLD_DEFAULT, "malloc");
+    if (!m || !dladdr(m, &info) || !info.dli_fname) return 0;
+    if (strstr(info.dli_fname, "/libc.so")) return 1;
+    /* The main program's stub: the same object as the program's headers (AT_PHDR). */
+    void *phdr = (void *)getauxval(AT_PHDR);
+    return phdr && dladdr(phdr, &self) && self.dli_fbase == info.dli_fbase;
+}
+
 static void init_once(void)
 {
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
@@ -106,9 +128,7 @@ static void init_once(void)
     /* Automatic registration relies on how glibc's malloc treats a chunk it mmap'd: its own
      * mapping, unmapped by free, never reused for other objects. Allocators loaded in its place
      * (jemalloc, tcmalloc) keep freed extents and reuse them. */
-    Dl_info info;
-    void *m = dlsym(RTLD_DEFAULT, "malloc");
-    glibc_malloc = m && dladdr(m, &info) && info.dli_fname && strstr(info.dli_fname, "libc.so");
+    glibc_malloc = malloc_is_glibcs();
     /* A child forked after registration gets private pages (fork_child). */
     pthread_atfork(NULL, NULL, fork_child);
 }
