@@ -52,6 +52,8 @@ static const setting_t bad_shm_settings[] = {
     {"DDP_SHM_CMA_BYTES", "-1"},
     {"DDP_SHM_CMA_BYTES", "1M"},
     {"DDP_SHM_CMA_HUGEPAGES", "2"},
+    {"DDP_SHM_MAP", "yes"},
+    {"DDP_SHM_MAP", "AUTO"},
     {"DDP_SHM_TUNE", "always"},
     {"DDP_SHM_STAGED_STORES", "streaming"},
     {"DDP_SHM_STAGED_ROUNDS", "1M"},
@@ -65,6 +67,7 @@ static const char *const all_names[] = {
     "DDP_SHM_ONESHOT_BYTES", "DDP_SHM_YIELD_NS",      "DDP_SHM_SPIN_NS",
     "DDP_SHM_CMA",           "DDP_SHM_CMA_BYTES",     "DDP_SHM_CMA_HUGEPAGES",
     "DDP_SHM_TUNE",          "DDP_SHM_STAGED_STORES", "DDP_SHM_STAGED_ROUNDS",
+    "DDP_SHM_MAP",
 };
 
 static void clear_settings(void)
@@ -183,6 +186,7 @@ static int shm_good_rank(int rank, int world, ddp_store_t *store, void *arg)
     setenv("DDP_SHM_TUNE", "probe", 1);
     setenv("DDP_SHM_STAGED_STORES", "plain", 1);
     setenv("DDP_SHM_STAGED_ROUNDS", "long", 1);
+    setenv("DDP_SHM_MAP", "off", 1);
     setenv("DDP_TIMEOUT", "2.5", 1);
     ddp_group_t *g = NULL;
     CHECK_OK(create_group(store, rank, world, 0, &g));
