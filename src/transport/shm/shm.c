@@ -163,6 +163,12 @@ typedef struct shm_rank {
     ddp__shm_map_hint_t map_hints[2][2];
     int32_t map_verdict;
     char pad5[4 * LINE - 4 * sizeof(ddp__shm_map_hint_t) - 4];
+    /* The generation of each of this process's registrations (0: none) and a counter that
+     * changes with them: peers drop their views of registrations that are gone, so memory
+     * freed here is not kept alive by their mappings. */
+    _Atomic uint32_t live_epoch;
+    uint32_t live_gen[DDP__SHM_MAP_SLOTS];
+    char pad6[3 * LINE - 4 - 4 * DDP__SHM_MAP_SLOTS];
 } shm_rank_t;
 
 _Static_assert(sizeof(shm_header_t) == 3 * LINE, "header is three cache lines");
@@ -226,6 +232,7 @@ typedef struct shm_state {
     int map_wanted;
     ddp__shm_views_t views;
     uint8_t map_class[DDP__SHM_TUNE_CLASSES];
+    uint32_t live_seen[DDP__SHM_MAX_WORLD]; /* each peer's live_epoch when its views were pruned */
 } shm_state_t;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -971,6 +978,29 @@ enum { MAP_OFF, MAP_ON, MAP_AUTO };
 /* The smallest buffer DDP_SHM_MAP=auto registers (below, a copy through the stage is cheap). */
 #define MAP_AUTO_MIN ((size_t)128 << 10)
 
+/* Publishes this process's live registrations when they changed (before a first phase). */
+static void publish_live(shm_state_t *S)
+{
+    shm_rank_t *me = &S->ranks[S->rank];
+    uint32_t gens[DDP__SHM_MAP_SLOTS];
+    uint32_t epoch = ddp__shm_map_live(gens);
+    if (epoch == atomic_load_explicit(&me->live_epoch, memory_order_relaxed)) return;
+    memcpy(me->live_gen, gens, sizeof gens);
+    atomic_store_explicit(&me->live_epoch, epoch, memory_order_relaxed);
+}
+
+/* After a first phase: drops the views of peers' registrations that are gone. */
+static void prune_views(shm_state_t *S)
+{
+    for (int k = 0; k < S->world; k++) {
+        if (k == S->rank) continue;
+        uint32_t epoch = atomic_load_explicit(&S->ranks[k].live_epoch, memory_order_relaxed);
+        if (epoch == S->live_seen[k]) continue;
+        ddp__shm_views_prune(&S->views, k, S->ranks[k].live_gen);
+        S->live_seen[k] = epoch;
+    }
+}
+
 /* The export holding buffer p of a collective, registering it first under DDP_SHM_MAP=auto. */
 static int map_lookup(shm_state_t *S, const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
 {
@@ -984,6 +1014,7 @@ static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t byte
                          shm_fingerprint_t *fp)
 {
     if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return;
+    publish_live(S);
     const size_t esize = ddp_dtype_size(c->dtype);
     if ((uintptr_t)c->send % esize || (uintptr_t)c->recv % esize) return;
     if (!map_lookup(S, c->send, bytes, &fp->map[0])) return;
@@ -1018,6 +1049,7 @@ static int decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fp
         hints[2 * k + 1] = S->ranks[k].map_hints[fparity][1];
         if (hints[2 * k].slot < 0 || hints[2 * k + 1].slot < 0) *all_registered = 0;
     }
+    prune_views(S);
     if (!*all_registered) return 0;
     int ready = ddp__shm_views_ready(&S->views, hints, 2);
     if (ready != 0) return ready > 0;
@@ -1154,6 +1186,7 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         set_algorithm(S, ALG_ONESHOT);
         /* Registered memory on every rank: this size class goes the mapped way from the next
          * call on (the one-shot variant stops being a candidate, the same on every rank). */
+        if (variant >= 0 && S->map_wanted && p > 1) publish_live(S);
         if (!(variant >= 0 && S->map_wanted && p > 1 &&
               map_lookup(S, c->send, bytes, &fp.map[0]) &&
               map_lookup(S, c->recv, bytes, &fp.map[1])))
@@ -1163,7 +1196,8 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         unsigned fq;
         s = first_sync_data(S, c, &fp, NULL, 0, 1, &fq);
         if (s != DDP_OK || bytes == 0) return s;
-        if (variant >= 0) {
+        if (variant >= 0 && S->map_wanted && p > 1) {
+            prune_views(S);
             int all = 1;
             for (int j = 0; j < p; j++)
                 all &= S->ranks[j].map_hints[fq][0].slot >= 0 &&

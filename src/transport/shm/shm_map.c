@@ -68,6 +68,7 @@ typedef struct seen {
 static pthread_mutex_t exports_mu = PTHREAD_MUTEX_INITIALIZER;
 static export_t exports[DDP__SHM_MAP_SLOTS];
 static uint32_t last_gen;
+static uint32_t table_epoch; /* changes with the table (ddp__shm_map_live) */
 static seen_t seen[SEEN_SLOTS];
 static uint64_t seen_clock;
 /* Inodes of registrations forgotten because their pages moved or went away (fork_child). */
@@ -319,6 +320,7 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
     e->ino = (uint64_t)st.st_ino;
     e->automatic = automatic;
     e->gen = ++last_gen ? last_gen : ++last_gen;
+    table_epoch++;
     DDP_LOG(DDP_LOG_DEBUG, "shm: registered %zu bytes at %p (slot %d%s)", len, (void *)start, slot,
             automatic ? ", automatically" : "");
     return DDP_OK;
@@ -344,6 +346,7 @@ static void sweep_stale(void)
             gone[gone_next++ % GONE_SLOTS] = exports[i].ino;
             close(exports[i].fd);
             memset(&exports[i], 0, sizeof exports[i]);
+            table_epoch++;
         }
 }
 
@@ -424,6 +427,7 @@ static ddp_status_t release_export(export_t *e, int check)
     close(e->fd);
     memset(e, 0, sizeof *e);
     e->fd = -1;
+    table_epoch++;
     return s;
 }
 
@@ -504,6 +508,15 @@ static void fork_child(void)
     close(fd);
 }
 
+uint32_t ddp__shm_map_live(uint32_t gens[DDP__SHM_MAP_SLOTS])
+{
+    pthread_mutex_lock(&exports_mu);
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) gens[i] = exports[i].gen;
+    uint32_t epoch = table_epoch;
+    pthread_mutex_unlock(&exports_mu);
+    return epoch;
+}
+
 int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
 {
     memset(hint, 0, sizeof *hint);
@@ -533,6 +546,7 @@ int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
         gone[gone_next++ % GONE_SLOTS] = exports[slot].ino;
         close(exports[slot].fd);
         memset(&exports[slot], 0, sizeof exports[slot]);
+        table_epoch++;
         slot = -1;
     }
     pthread_mutex_unlock(&exports_mu);
@@ -631,6 +645,17 @@ static int map_view(ddp__shm_view_t *v, int k, const ddp__shm_map_hint_t *h, int
     v->bytes = len;
     v->state = DDP__SHM_VIEW_MAPPED;
     return 1;
+}
+
+void ddp__shm_views_prune(ddp__shm_views_t *vs, int k, const uint32_t *live)
+{
+    for (int slot = 0; slot < DDP__SHM_MAP_SLOTS; slot++) {
+        ddp__shm_view_t *v = &vs->v[(size_t)k * DDP__SHM_MAP_SLOTS + (size_t)slot];
+        if (v->gen && v->gen != live[slot]) {
+            unmap_view(v);
+            memset(v, 0, sizeof *v);
+        }
+    }
 }
 
 int ddp__shm_views_prepare(ddp__shm_views_t *vs, const ddp__shm_map_hint_t *hints, int nbuf,

@@ -45,6 +45,10 @@ int ddp__shm_map_auto(const void *p, size_t bytes);
  * under ASan or TSan, whose malloc is their own). For tests. */
 int ddp__shm_map_auto_available(void);
 
+/* This process's registrations: gens[slot] (0: none); returns a counter that changes whenever
+ * they do. */
+uint32_t ddp__shm_map_live(uint32_t gens[DDP__SHM_MAP_SLOTS]);
+
 /* The hint for a collective buffer [p, p + bytes): an export whose pages cover all of it but
  * less than a page at each end, still backing those addresses. Returns 0 (hint->slot = -1)
  * when there is none. Cheap: a table scan and, where the kernel has PROCMAP_QUERY, one ioctl. */
@@ -85,6 +89,11 @@ int ddp__shm_views_prepare(ddp__shm_views_t *vs, const ddp__shm_map_hint_t *hint
  * failed; failed ones are unmapped). */
 void ddp__shm_views_settle(ddp__shm_views_t *vs, const ddp__shm_map_hint_t *hints, int nbuf,
                            int all_ok);
+
+/* Drops this rank's views of rank k's registrations that are not in `live` (its gens by slot):
+ * their memory was freed there, and a mapping here would keep it. Generations never come back,
+ * so this needs no agreement. */
+void ddp__shm_views_prune(ddp__shm_views_t *vs, int k, const uint32_t *live);
 
 /* This rank's address of byte `addr` (owner's address) of rank k's buffer described by `h`,
  * which must be agreed mapped (own rank: the address itself). */
