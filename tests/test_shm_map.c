@@ -15,7 +15,8 @@
  *   unregister  the bytes after unregistering are those before; the pages are private again;
  *               later allreduces are not "mapped" and correct; registering again maps again;
  *               one rank unregistering makes everyone fall back; 40 register/unregister cycles
- *               (more than any table of registrations) all map.
+ *               (more than any table of registrations) all map; registering other memory while
+ *               a mapped allreduce runs leaves it mapped and correct.
  *   errors      NULL / 0 / overlapping ranges, unknown pointers (DDP_ERR_INVALID_ARGUMENT), a
  *               read-only mapping, a MAP_SHARED file mapping, a range with no whole page
  *               (DDP_ERR_UNSUPPORTED), too many registrations (UNSUPPORTED if refused at all):
@@ -460,6 +461,23 @@ static int rank_unregister(int rank, int world, ddp_store_t *store, void *arg)
                   "the bytes", cycle);
     }
     buf_check_guards(&other, "other buffer", k);
+
+    /* Other memory registered and unregistered while a mapped allreduce runs (the calls are not
+     * collective; the progress thread may be inside the allreduce meanwhile). */
+    CHECK_OK(ddp_group_register_memory(g, buf, bytes));
+    fill(buf, DDP_F32, rank, count, k);
+    ddp_work_t *w = NULL;
+    CHECK_OK(ddp_group_allreduce_async(g, buf, buf, count, DDP_F32, DDP_SUM, &w));
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(ddp_group_register_memory(g, other.at, bytes));
+        CHECK_OK(ddp_group_unregister_memory(g, other.at));
+    }
+    CHECK_OK(ddp_work_wait(w));
+    ddp_work_free(w);
+    CHECK_MSG(world == 1 || is_mapped(g), "registering other memory meanwhile: ran %s",
+              ddp_group_algorithm(g));
+    check_f32_sum(buf, count, world, k++, "registering other memory meanwhile");
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
     free(other.base);
     free(b.base);
     free(before);
