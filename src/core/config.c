@@ -52,6 +52,9 @@
     X("DDP_SHM_CMA", "auto", CHOICE, 0, 0, "auto|off",                                            \
       "shm: auto: large allreduces of user buffers read peers' buffers directly "                 \
       "(process_vm_readv) when every rank can; off: stage them through the segment")             \
+    X("DDP_SHM_MAP", "on", CHOICE, 0, 0, "on|off",                                                \
+      "shm: on: memory registered with ddp_group_register_memory moves onto shared memory and "   \
+      "allreduces on it read peers' buffers in place; off: registration does nothing")            \
     X("DDP_SHM_CMA_BYTES", "1048576", INTEGER, 0, 1099511627776, "",                              \
       "shm: smallest allreduce that may read peers' buffers directly (rank 0's value wins)")      \
     X("DDP_SHM_CMA_HUGEPAGES", "1", INTEGER, 0, 1, "",                                             \

@@ -439,12 +439,29 @@ static void hier_destroy(void *state)
     free(h);
 }
 
+/* Registered memory helps the host-local step, which runs on the caller's buffers. */
+static ddp_status_t hier_register_memory(void *state, void *ptr, size_t bytes)
+{
+    hier_t *h = state;
+    return h->local && h->lops->register_memory ? h->lops->register_memory(h->local, ptr, bytes)
+                                                : DDP_OK;
+}
+
+static ddp_status_t hier_unregister_memory(void *state, void *ptr)
+{
+    hier_t *h = state;
+    return h->local && h->lops->unregister_memory ? h->lops->unregister_memory(h->local, ptr)
+                                                  : DDP_OK;
+}
+
 const ddp__transport_ops_t ddp__transport_hierarchical = {
     .name = "hierarchical",
     .create = hier_create,
     .run = hier_run,
     .alloc_buffer = NULL,
     .free_buffer = NULL,
+    .register_memory = hier_register_memory,
+    .unregister_memory = hier_unregister_memory,
     .abort = hier_abort,
     .destroy = hier_destroy,
 };

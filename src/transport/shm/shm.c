@@ -34,6 +34,7 @@
 #include "transport/transport.h"
 #include "transport/shm/shm.h"
 #include "transport/shm/shm_cma.h"
+#include "transport/shm/shm_map.h"
 #include "transport/shm/shm_tune.h"
 
 #define SHM_MAGIC 0x3230746d68737064ULL /* "dpshmt02" */
@@ -83,6 +84,7 @@ typedef struct shm_fingerprint {
     int64_t buffer_id; /* -1: not in a segment buffer */
     uint64_t send_offset;
     uint64_t recv_offset;
+    ddp__shm_map_hint_t map[2]; /* send, recv in registered memory (slot -1: not) */
 } shm_fingerprint_t;
 
 typedef struct shm_header {
@@ -155,6 +157,12 @@ typedef struct shm_rank {
     uint64_t cma_probe_addr;
     int32_t cma_verdict;
     char pad4[LINE - 28];
+    /* Registered memory (shm_map.h): where this rank's send and recv are, by step parity like
+     * the hints (written in the first phase), and its verdict on mapping its peers' exports at
+     * a collective that needed new views (1 ok, 0 not). */
+    ddp__shm_map_hint_t map_hints[2][2];
+    int32_t map_verdict;
+    char pad5[4 * LINE - 4 * sizeof(ddp__shm_map_hint_t) - 4];
 } shm_rank_t;
 
 _Static_assert(sizeof(shm_header_t) == 3 * LINE, "header is three cache lines");
@@ -212,6 +220,12 @@ typedef struct shm_state {
     int64_t untimed_ns; /* of the current call: one-off costs the tuner does not count */
     uint32_t fixed; /* the header's FIXED_* bits */
     _Atomic int last_algorithm; /* shm_algorithm_t of the last collective (ddp-bench reports it) */
+    /* Registered memory: DDP_SHM_MAP (this rank's; a rank with it off publishes no hints, so
+     * nobody maps), the agreed views of peers' exports, and per size class whether every rank
+     * passed registered memory (agreed: then the one-shot variant is no candidate there). */
+    int map_wanted;
+    ddp__shm_views_t views;
+    uint8_t map_class[DDP__SHM_TUNE_CLASSES];
 } shm_state_t;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -689,6 +703,7 @@ static void fingerprint_of(const ddp__collective_t *c, shm_fingerprint_t *fp)
     memset(fp, 0, sizeof *fp);
     fp->id = ddp__fingerprint_of(c);
     fp->buffer_id = -1;
+    fp->map[0].slot = fp->map[1].slot = -1;
 }
 
 /* The common record a mailbox was packed from (for the text of a mismatch). */
@@ -731,6 +746,8 @@ static ddp_status_t first_sync_data(shm_state_t *S, const ddp__collective_t *c,
     me->hints[q].buffer_id = mine->buffer_id;
     me->hints[q].send_offset = mine->send_offset;
     me->hints[q].recv_offset = mine->recv_offset;
+    me->map_hints[q][0] = mine->map[0];
+    me->map_hints[q][1] = mine->map[1];
     atomic_store_explicit(&mb->stamp, target, memory_order_release);
     if (!defer) settle_arrival(S);
     ddp_status_t s = wait_all_on(S, target, (int)q, c, c->deadline_ns);
@@ -805,13 +822,14 @@ typedef enum {
     ALG_STAGED_PLAIN_LONG,
     ALG_ZERO_COPY,
     ALG_CMA,
+    ALG_MAPPED,
     ALG_ROUNDS, /* broadcast, allgather, reduce_scatter: rounds through the stage */
     ALG_BARRIER,
 } shm_algorithm_t;
 
 static const char *const algorithm_names[] = {
     "none", "mailbox", "one-shot", "staged:nt", "staged:plain", "staged:nt:short",
-    "staged:plain:long", "zero-copy", "single-copy",
+    "staged:plain:long", "zero-copy", "single-copy", "mapped",
     "rounds", "barrier",
 };
 
@@ -927,6 +945,173 @@ static ddp_status_t run_allreduce_cma(shm_state_t *S, const ddp__collective_t *c
     return s;
 }
 
+/* ---- registered memory ---------------------------------------------------------------------- */
+
+/* Where a rank's edges live in its stage (of the collective's parity): the bytes of its buffers
+ * outside their export's whole pages, less than a page (plus an element) at each end. The owner
+ * stages its send edges; the ranks reducing those elements write the results for its recv edges,
+ * which it copies out after the last phase. */
+#define EDGE_SEND_HEAD 0
+#define EDGE_SEND_TAIL (2 * PAGE)
+#define EDGE_RECV_HEAD (4 * PAGE)
+#define EDGE_RECV_TAIL (6 * PAGE)
+
+/* Elements [*lo, *hi) of a buffer of n elements described by h lie in its export's pages. */
+static void covered(const ddp__shm_map_hint_t *h, size_t n, size_t esize, size_t *lo, size_t *hi)
+{
+    size_t a = h->start > h->addr ? (size_t)(h->start - h->addr + esize - 1) / esize : 0;
+    size_t b = h->end > h->addr ? (size_t)(h->end - h->addr) / esize : 0;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* This rank's hints for c's buffers, or slot -1 in both (then the collective is not mapped). */
+static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
+                         shm_fingerprint_t *fp)
+{
+    if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return;
+    const size_t esize = ddp_dtype_size(c->dtype);
+    if ((uintptr_t)c->send % esize || (uintptr_t)c->recv % esize) return;
+    if (!ddp__shm_map_find(c->send, bytes, &fp->map[0])) return;
+    if (c->recv == c->send) {
+        fp->map[1] = fp->map[0];
+    } else if (!ddp__shm_map_find(c->recv, bytes, &fp->map[1])) {
+        fp->map[0].slot = fp->map[1].slot = -1;
+        return;
+    }
+    /* The edges of send, for the peers that reduce them. Written at the parity the collective
+     * uses if it is mapped; if it is not, the staged path overwrites them. */
+    size_t lo, hi;
+    covered(&fp->map[0], c->count, esize, &lo, &hi);
+    char *stage = stage_of(S, S->rank, (unsigned)(S->use & 1));
+    memcpy(stage + EDGE_SEND_HEAD, c->send, lo * esize);
+    memcpy(stage + EDGE_SEND_TAIL, (const char *)c->send + hi * esize, (c->count - hi) * esize);
+}
+
+/* After the first phase: whether every rank passed registered memory (1), and then whether the
+ * agreed views let the mapped path run now, mapping what is missing (one more phase, where every
+ * rank says whether it could). The same answer on every rank. *synced: that phase happened. */
+static int decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
+                         ddp__shm_map_hint_t *hints, int *all_registered, int *synced,
+                         ddp_status_t *status)
+{
+    const int p = S->world;
+    *all_registered = 1;
+    *synced = 0;
+    *status = DDP_OK;
+    for (int k = 0; k < p; k++) {
+        hints[2 * k] = S->ranks[k].map_hints[fparity][0];
+        hints[2 * k + 1] = S->ranks[k].map_hints[fparity][1];
+        if (hints[2 * k].slot < 0 || hints[2 * k + 1].slot < 0) *all_registered = 0;
+    }
+    if (!*all_registered) return 0;
+    int ready = ddp__shm_views_ready(&S->views, hints, 2);
+    if (ready != 0) return ready > 0;
+    int pids[DDP__SHM_MAX_WORLD];
+    for (int k = 0; k < p; k++) pids[k] = atomic_load_explicit(&S->ranks[k].pid, memory_order_relaxed);
+    S->ranks[S->rank].map_verdict = ddp__shm_views_prepare(&S->views, hints, 2, pids);
+    *synced = 1;
+    *status = sync_all(S, c, c->deadline_ns);
+    if (*status != DDP_OK) return 0;
+    int all_ok = 1;
+    for (int k = 0; k < p; k++) all_ok &= S->ranks[k].map_verdict == 1;
+    ddp__shm_views_settle(&S->views, hints, 2, all_ok);
+    if (!all_ok && S->rank == 0)
+        DDP_LOG(DDP_LOG_INFO, "shm: a rank could not map its peers' registered memory: those "
+                              "buffers are reduced the staged way (DDP_LOG_LEVEL=info on every "
+                              "rank says which)");
+    return all_ok;
+}
+
+/* Copies elements [a, b) of src (rank-local buffer offsets) to dst, except [lo, hi). */
+static void copy_except(char *dst, const char *src, size_t a, size_t b, size_t lo, size_t hi,
+                        size_t esize)
+{
+    if (a < lo) memcpy(dst + a * esize, src + a * esize, ((b < lo ? b : lo) - a) * esize);
+    if (b > hi) {
+        size_t from = a > hi ? a : hi;
+        memcpy(dst + from * esize, src + from * esize, (b - from) * esize);
+    }
+}
+
+/* Mapped allreduce (every rank's send and recv in registered memory, every view agreed): rank r
+ * reduces slice r reading every rank's send where it lies (its export, through this rank's
+ * view; its edges, from its stage) and writes the result into every rank's recv (its export, or
+ * the edge area of its stage); one phase ends it, after which each rank copies its own edge
+ * results in. Each rank reads every input once and writes every output once; the same kernel in
+ * the same rank order as every other path, so the bytes are the same whichever ran. In place is
+ * safe for the reason the zero-copy path is: element i is read and written only by its slice's
+ * owner, in one pass. */
+static ddp_status_t run_allreduce_mapped(shm_state_t *S, const ddp__collective_t *c,
+                                         const ddp__shm_map_hint_t *hints)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype), n = c->count;
+    const unsigned q = (unsigned)(S->use++ & 1);
+    size_t lo_of[DDP__SHM_MAX_WORLD][2], hi_of[DDP__SHM_MAX_WORLD][2];
+    size_t cuts[4 * DDP__SHM_MAX_WORLD + 2];
+    size_t lo, hi;
+    slice_of(n, p, me, esize, &lo, &hi);
+    int ncuts = 0;
+    cuts[ncuts++] = lo;
+    cuts[ncuts++] = hi;
+    for (int k = 0; k < p; k++) {
+        for (int b = 0; b < 2; b++) {
+            covered(&hints[2 * k + b], n, esize, &lo_of[k][b], &hi_of[k][b]);
+            if (lo_of[k][b] > lo && lo_of[k][b] < hi) cuts[ncuts++] = lo_of[k][b];
+            if (hi_of[k][b] > lo && hi_of[k][b] < hi) cuts[ncuts++] = hi_of[k][b];
+        }
+    }
+    /* Sorted cut points: between two, every rank's element lies in one place. */
+    for (int i = 1; i < ncuts; i++)
+        for (int j = i; j > 0 && cuts[j - 1] > cuts[j]; j--) {
+            size_t t = cuts[j];
+            cuts[j] = cuts[j - 1];
+            cuts[j - 1] = t;
+        }
+    for (int i = 0; i + 1 < ncuts; i++) {
+        const size_t x = cuts[i], y = cuts[i + 1];
+        if (y <= x) continue;
+        const void *srcs[DDP__SHM_MAX_WORLD];
+        void *dsts[DDP__SHM_MAX_WORLD];
+        int nd = 0;
+        dsts[nd++] = (char *)c->recv + x * esize; /* own first: the fan-out reads it from cache */
+        for (int k = 0; k < p; k++) {
+            const ddp__shm_map_hint_t *hs = &hints[2 * k], *hr = &hints[2 * k + 1];
+            char *stage = stage_of(S, k, q);
+            if (k == me) {
+                srcs[k] = (const char *)c->send + x * esize;
+                continue;
+            }
+            if (x >= lo_of[k][0] && y <= hi_of[k][0])
+                srcs[k] = ddp__shm_view_at(&S->views, k, hs, hs->addr + x * esize);
+            else if (y <= lo_of[k][0])
+                srcs[k] = stage + EDGE_SEND_HEAD + x * esize;
+            else
+                srcs[k] = stage + EDGE_SEND_TAIL + (x - hi_of[k][0]) * esize;
+            if (x >= lo_of[k][1] && y <= hi_of[k][1])
+                dsts[nd++] = ddp__shm_view_at(&S->views, k, hr, hr->addr + x * esize);
+            else if (y <= lo_of[k][1])
+                dsts[nd++] = stage + EDGE_RECV_HEAD + x * esize;
+            else
+                dsts[nd++] = stage + EDGE_RECV_TAIL + (x - hi_of[k][1]) * esize;
+        }
+        /* Plain stores: streaming the results (all, or this rank's own) was slower at 8-128 MiB
+         * (2 ranks: 8 MiB 25-38 against 52-57 GB/s, 128 MiB 10-17 against 19). */
+        ddp__reduce_multi_stream(dsts, nd, 0u, srcs, p, y - x, c->dtype, c->op);
+    }
+    ddp_status_t s = sync_all(S, c, c->deadline_ns);
+    if (s != DDP_OK) return s;
+    /* My recv's edges: the others' slices of them are in my stage. */
+    const char *stage = stage_of(S, me, q);
+    copy_except((char *)c->recv, stage + EDGE_RECV_HEAD, 0, lo_of[me][1], lo, hi, esize);
+    copy_except((char *)c->recv + hi_of[me][1] * esize, stage + EDGE_RECV_TAIL, 0,
+                n - hi_of[me][1], lo > hi_of[me][1] ? lo - hi_of[me][1] : 0,
+                hi > hi_of[me][1] ? hi - hi_of[me][1] : 0, esize);
+    return DDP_OK;
+}
+
 /* One allreduce above the mailbox size, the way `variant` says (ddp__shm_variant_t; -1: by the
  * static thresholds). */
 static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c, int variant)
@@ -952,11 +1137,24 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
     if (variant < 0 ? bytes <= S->oneshot_bytes : variant == DDP__SHM_V_ONESHOT) {
         /* One-shot: stage, one synchronisation, every rank reduces all slots in rank order. */
         set_algorithm(S, ALG_ONESHOT);
+        /* Registered memory on every rank: this size class goes the mapped way from the next
+         * call on (the one-shot variant stops being a candidate, the same on every rank). */
+        if (!(variant >= 0 && S->map_wanted && p > 1 &&
+              ddp__shm_map_find(c->send, bytes, &fp.map[0]) &&
+              ddp__shm_map_find(c->recv, bytes, &fp.map[1])))
+            fp.map[0].slot = fp.map[1].slot = -1;
         unsigned q = (unsigned)(S->use++ & 1);
         if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
         unsigned fq;
         s = first_sync_data(S, c, &fp, NULL, 0, 1, &fq);
         if (s != DDP_OK || bytes == 0) return s;
+        if (variant >= 0) {
+            int all = 1;
+            for (int j = 0; j < p; j++)
+                all &= S->ranks[j].map_hints[fq][0].slot >= 0 &&
+                        S->ranks[j].map_hints[fq][1].slot >= 0;
+            if (all) S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
+        }
         const void *srcs[DDP__SHM_MAX_WORLD];
         for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q);
         ddp__reduce(c->recv, srcs, p, c->count, c->dtype, c->op);
@@ -971,6 +1169,10 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         fp.send_offset = send_off;
         fp.recv_offset = recv_off;
     }
+    map_hints_of(S, c, bytes, &fp);
+    /* A rank that may go the zero-copy or the mapped way does not stage round 0 before the first
+     * phase; if in the end nobody can, every rank stages it after. */
+    const int hoping = fp.buffer_id >= 0 || fp.map[0].slot >= 0;
     const size_t line_elems = LINE / esize;
     /* Two knobs, each tuned (docs/shm-transport.md, "Self-tuning"): the stores that write the
      * stage, and the round size. By default streamed stores go with whole-stage rounds (fewer
@@ -993,12 +1195,12 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         shm_rank_t *mine = &S->ranks[me];
         mine->cma_send = (uint64_t)(uintptr_t)c->send;
         mine->cma_recv = (uint64_t)(uintptr_t)c->recv;
-        if (fp.buffer_id < 0) {
+        if (!hoping) {
             S->untimed_ns += ddp__shm_cma_register(&S->cma, c->send, bytes);
             if (c->recv != c->send)
                 S->untimed_ns += ddp__shm_cma_register(&S->cma, c->recv, bytes);
         }
-    } else if (fp.buffer_id < 0) {
+    } else if (!hoping) {
         size_t n0 = c->count < chunk ? c->count : chunk;
         copy_in_others(S, stage_of(S, me, parity0), c->send, n0, esize, stream_stage);
         precopied = 1;
@@ -1009,10 +1211,21 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
     int all_zero_copy = 1, any_zero_copy = 0;
     for (int j = 0; j < p; j++) {
         const shm_hints_t *fj = &S->ranks[j].hints[fparity];
-        if (fj->buffer_id >= 0) any_zero_copy = 1;
+        if (fj->buffer_id >= 0 || S->ranks[j].map_hints[fparity][0].slot >= 0) any_zero_copy = 1;
         if (fj->buffer_id < 0 || fj->buffer_id != fp.buffer_id ||
             fj->send_offset != fp.send_offset || fj->recv_offset != fp.recv_offset)
             all_zero_copy = 0;
+    }
+    if (!all_zero_copy && any_zero_copy) {
+        ddp__shm_map_hint_t hints[2 * DDP__SHM_MAX_WORLD];
+        int all_registered, synced;
+        int mapped = decide_mapped(S, c, fparity, hints, &all_registered, &synced, &s);
+        if (s != DDP_OK) return s;
+        if (all_registered) S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
+        if (mapped) {
+            set_algorithm(S, ALG_MAPPED);
+            return run_allreduce_mapped(S, c, hints);
+        }
     }
 
     if (!all_zero_copy && cma) {
@@ -1155,7 +1368,11 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     const size_t bytes = c->count * ddp_dtype_size(c->dtype);
     if (bytes <= MAILBOX_DATA || bytes <= S->oneshot_bytes) return run_allreduce_as(S, c, -1);
     const int cls = ddp__shm_tune_key(0, bytes);
-    const unsigned candidates = allreduce_candidates(S, bytes);
+    unsigned candidates = allreduce_candidates(S, bytes);
+    /* Registered memory everywhere in this class before: it goes the mapped way, which the
+     * one-shot variant would bypass. */
+    if (S->map_class[cls] && (candidates & ~(1u << DDP__SHM_V_ONESHOT)))
+        candidates &= ~(1u << DDP__SHM_V_ONESHOT);
     /* With tuning off: the stores asked for (nt by default) with the rounds asked for (by
      * default those that go with the stores). */
     const int plain = (S->fixed & FIXED_STORES_PLAIN) != 0;
@@ -1170,9 +1387,10 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
     S->untimed_ns = 0;
     const int64_t start = ddp__now_ns();
     ddp_status_t s = run_allreduce_as(S, c, variant);
-    /* Segment buffers in place everywhere ran zero-copy whatever the variant: not a sample. */
-    if (s == DDP_OK &&
-        atomic_load_explicit(&S->last_algorithm, memory_order_relaxed) != ALG_ZERO_COPY)
+    /* Segment buffers in place everywhere ran zero-copy, registered memory everywhere ran
+     * mapped, whatever the variant: not a sample of it. */
+    const int ran = atomic_load_explicit(&S->last_algorithm, memory_order_relaxed);
+    if (s == DDP_OK && ran != ALG_ZERO_COPY && ran != ALG_MAPPED)
         ddp__shm_tune_record(&S->tune, cls, variant, candidates, bytes,
                              ddp__now_ns() - start - S->untimed_ns);
     return s;
@@ -1489,6 +1707,7 @@ typedef struct {
     long long yield_ns, spin_ns;
     long long cma_bytes, cma_hugepages;
     int cma_wanted;
+    int map_wanted; /* DDP_SHM_MAP */
     int tune_mode;  /* ddp__shm_tune_mode_t */
     uint32_t fixed; /* FIXED_* */
 } shm_tuning_t;
@@ -1530,6 +1749,9 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     const char *cma = NULL;
     if ((s = ddp__env_text("DDP_SHM_CMA", &cma)) != DDP_OK) return ddp__error_context(s, "shm");
     t->cma_wanted = !cma || strcmp(cma, "off") != 0;
+    const char *map = NULL;
+    if ((s = ddp__env_text("DDP_SHM_MAP", &map)) != DDP_OK) return ddp__error_context(s, "shm");
+    t->map_wanted = !map || strcmp(map, "off") != 0;
     const char *tune = NULL, *stores = NULL, *rounds = NULL;
     if ((s = ddp__env_text("DDP_SHM_TUNE", &tune)) != DDP_OK ||
         (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK ||
@@ -1691,6 +1913,8 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     S->allreduce_round_bytes = (size_t)S->hdr->allreduce_round_bytes;
     S->cma_bytes = (size_t)S->hdr->cma_bytes;
     S->cma.hugepages = tuning.cma_hugepages != 0;
+    S->map_wanted = tuning.map_wanted;
+    if ((s = ddp__shm_views_init(&S->views, world, rank)) != DDP_OK) goto fail;
     S->fixed = S->hdr->fixed;
     S->tune.mode = (int)S->hdr->tune_mode;
     S->tune.rank = rank;
@@ -1907,6 +2131,7 @@ static void shm_destroy(void *state)
     if (S->base) munmap(S->base, S->size);
     if (S->fd >= 0) close(S->fd);
     ddp__shm_cma_release(&S->cma);
+    ddp__shm_views_release(&S->views);
     pthread_mutex_destroy(&S->buffers_mu);
     free(S);
 }
@@ -1916,6 +2141,25 @@ static void shm_advise_cold_results(void *state, void *buffer)
     size_t offset = 0;
     shm_buffer_t *b = find_buffer(state, buffer, 1, &offset);
     if (b) atomic_store_explicit(&b->cold_results, 1, memory_order_relaxed);
+}
+
+/* Registration is the process's (shm_map.h): every shm group of the process may use it. With
+ * DDP_SHM_MAP=off on this group's rank, memory is left alone. */
+static ddp_status_t shm_register_memory(void *state, void *ptr, size_t bytes)
+{
+    shm_state_t *S = state;
+    if (!S->map_wanted) {
+        DDP_LOG(DDP_LOG_INFO, "shm: DDP_SHM_MAP=off: %zu bytes at %p left unregistered", bytes,
+                ptr);
+        return DDP_OK;
+    }
+    return ddp__shm_map_register(ptr, bytes);
+}
+
+static ddp_status_t shm_unregister_memory(void *state, void *ptr)
+{
+    shm_state_t *S = state;
+    return S->map_wanted ? ddp__shm_map_unregister(ptr) : DDP_OK;
 }
 
 static const char *shm_algorithm(void *state)
@@ -1935,6 +2179,8 @@ const ddp__transport_ops_t ddp__transport_shm = {
     .alloc_buffer = shm_alloc_buffer,
     .free_buffer = shm_free_buffer,
     .advise_cold_results = shm_advise_cold_results,
+    .register_memory = shm_register_memory,
+    .unregister_memory = shm_unregister_memory,
     .abort = shm_abort,
     .destroy = shm_destroy,
 };
