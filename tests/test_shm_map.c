@@ -751,16 +751,24 @@ static int kill_rank(int rank, int world, const char *store_path)
     CHECK_MSG(is_mapped(g), "rank %d: registered, yet ran %s", rank, ddp_group_algorithm(g));
     int victim = world - 1;
     if (rank == victim) {
-        ddp_work_t *w[4];
-        for (int k = 0; k < 4; k++)
-            CHECK_OK(ddp_group_allreduce_async(g, buf, buf, n, DDP_F32, DDP_SUM, &w[k]));
-        usleep(30 * 1000);
+        /* A queue far longer than the sleep: the progress thread is inside (or between) mapped
+         * allreduces of the series when the process dies. */
+        for (int k = 0; k < 100; k++) {
+            ddp_work_t *w = NULL;
+            CHECK_OK(ddp_group_allreduce_async(g, buf, buf, n, DDP_F32, DDP_SUM, &w));
+            ddp_work_free(w);
+        }
+        usleep(60 * 1000);
         raise(SIGKILL);
     }
     double start = now_s();
     ddp_status_t s = DDP_OK;
     int done = 0;
-    for (; done < 200 && s == DDP_OK; done++) s = ddp_group_allreduce(g, buf, buf, n, DDP_F32, DDP_SUM);
+    for (; done < 200 && s == DDP_OK; done++) {
+        s = ddp_group_allreduce(g, buf, buf, n, DDP_F32, DDP_SUM);
+        CHECK_MSG(s != DDP_OK || is_mapped(g), "rank %d: call %d of the series ran %s", rank,
+                  done, ddp_group_algorithm(g));
+    }
     double took = now_s() - start;
     CHECK_MSG(s != DDP_OK, "rank %d: 200 allreduces succeeded without rank %d", rank, victim);
     fprintf(stderr, "rank %d: call %d failed after %.2f s: %s: %s\n", rank, done, took,
