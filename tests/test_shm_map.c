@@ -24,9 +24,11 @@
  *               succeed and do nothing.
  *   fork        after registering, a forked child gets a private copy: it sees the parent's
  *               pre-fork bytes, its writes do not reach the parent nor the parent's its own.
+ *   tuned       the tuner settled on one-shot at 64 KiB, then the buffers are registered: from
+ *               the second registered call on, every call is mapped.
  *   kill        a rank SIGKILLs itself inside a series of 64 MiB mapped allreduces: the others
  *               fail with an error naming it within the timeout, and no segment is left behind.
- * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|kill */
+ * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|kill */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +42,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "transport/shm/shm.h"
 
 #define PAGE 4096
 
@@ -713,6 +716,41 @@ static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* ---- tuned --------------------------------------------------------------------------------- */
+
+/* The tuner settled on one-shot for a size class (rank 0's clock says it is a million times
+ * faster), then the buffers of that size are registered: the class goes the mapped way. The
+ * first registered call may still run one-shot (the tuner's pick, which bypasses the mapped path:
+ * that call is what tells every rank the class is registered); every later one must be mapped. */
+static int rank_tuned(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    double skew[4] = {1, 1, rank == 0 ? 1e-6 : 1.0, 1};
+    ddp__shm_set_tune_skew(skew, 4);
+    setenv("DDP_SHM_TUNE", "online", 1);
+    ddp_group_t *g = make_group(rank, world, store, "tuned", NULL, 0);
+    const size_t count = 16384; /* 64 KiB: one-shot is a candidate */
+    float *buf = malloc(count * sizeof(float));
+    CHECK(buf);
+    int k = 0;
+    for (int call = 0; call < 40; call++) sum_and_check(g, buf, count, k++, "tuning");
+    CHECK_MSG(!strcmp(last_algorithm, "one-shot"), "the tuner settled on %s, not one-shot",
+              last_algorithm);
+    CHECK_OK(ddp_group_register_memory(g, buf, count * sizeof(float)));
+    for (int call = 0; call < 20; call++) {
+        int mapped = sum_and_check(g, buf, count, k++, "registered after tuning");
+        if (call == 0 && rank == 0)
+            printf("test_shm_map: the first registered call after the tuner chose one-shot ran "
+                   "%s\n", last_algorithm);
+        CHECK_MSG(mapped || (call == 0 && !strcmp(last_algorithm, "one-shot")),
+                  "registered call %d after the tuner chose one-shot ran %s", call, last_algorithm);
+    }
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    free(buf);
+    ddp_group_destroy(g);
+    return 0;
+}
+
 /* ---- kill ---------------------------------------------------------------------------------- */
 
 static int count_ddp_shm_files(void)
@@ -843,10 +881,11 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "unregister") ? rank_unregister
                               : !strcmp(mode, "errors")     ? rank_errors
                               : !strcmp(mode, "fork")       ? rank_fork
+                              : !strcmp(mode, "tuned")      ? rank_tuned
                                                             : NULL;
-        if (!fn || world < 1 || (fn == rank_fallback && world < 2)) {
-            fprintf(stderr, "usage: test_shm_map <world> "
-                            "variants|fallback|unregister|errors|fork|kill (fallback: world >= 2)\n");
+        if (!fn || world < 1 || ((fn == rank_fallback || fn == rank_tuned) && world < 2)) {
+            fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
+                            "fork|tuned|kill (fallback, tuned: world >= 2)\n");
             return 2;
         }
         rc = ddp_test_run_ranks(world, 280, fn, NULL);
