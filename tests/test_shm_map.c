@@ -676,7 +676,10 @@ static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        /* The child touches only its memory and the pipes (the group's threads are gone). */
+        /* The child touches only its memory and the pipes (the group's threads are gone). Each
+         * side closes the ends it does not use, so that either dying ends the other's read. */
+        close(to_child[1]);
+        close(to_parent[0]);
         char c = 0;
         int rc = CHILD_OK;
         if (hash_bytes(buf, bytes) != pre) rc = CHILD_NOT_PARENT_BYTES;
@@ -687,6 +690,8 @@ static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
             if ((unsigned char)b.at[i] != 0xC7) rc = CHILD_SAW_PARENT_WRITE;
         _exit(rc);
     }
+    close(to_child[0]);
+    close(to_parent[1]);
     char c = 0;
     CHECK(read(to_parent[0], &c, 1) == 1); /* the child has written its whole buffer */
     CHECK_MSG(hash_bytes(buf, bytes) == pre, "the child's writes reached the parent's buffer");
@@ -708,10 +713,8 @@ static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
     CHECK_OK(ddp_group_unregister_memory(g, buf));
     buf_check_guards(&b, "forked buffer", 1);
     free(b.base);
-    close(to_child[0]);
     close(to_child[1]);
     close(to_parent[0]);
-    close(to_parent[1]);
     ddp_group_destroy(g);
     return 0;
 }
