@@ -53,7 +53,8 @@ foreach(world 1 2 3 4)
 endforeach()
 # Registered user memory (ddp_group_register_memory): the "mapped" allreduce reads and writes
 # the peers' malloc'd buffers in place, with the bytes of the usual path; anything less than every
-# rank registered falls back; errors, fork, unregistering, and a rank killed mid-series.
+# rank registered falls back; errors, fork, unregistering, a size class the tuner gave to one-shot,
+# and a rank killed mid-series.
 foreach(world 1 2 3 4)
   ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} variants TIMEOUT 300)
 endforeach()
