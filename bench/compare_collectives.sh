@@ -1,7 +1,8 @@
 #!/bin/sh
-# Side-by-side: libddp collectives (ddp-bench, user and segment buffers) against Open MPI
-# (mpi-baseline) and the single-core memcpy bound (memcpy-probe), all measured in this one
-# invocation on the same sizes, for 2 ranks and 4 ranks (on this 2-core machine: oversubscribed).
+# Side-by-side: libddp collectives (ddp-bench, user and segment buffers, and user buffers
+# registered with ddp_group_register_memory) against Open MPI (mpi-baseline) and the single-core
+# memcpy bound (memcpy-probe), all measured in this one invocation on the same sizes, for 2 ranks
+# and 4 ranks (on this 2-core machine: oversubscribed).
 #
 #   bench/compare_collectives.sh                     # f32 sum allreduce, 8 B .. 128 MiB, x4
 #   OPS="allreduce allgather" RANKS=2 MAX=32M bench/compare_collectives.sh
@@ -13,6 +14,10 @@
 # with the spread below it), KEEP (a directory to keep the raw JSON in), FROM (a directory KEEP
 # filled earlier: print its tables again without running anything; give the same RANKS, OPS and
 # REPEAT).
+# REGISTERED (1): also ddp-bench --register 1 (malloc'd buffers registered, the "mapped" allreduce
+# on shm), interleaved with the others; its columns (registered, reg/MPI, reg/cpy, reg/user)
+# follow the others in each table. REGISTERED=0, or a FROM directory without its runs, prints the
+# tables without them.
 # GLOO (1): for allreduce also PyTorch's gloo backend (bench/gloo_allreduce.py, Debian's
 # python3-torch, ranks meeting over 127.0.0.1), interleaved with the others; its lines follow
 # each allreduce table. gloo times one allreduce per round (not a loop), so small sizes carry
@@ -130,6 +135,11 @@ while [ "$rep" -le "$REPEAT" ]; do
                 "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" $COMMON \
                     --segment "$seg" | json_only >"$OUT/ddp-$seg-$op-$n.$rep.json" || true
             done
+            if [ "${REGISTERED:-1}" != 0 ]; then
+                # shellcheck disable=SC2086
+                "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" $COMMON \
+                    --segment 0 --register 1 | json_only >"$OUT/ddp-reg-$op-$n.$rep.json" || true
+            fi
             if [ "$HAVE_MPI" = 1 ]; then
                 # shellcheck disable=SC2086
                 mpirun --oversubscribe -np "$n" "$BUILD/mpi-baseline" -o "$op" $COMMON \
@@ -154,7 +164,11 @@ for op in $OPS; do
         echo
         echo "## $op $DTYPE $REDOP, $n ranks ($(field transport <"$OUT/ddp-0-$op-$n.1.json" | head -n 1) transport)," \
             "algbw in GB/s from the median time of $REPEAT runs"
+        # The registered columns only when this configuration has registered runs.
+        hasreg=0
+        [ -f "$OUT/ddp-reg-$op-$n.1.json" ] && hasreg=1
         awk -v user="$(reps "ddp-0-$op-$n")" -v seg="$(reps "ddp-1-$op-$n")" \
+            -v reg="$(reps "ddp-reg-$op-$n")" -v hasreg="$hasreg" \
             -v mpi="$(reps "mpi-$op-$n")" -v mem="$(reps memcpy)" -v sw="$(reps switch)" \
             -v ranks="$n" -v cores="$(nproc)" '
             function get(line, key,   m) {
@@ -195,9 +209,14 @@ for op in $OPS; do
             BEGIN {
                 slurp("user", user, "algbw"); slurp("seg", seg, "algbw")
                 slurp("mpi", mpi, "algbw"); slurp("mem", mem, "gbps")
-                fmt = "%10s %8s %8s %8s %8s %8s %8s %8s %8s\n"
+                if (hasreg) slurp("reg", reg, "algbw")
+                # The registered columns come last, so the others keep their places (and
+                # plot_collectives.sh its fields).
+                fmt = "%10s %8s %8s %8s %8s %8s %8s %8s %8s"
+                rfmt = hasreg ? " %10s %8s %8s %8s\n" : "%.0s%.0s%.0s%.0s\n"
                 printf fmt, "bytes", "user", "segment", "MPI", "user/MPI", "seg/MPI", "memcpy",
                        "user/cpy", "seg/cpy"
+                printf rfmt, "registered", "reg/MPI", "reg/cpy", "reg/user"
                 # GB/s from the median time, and ratios of median times (same bytes, so the same
                 # as ratios of algbw), so that every column of a row agrees even with an even
                 # number of repetitions.
@@ -207,21 +226,31 @@ for op in $OPS; do
                     mt = stats(us, "mpi", b); ct = stats(us, "mem", b)
                     printf fmt, b, show(gbps(b, ut)), show(gbps(b, st)), show(gbps(b, mt)),
                            ratio(mt, ut), ratio(mt, st), show(gbps(b, ct)), ratio(ct, ut), ratio(ct, st)
+                    rt = hasreg ? stats(us, "reg", b) : ""
+                    printf rfmt, show(gbps(b, rt)), ratio(mt, rt), ratio(ct, rt), ratio(ut, rt)
                 }
                 print "spread (min-max GB/s over the runs):"
-                fmt = "%10s %14s %14s %14s %14s\n"
+                fmt = "%10s %14s %14s %14s %14s"
+                rfmt = hasreg ? " %14s\n" : "%.0s\n"
                 printf fmt, "bytes", "user", "segment", "MPI", "memcpy"
+                printf rfmt, "registered"
                 for (i = 1; i <= nsizes; i++) {
                     b = order[i]
                     u = stats(bw, "user", b); ur = range(u); s = stats(bw, "seg", b); sr = range(s)
                     m = stats(bw, "mpi", b); mr = range(m); c = stats(bw, "mem", b); cr = range(c)
                     printf fmt, b, ur, sr, mr, cr
+                    rr = "-"
+                    if (hasreg) { r = stats(bw, "reg", b); rr = range(r) }
+                    printf rfmt, rr
                 }
                 b = order[1]
+                if (hasreg) { r = stats(us, "reg", b); rr = range(r) }
                 u = stats(us, "user", b); ur = range(u); s = stats(us, "seg", b); sr = range(s)
                 m = stats(us, "mpi", b); mr = range(m)
-                printf "latency at %s B, us (median, min-max): user %s (%s), segment %s (%s), MPI %s (%s)\n",
+                printf "latency at %s B, us (median, min-max): user %s (%s), segment %s (%s), MPI %s (%s)",
                        b, show(u), ur, show(s), sr, show(m), mr
+                if (hasreg) printf ", registered %s (%s)", show(r), rr
+                printf "\n"
                 # More ranks than cores: every core runs each of its ranks once per collective,
                 # so a process switch is the floor of a small collective.
                 if (ranks + 0 > cores + 0) {
@@ -258,7 +287,9 @@ for op in $OPS; do
                 { v[++cnt] = $3 }
                 END { flush() }'
         fi
-        for f in $(reps "ddp-0-$op-$n") $(reps "ddp-1-$op-$n"); do
+        regfiles=""
+        [ "$hasreg" = 0 ] || regfiles=$(reps "ddp-reg-$op-$n")
+        for f in $(reps "ddp-0-$op-$n") $(reps "ddp-1-$op-$n") $regfiles; do
             [ -s "$f" ] || echo "!! $(basename "$f"): no results (the run failed)"
         done
     done

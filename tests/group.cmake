@@ -51,6 +51,26 @@ foreach(world 1 2 3 4)
   ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} variants TIMEOUT 300)
   ddp_add_test(NAME test_shm_tune SOURCES test_shm_tune.c ARGS ${world} collectives TIMEOUT 300)
 endforeach()
+# Registered user memory (ddp_group_register_memory): the "mapped" allreduce reads and writes
+# the peers' malloc'd buffers in place, with the bytes of the usual path; anything less than every
+# rank registered falls back; errors, fork, unregistering, a size class the tuner gave to one-shot,
+# and a rank killed mid-series.
+foreach(world 1 2 3 4)
+  ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} variants TIMEOUT 300)
+endforeach()
+foreach(world 2 3)
+  foreach(mode fallback tuned kill)
+    ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} ${mode} TIMEOUT 200)
+  endforeach()
+endforeach()
+foreach(world 1 2 3)
+  ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} unregister TIMEOUT 200)
+endforeach()
+foreach(world 1 2)
+  foreach(mode errors fork)
+    ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} ${mode} TIMEOUT 200)
+  endforeach()
+endforeach()
 # The tuner's decisions reach the Chrome trace (every rank's; the files must parse as JSON and hold
 # the instant event) and rank 0's log at info.
 find_program(DDP_TRACE_JSON_PYTHON NAMES python3)

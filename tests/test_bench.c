@@ -1,6 +1,7 @@
 /* ddp-bench smoke test: under ddprun, every collective with checking on reports wrong = 0 for
- * sizes 0, 1 element, odd, prime and large counts on 1-3 ranks (user and segment buffers, in place
- * and not); a spoiled element is counted and fails the run; bad options exit 2 naming the option.
+ * sizes 0, 1 element, odd, prime and large counts on 1-3 ranks (user, registered user and segment
+ * buffers, in place and not; registered allreduces above 16 KiB ran "mapped"); a spoiled element
+ * is counted and fails the run; bad options exit 2 naming the option.
  * For `-o reducer`: --help exits 0, only PowerSGD reports a compression rate, and both bucket
  * layouts run interleaved.
  * No timing is asserted (the machine is shared): the bench runs with one short round per size. */
@@ -46,22 +47,26 @@ static int run(const char *command)
     return WEXITSTATUS(status);
 }
 
-/* Counts the JSON rows of the last run and checks each has "wrong":0 and the given fields. */
-static int json_rows(const char *op, int world, int segment)
+/* Counts the JSON rows of the last run and checks each has "wrong":0 and the given fields
+ * ("registered" is 1 when `registered`, else 0). */
+static int json_rows(const char *op, int world, int segment, int registered)
 {
     int rows = 0;
-    char want_op[64], want_world[64], want_segment[64];
+    char want_op[64], want_world[64], want_segment[64], want_registered[64];
     snprintf(want_op, sizeof want_op, "\"op\":\"%s\"", op);
     snprintf(want_world, sizeof want_world, "\"world_size\":%d", world);
     snprintf(want_segment, sizeof want_segment, "\"segment\":%d", segment);
+    snprintf(want_registered, sizeof want_registered, "\"registered\":%d", registered);
     for (char *line = out_text; line && *line;) {
         char *end = strchr(line, '\n');
         if (end) *end = 0;
         if (line[0] == '{') {
             rows++;
             CHECK_MSG(strstr(line, "\"wrong\":0,"), "row with wrong elements: %s", line);
-            CHECK_MSG(strstr(line, want_op) && strstr(line, want_world) && strstr(line, want_segment),
-                      "row '%s' lacks %s, %s or %s", line, want_op, want_world, want_segment);
+            CHECK_MSG(strstr(line, want_op) && strstr(line, want_world) &&
+                          strstr(line, want_segment) && strstr(line, want_registered),
+                      "row '%s' lacks %s, %s, %s or %s", line, want_op, want_world, want_segment,
+                      want_registered);
             CHECK_MSG(strstr(line, "\"time_us\":") && strstr(line, "\"algbw\":") &&
                           strstr(line, "\"busbw\":") && strstr(line, "\"bytes\":"),
                       "row '%s' lacks a column", line);
@@ -69,6 +74,23 @@ static int json_rows(const char *op, int world, int segment)
         line = end ? end + 1 : NULL;
     }
     return rows;
+}
+
+/* After an allreduce sweep with --register 1 on shm: every row above the one-shot size (16 KiB)
+ * ran "mapped" in every round, i.e. the bench really registered its buffers. */
+static void check_mapped_rows(void)
+{
+    int mapped = 0;
+    for (const char *line = out_text; (line = strchr(line, '{')) != NULL; line++) {
+        const char *bytes = strstr(line, "\"bytes\":"), *end = strchr(line, '\n');
+        CHECK(bytes);
+        if (strtoull(bytes + 8, NULL, 10) <= 16384) continue;
+        const char *alg = strstr(line, "\"algorithm\":\"mapped\"");
+        CHECK_MSG(alg && (!end || alg < end), "a registered row did not run mapped: %.*s",
+                  end ? (int)(end - line) : (int)strlen(line), line);
+        mapped++;
+    }
+    CHECK_MSG(mapped > 0, "no registered row above 16 KiB:\n%s", out_text);
 }
 
 #define QUICK "--json -c 1 -n 1 -w 1 --rounds 1 --min-ms 0"
@@ -81,7 +103,9 @@ static void sweep(int world, const char *op, const char *args, int segment, int 
              world, DDP_BENCH_PATH, op, args, segment);
     int rc = run(cmd);
     CHECK_MSG(rc == 0, "'%s' exited %d\nstdout:\n%s\nstderr:\n%s", cmd, rc, out_text, err_text);
-    int got = json_rows(op, world, segment);
+    int registered = strstr(args, "--register 1") != NULL;
+    if (registered && world > 1 && !strcmp(op, "allreduce")) check_mapped_rows();
+    int got = json_rows(op, world, segment, registered); /* cuts out_text into lines */
     CHECK_MSG(got == rows, "'%s' printed %d rows, expected %d:\n%s", cmd, got, rows, out_text);
 }
 
@@ -118,6 +142,10 @@ int main(void)
     sweep(2, "allgather", "-d f32 -b 8 -e 1M -f 9", 1, 6);
     sweep(2, "allgather", "-d f32 -b 8 -e 1M -f 9 --inplace 1", 0, 6);
     sweep(2, "barrier", "", 0, 1);
+    /* Registered malloc'd buffers (--register 1): checked, and mapped above 16 KiB on shm. */
+    sweep(2, "allreduce", "-d f32 -b 4 -e 4194316 -f 7 --register 1", 0, 8);
+    sweep(3, "allreduce", "-d bf16 -r avg -b 2 -e 1M -f 9 --inplace 1 --register 1", 0, 6);
+    sweep(2, "reduce_scatter", "-d f32 -b 8 -e 1M -f 9 --register 1", 0, 6);
     /* Three ranks (blocks of a third) and one rank (no peers). */
     sweep(3, "allreduce", odd, 0, 7);
     sweep(3, "reduce_scatter", "-d f32 -b 12 -e 1M -f 9 -r max", 1, 6);
@@ -235,6 +263,8 @@ int main(void)
     bad_option("-n 0", "-n");
     bad_option("-c 2", "-c");
     bad_option("--segment", "--segment");
+    bad_option("--register 2", "--register");
+    bad_option("--register 1 --segment 1", "--register");
     bad_option("-n 3 -o reducer", "-o reducer");
     bad_option("-o reducer --layout sideways", "--layout");
     bad_option("-o reducer --repeat 0", "--repeat");

@@ -49,6 +49,7 @@ typedef struct ddp_bench_options {
     int check;            /* -c: count wrong elements */
     int inplace;          /* --inplace */
     int segment;          /* --segment: buffers from ddp_group_alloc_buffer */
+    int registered;       /* --register: malloc'd buffers registered (ddp_group_register_memory) */
     int json;             /* --json: one JSON object per size instead of the table */
     int corrupt;          /* --test-corrupt: rank 0 spoils one checked element (tests the check) */
 } ddp_bench_options_t;

@@ -7,7 +7,9 @@
  * --min-ms (the same count on every rank); then --rounds timing rounds. A round's time is each
  * rank's time per iteration, taken as the maximum over ranks (an allreduce MAX), and the size's
  * time is the median round. Buffers are allocated once at the largest size, touched before use,
- * either with malloc or (--segment 1) with ddp_group_alloc_buffer. */
+ * either with malloc or (--segment 1) with ddp_group_alloc_buffer; --register 1 registers the
+ * malloc'd ones (ddp_group_register_memory, whole pages) once, before the first size, and
+ * unregisters them after the last, as a training loop would its gradient buffers. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +37,7 @@ typedef struct bench {
     size_t elem;           /* bytes per element */
     void *send, *recv;     /* send == recv when in place (recv is always the big one) */
     size_t capacity;       /* bytes in each buffer */
+    int send_registered, recv_registered; /* --register 1: unregister these before free */
     /* Variable counts (per rank, elements): allgatherv/reduce_scatterv use vc/vd, alltoallv
      * sc/sd (what this rank sends) and rc/rd (what it receives). Set by plan_size. */
     size_t *vc, *vd, *sc, *sd, *rc, *rd;
@@ -554,7 +557,8 @@ static void print_header(const bench_t *b)
     const ddp_bench_options_t *o = b->o;
     printf("# ddp-bench %s: %d ranks, transport %s, %s buffers, %s\n",
            ddp_bench_collective_name(o->collective), b->world, ddp_group_transport(b->group),
-           o->segment ? "segment" : "user", o->inplace ? "in place" : "out of place");
+           o->segment ? "segment" : o->registered ? "registered user" : "user",
+           o->inplace ? "in place" : "out of place");
     printf("# time: per iteration, max over ranks, median of %d rounds of >= %d iterations and "
            ">= %g ms; warmup %d; check %s\n",
            o->rounds, o->iters, o->min_round_ms, o->warmup, o->check ? "on" : "off");
@@ -575,11 +579,13 @@ static void print_row(const bench_t *b, const result_t *r)
         else snprintf(wrong, sizeof wrong, "%lld", r->wrong);
         printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"redop\":\"%s\",\"bytes\":%zu,\"count\":%zu,"
                "\"time_us\":%.4f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"world_size\":%d,"
-               "\"inplace\":%d,\"segment\":%d,\"transport\":\"%s\",\"iters\":%ld,\"rounds\":%d,"
+               "\"inplace\":%d,\"segment\":%d,\"registered\":%d,\"transport\":\"%s\","
+               "\"iters\":%ld,\"rounds\":%d,"
                "\"time_us_min\":%.4f,\"time_us_max\":%.4f,\"algorithm\":\"%s\"}\n",
                ddp_bench_collective_name(o->collective), ddp_dtype_name(o->dtype), redop_column(b),
                r->bytes, r->count, r->time_us, algbw, busbw, wrong, b->world, o->inplace,
-               o->segment, ddp_group_transport(b->group), r->iters, o->rounds, r->min_us,
+               o->segment, o->registered, ddp_group_transport(b->group), r->iters, o->rounds,
+               r->min_us,
                r->max_us, r->algorithm);
     } else {
         char wrong[32];
@@ -593,12 +599,36 @@ static void print_row(const bench_t *b, const result_t *r)
 
 /* ---- buffers ----------------------------------------------------------------------------- */
 
-static void *alloc_user(size_t bytes)
+/* Bytes alloc_user allocates for `bytes`: whole pages, at least one. */
+static size_t user_bytes(size_t bytes)
 {
     size_t rounded = (bytes + 4095) / 4096 * 4096;
-    void *p = aligned_alloc(4096, rounded ? rounded : 4096);
-    if (p) memset(p, 0, rounded ? rounded : 4096); /* fault the pages in before timing */
+    return rounded ? rounded : 4096;
+}
+
+static void *alloc_user(size_t bytes)
+{
+    void *p = aligned_alloc(4096, user_bytes(bytes));
+    if (p) memset(p, 0, user_bytes(bytes)); /* fault the pages in before timing */
     return p;
+}
+
+/* --register 1: every page of a malloc'd buffer, so that every size of the sweep lies in it. */
+static int register_user(bench_t *b, void *buf)
+{
+    ddp_status_t s = ddp_group_register_memory(b->group, buf, user_bytes(b->capacity));
+    if (s == DDP_OK) return 0;
+    fprintf(stderr, "ddp-bench: rank %d: ddp_group_register_memory(%zu bytes): %s: %s\n",
+            b->rank, user_bytes(b->capacity), ddp_status_string(s), ddp_last_error());
+    return -1;
+}
+
+static void unregister_user(bench_t *b, void *buf)
+{
+    ddp_status_t s = ddp_group_unregister_memory(b->group, buf);
+    if (s != DDP_OK)
+        fprintf(stderr, "ddp-bench: rank %d: ddp_group_unregister_memory: %s: %s\n", b->rank,
+                ddp_status_string(s), ddp_last_error());
 }
 
 static int alloc_buffers(bench_t *b)
@@ -623,6 +653,19 @@ static int alloc_buffers(bench_t *b)
                     b->rank, bytes);
             return -1;
         }
+        if (b->o->registered) {
+            b->recv_registered = register_user(b, b->recv) == 0;
+            b->send_registered = !b->o->inplace && b->recv_registered &&
+                                 register_user(b, b->send) == 0;
+            if (!b->recv_registered || (!b->o->inplace && !b->send_registered)) {
+                if (b->recv_registered) unregister_user(b, b->recv);
+                free(b->recv);
+                free(b->send);
+                b->recv = b->send = NULL;
+                b->recv_registered = 0;
+                return -1;
+            }
+        }
     }
     if (b->o->inplace) b->send = b->recv;
     return 0;
@@ -634,6 +677,8 @@ static void free_buffers(bench_t *b)
         if (b->send && b->send != b->recv) ddp_group_free_buffer(b->group, b->send);
         if (b->recv) ddp_group_free_buffer(b->group, b->recv);
     } else {
+        if (b->send_registered) unregister_user(b, b->send);
+        if (b->recv_registered) unregister_user(b, b->recv);
         if (b->send != b->recv) free(b->send);
         free(b->recv);
     }

@@ -36,6 +36,9 @@ static void usage(FILE *out)
             "      --inplace 0|1      in-place collectives (default 0; the five first only)\n"
             "      --segment 0|1      buffers from ddp_group_alloc_buffer, i.e. in the\n"
             "                         transport's memory (default 0: malloc)\n"
+            "      --register 0|1     register the malloc'd buffers with\n"
+            "                         ddp_group_register_memory before timing, unregister\n"
+            "                         after (default 0; shm runs allreduce \"mapped\" then)\n"
             "      --json             one JSON object per size instead of the table\n"
             "      --test-corrupt 0|1 rank 0 spoils one output element before the check (to\n"
             "                         test that checking catches it)\n"
@@ -189,6 +192,8 @@ static int parse_options(int argc, char **argv, ddp_bench_options_t *o)
             if (parse_int(v, 0, 1, &o->inplace)) USAGE_ERROR("--inplace: expected 0 or 1, not '%s'", v);
         } else if (OPTION(NULL, "--segment")) {
             if (parse_int(v, 0, 1, &o->segment)) USAGE_ERROR("--segment: expected 0 or 1, not '%s'", v);
+        } else if (OPTION(NULL, "--register")) {
+            if (parse_int(v, 0, 1, &o->registered)) USAGE_ERROR("--register: expected 0 or 1, not '%s'", v);
         } else if (OPTION(NULL, "--test-corrupt")) {
             if (parse_int(v, 0, 1, &o->corrupt)) USAGE_ERROR("--test-corrupt: expected 0 or 1, not '%s'", v);
         } else if (missing) {
@@ -200,6 +205,9 @@ static int parse_options(int argc, char **argv, ddp_bench_options_t *o)
     }
     if (o->min_bytes > o->max_bytes)
         USAGE_ERROR("-b %zu is larger than -e %zu", o->min_bytes, o->max_bytes);
+    if (o->registered && o->segment)
+        USAGE_ERROR("--register 1 registers malloc'd buffers; --segment 1 buffers are the "
+                    "transport's already");
     return DDP_BENCH_EXIT_OK;
 }
 

@@ -1,0 +1,898 @@
+/* Registered user memory on shm (ddp_group_register_memory, the "mapped" allreduce; issue #18):
+ * malloc'd buffers registered on every rank are reduced in place in each other's memory, with
+ * the same bytes as the other paths; anything less than every rank registered falls back.
+ *
+ *   variants    registered malloc'd buffers at ptr % 4096 = 0, 16, 4092 (the same on every rank,
+ *               and a different one per rank), 64 KiB, 1 MiB + 12 B and 8 MiB + 4 B, f32 sum,
+ *               f16 sum, bf16 sum, f64 max, i32 avg, in place and not: "mapped" ran, the bytes
+ *               equal the same call on unregistered copies (the usual path) made right after,
+ *               f32 sums equal a rank-order sum computed here, every rank has the same bytes,
+ *               and the bytes around the buffers are untouched. A sub-range of a registered
+ *               block is mapped too. World 1: registration works, whatever algorithm runs.
+ *   fallback    only rank 1 registers: nobody runs "mapped", results correct; then every rank
+ *               registers the same buffers: "mapped". DDP_SHM_MAP=off on rank 1 only: its
+ *               memory is left alone and nobody runs "mapped".
+ *   unregister  the bytes after unregistering are those before; the pages are private again;
+ *               later allreduces are not "mapped" and correct; registering again maps again;
+ *               one rank unregistering makes everyone fall back; 40 register/unregister cycles
+ *               (more than any table of registrations) all map; registering other memory while
+ *               a mapped allreduce runs leaves it mapped and correct.
+ *   errors      NULL / 0 / overlapping ranges, unknown pointers (DDP_ERR_INVALID_ARGUMENT), a
+ *               read-only mapping, a MAP_SHARED file mapping, a range with no whole page
+ *               (DDP_ERR_UNSUPPORTED), too many registrations (UNSUPPORTED if refused at all):
+ *               each with a message, nothing changed, the group still works. On tcp both calls
+ *               succeed and do nothing.
+ *   fork        after registering, a forked child gets a private copy: it sees the parent's
+ *               pre-fork bytes, its writes do not reach the parent nor the parent's its own.
+ *   tuned       the tuner settled on one-shot at 64 KiB, then the buffers are registered: from
+ *               the second registered call on, every call is mapped.
+ *   kill        a rank SIGKILLs itself inside a series of 64 MiB mapped allreduces: the others
+ *               fail with an error naming it within the timeout, and no segment is left behind.
+ * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|kill */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "transport/shm/shm.h"
+
+#define PAGE 4096
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+/* Rank r's input element i of case k: magnitudes spread so that the order of a sum matters. */
+static float input_f32(int r, size_t i, int k)
+{
+    uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i);
+    float m = (float)((int)(h % 2001) - 1000) * 1e-3f;
+    static const float scale[5] = {1e-3f, 1.0f, 7.0f, 1e3f, 3e5f};
+    return m * scale[(h >> 20) % 5];
+}
+
+static void fill(void *buf, ddp_dtype_t dt, int r, size_t n, int k)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = input_f32(r, i, k);
+        switch (dt) {
+        case DDP_F32: ((float *)buf)[i] = x; break;
+        case DDP_F64: ((double *)buf)[i] = (double)x * 1.000001; break;
+        case DDP_I32: ((int32_t *)buf)[i] = (int32_t)(x * 1000.0f); break;
+        case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16(x); break;
+        case DDP_F16: {
+            /* A finite half: sign, exponent 5..25, random mantissa. */
+            uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i ^ 77);
+            ((uint16_t *)buf)[i] =
+                (uint16_t)((h & 0x8000) | ((5 + (h >> 16) % 21) << 10) | ((h >> 32) & 0x3ff));
+            break;
+        }
+        default: abort();
+        }
+    }
+}
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+static int is_mapped(ddp_group_t *g) { return strcmp(ddp_group_algorithm(g), "mapped") == 0; }
+
+/* Every rank's value through an allgather: they must all be equal. */
+static void check_same_everywhere(ddp_group_t *g, uint64_t v, const char *what, int k)
+{
+    int world = ddp_group_size(g);
+    int64_t all[64], mine = (int64_t)v;
+    CHECK(world <= 64);
+    CHECK_OK(ddp_group_allgather(g, &mine, all, 1, DDP_I64));
+    for (int r = 0; r < world; r++)
+        CHECK_MSG(all[r] == mine, "%s of case %d: rank %d has %llx, rank %d %llx", what, k, r,
+                  (unsigned long long)all[r], ddp_group_rank(g), (unsigned long long)mine);
+}
+
+/* Whether the page holding `addr` is mapped from a memfd, from /proc/self/maps (registered pages
+ * are, in place; private anonymous memory has no path). */
+static int page_is_memfd(const void *addr)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    CHECK(f);
+    char line[1024];
+    int found = -1;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo = 0, hi = 0;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+        if (a >= lo && a < hi) {
+            found = strstr(line, "memfd:") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    CHECK_MSG(found >= 0, "%p is not mapped at all", addr);
+    return found;
+}
+
+static ddp_group_t *make_group(int rank, int world, ddp_store_t *store, const char *name,
+                               const char *transport, int timeout_ms)
+{
+    ddp_group_options_t options;
+    ddp_group_options_init(&options);
+    options.name = name;
+    options.transport = transport;
+    options.timeout_ms = timeout_ms;
+    ddp_group_t *g = NULL;
+    CHECK_OK(ddp_group_create(store, rank, world, &options, &g));
+    return g;
+}
+
+/* A malloc'd buffer `at` = offset bytes past a page boundary, with 64 guard bytes (0xA5) on both
+ * sides that no collective may touch. */
+typedef struct user_buf {
+    char *base, *at;
+    size_t bytes;
+} user_buf_t;
+
+static user_buf_t buf_alloc(size_t offset, size_t bytes)
+{
+    user_buf_t b = {NULL, NULL, bytes};
+    size_t total = (PAGE + offset + bytes + PAGE + PAGE - 1) / PAGE * PAGE;
+    b.base = aligned_alloc(PAGE, total);
+    CHECK(b.base);
+    b.at = b.base + PAGE + offset;
+    memset(b.at - 64, 0xA5, 64);
+    memset(b.at + bytes, 0xA5, 64);
+    return b;
+}
+
+static void buf_check_guards(const user_buf_t *b, const char *what, int k)
+{
+    for (int i = 0; i < 64; i++) {
+        CHECK_MSG((unsigned char)b->at[-1 - i] == 0xA5, "%s of case %d: byte %d before it changed",
+                  what, k, i + 1);
+        CHECK_MSG((unsigned char)b->at[b->bytes + (size_t)i] == 0xA5,
+                  "%s of case %d: byte %d past its end changed", what, k, i);
+    }
+}
+
+/* ---- variants ------------------------------------------------------------------------------ */
+
+typedef struct {
+    ddp_dtype_t dtype;
+    ddp_reduce_op_t op;
+    const char *name;
+} type_t;
+
+static const type_t types[] = {{DDP_F32, DDP_SUM, "f32 sum"},
+                               {DDP_F16, DDP_SUM, "f16 sum"},
+                               {DDP_BF16, DDP_SUM, "bf16 sum"},
+                               {DDP_F64, DDP_MAX, "f64 max"},
+                               {DDP_I32, DDP_AVG, "i32 avg"}};
+#define NTYPES ((int)(sizeof types / sizeof *types))
+
+static const size_t offsets[3] = {0, 16, 4092};
+static const size_t sizes[3] = {64u << 10, (1u << 20) + 12, (8u << 20) + 4};
+
+/* f32 sums: every element equals the rank-order sum of the inputs. */
+static void check_f32_sum(const float *got, size_t count, int world, int k, const char *what)
+{
+    for (size_t i = 0; i < count; i++) {
+        float want = input_f32(0, i, k);
+        for (int r = 1; r < world; r++) want += input_f32(r, i, k);
+        CHECK_MSG(memcmp(&got[i], &want, sizeof want) == 0,
+                  "%s, case %d, element %zu: %.9g, want %.9g", what, k, i, got[i], want);
+    }
+}
+
+/* One allreduce on registered buffers of this rank (send at offset `send_off`, recv at
+ * `recv_off`; in place: recv only), then the same call on unregistered copies: the same bytes,
+ * "mapped" for the first (world > 1), not for the second. */
+static void run_case(ddp_group_t *g, const type_t *t, size_t bytes_wanted, size_t send_off,
+                     size_t recv_off, int inplace, int k)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(t->dtype);
+    size_t count = (bytes_wanted + es - 1) / es, bytes = count * es;
+    send_off -= send_off % es; /* element-aligned, as C requires */
+    recv_off -= recv_off % es;
+    char what[160];
+    snprintf(what, sizeof what, "%s, %zu bytes, offsets %zu/%zu, %s", t->name, bytes, send_off,
+             recv_off, inplace ? "in place" : "out of place");
+
+    user_buf_t recv = buf_alloc(recv_off, bytes), send = {0};
+    if (!inplace) send = buf_alloc(send_off, bytes);
+    char *input = inplace ? recv.at : send.at;
+    fill(input, t->dtype, rank, count, k);
+    if (!inplace) memset(recv.at, 0x5A, bytes);
+    /* The unregistered copies, filled the same way. */
+    user_buf_t plain = buf_alloc(recv_off, bytes), plain_send = {0};
+    if (!inplace) plain_send = buf_alloc(send_off, bytes);
+    memcpy(inplace ? plain.at : plain_send.at, input, bytes);
+    if (!inplace) memset(plain.at, 0x5A, bytes);
+
+    CHECK_OK(ddp_group_register_memory(g, recv.at, bytes));
+    if (!inplace) CHECK_OK(ddp_group_register_memory(g, send.at, bytes));
+    /* Registration keeps the bytes. */
+    CHECK_MSG(memcmp(input, inplace ? plain.at : plain_send.at, bytes) == 0,
+              "%s: registering changed the input", what);
+
+    CHECK_OK(ddp_group_allreduce(g, input, recv.at, count, t->dtype, t->op));
+    if (world > 1)
+        CHECK_MSG(is_mapped(g), "%s, case %d: registered on every rank, yet ran %s", what, k,
+                  ddp_group_algorithm(g));
+    CHECK_OK(ddp_group_allreduce(g, inplace ? plain.at : plain_send.at, plain.at, count,
+                                 t->dtype, t->op));
+    CHECK_MSG(!is_mapped(g), "%s, case %d: unregistered buffers ran \"mapped\"", what, k);
+
+    buf_check_guards(&recv, what, k);
+    buf_check_guards(&plain, what, k);
+    if (!inplace) {
+        buf_check_guards(&send, what, k);
+        /* Out of place, the input stays as it was. */
+        CHECK_MSG(memcmp(send.at, plain_send.at, bytes) == 0, "%s, case %d: the input changed",
+                  what, k);
+    }
+    if (memcmp(recv.at, plain.at, bytes) != 0) {
+        size_t i = 0;
+        while (i < bytes && recv.at[i] == plain.at[i]) i++;
+        CHECK_MSG(0, "%s, case %d: mapped differs from the usual path first at byte %zu of %zu",
+                  what, k, i, bytes);
+    }
+    if (t->dtype == DDP_F32 && t->op == DDP_SUM)
+        check_f32_sum((const float *)recv.at, count, world, k, what);
+    check_same_everywhere(g, hash_bytes(recv.at, bytes), what, k);
+
+    CHECK_OK(ddp_group_unregister_memory(g, recv.at));
+    if (!inplace) CHECK_OK(ddp_group_unregister_memory(g, send.at));
+    /* Unregistering keeps the result. */
+    CHECK_MSG(memcmp(recv.at, plain.at, bytes) == 0, "%s: unregistering changed the result", what);
+    free(recv.base);
+    free(plain.base);
+    if (!inplace) {
+        free(send.base);
+        free(plain_send.base);
+    }
+}
+
+/* A sub-range of one registered block (in place, and out of place between two parts of it). */
+static void run_subrange(ddp_group_t *g, int k)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    const size_t block_count = 2u << 20, off = 1000, count = 300000;
+    float *block = malloc(block_count * sizeof(float)), *plain = malloc(block_count * sizeof(float));
+    CHECK(block && plain);
+    memset(block, 0, block_count * sizeof(float));
+    CHECK_OK(ddp_group_register_memory(g, block, block_count * sizeof(float)));
+    for (int inplace = 1; inplace >= 0; inplace--, k++) {
+        float *send = block + off, *recv = inplace ? send : block + 1000003;
+        fill(send, DDP_F32, rank, count, k);
+        memcpy(plain, block, block_count * sizeof(float));
+        CHECK_OK(ddp_group_allreduce(g, send, recv, count, DDP_F32, DDP_SUM));
+        if (world > 1)
+            CHECK_MSG(is_mapped(g), "sub-range of a registered block (in place %d) ran %s",
+                      inplace, ddp_group_algorithm(g));
+        check_f32_sum(recv, count, world, k, inplace ? "sub-range in place" : "sub-range");
+        /* Nothing else of the block changed. */
+        size_t r0 = (size_t)(recv - block);
+        CHECK(memcmp(block, plain, r0 * sizeof(float)) == 0);
+        CHECK(memcmp(recv + count, plain + r0 + count,
+                     (block_count - r0 - count) * sizeof(float)) == 0);
+        check_same_everywhere(g, hash_bytes(recv, count * sizeof(float)), "sub-range", k);
+    }
+    CHECK_OK(ddp_group_unregister_memory(g, block));
+    free(block);
+    free(plain);
+}
+
+static int rank_variants(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "variants", NULL, 0);
+    int k = 0;
+    /* Offset patterns 0-2: the same offset on every rank; 3: each rank its own. */
+    for (int pattern = 0; pattern < 4; pattern++) {
+        size_t off = pattern < 3 ? offsets[pattern] : offsets[rank % 3];
+        size_t send_off = pattern < 3 ? off : offsets[(rank + 1) % 3];
+        for (int s = 0; s < 3; s++)
+            for (int t = 0; t < NTYPES; t++)
+                for (int inplace = 0; inplace < 2; inplace++)
+                    run_case(g, &types[t], sizes[s], send_off, off, inplace, k++);
+    }
+    run_subrange(g, k);
+    ddp_group_destroy(g);
+    return 0;
+}
+
+/* ---- fallback ------------------------------------------------------------------------------ */
+
+/* What the last sum_and_check ran (ddp_group_algorithm), for messages. */
+static const char *last_algorithm = "none";
+
+/* In place f32 sum of `count` elements at buf (this rank's input of case k); checks the result
+ * and that every rank agrees on whether "mapped" ran; returns 1 if it did. */
+static int sum_and_check(ddp_group_t *g, float *buf, size_t count, int k, const char *what)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    fill(buf, DDP_F32, rank, count, k);
+    CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
+    last_algorithm = ddp_group_algorithm(g);
+    int mapped = !strcmp(last_algorithm, "mapped");
+    check_f32_sum(buf, count, world, k, what);
+    check_same_everywhere(g, (uint64_t)mapped, "whether mapped ran", k);
+    return mapped;
+}
+
+static int rank_fallback(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    static const size_t counts[3] = {16384, 262147, (2u << 20) + 1};
+    float *bufs[3];
+    for (int c = 0; c < 3; c++) {
+        bufs[c] = malloc(counts[c] * sizeof(float));
+        CHECK(bufs[c]);
+    }
+    ddp_group_t *g = make_group(rank, world, store, "fallback", NULL, 0);
+    int k = 0;
+    /* Only rank 1 registers. */
+    if (rank == 1)
+        for (int c = 0; c < 3; c++)
+            CHECK_OK(ddp_group_register_memory(g, bufs[c], counts[c] * sizeof(float)));
+    for (int round = 0; round < 2; round++)
+        for (int c = 0; c < 3; c++, k++)
+            CHECK_MSG(!sum_and_check(g, bufs[c], counts[c], k, "only rank 1 registered"),
+                      "only rank 1 registered, yet %zu floats ran mapped", counts[c]);
+    /* Now every rank (rank 1's registrations stay). */
+    if (rank != 1)
+        for (int c = 0; c < 3; c++)
+            CHECK_OK(ddp_group_register_memory(g, bufs[c], counts[c] * sizeof(float)));
+    for (int round = 0; round < 2; round++)
+        for (int c = 0; c < 3; c++, k++)
+            CHECK_MSG(sum_and_check(g, bufs[c], counts[c], k, "all registered"),
+                      "every rank registered, yet %zu floats ran %s", counts[c],
+                      last_algorithm);
+    for (int c = 0; c < 3; c++) CHECK_OK(ddp_group_unregister_memory(g, bufs[c]));
+    ddp_group_destroy(g);
+
+    /* DDP_SHM_MAP=off on rank 1 only: its registration leaves the memory alone, and then
+     * nobody may read it in place. */
+    if (rank == 1) setenv("DDP_SHM_MAP", "off", 1);
+    g = make_group(rank, world, store, "map-off", NULL, 0);
+    for (int c = 0; c < 3; c++) {
+        CHECK_OK(ddp_group_register_memory(g, bufs[c], counts[c] * sizeof(float)));
+        /* The first whole page of the buffer. */
+        char *page = (char *)(((uintptr_t)bufs[c] + PAGE - 1) / PAGE * PAGE);
+        if (rank == 1)
+            CHECK_MSG(!page_is_memfd(page), "DDP_SHM_MAP=off, yet registering moved the pages");
+        else
+            CHECK_MSG(page_is_memfd(page), "registered pages are not on a memfd");
+    }
+    for (int round = 0; round < 2; round++)
+        for (int c = 0; c < 3; c++, k++)
+            CHECK_MSG(!sum_and_check(g, bufs[c], counts[c], k, "DDP_SHM_MAP=off on rank 1"),
+                      "DDP_SHM_MAP=off on rank 1, yet %zu floats ran mapped", counts[c]);
+    for (int c = 0; c < 3; c++) {
+        ddp_status_t s = ddp_group_unregister_memory(g, bufs[c]);
+        /* Rank 1's register call did nothing: its unregister may say so or succeed. */
+        if (rank == 1)
+            CHECK_MSG(s == DDP_OK || s == DDP_ERR_INVALID_ARGUMENT,
+                      "unregister with DDP_SHM_MAP=off returned %s", ddp_status_string(s));
+        else
+            CHECK_OK(s);
+    }
+    ddp_group_destroy(g);
+    unsetenv("DDP_SHM_MAP");
+    for (int c = 0; c < 3; c++) free(bufs[c]);
+    return 0;
+}
+
+/* ---- unregister ---------------------------------------------------------------------------- */
+
+static int rank_unregister(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "unregister", NULL, 0);
+    const size_t count = (1u << 18) + 3; /* 1 MiB + 12 B */
+    const size_t bytes = count * sizeof(float);
+    user_buf_t b = buf_alloc(16, bytes);
+    float *buf = (float *)b.at;
+    char *page = (char *)(((uintptr_t)b.at + PAGE - 1) / PAGE * PAGE);
+    char *before = malloc(bytes);
+    CHECK(before);
+    int k = 0;
+
+    CHECK_OK(ddp_group_register_memory(g, buf, bytes));
+    if (world > 1) CHECK_MSG(page_is_memfd(page), "registered pages are not on a memfd");
+    int mapped = sum_and_check(g, buf, count, k++, "registered");
+    CHECK_MSG(world == 1 || mapped, "registered on every rank, yet ran %s", last_algorithm);
+    memcpy(before, buf, bytes);
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    CHECK_MSG(memcmp(before, buf, bytes) == 0, "unregistering changed the bytes");
+    CHECK_MSG(!page_is_memfd(page), "unregistered pages are still on a memfd");
+    buf_check_guards(&b, "unregistered buffer", k);
+    /* Private again: written here, reduced the usual way. */
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(!sum_and_check(g, buf, count, k++, "after unregistering"),
+                  "unregistered on every rank, yet ran mapped");
+
+    /* Registered again: mapped again. */
+    uint64_t h = hash_bytes(buf, bytes);
+    CHECK_OK(ddp_group_register_memory(g, buf, bytes));
+    CHECK_MSG(hash_bytes(buf, bytes) == h, "registering again changed the bytes");
+    mapped = sum_and_check(g, buf, count, k++, "registered again");
+    CHECK_MSG(world == 1 || mapped, "registered again, yet ran %s", last_algorithm);
+
+    /* Rank 0 alone unregisters: everybody falls back. */
+    if (world > 1) {
+        if (rank == 0) CHECK_OK(ddp_group_unregister_memory(g, buf));
+        CHECK_MSG(!sum_and_check(g, buf, count, k++, "rank 0 unregistered"),
+                  "rank 0 unregistered, yet ran mapped");
+        if (rank != 0) CHECK_OK(ddp_group_unregister_memory(g, buf));
+    } else {
+        CHECK_OK(ddp_group_unregister_memory(g, buf));
+    }
+    buf_check_guards(&b, "buffer", k);
+
+    /* Many cycles, more than a table of registrations holds: a slot comes back each time. Two
+     * blocks alternate so that views of a block replaced by another are not reused stale. */
+    user_buf_t other = buf_alloc(4092, bytes);
+    for (int cycle = 0; cycle < 40; cycle++) {
+        float *p = cycle % 2 ? (float *)other.at : buf;
+        size_t n = cycle % 3 ? count : 16411;
+        CHECK_OK(ddp_group_register_memory(g, p, n * sizeof(float)));
+        mapped = sum_and_check(g, p, n, k++, "register/unregister cycle");
+        CHECK_MSG(world == 1 || mapped, "cycle %d: registered, yet ran %s", cycle,
+                  last_algorithm);
+        memcpy(before, p, n * sizeof(float));
+        CHECK_OK(ddp_group_unregister_memory(g, p));
+        CHECK_MSG(memcmp(before, p, n * sizeof(float)) == 0, "cycle %d: unregistering changed "
+                  "the bytes", cycle);
+    }
+    buf_check_guards(&other, "other buffer", k);
+
+    /* Other memory registered and unregistered while a mapped allreduce runs (the calls are not
+     * collective; the progress thread may be inside the allreduce meanwhile). */
+    CHECK_OK(ddp_group_register_memory(g, buf, bytes));
+    fill(buf, DDP_F32, rank, count, k);
+    ddp_work_t *w = NULL;
+    CHECK_OK(ddp_group_allreduce_async(g, buf, buf, count, DDP_F32, DDP_SUM, &w));
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(ddp_group_register_memory(g, other.at, bytes));
+        CHECK_OK(ddp_group_unregister_memory(g, other.at));
+    }
+    CHECK_OK(ddp_work_wait(w));
+    ddp_work_free(w);
+    CHECK_MSG(world == 1 || is_mapped(g), "registering other memory meanwhile: ran %s",
+              ddp_group_algorithm(g));
+    check_f32_sum(buf, count, world, k++, "registering other memory meanwhile");
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    free(other.base);
+    free(b.base);
+    free(before);
+    ddp_group_destroy(g);
+    return 0;
+}
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+#define CHECK_REFUSED(expr, want)                                                                  \
+    do {                                                                                           \
+        CHECK_STATUS(expr, want);                                                                  \
+        CHECK_MSG(ddp_last_error()[0] != '\0', "%s: no error message", #expr);                    \
+    } while (0)
+
+/* The group still reduces correctly (and the registered buffer `reg`, if any, maps). */
+static void check_group_works(ddp_group_t *g, float *reg, size_t count, int k)
+{
+    float *buf = malloc(65536 * sizeof(float));
+    CHECK(buf);
+    sum_and_check(g, buf, 65536, k, "after errors");
+    free(buf);
+    if (reg) {
+        int mapped = sum_and_check(g, reg, count, k + 1, "registered, after errors");
+        CHECK_MSG(ddp_group_size(g) == 1 || mapped,
+                  "a registration that survived refused calls no longer maps (ran %s)",
+                  last_algorithm);
+    }
+}
+
+static int rank_errors(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "errors", NULL, 0);
+    int shm = !strcmp(ddp_group_transport(g), "shm");
+    CHECK_MSG(world == 1 || shm, "world %d runs on %s, not shm", world, ddp_group_transport(g));
+    const size_t count = 1u << 18; /* 1 MiB */
+    float *block = aligned_alloc(PAGE, 4 * count * sizeof(float));
+    CHECK(block);
+    fill(block, DDP_F32, rank, 4 * count, 99);
+    uint64_t h = hash_bytes(block, 4 * count * sizeof(float));
+
+    /* On every transport: NULL and 0. */
+    CHECK_REFUSED(ddp_group_register_memory(g, NULL, 4096), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_REFUSED(ddp_group_register_memory(g, block, 0), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_REFUSED(ddp_group_unregister_memory(g, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK(hash_bytes(block, 4 * count * sizeof(float)) == h);
+
+    if (shm) {
+        float *reg = block + count; /* [1, 2) MiB of the block, registered below */
+        size_t reg_bytes = count * sizeof(float);
+        CHECK_OK(ddp_group_register_memory(g, reg, reg_bytes));
+        /* Overlaps: inside, across the start, across the end, around it; the same range. */
+        CHECK_REFUSED(ddp_group_register_memory(g, reg + 1024, 4096), DDP_ERR_INVALID_ARGUMENT);
+        CHECK_REFUSED(ddp_group_register_memory(g, block + count / 2, reg_bytes),
+                      DDP_ERR_INVALID_ARGUMENT);
+        CHECK_REFUSED(ddp_group_register_memory(g, reg + count / 2, reg_bytes),
+                      DDP_ERR_INVALID_ARGUMENT);
+        CHECK_REFUSED(ddp_group_register_memory(g, block, 3 * reg_bytes),
+                      DDP_ERR_INVALID_ARGUMENT);
+        CHECK_REFUSED(ddp_group_register_memory(g, reg, reg_bytes), DDP_ERR_INVALID_ARGUMENT);
+        /* Unknown pointers: never registered, inside a registration, freed memory's address. */
+        CHECK_REFUSED(ddp_group_unregister_memory(g, block), DDP_ERR_INVALID_ARGUMENT);
+        CHECK_REFUSED(ddp_group_unregister_memory(g, reg + 1), DDP_ERR_INVALID_ARGUMENT);
+        int on_stack = 0;
+        CHECK_REFUSED(ddp_group_unregister_memory(g, &on_stack), DDP_ERR_INVALID_ARGUMENT);
+        CHECK(hash_bytes(block, 4 * count * sizeof(float)) == h);
+
+        /* No whole page inside: within one page, and across a page boundary. */
+        char *third = (char *)(block + 3 * count); /* page-aligned, unregistered */
+        CHECK_REFUSED(ddp_group_register_memory(g, third + 100, 3000), DDP_ERR_UNSUPPORTED);
+        CHECK_REFUSED(ddp_group_register_memory(g, third + 100, PAGE), DDP_ERR_UNSUPPORTED);
+        CHECK_REFUSED(ddp_group_register_memory(g, third + PAGE - 8, PAGE + 7),
+                      DDP_ERR_UNSUPPORTED);
+        CHECK(!page_is_memfd(third));
+        /* Byte-disjoint neighbours of a registration are not overlaps: [0, 6000) of the last
+         * quarter registers its first page, [6000, 20000) pages 2-3. */
+        CHECK_OK(ddp_group_register_memory(g, third, 6000));
+        CHECK_OK(ddp_group_register_memory(g, third + 6000, 14000));
+        CHECK_OK(ddp_group_unregister_memory(g, third + 6000));
+        CHECK_OK(ddp_group_unregister_memory(g, third));
+        CHECK(hash_bytes(block, 4 * count * sizeof(float)) == h);
+
+        /* Read-only private anonymous memory. */
+        size_t map_bytes = 16 * PAGE;
+        char *ro = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(ro != MAP_FAILED);
+        memset(ro, 0x3C, map_bytes);
+        CHECK(mprotect(ro, map_bytes, PROT_READ) == 0);
+        CHECK_REFUSED(ddp_group_register_memory(g, ro, map_bytes), DDP_ERR_UNSUPPORTED);
+        for (size_t i = 0; i < map_bytes; i++)
+            CHECK_MSG((unsigned char)ro[i] == 0x3C, "a refused registration changed byte %zu", i);
+        CHECK(!page_is_memfd(ro));
+        CHECK_REFUSED(ddp_group_unregister_memory(g, ro), DDP_ERR_INVALID_ARGUMENT);
+        CHECK(munmap(ro, map_bytes) == 0);
+
+        /* A MAP_SHARED mapping of a temporary file: still the file's after the refusal. */
+        const char *dir = ddp_test_tmpdir();
+        CHECK(dir);
+        char path[600];
+        snprintf(path, sizeof path, "%s/mapped-file", dir);
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+        CHECK(fd >= 0 && ftruncate(fd, (off_t)map_bytes) == 0);
+        char *file = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        CHECK(file != MAP_FAILED);
+        memset(file, 0x4B, map_bytes);
+        CHECK_REFUSED(ddp_group_register_memory(g, file, map_bytes), DDP_ERR_UNSUPPORTED);
+        file[5 * PAGE + 1] = 0x11; /* written through the mapping, read through the file */
+        unsigned char got[2] = {0, 0};
+        CHECK(pread(fd, got, 2, 5 * PAGE) == 2);
+        CHECK_MSG(got[0] == 0x4B && got[1] == 0x11,
+                  "after a refused registration the mapping no longer writes the file");
+        CHECK(munmap(file, map_bytes) == 0);
+        close(fd);
+        unlink(path);
+        rmdir(dir);
+
+        /* Too many registrations: refused (if at all) with UNSUPPORTED, the memory intact. */
+        enum { MANY = 80 };
+        char *many = aligned_alloc(PAGE, (size_t)MANY * 2 * PAGE);
+        CHECK(many);
+        memset(many, 0x77, (size_t)MANY * 2 * PAGE);
+        int registered = 0, accepted[MANY];
+        for (int i = 0; i < MANY; i++) {
+            ddp_status_t s = ddp_group_register_memory(g, many + (size_t)i * 2 * PAGE, PAGE);
+            accepted[i] = s == DDP_OK;
+            registered += accepted[i];
+            if (s != DDP_OK) {
+                CHECK_STATUS(s, DDP_ERR_UNSUPPORTED);
+                CHECK_MSG(ddp_last_error()[0] != '\0', "too many registrations: no message");
+                CHECK(!page_is_memfd(many + (size_t)i * 2 * PAGE));
+            }
+        }
+        for (size_t i = 0; i < (size_t)MANY * 2 * PAGE; i++)
+            CHECK_MSG((unsigned char)many[i] == 0x77, "registrations changed byte %zu", i);
+        for (int i = 0; i < MANY; i++)
+            if (accepted[i]) CHECK_OK(ddp_group_unregister_memory(g, many + (size_t)i * 2 * PAGE));
+            else CHECK_REFUSED(ddp_group_unregister_memory(g, many + (size_t)i * 2 * PAGE),
+                               DDP_ERR_INVALID_ARGUMENT);
+        if (rank == 0)
+            printf("test_shm_map: %d of %d one-page registrations accepted\n", registered, MANY);
+        free(many);
+
+        check_group_works(g, reg, count, 1);
+        CHECK_OK(ddp_group_unregister_memory(g, reg));
+        CHECK_REFUSED(ddp_group_unregister_memory(g, reg), DDP_ERR_INVALID_ARGUMENT);
+    } else {
+        /* World 1: registration works, whatever it does. */
+        CHECK_OK(ddp_group_register_memory(g, block, count * sizeof(float)));
+        CHECK(hash_bytes(block, 4 * count * sizeof(float)) == h);
+        check_group_works(g, block, count, 1);
+        CHECK_OK(ddp_group_unregister_memory(g, block));
+    }
+    ddp_group_destroy(g);
+
+    /* On tcp both calls succeed and do nothing, whatever the memory. */
+    if (world > 1) {
+        g = make_group(rank, world, store, "errors-tcp", "tcp", 0);
+        CHECK(!strcmp(ddp_group_transport(g), "tcp"));
+        float *buf = block + count;
+        CHECK_OK(ddp_group_register_memory(g, buf, count * sizeof(float)));
+        CHECK(!page_is_memfd(buf + 2048));
+        CHECK_OK(ddp_group_register_memory(g, buf + 7, 10)); /* overlapping: nothing to overlap */
+        int mapped = sum_and_check(g, buf, count, 3, "tcp, registered");
+        CHECK_MSG(!mapped, "tcp ran mapped");
+        CHECK_OK(ddp_group_unregister_memory(g, buf));
+        CHECK_OK(ddp_group_unregister_memory(g, block)); /* never registered: nothing to do */
+        ddp_group_destroy(g);
+    }
+    free(block);
+    return 0;
+}
+
+/* ---- fork ---------------------------------------------------------------------------------- */
+
+enum { CHILD_OK = 0, CHILD_NOT_PARENT_BYTES = 3, CHILD_SAW_PARENT_WRITE = 4, CHILD_PIPE = 5 };
+
+static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "fork", NULL, 0);
+    const size_t count = (1u << 20) + 5;
+    const size_t bytes = count * sizeof(float);
+    user_buf_t b = buf_alloc(16, bytes);
+    float *buf = (float *)b.at;
+    CHECK_OK(ddp_group_register_memory(g, buf, bytes));
+    int mapped = sum_and_check(g, buf, count, 0, "before fork");
+    CHECK_MSG(world == 1 || mapped, "registered, yet ran %s", last_algorithm);
+    uint64_t pre = hash_bytes(buf, bytes);
+
+    int to_child[2], to_parent[2];
+    CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        /* The child touches only its memory and the pipes (the group's threads are gone). Each
+         * side closes the ends it does not use, so that either dying ends the other's read. */
+        close(to_child[1]);
+        close(to_parent[0]);
+        char c = 0;
+        int rc = CHILD_OK;
+        if (hash_bytes(buf, bytes) != pre) rc = CHILD_NOT_PARENT_BYTES;
+        memset(buf, 0xC7, bytes);
+        if (write(to_parent[1], "w", 1) != 1) _exit(CHILD_PIPE);
+        if (read(to_child[0], &c, 1) != 1) _exit(CHILD_PIPE); /* the parent wrote its own */
+        for (size_t i = 0; i < bytes && rc == CHILD_OK; i++)
+            if ((unsigned char)b.at[i] != 0xC7) rc = CHILD_SAW_PARENT_WRITE;
+        _exit(rc);
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    char c = 0;
+    CHECK(read(to_parent[0], &c, 1) == 1); /* the child has written its whole buffer */
+    CHECK_MSG(hash_bytes(buf, bytes) == pre, "the child's writes reached the parent's buffer");
+    memset(buf, 0x2D, bytes);
+    CHECK(write(to_child[1], "p", 1) == 1);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status), "the child died (status %d)", status);
+    CHECK_MSG(WEXITSTATUS(status) != CHILD_NOT_PARENT_BYTES,
+              "the child did not see the parent's bytes of before the fork");
+    CHECK_MSG(WEXITSTATUS(status) != CHILD_SAW_PARENT_WRITE,
+              "the parent's writes after the fork reached the child");
+    CHECK_MSG(WEXITSTATUS(status) == CHILD_OK, "the child exited %d", WEXITSTATUS(status));
+    for (size_t i = 0; i < bytes; i++)
+        CHECK_MSG((unsigned char)b.at[i] == 0x2D, "the parent's own write was lost at byte %zu", i);
+    /* The parent's registration goes on working. */
+    mapped = sum_and_check(g, buf, count, 1, "after fork");
+    CHECK_MSG(world == 1 || mapped, "after fork, ran %s", last_algorithm);
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    buf_check_guards(&b, "forked buffer", 1);
+    free(b.base);
+    close(to_child[1]);
+    close(to_parent[0]);
+    ddp_group_destroy(g);
+    return 0;
+}
+
+/* ---- tuned --------------------------------------------------------------------------------- */
+
+/* The tuner settled on one-shot for a size class (rank 0's clock says it is a million times
+ * faster), then the buffers of that size are registered: the class goes the mapped way. The
+ * first registered call may still run one-shot (the tuner's pick, which bypasses the mapped path:
+ * that call is what tells every rank the class is registered); every later one must be mapped. */
+static int rank_tuned(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    double skew[4] = {1, 1, rank == 0 ? 1e-6 : 1.0, 1};
+    ddp__shm_set_tune_skew(skew, 4);
+    setenv("DDP_SHM_TUNE", "online", 1);
+    ddp_group_t *g = make_group(rank, world, store, "tuned", NULL, 0);
+    const size_t count = 16384; /* 64 KiB: one-shot is a candidate */
+    float *buf = malloc(count * sizeof(float));
+    CHECK(buf);
+    int k = 0;
+    for (int call = 0; call < 40; call++) sum_and_check(g, buf, count, k++, "tuning");
+    CHECK_MSG(!strcmp(last_algorithm, "one-shot"), "the tuner settled on %s, not one-shot",
+              last_algorithm);
+    CHECK_OK(ddp_group_register_memory(g, buf, count * sizeof(float)));
+    for (int call = 0; call < 20; call++) {
+        int mapped = sum_and_check(g, buf, count, k++, "registered after tuning");
+        if (call == 0 && rank == 0)
+            printf("test_shm_map: the first registered call after the tuner chose one-shot ran "
+                   "%s\n", last_algorithm);
+        CHECK_MSG(mapped || (call == 0 && !strcmp(last_algorithm, "one-shot")),
+                  "registered call %d after the tuner chose one-shot ran %s", call, last_algorithm);
+    }
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    free(buf);
+    ddp_group_destroy(g);
+    return 0;
+}
+
+/* ---- kill ---------------------------------------------------------------------------------- */
+
+static int count_ddp_shm_files(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, "ddp")) n++;
+    closedir(d);
+    return n;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+enum { KILL_TIMEOUT_MS = 30000 };
+
+static int kill_rank(int rank, int world, const char *store_path)
+{
+    ddp_store_t *store = NULL;
+    CHECK_OK(ddp_store_file_create(store_path, &store));
+    ddp_group_t *g = make_group(rank, world, store, "kill", NULL, KILL_TIMEOUT_MS);
+    const size_t n = 16u << 20; /* 64 MiB of f32 */
+    float *buf = malloc(n * sizeof(float));
+    CHECK(buf);
+    memset(buf, 0, n * sizeof(float));
+    CHECK_OK(ddp_group_register_memory(g, buf, n * sizeof(float)));
+    /* One mapped allreduce on every rank first: the views exist, the series is mapped. */
+    CHECK_OK(ddp_group_allreduce(g, buf, buf, n, DDP_F32, DDP_SUM));
+    CHECK_MSG(is_mapped(g), "rank %d: registered, yet ran %s", rank, ddp_group_algorithm(g));
+    int victim = world - 1;
+    if (rank == victim) {
+        /* A queue far longer than the sleep: the progress thread is inside (or between) mapped
+         * allreduces of the series when the process dies. */
+        for (int k = 0; k < 100; k++) {
+            ddp_work_t *w = NULL;
+            CHECK_OK(ddp_group_allreduce_async(g, buf, buf, n, DDP_F32, DDP_SUM, &w));
+            ddp_work_free(w);
+        }
+        usleep(60 * 1000);
+        raise(SIGKILL);
+    }
+    double start = now_s();
+    ddp_status_t s = DDP_OK;
+    int done = 0;
+    for (; done < 200 && s == DDP_OK; done++) {
+        s = ddp_group_allreduce(g, buf, buf, n, DDP_F32, DDP_SUM);
+        CHECK_MSG(s != DDP_OK || is_mapped(g), "rank %d: call %d of the series ran %s", rank,
+                  done, ddp_group_algorithm(g));
+    }
+    double took = now_s() - start;
+    CHECK_MSG(s != DDP_OK, "rank %d: 200 allreduces succeeded without rank %d", rank, victim);
+    fprintf(stderr, "rank %d: call %d failed after %.2f s: %s: %s\n", rank, done, took,
+            ddp_status_string(s), ddp_last_error());
+    CHECK_MSG(took < KILL_TIMEOUT_MS / 1000.0 + 10.0, "rank %d: the error took %.1f s", rank, took);
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", victim);
+    CHECK_ERROR_MENTIONS(who);
+    CHECK_STATUS(ddp_group_barrier(g), DDP_ERR_ABORTED);
+    /* Unregistering works on a broken group too. */
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    ddp_group_destroy(g);
+    ddp_store_destroy(store);
+    free(buf);
+    return 0;
+}
+
+static int run_kill_test(int world)
+{
+    if (world < 2) return 0;
+    int before = count_ddp_shm_files();
+    const char *dir = ddp_test_tmpdir();
+    CHECK(dir);
+    char path[600];
+    snprintf(path, sizeof path, "%s/store", dir);
+    pid_t pids[8];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        CHECK(pids[r] >= 0);
+        if (pids[r] == 0) _exit(kill_rank(r, world, path));
+    }
+    int failed = 0;
+    for (int r = 0; r < world; r++) {
+        int status = 0;
+        waitpid(pids[r], &status, 0);
+        if (r == world - 1) {
+            if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+                fprintf(stderr, "victim rank %d was not killed (status %d)\n", r, status);
+                failed = 1;
+            }
+        } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            fprintf(stderr, "rank %d failed (status %d)\n", r, status);
+            failed = 1;
+        }
+    }
+    int after = count_ddp_shm_files();
+    if (after > before) {
+        fprintf(stderr, "/dev/shm holds %d ddp segments after the test (%d before)\n", after,
+                before);
+        failed = 1;
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) failed = 1;
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    int world = argc > 1 ? atoi(argv[1]) : 2;
+    const char *mode = argc > 2 ? argv[2] : "variants";
+    setenv("DDP_TRANSPORT", "auto", 1);
+    unsetenv("DDP_SHM_MAP");
+    int rc;
+    if (!strcmp(mode, "kill")) {
+        rc = run_kill_test(world);
+    } else {
+        ddp_test_rank_fn fn = !strcmp(mode, "variants")     ? rank_variants
+                              : !strcmp(mode, "fallback")   ? rank_fallback
+                              : !strcmp(mode, "unregister") ? rank_unregister
+                              : !strcmp(mode, "errors")     ? rank_errors
+                              : !strcmp(mode, "fork")       ? rank_fork
+                              : !strcmp(mode, "tuned")      ? rank_tuned
+                                                            : NULL;
+        if (!fn || world < 1 || ((fn == rank_fallback || fn == rank_tuned) && world < 2)) {
+            fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
+                            "fork|tuned|kill (fallback, tuned: world >= 2)\n");
+            return 2;
+        }
+        rc = ddp_test_run_ranks(world, 280, fn, NULL);
+    }
+    if (rc == 0) printf("test_shm_map world=%d %s: ok\n", world, mode);
+    return rc;
+}
