@@ -28,7 +28,13 @@
  *               the second registered call on, every call is mapped.
  *   kill        a rank SIGKILLs itself inside a series of 64 MiB mapped allreduces: the others
  *               fail with an error naming it within the timeout, and no segment is left behind.
- * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|kill */
+ *   auto        DDP_SHM_MAP=auto (the default; every other mode pins "on"): a malloc'd buffer is
+ *               registered by libddp the second time it comes (mapped from then on), a freed
+ *               one and temporaries stay correct, out of place too, a forked child's writes stay
+ *               its own, a caller's registration takes an automatic one over, and peers drop
+ *               their views of a registration whose memory was unmapped. Exit 77 (skipped)
+ *               where libddp cannot register by itself (sanitizers' malloc, old kernels).
+ * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +49,7 @@
 
 #include "harness.h"
 #include "transport/shm/shm.h"
+#include "transport/shm/shm_map.h"
 
 #define PAGE 4096
 
@@ -396,7 +403,7 @@ static int rank_fallback(int rank, int world, ddp_store_t *store, void *arg)
             CHECK_OK(s);
     }
     ddp_group_destroy(g);
-    unsetenv("DDP_SHM_MAP");
+    setenv("DDP_SHM_MAP", "on", 1);
     for (int c = 0; c < 3; c++) free(bufs[c]);
     return 0;
 }
@@ -754,6 +761,120 @@ static int rank_tuned(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* Mappings of registered memory in this process (its own registrations and peers' views). */
+static int count_registered_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    CHECK(f);
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, "memfd:ddp-registered") != NULL;
+    fclose(f);
+    return n;
+}
+
+/* ---- auto ---------------------------------------------------------------------------------- */
+
+/* DDP_SHM_MAP=auto (the default): libddp registers by itself a malloc'd buffer that comes back.
+ * The first call of a buffer is not mapped, the next ones are; a buffer freed and another
+ * allocated (likely at the same address) is reduced correctly (the stale registration is
+ * noticed); temporaries allocated and freed every call stay correct; a child forked after it
+ * writes privately; a registration by the caller takes the automatic one over. Skipped (77)
+ * where automatic registration cannot run (malloc not glibc's, as under ASan/TSan, or a kernel
+ * without PROCMAP_QUERY). */
+static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    setenv("DDP_SHM_MAP", "auto", 1);
+    ddp_group_t *g = make_group(rank, world, store, "auto", NULL, 0);
+    const size_t count = (1u << 20) + 3;
+    const size_t bytes = count * sizeof(float);
+    int k = 100;
+    float *buf = malloc(bytes);
+    CHECK(buf);
+    int mapped = sum_and_check(g, buf, count, k++, "first call");
+    CHECK_MSG(!mapped, "the first call of a buffer ran mapped");
+    for (int call = 0; call < 4; call++) {
+        mapped = sum_and_check(g, buf, count, k++, "auto, again");
+        CHECK_MSG(mapped, "call %d of the same buffer ran %s", call + 2, last_algorithm);
+    }
+    CHECK_MSG(page_is_memfd((char *)buf + PAGE), "the buffer's pages are not on a memfd");
+    /* Freed and allocated again: correct whatever runs. */
+    free(buf);
+    buf = malloc(bytes);
+    CHECK(buf);
+    for (int call = 0; call < 4; call++) sum_and_check(g, buf, count, k++, "new buffer");
+    /* Temporaries: a new buffer every call. */
+    for (int call = 0; call < 6; call++) {
+        float *t = malloc(bytes + (size_t)call * 64);
+        CHECK(t);
+        sum_and_check(g, t, count, k++, "temporary");
+        free(t);
+    }
+    /* Out of place, both buffers automatic. */
+    float *out = malloc(bytes), *in = malloc(bytes);
+    CHECK(out && in);
+    for (int call = 0; call < 3; call++) {
+        fill(in, DDP_F32, rank, count, k);
+        CHECK_OK(ddp_group_allreduce(g, in, out, count, DDP_F32, DDP_SUM));
+        check_f32_sum(out, count, world, k++, "auto out of place");
+    }
+    CHECK_MSG(is_mapped(g), "out of place, third call ran %s", ddp_group_algorithm(g));
+    /* A fork: the child's writes stay its own. */
+    uint64_t pre = hash_bytes(out, bytes);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        memset(out, 0x5B, bytes);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_MSG(hash_bytes(out, bytes) == pre, "a forked child's writes reached the parent");
+    /* The caller registers what libddp registered: it takes it over. */
+    CHECK_OK(ddp_group_register_memory(g, buf, bytes));
+    mapped = sum_and_check(g, buf, count, k++, "taken over");
+    CHECK_MSG(mapped, "after taking over, ran %s", last_algorithm);
+    CHECK_OK(ddp_group_unregister_memory(g, buf));
+    CHECK_MSG(!page_is_memfd((char *)buf + PAGE), "unregistered pages are still on a memfd");
+    free(buf);
+    free(in);
+    free(out);
+    /* A buffer that is a mapping of its own, registered automatically, then unmapped: a few calls
+     * on another buffer later, the process maps no more registered memory than the live
+     * registrations of all ranks (its own, and its views of its peers'), i.e. no view of memory
+     * freed elsewhere keeps it alive. */
+    float *last = malloc(bytes);
+    CHECK(last);
+    for (int call = 0; call < 2; call++) sum_and_check(g, last, count, k++, "before the unmap");
+    const size_t mcount = (4u << 20) / sizeof(float);
+    float *m = mmap(NULL, mcount * sizeof(float), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    for (int call = 0; call < 3; call++) mapped = sum_and_check(g, m, mcount, k++, "own mapping");
+    CHECK_MSG(mapped, "a buffer of its own mapping ran %s", last_algorithm);
+    CHECK(munmap(m, mcount * sizeof(float)) == 0);
+    /* Calls on a buffer registered before (no registration follows that would notice), spread
+     * over more than the 50 ms at which the owner looks for registrations that went away. */
+    for (int call = 0; call < 4; call++) {
+        sum_and_check(g, last, count, k++, "after the unmap");
+        usleep(30000);
+    }
+    uint32_t gens[DDP__SHM_MAP_SLOTS];
+    ddp__shm_map_live(gens);
+    int64_t live = 0, all[64];
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) live += gens[i] != 0;
+    CHECK_OK(ddp_group_allgather(g, &live, all, 1, DDP_I64));
+    int64_t total = 0;
+    for (int r = 0; r < world; r++) total += all[r];
+    int mappings = count_registered_mappings();
+    CHECK_MSG(mappings <= total, "%d mappings of registered memory, %lld live registrations",
+              mappings, (long long)total);
+    free(last);
+    ddp_group_destroy(g);
+    return 0;
+}
+
 /* ---- kill ---------------------------------------------------------------------------------- */
 
 static int count_ddp_shm_files(void)
@@ -874,7 +995,9 @@ int main(int argc, char **argv)
     int world = argc > 1 ? atoi(argv[1]) : 2;
     const char *mode = argc > 2 ? argv[2] : "variants";
     setenv("DDP_TRANSPORT", "auto", 1);
-    unsetenv("DDP_SHM_MAP");
+    /* Registration by the caller only: with the default (auto) the buffers these modes reuse
+     * unregistered would be registered by libddp and go mapped; the auto mode tests that. */
+    setenv("DDP_SHM_MAP", "on", 1);
     int rc;
     if (!strcmp(mode, "kill")) {
         rc = run_kill_test(world);
@@ -885,11 +1008,18 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "errors")     ? rank_errors
                               : !strcmp(mode, "fork")       ? rank_fork
                               : !strcmp(mode, "tuned")      ? rank_tuned
+                              : !strcmp(mode, "auto")       ? rank_auto
                                                             : NULL;
-        if (!fn || world < 1 || ((fn == rank_fallback || fn == rank_tuned) && world < 2)) {
+        if (!fn || world < 1 ||
+            ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto) && world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|kill (fallback, tuned: world >= 2)\n");
+                            "fork|tuned|auto|kill (fallback, tuned, auto: world >= 2)\n");
             return 2;
+        }
+        if (fn == rank_auto && !ddp__shm_map_auto_available()) {
+            printf("test_shm_map: skipped: libddp cannot register by itself here (malloc is not "
+                   "glibc's, as under a sanitizer, or the kernel has no PROCMAP_QUERY)\n");
+            return 77;
         }
         rc = ddp_test_run_ranks(world, 280, fn, NULL);
     }

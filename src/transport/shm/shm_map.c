@@ -454,6 +454,12 @@ ddp_status_t ddp__shm_map_unregister(void *ptr)
  * lock is not taken (the parent may have held it at the fork; it is reinitialised instead). */
 static void fork_child(void)
 {
+    /* The descriptor of /proc/self/maps names the parent's memory: "self" was resolved when it
+     * was opened. */
+    if (maps_fd >= 0) {
+        close(maps_fd);
+        maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    }
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
         export_t *e = &exports[i];
         if (!e->gen) continue;
@@ -510,7 +516,16 @@ static void fork_child(void)
 
 uint32_t ddp__shm_map_live(uint32_t gens[DDP__SHM_MAP_SLOTS])
 {
+    /* Registrations whose memory was unmapped are noticed here too, at most every 50 ms (one
+     * PROCMAP_QUERY per registration), so that peers let go of it even if no registration
+     * follows. */
+    static int64_t last_sweep_ns;
     pthread_mutex_lock(&exports_mu);
+    int64_t now = ddp__now_ns();
+    if (now - last_sweep_ns > 50000000) {
+        last_sweep_ns = now;
+        sweep_stale();
+    }
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) gens[i] = exports[i].gen;
     uint32_t epoch = table_epoch;
     pthread_mutex_unlock(&exports_mu);
