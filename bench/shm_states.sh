@@ -6,10 +6,12 @@
 # libddp (ddp-bench, user buffers) back to back on the same sizes; the report gives each run's
 # state (Open MPI's 8 B time is the marker) and, per size, the worst and the median ratio to Open
 # MPI (and to memcpy for 32 MiB and up) over all runs, against the targets of issue #18.
-# Each run also times libddp on the same malloc'd buffers registered with
-# ddp_group_register_memory (ddp-bench --register 1: the "mapped" allreduce), interleaved with
-# the others; its report follows the unregistered one, in the same form, with its ratio to the
-# unregistered run.
+# The libddp series ("ddp") runs with the defaults: malloc'd buffers that libddp registers by
+# itself when they come back (DDP_SHM_MAP=auto, the "mapped" allreduce). Each run also times
+# libddp on the same buffers registered by the caller (ddp-bench --register 1: "reg") and on
+# buffers left unregistered (DDP_SHM_MAP=on, the staged and single-copy paths, what runs where
+# libddp cannot register by itself: "unreg"), interleaved with the others; their reports follow,
+# in the same form, with their ratio to the default series.
 #
 #   bench/shm_states.sh                 # 2 ranks, f32 sum, runs for 10 minutes
 #   DURATION=1800 RANKS="2 4" bench/shm_states.sh
@@ -19,7 +21,7 @@
 # RANKS ("2"), SIZES (ddp-bench sizes: MIN, MAX, FACTOR; default 8 B .. 128 MiB x4), ITERS (3), WARMUP (16),
 # ROUNDS (3), PAUSE (seconds between runs, default 20), OUT (the report file, default
 # bench/results/<UTC date-time>-shm-states.txt; the raw JSON goes to OUT's name without .txt),
-# REGISTERED (1; 0: no registered runs, the report as before).
+# REGISTERED (1; 0: no registered runs), UNREGISTERED (1; 0: no unregistered runs).
 # Ratios > 1 mean libddp is faster (time of Open MPI / time of libddp).
 set -eu
 
@@ -44,10 +46,11 @@ PAUSE=${PAUSE:-20}
 STAMP=$(date -u '+%Y-%m-%d-%H%M')
 OUT=${OUT:-$ROOT/bench/results/$STAMP-shm-states.txt}
 REGISTERED=${REGISTERED:-1}
+UNREGISTERED=${UNREGISTERED:-1}
 RAW=${OUT%.txt}
 
 need=""
-for p in ddprun ddp-bench memcpy-probe mpi-baseline; do
+for p in ddprun ddp-bench memcpy-probe mpi-baseline cma-probe; do
     [ -x "$BUILD/$p" ] || need="$need $p"
 done
 if [ -n "$need" ]; then
@@ -70,7 +73,9 @@ run=0
 {
     echo "# shm_states: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, $(uname -r), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
     echo "# f32 sum allreduce, user buffers, sizes $MIN..$MAX x$FACTOR, ranks: $RANKS; for ${DURATION}s${RUNS:+ or $RUNS runs}"
-    [ "$REGISTERED" = 0 ] || echo "# and the same user buffers registered (ddp-bench --register 1), in every run"
+    echo "# libddp: DDP_SHM_MAP=auto (default: reused buffers registered by libddp)"
+    [ "$REGISTERED" = 0 ] || echo "# and the same user buffers registered by the caller (ddp-bench --register 1), in every run"
+    [ "$UNREGISTERED" = 0 ] || echo "# and the same user buffers unregistered (DDP_SHM_MAP=on), in every run"
 } | tee "$OUT"
 while :; do
     run=$((run + 1))
@@ -78,12 +83,20 @@ while :; do
     when=$(date -u '+%H:%M:%S')
     "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" --json \
         | json_only >"$RAW/memcpy.$run.json"
+    # What two cores get together: both copying at once (cma-probe's "memcpy x2"). An allreduce
+    # of 2 ranks must move one memcpy's bytes on each rank at the same time, so this, not one
+    # core's memcpy, bounds it where the two cores share the memory bandwidth.
+    "$BUILD/cma-probe" -b 32M -e "$MAX" -f 4 --rounds "$ROUNDS" 2>/dev/null \
+        | grep '^memcpy x2' >"$RAW/x2.$run.txt" || true
     for n in $RANKS; do
         # Open MPI and libddp alternate which goes first, so neither always meets the same load
         # (registered libddp at either end).
         if [ $((run % 2)) -eq 1 ]; then order="mpi ddp"; else order="ddp mpi"; fi
         if [ "$REGISTERED" != 0 ]; then
             if [ $((run % 2)) -eq 1 ]; then order="$order reg"; else order="reg $order"; fi
+        fi
+        if [ "$UNREGISTERED" != 0 ]; then
+            if [ $((run % 2)) -eq 1 ]; then order="unreg $order"; else order="$order unreg"; fi
         fi
         for who in $order; do
             if [ "$who" = mpi ]; then
@@ -94,6 +107,10 @@ while :; do
                 # shellcheck disable=SC2086
                 "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" $COMMON --register 1 \
                     | json_only >"$RAW/reg-$n.$run.json" || true
+            elif [ "$who" = unreg ]; then
+                # shellcheck disable=SC2086
+                DDP_SHM_MAP=on "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" $COMMON \
+                    | json_only >"$RAW/unreg-$n.$run.json" || true
             else
                 # shellcheck disable=SC2086
                 "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" $COMMON \
@@ -113,7 +130,8 @@ done
 # for libddp on unregistered buffers (series ddp), then on registered ones (series reg, which
 # also gives its median ratio to the unregistered run).
 series=ddp
-[ "$REGISTERED" = 0 ] || series="ddp reg"
+[ "$REGISTERED" = 0 ] || series="$series reg"
+[ "$UNREGISTERED" = 0 ] || series="$series unreg"
 passes=""
 for who in $series; do for n in $RANKS; do passes="$passes $who:$n"; done; done
 for pass in $passes; do
@@ -144,14 +162,19 @@ for pass in $passes; do
             while ((getline line < (raw "/runs.txt")) > 0) { split(line, f, " "); at[f[1]] = f[2]; ld[f[1]] = f[3] }
             for (r = 1; r <= runs; r++) {
                 slurp("ddp", raw "/" who "-" ranks "." r ".json", r)
-                if (who == "reg") slurp("usr", raw "/ddp-" ranks "." r ".json", r)
+                if (who != "ddp") slurp("usr", raw "/ddp-" ranks "." r ".json", r)
                 slurp("mpi", raw "/mpi-" ranks "." r ".json", r)
                 slurp("mem", raw "/memcpy." r ".json", r)
+                xf = raw "/x2." r ".txt"
+                while ((getline line < xf) > 0) { split(line, w, " "); x2[r, w[3] + 0] = w[4] + 0 }
+                close(xf)
             }
             if (who == "reg")
-                printf "\n## %d ranks, libddp on registered buffers (ddp-bench --register 1): per run, time(Open MPI) / time(libddp registered) per size (>1: libddp faster); 32M+: also libddp registered / memcpy (GB/s ratio)\n", ranks
+                printf "\n## %d ranks, libddp on registered buffers (ddp-bench --register 1): per run, time(Open MPI) / time(libddp registered) per size (>1: libddp faster); 32M+: also libddp registered / memcpy and / memcpy x2 (both cores copying at once) (GB/s ratios)\n", ranks
+            else if (who == "unreg")
+                printf "\n## %d ranks, libddp on unregistered buffers (DDP_SHM_MAP=on: staged / single copy): per run, time(Open MPI) / time(libddp unregistered) per size (>1: libddp faster); 32M+: also libddp unregistered / memcpy and / memcpy x2 (GB/s ratios)\n", ranks
             else
-                printf "\n## %d ranks: per run, time(Open MPI) / time(libddp) per size (>1: libddp faster); 32M+: also libddp / memcpy (GB/s ratio)\n", ranks
+                printf "\n## %d ranks: per run, time(Open MPI) / time(libddp) per size (>1: libddp faster); 32M+: also libddp / memcpy and / memcpy x2 (both cores copying at once) (GB/s ratios)\n", ranks
             printf "%4s %9s %5s %8s %-9s", "run", "UTC", "load", "MPI 8B", "state"
             for (i = 1; i <= ns; i++) printf " %7s", label(order[i])
             printf "\n"
@@ -167,26 +190,30 @@ for pass in $passes; do
                     printf " %7s", x < 0 ? "-" : sprintf("%.2f", x)
                     cm = t["mem", r, b]
                     cpy[b, r] = (d > 0 && cm > 0) ? cm / d : -1
+                    cx[b, r] = (d > 0 && x2[r, b] > 0) ? b / d / 1000 / x2[r, b] : -1
                     u = t["usr", r, b]
                     vsu[b, r] = (d > 0 && u > 0) ? u / d : -1
                 }
                 printf "   mem:"
                 for (i = 1; i <= ns; i++) if (order[i] >= 33554432) printf " %s %.2f", label(order[i]), cpy[order[i], r]
+                printf "   x2:"
+                for (i = 1; i <= ns; i++) if (order[i] >= 33554432) printf " %s %.2f", label(order[i]), cx[order[i], r]
                 printf "\n"
             }
-            if (who == "reg")
-                printf "\nper size over %d runs (%d ranks, registered): ratio to Open MPI worst / median [to memcpy worst / median]; to unregistered (time(user) / time(registered)) median; libddp variants seen; target\n", runs, ranks
+            if (who != "ddp")
+                printf "\nper size over %d runs (%d ranks, %s): ratio to Open MPI worst / median [to memcpy worst / median]; to the default series (time(default) / time(this)) median; libddp variants seen; target\n", runs, ranks, who == "reg" ? "registered" : "unregistered"
             else
                 printf "\nper size over %d runs (%d ranks): ratio to Open MPI worst / median [to memcpy worst / median]; libddp variants seen; target\n", runs, ranks
             for (i = 1; i <= ns; i++) {
-                b = order[i]; k = 0; kc = 0; ku = 0; delete a; delete c; delete uu; delete algs; vs = ""
+                b = order[i]; k = 0; kc = 0; ku = 0; kx = 0; delete a; delete c; delete uu; delete xx; delete algs; vs = ""
                 for (r = 1; r <= runs; r++) {
                     if (ratio[b, r] >= 0) a[++k] = ratio[b, r]
                     if (cpy[b, r] >= 0) c[++kc] = cpy[b, r]
                     if (vsu[b, r] >= 0) uu[++ku] = vsu[b, r]
+                    if (cx[b, r] >= 0) xx[++kx] = cx[b, r]
                     if (alg[r, b] != "" && !(alg[r, b] in algs)) { algs[alg[r, b]] = 1; vs = vs (vs == "" ? "" : " ") alg[r, b] }
                 }
-                sort(a, k); sort(c, kc); sort(uu, ku)
+                sort(a, k); sort(c, kc); sort(uu, ku); sort(xx, kx)
                 med = k ? (k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2) : -1
                 cmed = kc ? (kc % 2 ? c[(kc + 1) / 2] : (c[kc / 2] + c[kc / 2 + 1]) / 2) : -1
                 target = ""; met = ""
@@ -194,8 +221,8 @@ for pass in $passes; do
                 if (ranks == 2 && b >= 131072 && b <= 8388608) { target = "MPI/ddp >= 2"; met = (k && a[1] >= 2) ? "met in every run" : "NOT met in every run" }
                 if (ranks == 2 && b >= 33554432) { target = "ddp/memcpy >= 0.6"; met = (kc && c[1] >= 0.6) ? "met in every run" : "NOT met in every run" }
                 printf "%8s  %6.2f / %6.2f", label(b), k ? a[1] : -1, med
-                if (b >= 33554432) printf "  [%5.2f / %5.2f]", kc ? c[1] : -1, cmed
-                if (who == "reg") printf "  vs user %5.2f", ku ? (ku % 2 ? uu[(ku + 1) / 2] : (uu[ku / 2] + uu[ku / 2 + 1]) / 2) : -1
+                if (b >= 33554432) printf "  [%5.2f / %5.2f; x2 %5.2f / %5.2f]", kc ? c[1] : -1, cmed, kx ? xx[1] : -1, kx ? (kx % 2 ? xx[(kx + 1) / 2] : (xx[kx / 2] + xx[kx / 2 + 1]) / 2) : -1
+                if (who != "ddp") printf "  vs default %5.2f", ku ? (ku % 2 ? uu[(ku + 1) / 2] : (uu[ku / 2] + uu[ku / 2 + 1]) / 2) : -1
                 printf "  %s%s\n", vs, target == "" ? "" : "  (" target ": " met ")"
             }
             ns_s = 0; ns_p = 0
