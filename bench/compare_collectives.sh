@@ -1,8 +1,10 @@
 #!/bin/sh
-# Side-by-side: libddp collectives (ddp-bench, user and segment buffers, and user buffers
-# registered with ddp_group_register_memory) against Open MPI (mpi-baseline) and the single-core
-# memcpy bound (memcpy-probe), all measured in this one invocation on the same sizes, for 2 ranks
-# and 4 ranks (on this 2-core machine: oversubscribed).
+# Side-by-side: libddp collectives (ddp-bench, user and segment buffers, user buffers registered
+# with ddp_group_register_memory, and user buffers libddp may not register) against Open MPI
+# (mpi-baseline) and the single-core memcpy bound (memcpy-probe), all measured in this one
+# invocation on the same sizes, for 2 ranks and 4 ranks (on this 2-core machine: oversubscribed).
+# "user" runs with the defaults, so on shm DDP_SHM_MAP=auto registers its reused buffers by
+# itself (the allreduce goes "mapped" from a buffer's second call).
 #
 #   bench/compare_collectives.sh                     # f32 sum allreduce, 8 B .. 128 MiB, x4
 #   OPS="allreduce allgather" RANKS=2 MAX=32M bench/compare_collectives.sh
@@ -14,10 +16,12 @@
 # with the spread below it), KEEP (a directory to keep the raw JSON in), FROM (a directory KEEP
 # filled earlier: print its tables again without running anything; give the same RANKS, OPS and
 # REPEAT).
-# REGISTERED (1): also ddp-bench --register 1 (malloc'd buffers registered, the "mapped" allreduce
-# on shm), interleaved with the others; its columns (registered, reg/MPI, reg/cpy, reg/user)
-# follow the others in each table. REGISTERED=0, or a FROM directory without its runs, prints the
-# tables without them.
+# REGISTERED (1): also ddp-bench --register 1 (malloc'd buffers registered by the caller, the
+# "mapped" allreduce on shm), and UNREGISTERED (1): also DDP_SHM_MAP=on ddp-bench (user buffers
+# libddp leaves alone: the staged and single-copy paths), interleaved with the others; their
+# columns (registered, reg/MPI, reg/cpy, reg/user, unreg, unr/MPI, unr/cpy) follow the others in
+# each table ("-" for a series not run). With both 0, or a FROM directory without their runs,
+# the tables are printed without them.
 # GLOO (1): for allreduce also PyTorch's gloo backend (bench/gloo_allreduce.py, Debian's
 # python3-torch, ranks meeting over 127.0.0.1), interleaved with the others; its lines follow
 # each allreduce table. gloo times one allreduce per round (not a loop), so small sizes carry
@@ -140,6 +144,11 @@ while [ "$rep" -le "$REPEAT" ]; do
                 "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" $COMMON \
                     --segment 0 --register 1 | json_only >"$OUT/ddp-reg-$op-$n.$rep.json" || true
             fi
+            if [ "${UNREGISTERED:-1}" != 0 ]; then
+                # shellcheck disable=SC2086
+                DDP_SHM_MAP=on "$BUILD/ddprun" -n "$n" --no-prefix "$BUILD/ddp-bench" -o "$op" \
+                    $COMMON --segment 0 | json_only >"$OUT/ddp-unreg-$op-$n.$rep.json" || true
+            fi
             if [ "$HAVE_MPI" = 1 ]; then
                 # shellcheck disable=SC2086
                 mpirun --oversubscribe -np "$n" "$BUILD/mpi-baseline" -o "$op" $COMMON \
@@ -164,11 +173,14 @@ for op in $OPS; do
         echo
         echo "## $op $DTYPE $REDOP, $n ranks ($(field transport <"$OUT/ddp-0-$op-$n.1.json" | head -n 1) transport)," \
             "algbw in GB/s from the median time of $REPEAT runs"
-        # The registered columns only when this configuration has registered runs.
+        # The registered and unregistered columns only when this configuration has those runs.
         hasreg=0
         [ -f "$OUT/ddp-reg-$op-$n.1.json" ] && hasreg=1
+        hasunreg=0
+        [ -f "$OUT/ddp-unreg-$op-$n.1.json" ] && hasunreg=1
         awk -v user="$(reps "ddp-0-$op-$n")" -v seg="$(reps "ddp-1-$op-$n")" \
             -v reg="$(reps "ddp-reg-$op-$n")" -v hasreg="$hasreg" \
+            -v unreg="$(reps "ddp-unreg-$op-$n")" -v hasunreg="$hasunreg" \
             -v mpi="$(reps "mpi-$op-$n")" -v mem="$(reps memcpy)" -v sw="$(reps switch)" \
             -v ranks="$n" -v cores="$(nproc)" '
             function get(line, key,   m) {
@@ -210,13 +222,17 @@ for op in $OPS; do
                 slurp("user", user, "algbw"); slurp("seg", seg, "algbw")
                 slurp("mpi", mpi, "algbw"); slurp("mem", mem, "gbps")
                 if (hasreg) slurp("reg", reg, "algbw")
-                # The registered columns come last, so the others keep their places (and
-                # plot_collectives.sh its fields).
+                if (hasunreg) slurp("unr", unreg, "algbw")
+                # The registered and unregistered columns come last, always all of them when one
+                # is there, so the others keep their places (and plot_collectives.sh its fields).
+                extra = hasreg || hasunreg
                 fmt = "%10s %8s %8s %8s %8s %8s %8s %8s %8s"
-                rfmt = hasreg ? " %10s %8s %8s %8s\n" : "%.0s%.0s%.0s%.0s\n"
+                xfmt = " %10s %8s %8s %8s %8s %8s %8s"
                 printf fmt, "bytes", "user", "segment", "MPI", "user/MPI", "seg/MPI", "memcpy",
                        "user/cpy", "seg/cpy"
-                printf rfmt, "registered", "reg/MPI", "reg/cpy", "reg/user"
+                if (extra) printf xfmt, "registered", "reg/MPI", "reg/cpy", "reg/user", "unreg",
+                                  "unr/MPI", "unr/cpy"
+                printf "\n"
                 # GB/s from the median time, and ratios of median times (same bytes, so the same
                 # as ratios of algbw), so that every column of a row agrees even with an even
                 # number of repetitions.
@@ -227,29 +243,36 @@ for op in $OPS; do
                     printf fmt, b, show(gbps(b, ut)), show(gbps(b, st)), show(gbps(b, mt)),
                            ratio(mt, ut), ratio(mt, st), show(gbps(b, ct)), ratio(ct, ut), ratio(ct, st)
                     rt = hasreg ? stats(us, "reg", b) : ""
-                    printf rfmt, show(gbps(b, rt)), ratio(mt, rt), ratio(ct, rt), ratio(ut, rt)
+                    nt = hasunreg ? stats(us, "unr", b) : ""
+                    if (extra) printf xfmt, show(gbps(b, rt)), ratio(mt, rt), ratio(ct, rt),
+                                      ratio(ut, rt), show(gbps(b, nt)), ratio(mt, nt), ratio(ct, nt)
+                    printf "\n"
                 }
                 print "spread (min-max GB/s over the runs):"
                 fmt = "%10s %14s %14s %14s %14s"
-                rfmt = hasreg ? " %14s\n" : "%.0s\n"
                 printf fmt, "bytes", "user", "segment", "MPI", "memcpy"
-                printf rfmt, "registered"
+                if (extra) printf " %14s %14s", "registered", "unreg"
+                printf "\n"
                 for (i = 1; i <= nsizes; i++) {
                     b = order[i]
                     u = stats(bw, "user", b); ur = range(u); s = stats(bw, "seg", b); sr = range(s)
                     m = stats(bw, "mpi", b); mr = range(m); c = stats(bw, "mem", b); cr = range(c)
                     printf fmt, b, ur, sr, mr, cr
-                    rr = "-"
+                    rr = "-"; nr = "-"
                     if (hasreg) { r = stats(bw, "reg", b); rr = range(r) }
-                    printf rfmt, rr
+                    if (hasunreg) { x = stats(bw, "unr", b); nr = range(x) }
+                    if (extra) printf " %14s %14s", rr, nr
+                    printf "\n"
                 }
                 b = order[1]
                 if (hasreg) { r = stats(us, "reg", b); rr = range(r) }
+                if (hasunreg) { x = stats(us, "unr", b); nr = range(x) }
                 u = stats(us, "user", b); ur = range(u); s = stats(us, "seg", b); sr = range(s)
                 m = stats(us, "mpi", b); mr = range(m)
                 printf "latency at %s B, us (median, min-max): user %s (%s), segment %s (%s), MPI %s (%s)",
                        b, show(u), ur, show(s), sr, show(m), mr
                 if (hasreg) printf ", registered %s (%s)", show(r), rr
+                if (hasunreg) printf ", unregistered %s (%s)", show(x), nr
                 printf "\n"
                 # More ranks than cores: every core runs each of its ranks once per collective,
                 # so a process switch is the floor of a small collective.
@@ -289,6 +312,7 @@ for op in $OPS; do
         fi
         regfiles=""
         [ "$hasreg" = 0 ] || regfiles=$(reps "ddp-reg-$op-$n")
+        [ "$hasunreg" = 0 ] || regfiles="$regfiles $(reps "ddp-unreg-$op-$n")"
         for f in $(reps "ddp-0-$op-$n") $(reps "ddp-1-$op-$n") $regfiles; do
             [ -s "$f" ] || echo "!! $(basename "$f"): no results (the run failed)"
         done

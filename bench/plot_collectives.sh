@@ -1,8 +1,8 @@
 #!/bin/sh
 # plot_collectives.sh RESULTS.txt OUT.png: draws the tables of compare_collectives.sh (saved
 # output, e.g. bench/results/*-collectives.txt) as algbw against message size, one panel per
-# world size: libddp with user buffers and with buffers in its segment (and with registered user
-# buffers, when the run has those columns), Open MPI, PyTorch's gloo (when the run has its lines), and the one-core memcpy bound; error bars span the repetitions (the "spread" table). Both axes are
+# world size: libddp with user buffers and with buffers in its segment (and with registered and
+# unregistered user buffers, when the run has those columns), Open MPI, PyTorch's gloo (when the run has its lines), and the one-core memcpy bound; error bars span the repetitions (the "spread" table). Both axes are
 # logarithmic. The tables print GB/s with two decimals, so points below 0.01 GB/s (8-32 B at 4
 # ranks) are not drawn; the text's latency line has those sizes. gnuplot: Debian's gnuplot-nox.
 #   OP=allreduce (the table to draw, when the results hold several operations)
@@ -21,7 +21,7 @@ command -v gnuplot >/dev/null || {
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/plot_collectives.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # One data file per world size: bytes, then median, low and high of user, segment, MPI, memcpy,
-# and registered (NaN when the table has no such column).
+# registered and unregistered (NaN when the table has no such column).
 awk -v op="$op" -v dir="$tmp" '
     /^## / { sect = ($2 == op); if (sect) { n = $0; sub(/ ranks.*/, "", n); sub(/.* /, "", n); ranks[++nr] = n }
              part = 0; next }
@@ -30,9 +30,11 @@ awk -v op="$op" -v dir="$tmp" '
     /^spread/ { part = 2; next }
     /^ *bytes/ { next }
     /^latency|^one process/ { part = 3; next }
-    part == 1 && NF >= 7 { med[n, $1] = $2 " " $3 " " $4 " " $7 " " (NF >= 13 ? $10 : "-"); order[n, ++cnt[n]] = $1
-                           if (NF >= 13) has_reg[n] = 1 }
-    part == 2 && NF >= 5 { sp[n, $1] = $2 " " $3 " " $4 " " $5 " " (NF >= 6 ? $6 : "-") }
+    part == 1 && NF >= 7 { med[n, $1] = $2 " " $3 " " $4 " " $7 " " (NF >= 13 ? $10 : "-") " " (NF >= 16 ? $14 : "-")
+                           order[n, ++cnt[n]] = $1
+                           if (NF >= 13 && $10 != "-") has_reg[n] = 1
+                           if (NF >= 16 && $14 != "-") has_unreg[n] = 1 }
+    part == 2 && NF >= 5 { sp[n, $1] = $2 " " $3 " " $4 " " $5 " " (NF >= 6 ? $6 : "-") " " (NF >= 7 ? $7 : "-") }
     /^gloo +[0-9]/ { print $2, $3, $4, $5 > (dir "/g" n ".dat"); has_gloo[n] = 1 }
     END {
         for (k = 1; k <= nr; k++) {
@@ -40,7 +42,7 @@ awk -v op="$op" -v dir="$tmp" '
             for (i = 1; i <= cnt[r]; i++) {
                 b = order[r, i]; split(med[r, b], m, " "); split(sp[r, b], s, " ")
                 line = b
-                for (j = 1; j <= 5; j++) {
+                for (j = 1; j <= 6; j++) {
                     lo = hi = m[j]
                     if (s[j] ~ /-/) { split(s[j], q, "-"); lo = q[1]; hi = q[2] }
                     if (lo + 0 <= 0) lo = m[j] # a range down to 0.00 is rounding, not a measurement
@@ -52,6 +54,7 @@ awk -v op="$op" -v dir="$tmp" '
             close(f)
             print r > (dir "/ranks")
             if (has_reg[r]) print r > (dir "/reg" r)
+            if (has_unreg[r]) print r > (dir "/unreg" r)
             if (has_gloo[r]) close(dir "/g" r ".dat")
         }
     }' "$in"
@@ -81,7 +84,8 @@ npanels=$(wc -l <"$tmp/ranks")
         echo "     '$f' using 1:5:6:7 with yerrorlines lc rgb '#6baed6' lw 1.5 pt 5 ps 0.6 dt 2 title 'libddp, segment buffers', \\"
         echo "     '$f' using 1:8:9:10 with yerrorlines lc rgb '#e6550d' lw 2.5 pt 9 ps 0.8 title 'Open MPI', \\"
         reg=""
-        [ -f "$tmp/reg$r" ] && reg="'$f' using 1:14:15:16 with yerrorlines lc rgb '#756bb1' lw 2 pt 11 ps 0.7 title 'libddp, registered user buffers', "
+        [ -f "$tmp/reg$r" ] && reg="'$f' using 1:14:15:16 with yerrorlines lc rgb '#756bb1' lw 2 pt 11 ps 0.7 title 'libddp, registered buffers', "
+        [ -f "$tmp/unreg$r" ] && reg="$reg'$f' using 1:17:18:19 with yerrorlines lc rgb '#bcbddc' lw 1.5 pt 3 ps 0.6 dt 4 title 'libddp, not registered (MAP=on)', "
         gloo=""
         [ -s "$tmp/g$r.dat" ] && gloo="'$tmp/g$r.dat' using 1:(\$2 > 0 ? \$2 : NaN):3:4 with yerrorlines lc rgb '#31a354' lw 2 pt 13 ps 0.8 title 'PyTorch gloo (loopback TCP)', "
         echo "     $reg$gloo'$f' using 1:11 with lines lc rgb '#636363' lw 1.5 dt 3 title 'memcpy, one core (in cache below 8 MiB)'"
