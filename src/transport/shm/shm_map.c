@@ -254,10 +254,12 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
     sweep_stale();
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
         export_t *e = &exports[i];
-        /* The caller registers what libddp registered by itself (DDP_SHM_MAP=auto): the same
-         * pages become the caller's registration; other pages go back to private memory first. */
-        if (e->gen && e->automatic && !automatic && user < e->user_end && e->user < user_end) {
-            if (e->start == start && e->end == end) {
+        /* Memory libddp registered by itself (DDP_SHM_MAP=auto) that the new range overlaps:
+         * the caller's registration of the same pages takes it over; otherwise its pages go back
+         * to private memory first (a buffer first reduced in part, then whole, as ddp-bench
+         * does with its growing sizes, is registered again whole). */
+        if (e->gen && e->automatic && user < e->user_end && e->user < user_end) {
+            if (!automatic && e->start == start && e->end == end) {
                 e->automatic = 0;
                 e->user = user;
                 e->user_end = user_end;
