@@ -72,7 +72,7 @@ start=$(date +%s)
 run=0
 {
     echo "# shm_states: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, $(uname -r), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    echo "# f32 sum allreduce, user buffers, sizes $MIN..$MAX x$FACTOR, ranks: $RANKS; for ${DURATION}s${RUNS:+ or $RUNS runs}"
+    echo "# f32 sum allreduce, user buffers, sizes $MIN..$MAX x$FACTOR, ranks: $RANKS; for ${DURATION}s$([ "$RUNS" -gt 0 ] && echo " or $RUNS runs")"
     echo "# libddp: DDP_SHM_MAP=auto (default: reused buffers registered by libddp)"
     [ "$REGISTERED" = 0 ] || echo "# and the same user buffers registered by the caller (ddp-bench --register 1), in every run"
     [ "$UNREGISTERED" = 0 ] || echo "# and the same user buffers unregistered (DDP_SHM_MAP=on), in every run"
