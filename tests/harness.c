@@ -2,8 +2,10 @@
  * timeout and reports which rank failed. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -224,4 +226,100 @@ int ddp_test_stopper_order(int orders, int pid, int delay_ms)
 {
     int order[2] = {pid, delay_ms};
     return write(orders, order, sizeof order) == (ssize_t)sizeof order ? 0 : -1;
+}
+
+/* ---- inputs whose sums depend on their order --------------------------------------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+float ddp_test_input_f32(int rank, size_t i, int k)
+{
+    uint64_t h = mix64(((uint64_t)rank << 48) ^ ((uint64_t)k << 40) ^ i);
+    float m = (float)((int)(h % 2001) - 1000) * 1e-3f;
+    static const float scale[5] = {1e-3f, 1.0f, 7.0f, 1e3f, 3e5f};
+    return m * scale[(h >> 20) % 5];
+}
+
+void ddp_test_fill(void *buf, ddp_dtype_t dt, int rank, size_t n, int k)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = ddp_test_input_f32(rank, i, k);
+        switch (dt) {
+        case DDP_F32: ((float *)buf)[i] = x; break;
+        case DDP_F64: ((double *)buf)[i] = (double)x * 1.000001; break;
+        case DDP_I32: ((int32_t *)buf)[i] = (int32_t)(x * 1000.0f); break;
+        case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16(x); break;
+        case DDP_F16: {
+            uint64_t h = mix64(((uint64_t)rank << 48) ^ ((uint64_t)k << 40) ^ i ^ 77);
+            ((uint16_t *)buf)[i] =
+                (uint16_t)((h & 0x8000) | ((5 + (h >> 16) % 21) << 10) | ((h >> 32) & 0x3ff));
+            break;
+        }
+        default: abort();
+        }
+    }
+}
+
+/* ---- a rank killed ------------------------------------------------------------------------ */
+
+static int count_ddp_shm_files(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, "ddp")) n++;
+    closedir(d);
+    return n;
+}
+
+int ddp_test_run_victim(int world, ddp_test_victim_fn fn)
+{
+    if (world < 2) return 0;
+    int before = count_ddp_shm_files();
+    const char *dir = ddp_test_tmpdir();
+    if (!dir) return 1;
+    char path[600];
+    snprintf(path, sizeof path, "%s/store", dir);
+    pid_t pids[64];
+    if (world > 64) return 1;
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] < 0) return 1;
+        if (pids[r] == 0) _exit(fn(r, world, path));
+    }
+    int failed = 0;
+    for (int r = 0; r < world; r++) {
+        int status = 0;
+        waitpid(pids[r], &status, 0);
+        if (r == world - 1) {
+            if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+                fprintf(stderr, "victim rank %d was not killed (status %d)\n", r, status);
+                failed = 1;
+            }
+        } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            fprintf(stderr, "rank %d failed (status %d)\n", r, status);
+            failed = 1;
+        }
+    }
+    int after = count_ddp_shm_files();
+    if (after > before) {
+        fprintf(stderr, "/dev/shm holds %d ddp segments after the test (%d before)\n", after,
+                before);
+        failed = 1;
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) failed = 1;
+    return failed;
 }

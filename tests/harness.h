@@ -89,6 +89,19 @@ double ddp_test_random(unsigned long long *state);
 void ddp_test_put(ddp_dtype_t dt, void *buf, size_t i, double v);
 double ddp_test_get(ddp_dtype_t dt, const void *buf, size_t i);
 
+/* Rank r's input element i of case k, with magnitudes spread over eight orders so that the
+ * order of a sum shows in its bits (tests comparing the bytes of different reduction paths). */
+float ddp_test_input_f32(int rank, size_t i, int k);
+/* n such inputs in dtype dt (f32, f64, i32, bf16 from the same floats; f16: finite halves of
+ * their own, exponent 5..25). Aborts on another dtype. */
+void ddp_test_fill(void *buf, ddp_dtype_t dt, int rank, size_t n, int k);
+
+/* A rank killed in the middle of collectives: forks `world` processes running
+ * fn(rank, world, store_path) on one file store; the last must die by SIGKILL, every other must
+ * exit 0, and no ddp segment may be left in /dev/shm. Returns 0 when all of that held. */
+typedef int (*ddp_test_victim_fn)(int rank, int world, const char *store_path);
+int ddp_test_run_victim(int world, ddp_test_victim_fn fn);
+
 /* One step of a float64 reference reduction: acc op x (SUM and AVG add; AVG's division by the
  * number of values is the caller's). */
 double ddp_test_fold(ddp_reduce_op_t op, double acc, double x);

@@ -4,7 +4,6 @@
  * segment is left in /dev/shm), and the broken group's DDP_ERR_ABORTED afterwards.
  * A rank that destroys its group while the others wait for it makes them fail at once, naming it.
  * Usage: test_group_errors <world> <mismatch|timeout|kill|leave> */
-#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -208,18 +207,6 @@ static int leave_rank(int rank, int world, ddp_store_t *store, void *arg)
 
 /* ---- a rank killed mid-collective --------------------------------------------------------- */
 
-static int count_ddp_shm_files(void)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strstr(e->d_name, "ddp")) n++;
-    closedir(d);
-    return n;
-}
-
 /* Runs rank `rank` of the kill test; the victim is killed by SIGKILL during a large allreduce. */
 static int kill_rank(int rank, int world, const char *store_path)
 {
@@ -252,45 +239,6 @@ static int kill_rank(int rank, int world, const char *store_path)
     return 0;
 }
 
-static int run_kill_test(int world)
-{
-    if (world < 2) return 0;
-    int before = count_ddp_shm_files();
-    const char *dir = ddp_test_tmpdir();
-    CHECK(dir);
-    char path[600];
-    snprintf(path, sizeof path, "%s/store", dir);
-    pid_t pids[8];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        CHECK(pids[r] >= 0);
-        if (pids[r] == 0) _exit(kill_rank(r, world, path));
-    }
-    int failed = 0;
-    for (int r = 0; r < world; r++) {
-        int status = 0;
-        waitpid(pids[r], &status, 0);
-        if (r == world - 1) {
-            if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
-                fprintf(stderr, "victim rank %d was not killed (status %d)\n", r, status);
-                failed = 1;
-            }
-        } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-            fprintf(stderr, "rank %d failed (status %d)\n", r, status);
-            failed = 1;
-        }
-    }
-    int after = count_ddp_shm_files();
-    if (after > before) {
-        fprintf(stderr, "/dev/shm holds %d ddp segments after the test (%d before)\n", after, before);
-        failed = 1;
-    }
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) failed = 1;
-    return failed;
-}
-
 int main(int argc, char **argv)
 {
     int world = argc > 1 ? atoi(argv[1]) : 2;
@@ -298,7 +246,7 @@ int main(int argc, char **argv)
     int rc;
     if (!strcmp(mode, "mismatch")) rc = ddp_test_run_ranks(world, 100, mismatch_rank, NULL);
     else if (!strcmp(mode, "timeout")) rc = ddp_test_run_ranks(world, 60, timeout_rank, NULL);
-    else if (!strcmp(mode, "kill")) rc = run_kill_test(world);
+    else if (!strcmp(mode, "kill")) rc = ddp_test_run_victim(world, kill_rank);
     else if (!strcmp(mode, "leave")) rc = ddp_test_run_ranks(world, 60, leave_rank, NULL);
     else {
         fprintf(stderr, "unknown mode %s\n", mode);

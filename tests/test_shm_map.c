@@ -35,7 +35,6 @@
  *               their views of a registration whose memory was unmapped. Exit 77 (skipped)
  *               where libddp cannot register by itself (sanitizers' malloc, old kernels).
  * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -52,45 +51,6 @@
 #include "transport/shm/shm_map.h"
 
 #define PAGE 4096
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
-/* Rank r's input element i of case k: magnitudes spread so that the order of a sum matters. */
-static float input_f32(int r, size_t i, int k)
-{
-    uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i);
-    float m = (float)((int)(h % 2001) - 1000) * 1e-3f;
-    static const float scale[5] = {1e-3f, 1.0f, 7.0f, 1e3f, 3e5f};
-    return m * scale[(h >> 20) % 5];
-}
-
-static void fill(void *buf, ddp_dtype_t dt, int r, size_t n, int k)
-{
-    for (size_t i = 0; i < n; i++) {
-        float x = input_f32(r, i, k);
-        switch (dt) {
-        case DDP_F32: ((float *)buf)[i] = x; break;
-        case DDP_F64: ((double *)buf)[i] = (double)x * 1.000001; break;
-        case DDP_I32: ((int32_t *)buf)[i] = (int32_t)(x * 1000.0f); break;
-        case DDP_BF16: ((uint16_t *)buf)[i] = ddp_f32_to_bf16(x); break;
-        case DDP_F16: {
-            /* A finite half: sign, exponent 5..25, random mantissa. */
-            uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i ^ 77);
-            ((uint16_t *)buf)[i] =
-                (uint16_t)((h & 0x8000) | ((5 + (h >> 16) % 21) << 10) | ((h >> 32) & 0x3ff));
-            break;
-        }
-        default: abort();
-        }
-    }
-}
 
 static uint64_t hash_bytes(const void *p, size_t n)
 {
@@ -200,8 +160,8 @@ static const size_t sizes[3] = {64u << 10, (1u << 20) + 12, (8u << 20) + 4};
 static void check_f32_sum(const float *got, size_t count, int world, int k, const char *what)
 {
     for (size_t i = 0; i < count; i++) {
-        float want = input_f32(0, i, k);
-        for (int r = 1; r < world; r++) want += input_f32(r, i, k);
+        float want = ddp_test_input_f32(0, i, k);
+        for (int r = 1; r < world; r++) want += ddp_test_input_f32(r, i, k);
         CHECK_MSG(memcmp(&got[i], &want, sizeof want) == 0,
                   "%s, case %d, element %zu: %.9g, want %.9g", what, k, i, got[i], want);
     }
@@ -225,7 +185,7 @@ static void run_case(ddp_group_t *g, const type_t *t, size_t bytes_wanted, size_
     user_buf_t recv = buf_alloc(recv_off, bytes), send = {0};
     if (!inplace) send = buf_alloc(send_off, bytes);
     char *input = inplace ? recv.at : send.at;
-    fill(input, t->dtype, rank, count, k);
+    ddp_test_fill(input, t->dtype, rank, count, k);
     if (!inplace) memset(recv.at, 0x5A, bytes);
     /* The unregistered copies, filled the same way. */
     user_buf_t plain = buf_alloc(recv_off, bytes), plain_send = {0};
@@ -288,7 +248,7 @@ static void run_subrange(ddp_group_t *g, int k)
     CHECK_OK(ddp_group_register_memory(g, block, block_count * sizeof(float)));
     for (int inplace = 1; inplace >= 0; inplace--, k++) {
         float *send = block + off, *recv = inplace ? send : block + 1000003;
-        fill(send, DDP_F32, rank, count, k);
+        ddp_test_fill(send, DDP_F32, rank, count, k);
         memcpy(plain, block, block_count * sizeof(float));
         CHECK_OK(ddp_group_allreduce(g, send, recv, count, DDP_F32, DDP_SUM));
         if (world > 1)
@@ -336,7 +296,7 @@ static const char *last_algorithm = "none";
 static int sum_and_check(ddp_group_t *g, float *buf, size_t count, int k, const char *what)
 {
     int rank = ddp_group_rank(g), world = ddp_group_size(g);
-    fill(buf, DDP_F32, rank, count, k);
+    ddp_test_fill(buf, DDP_F32, rank, count, k);
     CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
     last_algorithm = ddp_group_algorithm(g);
     int mapped = !strcmp(last_algorithm, "mapped");
@@ -475,7 +435,7 @@ static int rank_unregister(int rank, int world, ddp_store_t *store, void *arg)
     /* Other memory registered and unregistered while a mapped allreduce runs (the calls are not
      * collective; the progress thread may be inside the allreduce meanwhile). */
     CHECK_OK(ddp_group_register_memory(g, buf, bytes));
-    fill(buf, DDP_F32, rank, count, k);
+    ddp_test_fill(buf, DDP_F32, rank, count, k);
     ddp_work_t *w = NULL;
     CHECK_OK(ddp_group_allreduce_async(g, buf, buf, count, DDP_F32, DDP_SUM, &w));
     for (int i = 0; i < 4; i++) {
@@ -527,7 +487,7 @@ static int rank_errors(int rank, int world, ddp_store_t *store, void *arg)
     const size_t count = 1u << 18; /* 1 MiB */
     float *block = aligned_alloc(PAGE, 4 * count * sizeof(float));
     CHECK(block);
-    fill(block, DDP_F32, rank, 4 * count, 99);
+    ddp_test_fill(block, DDP_F32, rank, 4 * count, 99);
     uint64_t h = hash_bytes(block, 4 * count * sizeof(float));
 
     /* On every transport: NULL and 0. */
@@ -815,7 +775,7 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
     float *out = malloc(bytes), *in = malloc(bytes);
     CHECK(out && in);
     for (int call = 0; call < 3; call++) {
-        fill(in, DDP_F32, rank, count, k);
+        ddp_test_fill(in, DDP_F32, rank, count, k);
         CHECK_OK(ddp_group_allreduce(g, in, out, count, DDP_F32, DDP_SUM));
         check_f32_sum(out, count, world, k++, "auto out of place");
     }
@@ -877,18 +837,6 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
 
 /* ---- kill ---------------------------------------------------------------------------------- */
 
-static int count_ddp_shm_files(void)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strstr(e->d_name, "ddp")) n++;
-    closedir(d);
-    return n;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -948,48 +896,6 @@ static int kill_rank(int rank, int world, const char *store_path)
     return 0;
 }
 
-static int run_kill_test(int world)
-{
-    if (world < 2) return 0;
-    int before = count_ddp_shm_files();
-    const char *dir = ddp_test_tmpdir();
-    CHECK(dir);
-    char path[600];
-    snprintf(path, sizeof path, "%s/store", dir);
-    pid_t pids[8];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        CHECK(pids[r] >= 0);
-        if (pids[r] == 0) _exit(kill_rank(r, world, path));
-    }
-    int failed = 0;
-    for (int r = 0; r < world; r++) {
-        int status = 0;
-        waitpid(pids[r], &status, 0);
-        if (r == world - 1) {
-            if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
-                fprintf(stderr, "victim rank %d was not killed (status %d)\n", r, status);
-                failed = 1;
-            }
-        } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-            fprintf(stderr, "rank %d failed (status %d)\n", r, status);
-            failed = 1;
-        }
-    }
-    int after = count_ddp_shm_files();
-    if (after > before) {
-        fprintf(stderr, "/dev/shm holds %d ddp segments after the test (%d before)\n", after,
-                before);
-        failed = 1;
-    }
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) failed = 1;
-    return failed;
-}
-
 int main(int argc, char **argv)
 {
     int world = argc > 1 ? atoi(argv[1]) : 2;
@@ -1000,7 +906,7 @@ int main(int argc, char **argv)
     setenv("DDP_SHM_MAP", "on", 1);
     int rc;
     if (!strcmp(mode, "kill")) {
-        rc = run_kill_test(world);
+        rc = ddp_test_run_victim(world, kill_rank);
     } else {
         ddp_test_rank_fn fn = !strcmp(mode, "variants")     ? rank_variants
                               : !strcmp(mode, "fallback")   ? rank_fallback

@@ -34,44 +34,6 @@
 
 static const char *mode;
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
-/* Rank r's input element i of case k: magnitudes spread so that the order of a sum matters. */
-static float input_f32(int r, size_t i, int k)
-{
-    uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i);
-    float m = (float)((int)(h % 2001) - 1000) * 1e-3f;
-    static const float scale[5] = {1e-3f, 1.0f, 7.0f, 1e3f, 3e5f};
-    return m * scale[(h >> 20) % 5];
-}
-
-static void fill(void *buf, ddp_dtype_t dt, int r, size_t n, int k)
-{
-    for (size_t i = 0; i < n; i++) {
-        float x = input_f32(r, i, k);
-        switch (dt) {
-        case DDP_F32: ((float *)buf)[i] = x; break;
-        case DDP_F64: ((double *)buf)[i] = (double)x * 1.000001; break;
-        case DDP_I32: ((int32_t *)buf)[i] = (int32_t)(x * 1000.0f); break;
-        case DDP_F16: {
-            /* A finite half: sign, exponent 5..25, random mantissa. */
-            uint64_t h = mix(((uint64_t)r << 48) ^ ((uint64_t)k << 40) ^ i ^ 77);
-            ((uint16_t *)buf)[i] =
-                (uint16_t)((h & 0x8000) | ((5 + (h >> 16) % 21) << 10) | ((h >> 32) & 0x3ff));
-            break;
-        }
-        default: abort();
-        }
-    }
-}
-
 static uint64_t hash_bytes(const void *p, size_t n)
 {
     const unsigned char *b = p;
@@ -173,7 +135,7 @@ static void run_cases(ddp_group_t *g, const case_t *cases, int ncases, int inpla
         size_t bytes = c->count * ddp_dtype_size(c->dtype);
         char *send = malloc(bytes + 64), *recv = malloc(bytes + 64);
         CHECK(send && recv);
-        fill(send, c->dtype, rank, c->count, k);
+        ddp_test_fill(send, c->dtype, rank, c->count, k);
         memset(recv, 0xA5, bytes + 64);
         if (inplace) memcpy(recv, send, bytes);
         CHECK_OK(ddp_group_allreduce(g, inplace ? recv : send, recv, c->count, c->dtype, c->op));
@@ -186,8 +148,8 @@ static void run_cases(ddp_group_t *g, const case_t *cases, int ncases, int inpla
                       bytes, ran, expect_algorithm);
         if (c->dtype == DDP_F32 && c->op == DDP_SUM) {
             for (size_t i = 0; i < c->count; i++) {
-                float want = input_f32(0, i, k);
-                for (int r = 1; r < world; r++) want += input_f32(r, i, k);
+                float want = ddp_test_input_f32(0, i, k);
+                for (int r = 1; r < world; r++) want += ddp_test_input_f32(r, i, k);
                 float got = ((float *)recv)[i];
                 CHECK_MSG(memcmp(&got, &want, sizeof got) == 0,
                           "case %d (%zu f32, %s, in place %d) element %zu: %.9g, want %.9g", k,
@@ -275,27 +237,27 @@ static uint64_t run_other(ddp_group_t *g, int kind, ddp_dtype_t dt, ddp_reduce_o
     size_t out_bytes = 0;
     const char *what = kind == 1 ? "broadcast" : kind == 2 ? "allgather" : "reduce_scatter";
     if (kind == 1) {
-        fill(recv, dt, rank == root ? 0 : rank + 100, n, k); /* only the root's survives */
+        ddp_test_fill(recv, dt, rank == root ? 0 : rank + 100, n, k); /* only the root's survives */
         CHECK_OK(ddp_group_broadcast(g, recv, n, dt, root));
         out_bytes = n * es;
         char *want = malloc(n * es + 1);
-        fill(want, dt, 0, n, k);
+        ddp_test_fill(want, dt, 0, n, k);
         CHECK_MSG(memcmp(recv, want, n * es) == 0, "broadcast case %d differs from the root's", k);
         free(want);
     } else if (kind == 2) {
         char *mine = inplace ? recv + (size_t)rank * n * es : send;
-        fill(mine, dt, rank, n, k);
+        ddp_test_fill(mine, dt, rank, n, k);
         CHECK_OK(ddp_group_allgather(g, mine, recv, n, dt));
         out_bytes = total * es;
         char *want = malloc(n * es + 1);
         for (int r = 0; r < world; r++) {
-            fill(want, dt, r, n, k);
+            ddp_test_fill(want, dt, r, n, k);
             CHECK_MSG(memcmp(recv + (size_t)r * n * es, want, n * es) == 0,
                       "allgather case %d: block %d differs", k, r);
         }
         free(want);
     } else {
-        fill(send, dt, rank, total, k);
+        ddp_test_fill(send, dt, rank, total, k);
         char *out = inplace ? send + (size_t)rank * n * es : recv;
         CHECK_OK(ddp_group_reduce_scatter(g, send, out, n, dt, op));
         if (inplace) memcpy(recv, out, n * es);
@@ -303,8 +265,8 @@ static uint64_t run_other(ddp_group_t *g, int kind, ddp_dtype_t dt, ddp_reduce_o
         if (dt == DDP_F32 && op == DDP_SUM)
             for (size_t i = 0; i < n; i++) {
                 size_t at = (size_t)rank * n + i;
-                float want = input_f32(0, at, k);
-                for (int r = 1; r < world; r++) want += input_f32(r, at, k);
+                float want = ddp_test_input_f32(0, at, k);
+                for (int r = 1; r < world; r++) want += ddp_test_input_f32(r, at, k);
                 float got = ((float *)recv)[i];
                 CHECK_MSG(memcmp(&got, &want, sizeof got) == 0,
                           "reduce_scatter case %d element %zu: %.9g, want %.9g", k, i, got, want);
@@ -400,7 +362,7 @@ static int rank_agree(int rank, int world, ddp_store_t *store, void *arg)
     for (int s = 0; s < 2; s++) {
         int last = -1;
         for (int call = 0; call < 80; call++) {
-            for (size_t i = 0; i < counts[s]; i++) buf[i] = input_f32(rank, i, call);
+            for (size_t i = 0; i < counts[s]; i++) buf[i] = ddp_test_input_f32(rank, i, call);
             CHECK_OK(ddp_group_allreduce(g, buf, buf, counts[s], DDP_F32, DDP_SUM));
             int v = variant_index(ddp_group_algorithm(g));
             CHECK_MSG(v >= 0, "unexpected algorithm %s", ddp_group_algorithm(g));
@@ -448,7 +410,7 @@ static int rank_knobs(int rank, int world, ddp_store_t *store, void *arg)
         ddp_group_t *g = make_group(rank, world, store, name);
         int seen[2] = {0, 0};
         for (int call = 0; call < 40; call++) {
-            for (size_t i = 0; i < count; i++) buf[i] = input_f32(rank, i, call);
+            for (size_t i = 0; i < count; i++) buf[i] = ddp_test_input_f32(rank, i, call);
             CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
             const char *ran = ddp_group_algorithm(g);
             int which = !strcmp(ran, knobs[k].allowed[0]) ? 0
@@ -509,7 +471,7 @@ static int rank_trace(int rank, int world, ddp_store_t *store, void *arg)
     float *buf = malloc(count * sizeof(float));
     CHECK(buf);
     for (int call = 0; call < 20; call++) {
-        for (size_t i = 0; i < count; i++) buf[i] = input_f32(rank, i, call);
+        for (size_t i = 0; i < count; i++) buf[i] = ddp_test_input_f32(rank, i, call);
         CHECK_OK(ddp_group_allreduce(g, buf, buf, count, DDP_F32, DDP_SUM));
     }
     if (world > 1)
