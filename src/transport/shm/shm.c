@@ -1009,23 +1009,41 @@ static int map_lookup(shm_state_t *S, const void *p, size_t bytes, ddp__shm_map_
            ddp__shm_map_find(p, bytes, hint);
 }
 
-/* This rank's hints for c's buffers, or slot -1 in both (then the collective is not mapped). */
-static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
-                         shm_fingerprint_t *fp)
+/* This rank's hints for c's buffers in fp->map (publishing its live registrations first), or
+ * slot -1 in both; returns whether both are registered. */
+static int map_buffers(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
+                       shm_fingerprint_t *fp)
 {
-    if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return;
+    if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return 0;
     publish_live(S);
     const size_t esize = ddp_dtype_size(c->dtype);
-    if ((uintptr_t)c->send % esize || (uintptr_t)c->recv % esize) return;
-    if (!map_lookup(S, c->send, bytes, &fp->map[0])) return;
+    if ((uintptr_t)c->send % esize || (uintptr_t)c->recv % esize) return 0;
+    if (!map_lookup(S, c->send, bytes, &fp->map[0])) return 0;
     if (c->recv == c->send) {
         fp->map[1] = fp->map[0];
     } else if (!map_lookup(S, c->recv, bytes, &fp->map[1])) {
         fp->map[0].slot = fp->map[1].slot = -1;
-        return;
+        return 0;
     }
-    /* The edges of send, for the peers that reduce them. Written at the parity the collective
-     * uses if it is mapped; if it is not, the staged path overwrites them. */
+    return 1;
+}
+
+/* Whether every rank published registered buffers in the first phase of parity q. */
+static int all_registered(const shm_state_t *S, unsigned q)
+{
+    for (int k = 0; k < S->world; k++)
+        if (S->ranks[k].map_hints[q][0].slot < 0 || S->ranks[k].map_hints[q][1].slot < 0)
+            return 0;
+    return 1;
+}
+
+/* map_buffers, and the edges of send for the peers that reduce them (written at the parity the
+ * collective uses if it is mapped; if it is not, the staged path overwrites them). */
+static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
+                         shm_fingerprint_t *fp)
+{
+    if (!map_buffers(S, c, bytes, fp)) return;
+    const size_t esize = ddp_dtype_size(c->dtype);
     size_t lo, hi;
     covered(&fp->map[0], c->count, esize, &lo, &hi);
     char *stage = stage_of(S, S->rank, (unsigned)(S->use & 1));
@@ -1033,30 +1051,23 @@ static void map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t byte
     memcpy(stage + EDGE_SEND_TAIL, (const char *)c->send + hi * esize, (c->count - hi) * esize);
 }
 
-/* After the first phase: whether every rank passed registered memory (1), and then whether the
- * agreed views let the mapped path run now, mapping what is missing (one more phase, where every
- * rank says whether it could). The same answer on every rank. *synced: that phase happened. */
+/* After the first phase, every rank having passed registered memory: whether the agreed views
+ * let the mapped path run now, mapping what is missing (one more phase, where every rank says
+ * whether it could). The same answer on every rank. */
 static int decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
-                         ddp__shm_map_hint_t *hints, int *all_registered, int *synced,
-                         ddp_status_t *status)
+                         ddp__shm_map_hint_t *hints, ddp_status_t *status)
 {
     const int p = S->world;
-    *all_registered = 1;
-    *synced = 0;
     *status = DDP_OK;
     for (int k = 0; k < p; k++) {
         hints[2 * k] = S->ranks[k].map_hints[fparity][0];
         hints[2 * k + 1] = S->ranks[k].map_hints[fparity][1];
-        if (hints[2 * k].slot < 0 || hints[2 * k + 1].slot < 0) *all_registered = 0;
     }
-    prune_views(S);
-    if (!*all_registered) return 0;
     int ready = ddp__shm_views_ready(&S->views, hints, 2);
     if (ready != 0) return ready > 0;
     int pids[DDP__SHM_MAX_WORLD];
     for (int k = 0; k < p; k++) pids[k] = atomic_load_explicit(&S->ranks[k].pid, memory_order_relaxed);
     S->ranks[S->rank].map_verdict = ddp__shm_views_prepare(&S->views, hints, 2, pids);
-    *synced = 1;
     *status = sync_all(S, c, c->deadline_ns);
     if (*status != DDP_OK) return 0;
     int all_ok = 1;
@@ -1186,11 +1197,7 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         set_algorithm(S, ALG_ONESHOT);
         /* Registered memory on every rank: this size class goes the mapped way from the next
          * call on (the one-shot variant stops being a candidate, the same on every rank). */
-        if (variant >= 0 && S->map_wanted && p > 1) publish_live(S);
-        if (!(variant >= 0 && S->map_wanted && p > 1 &&
-              map_lookup(S, c->send, bytes, &fp.map[0]) &&
-              map_lookup(S, c->recv, bytes, &fp.map[1])))
-            fp.map[0].slot = fp.map[1].slot = -1;
+        if (variant >= 0) map_buffers(S, c, bytes, &fp);
         unsigned q = (unsigned)(S->use++ & 1);
         if (bytes) memcpy(stage_of(S, me, q), c->send, bytes);
         unsigned fq;
@@ -1198,11 +1205,7 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
         if (s != DDP_OK || bytes == 0) return s;
         if (variant >= 0 && S->map_wanted && p > 1) {
             prune_views(S);
-            int all = 1;
-            for (int j = 0; j < p; j++)
-                all &= S->ranks[j].map_hints[fq][0].slot >= 0 &&
-                        S->ranks[j].map_hints[fq][1].slot >= 0;
-            if (all) S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
+            if (all_registered(S, fq)) S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
         }
         const void *srcs[DDP__SHM_MAX_WORLD];
         for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q);
@@ -1265,12 +1268,12 @@ static ddp_status_t run_allreduce_as(shm_state_t *S, const ddp__collective_t *c,
             fj->send_offset != fp.send_offset || fj->recv_offset != fp.recv_offset)
             all_zero_copy = 0;
     }
-    if (!all_zero_copy && any_zero_copy) {
+    if (!all_zero_copy && any_zero_copy) prune_views(S);
+    if (!all_zero_copy && any_zero_copy && all_registered(S, fparity)) {
+        S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
         ddp__shm_map_hint_t hints[2 * DDP__SHM_MAX_WORLD];
-        int all_registered, synced;
-        int mapped = decide_mapped(S, c, fparity, hints, &all_registered, &synced, &s);
+        int mapped = decide_mapped(S, c, fparity, hints, &s);
         if (s != DDP_OK) return s;
-        if (all_registered) S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
         if (mapped) {
             set_algorithm(S, ALG_MAPPED);
             return run_allreduce_mapped(S, c, hints);

@@ -215,16 +215,19 @@ static ddp_status_t check_movable(uintptr_t start, uintptr_t end)
     return DDP_OK;
 }
 
-/* Whether the export still backs its pages: always 1 where the kernel cannot say cheaply (the
- * caller promised to unregister before unmapping). */
-static int still_there(const export_t *e)
+/* Whether the export's memfd still backs its pages (on any kernel: without PROCMAP_QUERY this
+ * reads /proc/self/maps' text). */
+static int backs_pages(const export_t *e)
 {
-    if (maps_fd < 0) return 1;
     area_t a;
     if (area_at(e->start, &a) != 1) return 0;
     return a.start == e->start && a.end == e->end && a.ino == e->ino && a.offset == 0 &&
            (a.flags & VMA_SHARED);
 }
+
+/* The same on every use of an export: always 1 where the kernel cannot say cheaply (the caller
+ * promised to unregister before unmapping). */
+static int still_there(const export_t *e) { return maps_fd < 0 || backs_pages(e); }
 
 /* ---- moving pages --------------------------------------------------------------------------- */
 
@@ -375,7 +378,7 @@ int ddp__shm_map_auto(const void *p, size_t bytes)
 {
     pthread_once(&once, init_once);
     if (maps_fd < 0 || !glibc_malloc) return 0;
-    const uintptr_t a = (uintptr_t)p, b = a + bytes;
+    const uintptr_t a = (uintptr_t)p;
     pthread_mutex_lock(&exports_mu);
     seen_t *v = seen_of(a, bytes);
     v->last = ++seen_clock;
@@ -396,7 +399,6 @@ int ddp__shm_map_auto(const void *p, size_t bytes)
             v->registrations = 2;
         }
     }
-    (void)b;
     pthread_mutex_unlock(&exports_mu);
     return ok;
 }
@@ -407,7 +409,8 @@ static ddp_status_t release_export(export_t *e, int check)
 {
     const size_t len = e->end - e->start;
     ddp_status_t s = DDP_OK;
-    if (check && !still_there(e)) {
+    /* Checked on any kernel: copying from pages the caller already unmapped would fault. */
+    if (check && !backs_pages(e)) {
         s = ddp__error(DDP_ERR_INVALID_ARGUMENT,
                        "unregister_memory: the memory registered at %p was unmapped or moved "
                        "before it was unregistered (it is forgotten now)",
