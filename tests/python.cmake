@@ -1,61 +1,74 @@
 # The Python package through pytest (python/tests): the NumPy API always when the interpreter
 # has numpy and pytest, the torch backend when it was built (python/python.cmake). Each test
 # file is one ctest test; `ctest -R test_python` runs them.
+set(ddp_python_test_env
+  "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
+  "LIBDDP_BUILD_DIR=${PROJECT_BINARY_DIR}"
+  "PYTHONDONTWRITEBYTECODE=1")
+# A sanitized libddp inside an interpreter that is not: the sanitizer's runtime must be
+# loaded first (ASan refuses otherwise), so the tests preload it; CPython's own allocations
+# at exit are not libddp's leaks.
+set(ddp_sanitizer_runtimes "")
+if(DDP_SANITIZE)
+  set(ddp_sanitizer_runtimes libasan.so libubsan.so)
+  list(APPEND ddp_python_test_env "ASAN_OPTIONS=detect_leaks=0")
+elseif(DDP_TSAN)
+  set(ddp_sanitizer_runtimes libtsan.so)
+endif()
+set(ddp_preload "")
+foreach(rt ${ddp_sanitizer_runtimes})
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=${rt}
+                  OUTPUT_VARIABLE rt_path OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT IS_ABSOLUTE "${rt_path}" OR NOT EXISTS "${rt_path}")
+    message(FATAL_ERROR "Python tests in a sanitized build: ${CMAKE_C_COMPILER} does not name "
+                        "its ${rt} (-print-file-name gave '${rt_path}'); build with gcc")
+  endif()
+  string(APPEND ddp_preload " ${rt_path}")
+endforeach()
+if(ddp_preload)
+  string(STRIP "${ddp_preload}" ddp_preload)
+  list(APPEND ddp_python_test_env "LD_PRELOAD=${ddp_preload}")
+endif()
+
 if(DDP_PYTHON)
   execute_process(COMMAND ${DDP_PYTHON} -c "import numpy, pytest"
                   RESULT_VARIABLE ddp_python_test_rc OUTPUT_QUIET ERROR_QUIET)
   if(ddp_python_test_rc EQUAL 0)
-    set(ddp_python_test_env
-      "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
-      "LIBDDP_BUILD_DIR=${PROJECT_BINARY_DIR}"
-      "PYTHONDONTWRITEBYTECODE=1")
-    # A sanitized libddp inside an interpreter that is not: the sanitizer's runtime must be
-    # loaded first (ASan refuses otherwise), so the tests preload it; CPython's own allocations
-    # at exit are not libddp's leaks.
-    set(ddp_sanitizer_runtimes "")
-    if(DDP_SANITIZE)
-      set(ddp_sanitizer_runtimes libasan.so libubsan.so)
-      list(APPEND ddp_python_test_env "ASAN_OPTIONS=detect_leaks=0")
-    elseif(DDP_TSAN)
-      set(ddp_sanitizer_runtimes libtsan.so)
-    endif()
-    set(ddp_preload "")
-    foreach(rt ${ddp_sanitizer_runtimes})
-      execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=${rt}
-                      OUTPUT_VARIABLE rt_path OUTPUT_STRIP_TRAILING_WHITESPACE)
-      if(NOT IS_ABSOLUTE "${rt_path}" OR NOT EXISTS "${rt_path}")
-        message(FATAL_ERROR "Python tests in a sanitized build: ${CMAKE_C_COMPILER} does not name "
-                            "its ${rt} (-print-file-name gave '${rt_path}'); build with gcc")
-      endif()
-      string(APPEND ddp_preload " ${rt_path}")
-    endforeach()
-    if(ddp_preload)
-      string(STRIP "${ddp_preload}" ddp_preload)
-      list(APPEND ddp_python_test_env "LD_PRELOAD=${ddp_preload}")
-    endif()
     add_test(NAME test_python_numpy
              COMMAND ${DDP_PYTHON} -m pytest -q -p no:cacheprovider
                      ${PROJECT_SOURCE_DIR}/python/tests/test_numpy.py)
     set_tests_properties(test_python_numpy PROPERTIES TIMEOUT 300 LABELS python
                          ENVIRONMENT "${ddp_python_test_env}")
-    if(TARGET ddp_torch)
-      add_test(NAME test_python_torch_backend
-               COMMAND ${DDP_PYTHON} -m pytest -q -p no:cacheprovider -p no:warnings
-                       ${PROJECT_SOURCE_DIR}/python/tests/test_torch_backend.py)
-      set_tests_properties(test_python_torch_backend PROPERTIES TIMEOUT 900 LABELS python
-                           ENVIRONMENT "${ddp_python_test_env}")
-    endif()
   else()
     message(STATUS "Python tests: not registered (${DDP_PYTHON} lacks numpy or pytest)")
   endif()
 endif()
 
-# pip install ./python into a fresh venv, then the installed copy runs (compiles the backend:
-# a few minutes on a loaded machine). Not in sanitized builds: it checks the packaging, which a
-# sanitizer does not look at, and the wheel it builds links the sanitized libddp.
-if(TARGET ddp_torch AND NOT DDP_SANITIZE AND NOT DDP_TSAN)
-  add_test(NAME test_python_pip_install
-           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_python_pip.sh ${DDP_PYTHON}
-                   ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
-  set_tests_properties(test_python_pip_install PROPERTIES TIMEOUT 900 LABELS python)
-endif()
+# The torch backend's tests, once per torch it was built for (python/python.cmake):
+# test_python_torch_backend.torch<major.minor> under the interpreter that carries that torch.
+foreach(build ${DDP_TORCH_BUILDS})
+  string(REPLACE "|" ";" build "${build}")
+  list(GET build 0 py)
+  list(GET build 1 version)
+  execute_process(COMMAND ${py} -c "import numpy, pytest"
+                  RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    message(STATUS "torch ${version} backend tests: not registered (${py} lacks numpy or pytest)")
+    continue()
+  endif()
+  add_test(NAME test_python_torch_backend.torch${version}
+           COMMAND ${py} -m pytest -q -p no:cacheprovider -p no:warnings
+                   ${PROJECT_SOURCE_DIR}/python/tests/test_torch_backend.py)
+  set_tests_properties(test_python_torch_backend.torch${version} PROPERTIES TIMEOUT 900
+                       LABELS python ENVIRONMENT "${ddp_python_test_env}")
+  # pip install ./python into a fresh venv, then the installed copy runs (compiles the backend:
+  # a few minutes on a loaded machine). Not in sanitized builds: it checks the packaging, which
+  # a sanitizer does not look at, and the wheel it builds links the sanitized libddp.
+  if(NOT DDP_SANITIZE AND NOT DDP_TSAN)
+    add_test(NAME test_python_pip_install.torch${version}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/test_python_pip.sh ${py}
+                     ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+    set_tests_properties(test_python_pip_install.torch${version} PROPERTIES TIMEOUT 900
+                         LABELS python)
+  endif()
+endforeach()

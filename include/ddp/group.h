@@ -79,6 +79,12 @@ DDP_API ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int 
 /* Waits for queued works, stops the progress thread, frees everything. NULL is allowed. */
 DDP_API void ddp_group_destroy(ddp_group_t *group);
 
+/* Breaks the group on purpose (torch's ProcessGroup.abort): queued and running works fail with
+ * DDP_ERR_ABORTED quoting `reason`, the peers are told through the transport and fail theirs
+ * the same way, and every later call fails. The group must still be destroyed. A broken group
+ * stays broken; aborting it again does nothing. */
+DDP_API ddp_status_t ddp_group_abort(ddp_group_t *group, const char *reason);
+
 DDP_API int ddp_group_rank(const ddp_group_t *group);
 DDP_API int ddp_group_size(const ddp_group_t *group);
 DDP_API int ddp_group_timeout_ms(const ddp_group_t *group);

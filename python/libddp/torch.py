@@ -27,30 +27,67 @@ __all__ = ["BACKEND", "extension_path", "ProcessGroupDDP", "transport"]
 BACKEND = "ddp"
 
 
+def _torch_minor() -> str:
+    """The running torch's major.minor ("2.13"), as the extension's build names it."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
 def extension_path() -> str:
-    """The path of the compiled backend ($LIBDDP_TORCH_EXTENSION wins)."""
+    """The path of the compiled backend ($LIBDDP_TORCH_EXTENSION wins). A build tree holds one
+    per torch version (_ddp_torch-torch2.13.so, _ddp_torch-torch1.13.so); an installed package
+    holds the one it was built with."""
     explicit = os.environ.get("LIBDDP_TORCH_EXTENSION")
     if explicit:
         return explicit
     tried = []
+    built_for = []
     for d in _candidate_dirs():
         for sub in (".", os.path.join("python", "libddp")):
             base = os.path.normpath(os.path.join(d, sub))
+            p = os.path.join(base, "_ddp_torch-torch%s.so" % _torch_minor())
+            if os.path.exists(p):
+                return p
             for suffix in [".so"] + importlib.machinery.EXTENSION_SUFFIXES:
                 p = os.path.join(base, "_ddp_torch" + suffix)
                 if os.path.exists(p):
                     return p
+            if os.path.isdir(base):
+                built_for += [f[len("_ddp_torch-torch"):-3] for f in sorted(os.listdir(base))
+                              if f.startswith("_ddp_torch-torch") and f.endswith(".so")]
             tried.append(base)
+    others = (" (built there for torch %s only)" % ", ".join(sorted(set(built_for)))
+              if built_for else "")
     raise ImportError(
-        "libddp.torch: the backend extension _ddp_torch is not built (looked in %s). Build it "
-        "with `make` in the libddp checkout (needs python3-dev, libtorch-dev and pybind11-dev) "
-        "or install the package with `pip install ./python`" % ", ".join(tried))
+        "libddp.torch: the backend extension is not built for torch %s (looked in %s)%s. Build "
+        "it with `make` in the libddp checkout under this interpreter's torch (needs a C++ "
+        "compiler and Python.h) or install the package with `pip install --no-build-isolation "
+        "./python`" % (torch.__version__, ", ".join(tried), others))
+
+
+def _check_built_for(path: str) -> None:
+    """Refuses, before loading it, an extension built for another torch: torch's C++ ABI changes
+    between minor versions, and loading a mismatched one can crash instead of failing."""
+    name = os.path.basename(path)
+    if name.startswith("_ddp_torch-torch"):
+        built = name[len("_ddp_torch-torch"):-3]
+    else:
+        try:
+            from ._build_info import TORCH_VERSION as built_full  # written by setup.py
+        except ImportError:
+            return
+        built = ".".join(built_full.split("+")[0].split(".")[:2])
+    if built != _torch_minor():
+        raise ImportError(
+            "libddp.torch: %s was built for torch %s, but this interpreter runs torch %s; "
+            "rebuild libddp's backend for it (`pip install --no-build-isolation ./python` or "
+            "`make`)" % (path, built, torch.__version__))
 
 
 def _load() -> Any:
-    # torch's own types (ProcessGroup, Store) must be registered before the extension's.
+    # torch's own types (ProcessGroup, Backend, Store) must be registered before the extension's.
     import torch._C._distributed_c10d  # noqa: F401
     path = extension_path()
+    _check_built_for(path)
     spec = importlib.util.spec_from_file_location("libddp._ddp_torch", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -68,10 +105,25 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
 def transport(group: Any = None) -> str:
     """The libddp transport under a "ddp" process group (default: the default group)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupDDP) and hasattr(pg, "_get_backend"):
+        # torch >= 2: a ProcessGroup dispatches to one backend per device.
+        try:
+            pg = pg._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            pass
     if not isinstance(pg, ProcessGroupDDP):
         raise ValueError("not a libddp process group: %r" % (pg,))
     return pg.transport
 
 
-if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, _create)
+def _register() -> None:
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    if int(torch.__version__.split(".")[0]) >= 2:
+        # A list: some 2.x releases split a bare string into characters.
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+_register()

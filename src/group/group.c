@@ -155,6 +155,16 @@ static void break_group(ddp_group_t *g, ddp_status_t status, const char *text)
     break_group_ex(g, status, text, 1);
 }
 
+ddp_status_t ddp_group_abort(ddp_group_t *group, const char *reason)
+{
+    if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_abort: group is NULL");
+    char text[256];
+    snprintf(text, sizeof text, "rank %d aborted the group: %s", group->rank,
+             reason && reason[0] ? reason : "(no reason given)");
+    break_group_ex(group, DDP_ERR_ABORTED, text, 1);
+    return DDP_OK;
+}
+
 /* DDP_ERR_ABORTED with the original cause, as the calling thread's error. */
 static ddp_status_t aborted_error(ddp_group_t *g, const char *what)
 {

@@ -10,13 +10,22 @@
 // (docs/pytorch.md lists them); an op libddp has no counterpart for raises a RuntimeError naming
 // the op.
 //
-// Torch-version differences stay in this block: torch 1.13 subclasses c10d::ProcessGroup;
-// torch >= 2.0 would subclass c10d::Backend with the same methods.
+// Torch-version differences stay in the block below and in a few `#if LIBDDP_TORCH2` guards
+// around what only one side has: torch 1.13 subclasses c10d::ProcessGroup; torch >= 2.0 moved
+// the collectives to c10d::Backend (ProcessGroup became the dispatcher in front of backends),
+// with the same virtuals plus the coalesced tensor ops, coalescing, shutdown and abort.
 #include <torch/extension.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define LIBDDP_TORCH2 1
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#define LIBDDP_TORCH2 0
+#endif
 
 #include <pybind11/chrono.h>
 
@@ -28,18 +37,36 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ddp/ddp.h"
 
-#if TORCH_VERSION_MAJOR >= 2
-// torch 2.x moved collectives to c10d::Backend: this file would need that subclass.
-#error "libddp torch backend: written for torch 1.13 c10d::ProcessGroup (see docs/pytorch.md)"
+namespace libddp_torch {
+
+#if LIBDDP_TORCH2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
 #endif
 
-namespace libddp_torch {
+// Whether an options struct says the caller will not wait asynchronously (torch >= 2.7 has
+// `asyncOp`; older ones always ask for an async Work).
+template <typename Opts>
+static auto is_async(const Opts& o, int) -> decltype(bool(o.asyncOp)) {
+    return o.asyncOp;
+}
+template <typename Opts>
+static bool is_async(const Opts&, long) {
+    return true;
+}
+template <typename Opts>
+static bool is_async(const Opts& o) {
+    return is_async(o, 0);
+}
 
 // ---- the store adapter ------------------------------------------------------------------------
 
@@ -188,9 +215,25 @@ static bool reducible_dtype(at::ScalarType t, ddp_dtype_t* out) {
         case at::kBool:
             *out = DDP_U8;
             return true;
+        // Complex tensors reduce as their real view (two reals per element), as gloo does: right
+        // for the element-wise sums (SUM, AVG, PREMUL_SUM); reduction_of refuses the others.
+        case at::kComplexFloat:
+            *out = DDP_F32;
+            return true;
+        case at::kComplexDouble:
+            *out = DDP_F64;
+            return true;
+        case at::kComplexHalf:
+            *out = DDP_F16;
+            return true;
         default:
             return false;
     }
+}
+
+// Elements libddp reduces for `t`: a complex element is two reals.
+static size_t count_of(const at::Tensor& t) {
+    return (size_t)t.numel() * (t.is_complex() ? 2 : 1);
 }
 
 static const char* op_name(c10d::ReduceOp::RedOpType op) {
@@ -218,17 +261,47 @@ static const char* op_name(c10d::ReduceOp::RedOpType op) {
     }
 }
 
-// The libddp dtype and op of a reduction on `t` with `op`, or a RuntimeError naming both.
+// The factor of a PREMUL_SUM (torch.distributed._make_nccl_premul_sum: a Python float or a
+// one-element tensor), which the backend multiplies into the input before a SUM.
+static double premul_factor(const c10d::ReduceOp& rop) {
+    auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
+    TORCH_CHECK(sup, "libddp backend: ReduceOp.PREMUL_SUM without its factor");
+#if LIBDDP_TORCH2
+    if (sup->tensor_factor.defined())
+        return sup->tensor_factor.item<double>();
+#else
+    if (!sup->tensor_factors.empty())
+        return sup->tensor_factors[0].item<double>();
+#endif
+    return sup->double_factor;
+}
+
+// The libddp dtype and op of a reduction on `t` with `op`, or a RuntimeError naming both. A
+// PREMUL_SUM is a SUM whose input the caller first multiplies by *premul (left at 1 otherwise).
 static void reduction_of(const char* what, const at::Tensor& t, const c10d::ReduceOp& rop,
-                         ddp_dtype_t* dtype, ddp_reduce_op_t* op) {
+                         ddp_dtype_t* dtype, ddp_reduce_op_t* op, double* premul = nullptr) {
     auto o = static_cast<c10d::ReduceOp::RedOpType>(rop);
-    TORCH_CHECK(
-        reducible_dtype(t.scalar_type(), dtype), "libddp backend: ", what, " cannot reduce dtype ",
-        t.scalar_type(),
-        ": libddp reduces float32, float64, float16, bfloat16, int32, int64, uint8 and bool");
+    TORCH_CHECK(reducible_dtype(t.scalar_type(), dtype), "libddp backend: ", what,
+                " cannot reduce dtype ", t.scalar_type(),
+                ": libddp reduces float32, float64, float16, bfloat16, int32, int64, uint8, bool "
+                "and complex (SUM, AVG, PREMUL_SUM)");
     bool is_bool = t.scalar_type() == at::kBool;
+    if (premul)
+        *premul = 1.0;
+    TORCH_CHECK(!t.is_complex() || o == c10d::ReduceOp::SUM || o == c10d::ReduceOp::AVG ||
+                    o == c10d::ReduceOp::PREMUL_SUM,
+                "libddp backend: ", what, " with ReduceOp.", op_name(o),
+                " on a complex tensor is not defined (SUM, AVG and PREMUL_SUM are)");
     switch (o) {
         case c10d::ReduceOp::SUM:
+            *op = DDP_SUM;
+            break;
+        case c10d::ReduceOp::PREMUL_SUM:
+            TORCH_CHECK(premul, "libddp backend: ", what, " does not take ReduceOp.PREMUL_SUM");
+            TORCH_CHECK(at::isFloatingType(t.scalar_type()) || t.is_complex(),
+                        "libddp backend: ", what, " with ReduceOp.PREMUL_SUM takes a floating "
+                        "point tensor, got ", t.scalar_type());
+            *premul = premul_factor(rop);
             *op = DDP_SUM;
             break;
         case c10d::ReduceOp::AVG:
@@ -262,7 +335,7 @@ static void reduction_of(const char* what, const at::Tensor& t, const c10d::Redu
             return;
         default:
             TORCH_CHECK(false, "libddp backend: ", what, " does not support ReduceOp.", op_name(o),
-                        " (libddp reduces with SUM, AVG, PRODUCT, MIN, MAX; BAND/BOR on bool)");
+                        " (libddp reduces with SUM, AVG, PREMUL_SUM, PRODUCT, MIN, MAX; BAND/BOR on bool)");
     }
     TORCH_CHECK(!(is_bool && (*op == DDP_SUM || *op == DDP_AVG)), "libddp backend: ", what,
                 " with ReduceOp.", op_name(o),
@@ -292,8 +365,11 @@ class ProcessGroupDDP;
 // before the future completes: copies back out of temporaries.
 class WorkDDP : public c10d::Work {
   public:
-    WorkDDP(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-        : c10d::Work(rank, type),
+    // `profiling_title` ("ddp:all_reduce", ...) makes c10d::Work open a profiler record that
+    // end_profiling() closes when the work completes.
+    WorkDDP(int rank, c10d::OpType type, const char* profiling_title,
+            std::vector<at::Tensor> outputs)
+        : c10d::Work(rank, type, profiling_title),
           outputs_(std::move(outputs)),
           future_(c10::make_intrusive<c10::ivalue::Future>(
               c10::ListType::create(c10::TensorType::get()))) {}
@@ -307,6 +383,18 @@ class WorkDDP : public c10d::Work {
     bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
     std::exception_ptr exception() const override { return future_->exception_ptr(); }
     std::vector<at::Tensor> result() override { return outputs_; }
+    int sourceRank() const override {
+        TORCH_CHECK(source_rank_ >= 0, "libddp backend: sourceRank() is defined for a recv from "
+                    "any source only");
+        return source_rank_;
+    }
+
+    void end_profiling() {
+        if (recordFunctionEndCallback_) {
+            recordFunctionEndCallback_();
+            recordFunctionEndCallback_ = nullptr;
+        }
+    }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
     bool wait(std::chrono::milliseconds timeout) override {
@@ -330,7 +418,8 @@ class WorkDDP : public c10d::Work {
     void abort() override {
         TORCH_CHECK(false,
                     "libddp backend: Work::abort is not supported (a failed collective "
-                    "breaks the group on every rank instead)");
+                    "breaks the group on every rank instead; ProcessGroup.abort() aborts the "
+                    "whole group)");
     }
 
     std::vector<at::Tensor> outputs_;
@@ -339,6 +428,7 @@ class WorkDDP : public c10d::Work {
     std::vector<ddp_work_t*> works_;  // handles to free
     std::string what_;                // the op, for error texts
     int rank_in_group_ = 0;
+    int source_rank_ = -1;            // the sender of a recv from any source
     c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -378,6 +468,7 @@ static void on_complete(void* arg, ddp_status_t status) {
     }
     w.keep_.clear();
     w.finish_ = nullptr;
+    w.end_profiling();
     // No longer in flight before the waiter wakes: the training thread that waited on this Work
     // issues its next small collective inline rather than seeing this one still outstanding.
     c->outstanding->fetch_sub(1);
@@ -398,11 +489,11 @@ static void on_complete(void* arg, ddp_status_t status) {
 
 // ---- the process group --------------------------------------------------------------------------
 
-class ProcessGroupDDP : public c10d::ProcessGroup {
+class ProcessGroupDDP : public BackendBase {
   public:
     ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout)
-        : c10d::ProcessGroup(rank, size) {
+        : BackendBase(rank, size) {
         ddp_store_callbacks_t cb{};
         cb.ctx = new c10::intrusive_ptr<c10d::Store>(store);
         cb.set = store_set;
@@ -434,17 +525,86 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         }
     }
 
-    ~ProcessGroupDDP() override {
+    ~ProcessGroupDDP() override { close(); }
+
+    // Waits for queued works and frees the libddp group and its store (once; later calls do
+    // nothing). torch >= 2 calls shutdown() from destroy_process_group, so the group goes while
+    // the interpreter is whole rather than in a destructor at exit.
+    void close() {
+        std::lock_guard<std::mutex> lock(close_mu_);
+        if (!group_)
+            return;
         // Destroy waits for queued works, whose completions may run Python callbacks (comm
-        // hooks): they need the GIL, which the thread dropping the last reference may hold.
+        // hooks): they need the GIL, which the calling thread may hold.
         if (Py_IsInitialized() && PyGILState_Check()) {
             py::gil_scoped_release release;
             ddp_group_destroy(group_);
         } else {
             ddp_group_destroy(group_);
         }
+        group_ = nullptr;
         ddp_store_destroy(store_);
+        store_ = nullptr;
     }
+
+#if LIBDDP_TORCH2
+    void shutdown() override { close(); }
+
+    // Fails what is queued or running here and on the peers (they learn through the transport),
+    // then frees the group: torch's abort paths (destroy_process_group after a failure,
+    // _abort_process_group) must not wait for a collective that will never complete.
+    void abort() override {
+        {
+            std::lock_guard<std::mutex> lock(close_mu_);
+            if (group_)
+                ddp_group_abort(group_, "ProcessGroup.abort() was called");
+        }
+        close();
+    }
+
+    bool supportsCoalescing() const override { return true; }
+
+    // Between startCoalescing and endCoalescing (torch's _coalescing_manager, batch_isend_irecv)
+    // each op is issued as usual; endCoalescing returns one Work that completes with the last of
+    // them (libddp runs a group's works in issue order).
+    void startCoalescing() override {
+        TORCH_CHECK(!coalescing_, "libddp backend: startCoalescing while already coalescing");
+        coalescing_ = true;
+        coalesced_.clear();
+    }
+
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+        TORCH_CHECK(coalescing_, "libddp backend: endCoalescing without startCoalescing");
+        coalescing_ = false;
+        std::vector<c10::intrusive_ptr<WorkDDP>> works;
+        works.swap(coalesced_);
+        std::vector<at::Tensor> outs;
+        for (auto& w : works)
+            outs.insert(outs.end(), w->outputs_.begin(), w->outputs_.end());
+        auto all = make_work(c10d::OpType::COALESCED, "coalesced", outs);
+        if (works.empty()) {
+            all->future_->markCompleted(c10::IValue(all->outputs_));
+            return all;
+        }
+        // Completes when every member has; the first member's error is the whole's.
+        auto left = std::make_shared<std::atomic<size_t>>(works.size());
+        for (auto& w : works) {
+            c10::intrusive_ptr<WorkDDP> whole = all;
+            std::vector<c10::intrusive_ptr<WorkDDP>> members = works;
+            w->future_->addCallback([whole, members, left](c10::ivalue::Future&) {
+                if (left->fetch_sub(1) != 1)
+                    return;
+                for (auto& m : members)
+                    if (m->future_->hasError()) {
+                        whole->future_->setError(m->future_->exception_ptr());
+                        return;
+                    }
+                whole->future_->markCompleted(c10::IValue(whole->outputs_));
+            });
+        }
+        return all;
+    }
+#endif
 
     const std::string getBackendName() const override { return "ddp"; }
     std::string transport() const { return ddp_group_transport(group_); }
@@ -457,17 +617,20 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_single("allreduce", tensors);
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
-        reduction_of("allreduce", tensors[0], opts.reduceOp, &dt, &op);
+        double premul;
+        reduction_of("allreduce", tensors[0], opts.reduceOp, &dt, &op, &premul);
         auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
-        if (can_run_inline(bytes_of(buf)) || in_completion())
+        if (premul != 1.0)
+            buf.mul_(premul);  // in place: the result overwrites it anyway
+        if (can_run_inline(bytes_of(buf), is_async(opts)))
             return run_inline(w, [&] {
-                return ddp_group_allreduce(group_, buf.data_ptr(), buf.data_ptr(),
-                                           (size_t)buf.numel(), dt, op);
+                return ddp_group_allreduce(group_, buf.data_ptr(), buf.data_ptr(), count_of(buf),
+                                           dt, op);
             });
         issue(*w, [&](ddp_work_t** h) {
             return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                             (size_t)buf.numel(), dt, op, h);
+                                             count_of(buf), dt, op, h);
         });
         return launch(w);
     }
@@ -477,9 +640,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         TORCH_CHECK(!tensors.empty(), "libddp backend: allreduce_coalesced got no tensors");
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
+        double premul = 1.0;
         for (auto& t : tensors) {
             check_cpu("allreduce_coalesced", t);
-            reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
+            reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op, &premul);
         }
         auto w = make_work(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors);
         bool one_dtype = true;
@@ -489,12 +653,16 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             // One libddp operation: packed, reduced once, unpacked (one latency for all).
             std::vector<void*> bufs;
             std::vector<size_t> counts;
+            size_t total = 0;
             for (auto& t : tensors) {
                 at::Tensor b = in_place_buffer(*w, t);
+                if (premul != 1.0)
+                    b.mul_(premul);
                 bufs.push_back(b.data_ptr());
-                counts.push_back((size_t)b.numel());
+                counts.push_back(count_of(b));
+                total += bytes_of(b);
             }
-            if (in_completion())
+            if (can_run_inline(total, is_async(opts)))
                 return run_inline(w, [&] {
                     return ddp_group_allreduce_coalesced(group_, bufs.data(), counts.data(),
                                                          bufs.size(), dt, op);
@@ -508,11 +676,13 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         // One libddp allreduce per tensor, issued back to back: each is zero copy, and they run in
         // issue order, so the last one's completion completes the whole.
         for (auto& t : tensors) {
-            reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op);
+            reduction_of("allreduce_coalesced", t, opts.reduceOp, &dt, &op, &premul);
             at::Tensor buf = in_place_buffer(*w, t);
+            if (premul != 1.0)
+                buf.mul_(premul);
             issue(*w, [&](ddp_work_t** h) {
                 return ddp_group_allreduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                                 (size_t)buf.numel(), dt, op, h);
+                                                 count_of(buf), dt, op, h);
             });
         }
         return launch(w);
@@ -525,7 +695,7 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         auto w = make_work(c10d::OpType::BROADCAST, "broadcast", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
         int root = (int)opts.rootRank;
-        if (can_run_inline(bytes_of(buf)) || in_completion())
+        if (can_run_inline(bytes_of(buf), is_async(opts)))
             return run_inline(w, [&] {
                 return ddp_group_broadcast(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, root);
             });
@@ -538,23 +708,10 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
 
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                    const c10d::AllgatherOptions&) override {
-        check_cpu("_allgather_base", output);
-        check_cpu("_allgather_base", input);
-        check_same_dtype("_allgather_base", input, output);
-        TORCH_CHECK(output.numel() == input.numel() * getSize(),
-                    "libddp backend: _allgather_base: "
-                    "output has ",
-                    output.numel(), " elements, expected world size ", getSize(), " x input's ",
-                    input.numel());
+        check_allgather_pair("_allgather_base", output, input);
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", outs);
-        at::Tensor in = input.contiguous();
-        w->keep_.push_back(in);
-        at::Tensor out = in_place_buffer(*w, output);
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_allgather_async(group_, in.data_ptr(), out.data_ptr(), bytes_of(in),
-                                             DDP_U8, h);
-        });
+        issue_allgather(*w, output, input);
         return launch(w);
     }
 
@@ -570,49 +727,98 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         return launch(w);
     }
 
+    // torch's layout (all_gather_coalesced): outputs[r][i] receives rank r's inputs[i]. The
+    // inputs travel packed as one byte buffer, one allgather for all of them.
     c10::intrusive_ptr<c10d::Work> allgather_coalesced(
         std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
         const c10d::AllgatherOptions&) override {
-        TORCH_CHECK(outputs.size() == inputs.size(),
-                    "libddp backend: allgather_coalesced: ", outputs.size(), " output lists for ",
-                    inputs.size(), " inputs");
+        TORCH_CHECK(!inputs.empty(), "libddp backend: allgather_coalesced got no tensors");
+        TORCH_CHECK((int)outputs.size() == getSize(), "libddp backend: allgather_coalesced takes ",
+                    getSize(), " output lists (one per rank), got ", outputs.size());
+        for (auto& t : inputs)
+            check_cpu("allgather_coalesced", t);
+        for (size_t r = 0; r < outputs.size(); r++) {
+            TORCH_CHECK(outputs[r].size() == inputs.size(), "libddp backend: allgather_coalesced: "
+                        "output list ", r, " has ", outputs[r].size(), " tensors for ",
+                        inputs.size(), " inputs");
+            for (size_t i = 0; i < inputs.size(); i++) {
+                check_cpu("allgather_coalesced", outputs[r][i]);
+                check_same_dtype("allgather_coalesced", outputs[r][i], inputs[i]);
+                TORCH_CHECK(outputs[r][i].numel() == inputs[i].numel(), "libddp backend: "
+                            "allgather_coalesced: output [", r, "][", i, "] has ",
+                            outputs[r][i].numel(), " elements, its input ", inputs[i].numel());
+            }
+        }
         std::vector<at::Tensor> all;
         for (auto& o : outputs)
             all.insert(all.end(), o.begin(), o.end());
-        for (size_t i = 0; i < inputs.size(); i++) {
-            check_cpu("allgather_coalesced", inputs[i]);
-            check_gather_list("allgather_coalesced", outputs[i], inputs[i]);
-        }
         auto w = make_work(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", all);
-        for (size_t i = 0; i < inputs.size(); i++)
-            issue_gather_into_temp(*w, inputs[i], outputs[i]);
+        std::vector<at::Tensor> bytes;
+        for (auto& t : inputs)
+            bytes.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+        at::Tensor in = at::cat(bytes);
+        at::Tensor gathered = at::empty({getSize() * in.numel()}, in.options());
+        w->keep_.push_back(in);
+        w->keep_.push_back(gathered);
+        int64_t per_rank = in.numel();
+        std::vector<std::vector<at::Tensor>> targets = outputs;
+        w->finish_ = [gathered, targets, per_rank]() mutable {
+            for (size_t r = 0; r < targets.size(); r++) {
+                int64_t at = (int64_t)r * per_rank;
+                for (auto& t : targets[r]) {
+                    int64_t n = t.numel() * t.element_size();
+                    at::Tensor src = gathered.narrow(0, at, n).view(t.scalar_type());
+                    t.copy_(src.view(t.sizes()));
+                    at += n;
+                }
+            }
+        };
+        issue(*w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), gathered.data_ptr(),
+                                             (size_t)in.numel(), DDP_U8, h);
+        });
         return launch(w);
     }
 
+#if LIBDDP_TORCH2
+    // Coalesced all_gather_into_tensor (torch's _coalescing_manager, FSDP2, DeepSpeed): one
+    // libddp allgather per pair, issued back to back; the last one's completion completes all.
+    c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+        std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::AllgatherOptions&) override {
+        TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(),
+                    "libddp backend: allgather_into_tensor_coalesced takes as many outputs as "
+                    "inputs (at least one), got ", outputs.size(), " and ", inputs.size());
+        for (size_t i = 0; i < inputs.size(); i++)
+            check_allgather_pair("allgather_into_tensor_coalesced", outputs[i], inputs[i]);
+        auto w = make_work(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs);
+        for (size_t i = 0; i < inputs.size(); i++)
+            issue_allgather(*w, outputs[i], inputs[i]);
+        return launch(w);
+    }
+
+    // Coalesced reduce_scatter_tensor, the same way.
+    c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+        std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::ReduceScatterOptions& opts) override {
+        TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(),
+                    "libddp backend: reduce_scatter_tensor_coalesced takes as many outputs as "
+                    "inputs (at least one), got ", outputs.size(), " and ", inputs.size());
+        for (size_t i = 0; i < inputs.size(); i++)
+            check_reduce_scatter_pair("reduce_scatter_tensor_coalesced", outputs[i], inputs[i]);
+        auto w = make_work(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs);
+        for (size_t i = 0; i < inputs.size(); i++)
+            issue_reduce_scatter(*w, outputs[i], inputs[i], opts);
+        return launch(w);
+    }
+#endif
+
     c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
         at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
-        check_cpu("_reduce_scatter_base", output);
-        check_cpu("_reduce_scatter_base", input);
-        check_same_dtype("_reduce_scatter_base", input, output);
-        TORCH_CHECK(input.numel() == output.numel() * getSize(),
-                    "libddp backend: "
-                    "_reduce_scatter_base: input has ",
-                    input.numel(),
-                    " elements, expected "
-                    "world size ",
-                    getSize(), " x output's ", output.numel());
-        ddp_dtype_t dt;
-        ddp_reduce_op_t op;
-        reduction_of("_reduce_scatter_base", input, opts.reduceOp, &dt, &op);
+        check_reduce_scatter_pair("_reduce_scatter_base", output, input);
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", outs);
-        at::Tensor in = input.contiguous();
-        w->keep_.push_back(in);
-        at::Tensor out = in_place_buffer(*w, output);
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
-                                                  (size_t)out.numel(), dt, op, h);
-        });
+        issue_reduce_scatter(*w, output, input, opts);
         return launch(w);
     }
 
@@ -622,25 +828,16 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_single("reduce_scatter", outputs);
         TORCH_CHECK(inputs.size() == 1, "libddp backend: reduce_scatter takes one input list");
         check_gather_list("reduce_scatter", inputs[0], outputs[0]);
-        ddp_dtype_t dt;
-        ddp_reduce_op_t op;
-        reduction_of("reduce_scatter", outputs[0], opts.reduceOp, &dt, &op);
         auto w = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs);
         // The input list is packed into one buffer (one copy in); the output is written in place.
-        at::Tensor flat = at::cat(flat_views(inputs[0]));
-        w->keep_.push_back(flat);
-        at::Tensor out = in_place_buffer(*w, outputs[0]);
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_reduce_scatter_async(group_, flat.data_ptr(), out.data_ptr(),
-                                                  (size_t)out.numel(), dt, op, h);
-        });
+        issue_reduce_scatter(*w, outputs[0], at::cat(flat_views(inputs[0])), opts);
         return launch(w);
     }
 
-    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
         std::vector<at::Tensor> none;
         auto w = make_work(c10d::OpType::BARRIER, "barrier", none);
-        if (can_run_inline(0) || in_completion())
+        if (can_run_inline(0, is_async(opts)))
             return run_inline(w, [&] { return ddp_group_barrier(group_); });
         issue(*w, [&](ddp_work_t** h) { return ddp_group_barrier_async(group_, h); });
         return launch(w);
@@ -652,21 +849,25 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
         check_root("reduce", opts.rootRank);
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
-        reduction_of("reduce", tensors[0], opts.reduceOp, &dt, &op);
+        double premul;
+        reduction_of("reduce", tensors[0], opts.reduceOp, &dt, &op, &premul);
         auto w = make_work(c10d::OpType::REDUCE, "reduce", tensors);
         int root = (int)opts.rootRank;
         if (getRank() == root) {
             at::Tensor buf = in_place_buffer(*w, tensors[0]);
+            if (premul != 1.0)
+                buf.mul_(premul);
             issue(*w, [&](ddp_work_t** h) {
                 return ddp_group_reduce_async(group_, buf.data_ptr(), buf.data_ptr(),
-                                              (size_t)buf.numel(), dt, op, root, h);
+                                              count_of(buf), dt, op, root, h);
             });
         } else {
-            at::Tensor in = tensors[0].contiguous();
+            // The input of a non-root rank is left as it was.
+            at::Tensor in = premul != 1.0 ? tensors[0] * premul : tensors[0].contiguous();
             w->keep_.push_back(in);
             issue(*w, [&](ddp_work_t** h) {
-                return ddp_group_reduce_async(group_, in.data_ptr(), nullptr, (size_t)in.numel(),
-                                              dt, op, root, h);
+                return ddp_group_reduce_async(group_, in.data_ptr(), nullptr, count_of(in), dt, op,
+                                              root, h);
             });
         }
         return launch(w);
@@ -900,9 +1101,16 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
 
     c10::intrusive_ptr<WorkDDP> make_work(c10d::OpType type, const char* what,
                                           const std::vector<at::Tensor>& outputs) {
-        auto w = c10::make_intrusive<WorkDDP>(getRank(), type, outputs);
+        TORCH_CHECK(group_, "libddp backend: ", what, " on rank ", getRank(),
+                    ": the process group was shut down or aborted");
+        std::string title = std::string("ddp:") + what;
+        auto w = c10::make_intrusive<WorkDDP>(getRank(), type, title.c_str(), outputs);
         w->what_ = what;
         w->rank_in_group_ = getRank();
+#if LIBDDP_TORCH2
+        if (coalescing_)
+            coalesced_.push_back(w);
+#endif
         return w;
     }
 
@@ -921,6 +1129,54 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
             target.copy_(tmp);
         };
         return tmp;
+    }
+
+    void check_allgather_pair(const char* what, const at::Tensor& output,
+                              const at::Tensor& input) const {
+        check_cpu(what, output);
+        check_cpu(what, input);
+        check_same_dtype(what, input, output);
+        TORCH_CHECK(output.numel() == input.numel() * getSize(), "libddp backend: ", what,
+                    ": output has ", output.numel(), " elements, expected world size ", getSize(),
+                    " x input's ", input.numel());
+    }
+
+    void check_reduce_scatter_pair(const char* what, const at::Tensor& output,
+                                   const at::Tensor& input) const {
+        check_cpu(what, output);
+        check_cpu(what, input);
+        check_same_dtype(what, input, output);
+        TORCH_CHECK(input.numel() == output.numel() * getSize(), "libddp backend: ", what,
+                    ": input has ", input.numel(), " elements, expected world size ", getSize(),
+                    " x output's ", output.numel());
+    }
+
+    // allgather of `input` into `output` (in place when contiguous).
+    void issue_allgather(WorkDDP& w, const at::Tensor& output, const at::Tensor& input) {
+        at::Tensor in = input.contiguous();
+        w.keep_.push_back(in);
+        at::Tensor out = in_place_buffer(w, output);
+        issue(w, [&](ddp_work_t** h) {
+            return ddp_group_allgather_async(group_, in.data_ptr(), out.data_ptr(), bytes_of(in),
+                                             DDP_U8, h);
+        });
+    }
+
+    // reduce_scatter of `input` (world size x output's elements) into `output`; a PREMUL_SUM
+    // scales a copy of the input, never the caller's tensor.
+    void issue_reduce_scatter(WorkDDP& w, const at::Tensor& output, const at::Tensor& input,
+                              const c10d::ReduceScatterOptions& opts) {
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        double premul;
+        reduction_of(w.what_.c_str(), input, opts.reduceOp, &dt, &op, &premul);
+        at::Tensor in = premul != 1.0 ? input * premul : input.contiguous();
+        w.keep_.push_back(in);
+        at::Tensor out = in_place_buffer(w, output);
+        issue(w, [&](ddp_work_t** h) {
+            return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
+                                                  count_of(out), dt, op, h);
+        });
     }
 
     // allgather of `input` into a world-sized temporary; block j is copied out to outs[j].
@@ -992,8 +1248,12 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
     // of at most a short collective. Failures still surface on wait(), as for async works.
     static constexpr size_t kInlineMaxBytes = 64 * 1024;
 
-    bool can_run_inline(size_t bytes) const {
-        return bytes <= kInlineMaxBytes && outstanding_.load() == 0;
+    // Inline also at any size when the caller waits at once anyway (torch >= 2.7 says so with
+    // asyncOp = false: dist.all_reduce(t) without async_op), and always inside a completion
+    // callback of this group (see issue()).
+    bool can_run_inline(size_t bytes, bool async) const {
+        return in_completion() ||
+               ((bytes <= kInlineMaxBytes || !async) && outstanding_.load() == 0);
     }
 
     // This thread runs a callback of one of this group's completing Works (see completing_group).
@@ -1009,10 +1269,13 @@ class ProcessGroupDDP : public c10d::ProcessGroup {
 
     ddp_store_t* store_ = nullptr;
     ddp_group_t* group_ = nullptr;
+    std::mutex close_mu_;
     std::atomic<int> outstanding_{0};
+    bool coalescing_ = false;  // between startCoalescing and endCoalescing (issuing thread only)
+    std::vector<c10::intrusive_ptr<WorkDDP>> coalesced_;
 };
 
-static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
+static c10::intrusive_ptr<BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store,
                                                      int rank, int size,
                                                      const std::chrono::duration<float>& timeout) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
@@ -1026,7 +1289,7 @@ static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c1
 PYBIND11_MODULE(_ddp_torch, m) {
     m.doc() = "libddp's torch.distributed backend (see libddp.torch)";
     py::class_<libddp_torch::ProcessGroupDDP, c10::intrusive_ptr<libddp_torch::ProcessGroupDDP>,
-               c10d::ProcessGroup>(m, "ProcessGroupDDP")
+               libddp_torch::BackendBase>(m, "ProcessGroupDDP")
         .def_property_readonly("transport", &libddp_torch::ProcessGroupDDP::transport,
                                "The libddp transport this group runs on (shm, tcp, ...)")
         .def_property_readonly("timeout_ms", &libddp_torch::ProcessGroupDDP::timeoutMs);
