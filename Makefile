@@ -3,10 +3,13 @@
 # package, `make demo` installs what the trainer needs (when missing) and trains Fashion-MNIST on
 # 2 ranks; `make demo-gpt` does the same for the GPT trainer on the fortunes quotations.
 BUILD ?= build
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
+# Parallel jobs of the build and of ctest: JOBS=N, else the -jN given to make (`make -j1 test`),
+# else one per CPU. (Evaluated in the recipes, where make has put -jN into MAKEFLAGS.)
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+J = $(or $(JOBS),$(patsubst -j%,%,$(filter -j%,$(MAKEFLAGS))),$(NPROC))
 
-.PHONY: all build test demo demo-gpt gpt-demo install uninstall python-install clean asan tsan
+.PHONY: all build test test-setup demo demo-gpt gpt-demo install uninstall python-install clean asan tsan
 
 all: build
 
@@ -14,10 +17,17 @@ $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
 build: $(BUILD)/CMakeCache.txt
-	cmake --build $(BUILD) -j $(JOBS)
+	cmake --build $(BUILD) -j $(J)
 
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+# test: installs what the tests need when it is missing (tools/test_setup.sh: Debian packages as
+# root, torch==2.13.0 numpy pytest from PyPI for the python3 on PATH; DDP_SETUP=0 skips it), then
+# builds and runs every test through ctest. The setup runs before CMake looks for torch.
+test: test-setup
+	$(MAKE) build
+	cd $(BUILD) && ctest --output-on-failure -j $(J) $(CTEST_FLAGS)
+
+test-setup:
+	./tools/test_setup.sh
 
 demo:
 	./tools/demo.sh
@@ -32,7 +42,7 @@ gpt-demo: demo-gpt
 # install: the libraries and the installed programs only (target ddp_install_parts), not the
 # tests; PREFIX=/opt/ddp installs there (the programs find libddp.so through $$ORIGIN/../lib).
 install: $(BUILD)/CMakeCache.txt
-	cmake --build $(BUILD) -j $(JOBS) --target ddp_install_parts
+	cmake --build $(BUILD) -j $(J) --target ddp_install_parts
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)
 
 # uninstall: removes what the last `make install` from $(BUILD) wrote.
@@ -48,13 +58,13 @@ python-install: build
 
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON
-	cmake --build build-asan -j $(JOBS)
-	cd build-asan && ctest --output-on-failure -j $(JOBS)
+	cmake --build build-asan -j $(J)
+	cd build-asan && ctest --output-on-failure -j $(J)
 
 tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDP_TSAN=ON
-	cmake --build build-tsan -j $(JOBS)
-	cd build-tsan && ctest --output-on-failure -j $(JOBS)
+	cmake --build build-tsan -j $(J)
+	cd build-tsan && ctest --output-on-failure -j $(J)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan
