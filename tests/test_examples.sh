@@ -8,7 +8,8 @@
 #   The installed programs (ddprun, ddp-bench, fashion-mnist) run from the prefix without
 #   LD_LIBRARY_PATH (RUNPATH $ORIGIN/../lib); hello_ddp built through pkg-config and through
 #   find_package runs on 2 ranks under the installed ddprun; ddp_version() matches the headers;
-#   ddp_powersgd.pc and ddp::ddp_powersgd link; uninstall leaves nothing behind.
+#   ddp_powersgd.pc and ddp::ddp_powersgd link; uninstall leaves nothing behind. In the build
+#   tree, `PKG_CONFIG_PATH=BUILD pkg-config ddp` (ddp-uninstalled.pc) builds hello_ddp too.
 #   FLAGS (compile and link) are the sanitizer flags of a sanitized BUILD: its libddp needs a
 #   consumer built with the same sanitizer.
 #   make-install SOURCE: `make install` in a fresh build directory builds the libraries and the
@@ -141,6 +142,14 @@ C
     out=$(env -u LD_LIBRARY_PATH "$tmp/prefix/bin/ddprun" -n 2 "$tmp/app/hello_pc") \
       && echo "$out" | grep -q 'hello_ddp: 2 ranks' || { echo "hello_ddp (pkg-config) on 2 ranks: $out"; exit 1; }
     echo "pkg-config hello_ddp: $(echo "$out" | grep 'hello_ddp: 2 ranks')"
+    # In the build tree, pkg-config takes ddp-uninstalled.pc: the checkout's headers and the
+    # build's library, both real paths.
+    pc_tree=$(PKG_CONFIG_PATH="$build" pkg-config --cflags --libs ddp) || exit 1
+    # shellcheck disable=SC2086 # the flags are words
+    cc $flags "$src/examples/hello_ddp.c" -o "$tmp/app/hello_tree" $pc_tree -Wl,-rpath,"$build" \
+      || { echo "build-tree pkg-config build of hello_ddp failed ($pc_tree)"; exit 1; }
+    out=$("$build/ddprun" -n 2 "$tmp/app/hello_tree") && echo "$out" | grep -q 'hello_ddp: 2 ranks' \
+      || { echo "hello_ddp (build-tree pkg-config) on 2 ranks: $out"; exit 1; }
     if [ -f "$tmp/prefix/lib/libddp_powersgd.so" ]; then
       [ -f "$tmp/prefix/lib/pkgconfig/ddp_powersgd.pc" ] || { echo "ddp_powersgd.pc not installed"; exit 1; }
       ps_flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp_powersgd) || exit 1

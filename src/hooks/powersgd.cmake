@@ -52,9 +52,6 @@ else()
   string(REGEX REPLACE "^lib" "" DDP_PC_CBLAS_NAME ${DDP_PC_CBLAS_NAME})
   set(DDP_PC_POWERSGD_LIBS_PRIVATE "-L${DDP_PC_CBLAS_DIR} -l${DDP_PC_CBLAS_NAME} -lm")
   file(RELATIVE_PATH DDP_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
-  configure_file(${PROJECT_SOURCE_DIR}/cmake/ddp_powersgd.pc.in
-    ${PROJECT_BINARY_DIR}/ddp_powersgd.pc @ONLY)
-  install(FILES ${PROJECT_BINARY_DIR}/ddp_powersgd.pc
-    DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+  ddp_pkg_config(ddp_powersgd ${PROJECT_SOURCE_DIR}/cmake/ddp_powersgd.pc.in)
   message(STATUS "libddp: PowerSGD hook (libddp_powersgd) with ${DDP_CBLAS_LIBRARY}")
 endif()
