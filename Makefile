@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 J = $(or $(JOBS),$(patsubst -j%,%,$(filter -j%,$(MAKEFLAGS))),$(NPROC))
 
-.PHONY: all build test test-setup demo demo-gpt gpt-demo install uninstall python-install clean asan tsan
+.PHONY: all build test test-extra test-setup demo demo-gpt gpt-demo install uninstall python-install clean asan tsan
 
 all: build
 
@@ -24,7 +24,11 @@ build: $(BUILD)/CMakeCache.txt
 # builds and runs every test through ctest. The setup runs before CMake looks for torch.
 test: test-setup
 	$(MAKE) build
-	cd $(BUILD) && ctest --output-on-failure -j $(J) $(CTEST_FLAGS)
+	cd $(BUILD) && ctest --output-on-failure -j $(J) -LE extra $(CTEST_FLAGS)
+
+# test-extra: the tests too slow for make test (label "extra": packaging for the other torch).
+test-extra: build
+	cd $(BUILD) && ctest --output-on-failure -j $(J) -L extra $(CTEST_FLAGS)
 
 test-setup:
 	./tools/test_setup.sh

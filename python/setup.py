@@ -33,22 +33,33 @@ def libddp_so():
 
 class BuildPyWithLibrary(build_py):
     """Puts libddp.so.0 next to the package's modules, where libddp/__init__.py and the
-    extension's $ORIGIN rpath find it."""
+    extension's $ORIGIN rpath find it, and records which torch the extension is built for
+    (libddp.torch refuses to load it under another torch)."""
 
     def run(self):
         super().run()
         target = os.path.join(self.build_lib, "libddp")
         os.makedirs(target, exist_ok=True)
         shutil.copy2(libddp_so(), os.path.join(target, "libddp.so.0"))
+        with open(os.path.join(target, "_build_info.py"), "w") as f:
+            f.write("# Written by setup.py: the torch the backend extension was built against.\n")
+            f.write("TORCH_VERSION = %r\n" % (TORCH_VERSION,))
 
 
 cmdclass = {"build_py": BuildPyWithLibrary}
 ext_modules = []
+TORCH_VERSION = None
+entry_points = {}
 try:
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError:
     print("libddp: torch is not importable; installing without the torch backend")
 else:
+    TORCH_VERSION = torch.__version__
+    # torch >= 2.5 runs the "torch.backends" entry points at the end of `import torch`: "ddp" is
+    # then registered without `import libddp.torch` (libddp/_autoload.py).
+    entry_points = {"torch.backends": ["libddp = libddp._autoload:register"]}
     libddp_so()  # the extension links against it
     ext_modules.append(CppExtension(
         "libddp._ddp_torch", ["libddp/csrc/process_group_ddp.cpp"],
@@ -66,5 +77,6 @@ setup(
     python_requires=">=3.8",
     install_requires=["numpy"],
     ext_modules=ext_modules,
+    entry_points=entry_points,
     cmdclass=cmdclass,
 )
