@@ -1,6 +1,7 @@
 #!/bin/sh
 # Examples and packaging, the way a user meets them.
-#   hello DDPRUN HELLO: the README's example trains to the same weights on 1, 2, 3 and 4 ranks.
+#   hello DDPRUN HELLO: the README's example trains to the same weights on 1, 2, 3 and 4 ranks
+#   (as printed, to one unit of the third decimal).
 #   install SOURCE BUILD [FLAGS]: `cmake --install` into a temporary prefix, then a program
 #   outside the tree builds against it with find_package(ddp) and with pkg-config, and runs.
 #   Then examples/hello_ddp.c links statically with `pkg-config --static` (libddp.a needs no MPI),
@@ -27,7 +28,16 @@ hello)
     # The fitted weights must be close to the true line 1..8 and b = 0.5.
     printf '%s\n' "$weights" | awk '{ for (f = 1; f <= 8; f++) if ($(f+2) < f - 0.2 || $(f+2) > f + 0.2) exit 1 }' \
       || { echo "weights far from the true line: $weights"; exit 1; }
-    if [ -z "$ref" ]; then ref=$weights; elif [ "$weights" != "$ref" ]; then
+    # Against 1 rank to one unit of the third printed decimal, not as equal text: another world
+    # size sums each step's gradients in another order, and over the 200 steps the weights end
+    # up to 3e-7 apart (measured), so equal text is promised only away from a rounding boundary.
+    # One printed unit (0.001; 0.0011 for the decimal parse) still fails a Reducer that did
+    # not average: ranks trained on their own shares alone end 3e-3 (3 ranks) to 1.5e-2 (4) away.
+    if [ -z "$ref" ]; then ref=$weights; elif ! printf '%s\n%s\n' "$ref" "$weights" | awk '
+        $1 != "w" || $11 != "b" { exit 1 }
+        NR == 1 { for (f = 3; f <= 13; f++) a[f] = $f + 0; next }
+        { for (f = 3; f <= 13; f++) { if (f == 11 || f == 12) continue; d = a[f] - $f; if (d < 0) d = -d
+          if (d > 0.0011) exit 1 } }'; then
       echo "different result on $n ranks: '$weights' vs '$ref'"; exit 1
     fi
   done
