@@ -43,13 +43,13 @@ def _send(queue, item):
     queue.join_thread()
 
 
-def _main(fn, rank, world, port, queue, timeout_s, args):
+def _main(fn, rank, world, port, queue, timeout_s, args, backend="ddp", destroy=True):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     sent = False
     try:
         import libddp.torch  # noqa: F401
-        dist.init_process_group("ddp", rank=rank, world_size=world,
+        dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
         out = fn(rank, world, *args)
         # As bytes: tensors sent through the queue would be shared-memory handles that die with
@@ -58,18 +58,20 @@ def _main(fn, rank, world, port, queue, timeout_s, args):
         torch.save(out, buf)
         _send(queue, (rank, "ok", buf.getvalue()))
         sent = True
-        dist.destroy_process_group()
+        if destroy:
+            dist.destroy_process_group()
     except BaseException as e:
         if not sent:
             _send(queue, (rank, "error", "%r\n%s" % (e, traceback.format_exc())))
 
 
-def run(world, fn, *args, timeout_s=60, wait_s=240):
-    """Runs fn(rank, world, *args) in `world` spawned processes under backend "ddp"; returns
-    the results by rank (raises naming a failed rank)."""
+def run(world, fn, *args, timeout_s=60, wait_s=240, backend="ddp", destroy=True):
+    """Runs fn(rank, world, *args) in `world` processes under `backend` (default "ddp");
+    returns the results by rank (raises naming a failed rank)."""
     queue = CTX.Queue()
     port = free_port()
-    procs = [CTX.Process(target=_main, args=(fn, r, world, port, queue, timeout_s, args))
+    procs = [CTX.Process(target=_main, args=(fn, r, world, port, queue, timeout_s, args,
+                                             backend, destroy))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -376,9 +378,27 @@ def train(rank, group, mode, steps=20):
     off_main_thread = [0]
     model = make_mlp(mode)
     ddp = torch.nn.parallel.DistributedDataParallel(
-        model, process_group=group, find_unused_parameters=(mode == "unused"))
+        model, process_group=group, find_unused_parameters=(mode == "unused"),
+        static_graph=(mode == "static_graph"),
+        gradient_as_bucket_view=(mode == "bucket_view"))
     if mode == "fp16":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    if mode == "bf16":
+        if group is None:
+            # torch's bf16 hook, wrapped: DDP refuses the hook itself without CUDA's NCCL,
+            # though it only casts and calls allreduce, which "ddp" does in bf16 (summed in f32,
+            # rounded once).
+            def hook(state, bucket):
+                return default_hooks.bf16_compress_hook(state, bucket)
+        else:
+            # gloo cannot reduce bf16 (pytorch#111131): the same arithmetic spelled out over
+            # f32, which gives libddp's bits for two ranks (a sum of two in f32, one rounding).
+            def hook(state, bucket):
+                buf = bucket.buffer()
+                half = buf.to(torch.bfloat16).div_(dist.get_world_size(state)).float()
+                return dist.all_reduce(half, group=state, async_op=True).get_future().then(
+                    lambda fut: buf.copy_(fut.value()[0].to(torch.bfloat16)))
+        ddp.register_comm_hook(group, hook)
     if mode.startswith("powersgd"):
         # Rank 2 with error feedback and warm start (torch's defaults), compressing from the
         # third step on: the first steps take the hook's plain allreduce, the rest its chain of
@@ -403,16 +423,25 @@ def train(rank, group, mode, steps=20):
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(100 + rank)
-    for step in range(steps):
-        x = torch.randn(8, 20, generator=g)
-        y = torch.randn(8, 4, generator=g)
-        opt.zero_grad()
-        if mode == "no_sync" and step % 2 == 0:
-            with ddp.no_sync():  # accumulate locally, synchronise on the next step
-                torch.nn.functional.mse_loss(ddp(x), y).backward()
+
+    def loop(n):
+        for step in range(n):
             x = torch.randn(8, 20, generator=g)
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        opt.step()
+            y = torch.randn(8, 4, generator=g)
+            opt.zero_grad()
+            if mode == "no_sync" and step % 2 == 0:
+                with ddp.no_sync():  # accumulate locally, synchronise on the next step
+                    torch.nn.functional.mse_loss(ddp(x), y).backward()
+                x = torch.randn(8, 20, generator=g)
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+    if mode == "join":
+        # Uneven inputs: rank r runs out of data 3 r steps early; torch's Join shadows its
+        # allreduces so the others finish.
+        with ddp.join():
+            loop(steps - 3 * rank)
+    else:
+        loop(steps)
     train.off_main_thread = off_main_thread[0]
     return [p.detach().clone() for p in model.parameters()]
 
@@ -428,7 +457,9 @@ def ddp_body(rank, world, mode):
 
 
 @pytest.mark.parametrize("world,mode", [(2, "plain"), (3, "plain"), (2, "unused"),
-                                        (2, "no_sync"), (2, "fp16"), (2, "zero"),
+                                        (2, "no_sync"), (2, "fp16"), (2, "bf16"),
+                                        (2, "static_graph"), (2, "bucket_view"), (3, "join"),
+                                        (2, "zero"),
                                         (2, "powersgd"), (3, "powersgd"), (2, "powersgd_async"),
                                         (3, "powersgd_async")])
 def test_ddp_training_matches_gloo(world, mode):
@@ -454,6 +485,115 @@ def test_ddp_training_matches_gloo(world, mode):
     torch.manual_seed(0)
     initial = [p.detach() for p in make_mlp(mode).parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(res[0][0], initial))
+
+
+# ---- what torch 2 adds, and ops gloo lacks ---------------------------------------------------
+
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def newer_ops_body(rank, world):
+    """Results of the ops gloo has no counterpart for, with a reference computed here from every
+    rank's inputs (all are exact in f32: small integers, halves)."""
+    out = {}
+
+    def inputs(r):
+        return torch.arange(6, dtype=torch.float32) + r
+    t = inputs(rank)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    out["premul_sum"] = (t, sum(inputs(r) for r in range(world)) * 0.5)
+    c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (rank + 1)
+    dist.all_reduce(c)
+    want = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * sum(range(1, world + 1))
+    out["complex_sum"] = (c, want)
+    i = torch.tensor([3 * rank + 1, 7, -2 * rank], dtype=torch.int64)
+    dist.all_reduce(i, op=dist.ReduceOp.AVG)
+    total = [sum(3 * r + 1 for r in range(world)), 7 * world, sum(-2 * r for r in range(world))]
+    # An integer AVG truncates toward zero, as NCCL's does.
+    out["avg_int64"] = (i, torch.tensor([int(v / world) for v in total], dtype=torch.int64))
+    if TORCH2:
+        # The coalescing manager (FSDP2 and DeepSpeed issue collectives this way).
+        ins = [torch.full((2,), float(rank)), torch.full((3,), 10.0 + rank)]
+        outs = [torch.empty(2 * world), torch.empty(3 * world)]
+        with dist._coalescing_manager(device=torch.device("cpu"), async_ops=False):
+            for o, x in zip(outs, ins):
+                dist.all_gather_into_tensor(o, x)
+        out["allgather_into_tensor_coalesced"] = (
+            torch.cat(outs),
+            torch.cat([torch.cat([torch.full((2,), float(r)) for r in range(world)]),
+                       torch.cat([torch.full((3,), 10.0 + r) for r in range(world)])]))
+        rins = [torch.arange(2 * world, dtype=torch.float32) + rank, torch.ones(world) * rank]
+        routs = [torch.empty(2), torch.empty(1)]
+        with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+            for o, x in zip(routs, rins):
+                dist.reduce_scatter_tensor(o, x)
+        cm.wait()
+        full0 = sum(torch.arange(2 * world, dtype=torch.float32) + r for r in range(world))
+        out["reduce_scatter_tensor_coalesced"] = (
+            torch.cat(routs),
+            torch.cat([full0[2 * rank:2 * rank + 2],
+                       torch.tensor([float(sum(range(world)))])]))
+    # torch's all_gather_coalesced layout: outputs[r][i] is rank r's input i.
+    lists = [[torch.empty(2), torch.empty(1, 1)] for _ in range(world)]
+    dist.all_gather_coalesced(lists, [torch.full((2,), float(rank)),
+                                      torch.full((1, 1), 5.0 + rank)])
+    out["all_gather_coalesced"] = (
+        torch.cat([torch.cat([a.reshape(-1), b.reshape(-1)]) for a, b in lists]),
+        torch.cat([torch.tensor([float(r), float(r), 5.0 + r]) for r in range(world)]))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ops_without_a_gloo_counterpart(world):
+    res = run(world, newer_ops_body)
+    for r in range(world):
+        for case, (got, want) in res[r].items():
+            assert torch.equal(got, want), "rank %d %s: %s vs %s" % (r, case, got, want)
+
+
+def backend_string_body(rank, world, spec):
+    from libddp.torch import ProcessGroupDDP, transport
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    return t, transport()
+
+
+@pytest.mark.skipif(not TORCH2, reason="device:backend strings are torch 2's")
+def test_cpu_ddp_backend_string():
+    # init_process_group("cpu:ddp"), and "ddp" for CPU beside another backend for CUDA
+    # ("cpu:ddp,cuda:nccl" needs a torch built with NCCL, which this CPU build is not; gloo takes
+    # its place here, and the CPU tensors go to "ddp").
+    for spec in ("cpu:ddp", "cpu:ddp,cuda:gloo"):
+        res = run(2, backend_string_body, spec, backend=spec)
+        for t, tr in res:
+            assert t.tolist() == [3.0] * 4 and tr == "shm", (spec, t, tr)
+
+
+def abort_body(rank, world):
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    if rank == 1:
+        # torch's abort path: fails what runs here and on the peers, frees the group.
+        dist.distributed_c10d._abort_process_group()
+        return "aborted"
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 20))  # rank 1 never joins: it aborted instead
+    except RuntimeError as e:
+        return time.monotonic() - start, str(e)
+    return None
+
+
+@pytest.mark.skipif(not hasattr(dist.distributed_c10d, "_abort_process_group"),
+                    reason="torch has no _abort_process_group")
+def test_abort_reaches_the_peers_at_once():
+    # A 60 s group timeout: the peers learn of the abort from rank 1, not from a timeout.
+    res = run(2, abort_body, timeout_s=60, destroy=False)
+    assert res[1] == "aborted"
+    assert res[0] is not None, "rank 0 never saw an error"
+    elapsed, text = res[0]
+    assert elapsed < 30, "rank 0 waited %.1f s" % elapsed
+    assert "aborted the group" in text and "rank 1" in text, text
 
 
 # ---- a dead rank ------------------------------------------------------------------------------
