@@ -10,6 +10,24 @@ if(ddp_torch_missing EQUAL 0)
     ddp_add_test(NAME test_store_c10d SOURCES test_store_c10d.c ARGS ${case} TIMEOUT 120
                  LABELS store)
   endforeach()
+  # The same against torch 2.x's TCPStore (another wire protocol: VALIDATE first, query types
+  # moved by one), with its libuv server (the default) and its other one.
+  foreach(build ${DDP_TORCH_BUILDS})
+    string(REPLACE "|" ";" build "${build}")
+    list(GET build 0 py)
+    list(GET build 1 version)
+    if(version VERSION_LESS 2.0)
+      continue()
+    endif()
+    foreach(case ops group recognise restart)
+      add_test(NAME test_store_c10d.${case}.torch${version} COMMAND test_store_c10d ${case})
+      set_tests_properties(test_store_c10d.${case}.torch${version} PROPERTIES TIMEOUT 120
+                           LABELS store ENVIRONMENT "C10D_PYTHON=${py}")
+    endforeach()
+    add_test(NAME test_store_c10d.ops.torch${version}.nolibuv COMMAND test_store_c10d ops)
+    set_tests_properties(test_store_c10d.ops.torch${version}.nolibuv PROPERTIES TIMEOUT 120
+                         LABELS store ENVIRONMENT "C10D_PYTHON=${py};C10D_USE_LIBUV=0")
+  endforeach()
   target_compile_definitions(test_store_c10d PRIVATE
     PYTHON_WITH_TORCH="${DDP_PYTHON_WITH_TORCH}"
     C10D_HOST_SCRIPT="${CMAKE_CURRENT_SOURCE_DIR}/c10d_store_host.py")

@@ -7,8 +7,14 @@ import sys
 
 import torch.distributed as dist
 
+import os
+
+kwargs = {}
+if os.environ.get("C10D_USE_LIBUV") is not None:
+    # torch >= 2.4 serves with libuv by default; C10D_USE_LIBUV=0 picks its other server.
+    kwargs["use_libuv"] = os.environ["C10D_USE_LIBUV"] == "1"
 store = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=120),
-                      wait_for_workers=False)
+                      wait_for_workers=False, **kwargs)
 store.set("from_py", "hello from python")
 print(store.port, flush=True)
 sys.stdin.read()

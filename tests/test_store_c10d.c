@@ -53,8 +53,10 @@ static host_t start_host(int check)
         dup2(out[1], 1);
         close(in[1]);
         close(out[0]);
-        execl(PYTHON_WITH_TORCH, PYTHON_WITH_TORCH, C10D_HOST_SCRIPT, check ? "--check" : NULL,
-              (char *)NULL);
+        /* C10D_PYTHON picks another torch's server (tests/c10d.cmake runs the cases once per
+         * torch: 1.x's protocol and 2.x's). */
+        const char *python = getenv("C10D_PYTHON") ? getenv("C10D_PYTHON") : PYTHON_WITH_TORCH;
+        execlp(python, python, C10D_HOST_SCRIPT, check ? "--check" : NULL, (char *)NULL);
         _exit(127);
     }
     close(in[0]);

@@ -7,12 +7,21 @@
 
 #include "ddp/store.h"
 
-typedef enum { DDP__STORE_KIND_LIBDDP = 1, DDP__STORE_KIND_C10D = 2 } ddp__store_kind_t;
+/* C10D: torch 1.x's TCPStore protocol. C10D_V2: torch 2.x's, where a connection opens with a
+ * VALIDATE query (a magic number) and every query type after it moved up by one. */
+typedef enum {
+    DDP__STORE_KIND_LIBDDP = 1,
+    DDP__STORE_KIND_C10D = 2,
+    DDP__STORE_KIND_C10D_V2 = 3
+} ddp__store_kind_t;
 
-/* Connects to host:port (retrying while nothing listens, until deadline_ns), sends c10d's CHECK
- * of zero keys and tells by the answer which protocol the server speaks: a c10d server answers
- * READY, a libddp server closes the connection at once. DDP_ERR_PROTOCOL (with a message) when
- * the server does neither within 5 s; DDP_ERR_TIMEOUT when nothing listens before the deadline. */
+/* Tells which protocol the server at host:port speaks (connecting, and retrying while nothing
+ * listens, until deadline_ns). First torch 1.x's CHECK of zero keys: a 1.x server answers
+ * READY; a libddp server and torch 2.x's closes the connection at once or waits for a
+ * VALIDATE. Then, on a new connection, torch 2.x's VALIDATE and a PING: a 2.x server echoes the
+ * PING's number, a libddp server closes the connection at once. DDP_ERR_PROTOCOL (with a
+ * message) when the server answers neither; DDP_ERR_TIMEOUT when nothing listens before the
+ * deadline. */
 ddp_status_t ddp__store_probe(const char *host, int port, int64_t deadline_ns,
                               ddp__store_kind_t *kind);
 

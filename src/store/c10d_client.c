@@ -1,4 +1,5 @@
-/* A client of PyTorch's c10d TCPStore (torch 1.13's wire protocol, docs/store-protocol.md), so a
+/* A client of PyTorch's c10d TCPStore (torch 1.x's and 2.x's wire protocols,
+ * docs/store-protocol.md), so a
  * libddp program started the way torchrun starts workers - a TCPStore on MASTER_ADDR:MASTER_PORT
  * and no libddp store - rendezvous through it; and the probe that tells the two protocols apart
  * (ddp_store_connect), so a store of the other kind is recognised at once, not after a timeout.
@@ -18,7 +19,9 @@
 #include "store/store_impl.h"
 #include "store/tcp_frame.h"
 
-/* c10d's query types (torch/csrc/distributed/c10d/TCPStore.cpp, enum QueryType, torch 1.13). */
+/* c10d's query types (torch/csrc/distributed/c10d/TCPStore.cpp, enum QueryType, torch 1.13).
+ * torch 2.x put VALIDATE (0) in front, so SET..GETNUMKEYS are one higher there; it dropped
+ * WATCH_KEY, which leaves DELETE_KEY at 8 in both (query_type()). */
 enum {
     Q_SET = 0,
     Q_COMPARE_SET = 1,
@@ -30,12 +33,18 @@ enum {
     Q_WATCH_KEY = 7, /* not used: needs a callback connection */
     Q_DELETE_KEY = 8,
 };
+enum { Q2_VALIDATE = 0, Q2_PING = 13 };
+/* torch 2.x's VALIDATE carries this number (c10d::detail::validationMagicNumber). */
+#define C10D_VALIDATION_MAGIC 0x3C85F7CEu
 enum { CHECK_READY = 0, CHECK_NOT_READY = 1 };
 enum { WAIT_STOP_WAITING = 0 };
 
 /* How long a probe waits for a reply from a server that accepted the connection. A libddp server
- * closes at once and a c10d server answers at once; silence this long means neither. */
+ * closes at once and a c10d server answers at once; silence this long means neither. The first
+ * probe (torch 1.x's CHECK) waits less: torch 2.x's libuv server stays silent to it (it waits
+ * for a VALIDATE), so that wait is paid by every torch 2.x rendezvous. */
 #define PROBE_REPLY_MS 5000
+#define PROBE_V1_REPLY_MS 1500
 /* Extra time given to a WAIT's reply after its own timeout (the server itself never times out
  * a c10d WAIT; the client does, and closes the connection). */
 #define REPLY_GRACE_MS 2000
@@ -44,6 +53,7 @@ typedef struct c10d_client {
     ddp__conn_pool_t pool;
     char *host;
     int port;
+    int v2; /* torch 2.x's protocol: VALIDATE on each new connection, query types + 1 */
 } c10d_client_t;
 
 static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
@@ -146,32 +156,72 @@ static ddp_status_t connect_retrying(const char *host, int port, int64_t deadlin
 
 /* ---- the probe ----------------------------------------------------------------------------- */
 
-/* The probe is c10d's CHECK of zero keys: 0x04 then a 64-bit count of 0, nine bytes in all.
- * A c10d server answers READY (one byte 0x00: all of no keys exist). A libddp server reads the
+/* One probe on a connection of its own: sends `probe` and reads `reply_len` bytes within
+ * reply_ms. *closed = 1 when the server closed the connection instead of answering. */
+static ddp_status_t probe_once(const char *host, int port, int64_t deadline_ns,
+                               const uint8_t *probe, size_t len, uint8_t *reply, size_t reply_len,
+                               int64_t reply_ms, int *closed)
+{
+    int fd = -1;
+    *closed = 0;
+    ddp_status_t s = connect_retrying(host, port, deadline_ns, &fd);
+    if (s != DDP_OK) return s;
+    int64_t reply_deadline = deadline_after(reply_ms);
+    if (reply_deadline > deadline_ns) reply_deadline = deadline_ns;
+    s = send_all(host, port, fd, probe, len, reply_deadline);
+    if (s == DDP_OK)
+        s = recv_all(host, port, fd, reply, reply_len, reply_deadline, "the reply to the probe",
+                     closed);
+    close(fd);
+    return s;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The first probe is torch 1.x's CHECK of zero keys: 0x04 then a 64-bit count of 0, nine bytes in
+ * all. A 1.x server answers READY (one byte 0x00: all of no keys exist). A libddp server reads the
  * first four bytes as a frame length of 0x04000000, above its 4101-byte limit before
- * authentication, and closes the connection at once without reading further. Neither kind
- * allocates anything for it or changes state. */
+ * authentication, and closes the connection at once without reading further. torch 2.x's
+ * servers wait for a VALIDATE first: the libuv one stays silent, the other closes.
+ * The second, only then, is torch 2.x's VALIDATE (0x00, the magic number) and PING (13, a
+ * number), fourteen bytes: a 2.x server echoes the number (four bytes); a libddp server reads a
+ * frame length of 0x85F7CE00 and closes at once. It is never sent before the first failed,
+ * because a 1.x server would read it as a SET of a key gigabytes long.
+ * Neither probe makes any kind of server allocate anything or change state. */
 ddp_status_t ddp__store_probe(const char *host, int port, int64_t deadline_ns,
                               ddp__store_kind_t *kind)
 {
-    int fd = -1;
-    ddp_status_t s = connect_retrying(host, port, deadline_ns, &fd);
-    if (s != DDP_OK) return s;
-    static const uint8_t probe[9] = {Q_CHECK, 0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t reply_deadline = deadline_after(PROBE_REPLY_MS);
-    if (reply_deadline > deadline_ns) reply_deadline = deadline_ns;
-    s = send_all(host, port, fd, probe, sizeof probe, reply_deadline);
-    uint8_t reply = 0xff;
-    int closed = 0;
-    if (s == DDP_OK)
-        s = recv_all(host, port, fd, &reply, 1, reply_deadline, "the reply to the probe", &closed);
-    close(fd);
-    if (s == DDP_OK && reply == CHECK_READY) {
+    static const uint8_t v1[9] = {Q_CHECK, 0, 0, 0, 0, 0, 0, 0, 0};
+    uint8_t reply[4] = {0xff, 0xff, 0xff, 0xff};
+    int closed1 = 0, closed2 = 0;
+    ddp_status_t s = probe_once(host, port, deadline_ns, v1, sizeof v1, reply, 1,
+                                PROBE_V1_REPLY_MS, &closed1);
+    if (s == DDP_OK && reply[0] == CHECK_READY) {
         *kind = DDP__STORE_KIND_C10D;
         ddp__clear_error();
         return DDP_OK;
     }
-    if (s == DDP_ERR_REMOTE && closed) {
+    if (s != DDP_OK && s != DDP_ERR_TIMEOUT && !(s == DDP_ERR_REMOTE && closed1)) return s;
+    if (ddp__now_ns() >= deadline_ns)
+        return ddp__error(DDP_ERR_TIMEOUT, "the server at %s:%d did not answer a c10d CHECK probe "
+                          "before the timeout", host, port);
+    uint8_t v2[10];
+    const uint32_t nonce = 0x6464706Bu; /* "kpdd" */
+    v2[0] = Q2_VALIDATE;
+    put_le32(v2 + 1, C10D_VALIDATION_MAGIC);
+    v2[5] = Q2_PING;
+    put_le32(v2 + 6, nonce);
+    s = probe_once(host, port, deadline_ns, v2, sizeof v2, reply, 4, PROBE_REPLY_MS, &closed2);
+    if (s == DDP_OK && reply[0] == (nonce & 0xff) && reply[1] == ((nonce >> 8) & 0xff) &&
+        reply[2] == ((nonce >> 16) & 0xff) && reply[3] == (nonce >> 24)) {
+        *kind = DDP__STORE_KIND_C10D_V2;
+        ddp__clear_error();
+        return DDP_OK;
+    }
+    if (s == DDP_ERR_REMOTE && closed2) {
         *kind = DDP__STORE_KIND_LIBDDP;
         ddp__clear_error();
         return DDP_OK;
@@ -179,10 +229,11 @@ ddp_status_t ddp__store_probe(const char *host, int port, int64_t deadline_ns,
     if (s == DDP_OK || s == DDP_ERR_TIMEOUT)
         return ddp__error(DDP_ERR_PROTOCOL,
                           "the server at %s:%d speaks neither libddp's store protocol nor "
-                          "PyTorch's c10d TCPStore protocol (%s to a c10d CHECK probe%s)",
+                          "PyTorch's c10d TCPStore protocol (%s to c10d's CHECK and PING "
+                          "probes%s)",
                           host, port, s == DDP_OK ? "an unexpected reply" : "no reply",
-                          s == DDP_OK ? "" : reply_deadline < deadline_ns ? " in 5 s"
-                                                                          : " before the timeout");
+                          s == DDP_OK ? "" : ddp__now_ns() < deadline_ns ? " in 5 s"
+                                                                        : " before the timeout");
     return s;
 }
 
@@ -223,11 +274,25 @@ static void put_key(ddp__bytes_t *b, const char *key)
     if (len) ddp__bytes_append(b, key, len);
 }
 
+/* A query type as this server's protocol numbers it (see the enum above). */
+static uint8_t query_type(const c10d_client_t *c, uint8_t q)
+{
+    return c->v2 && q != Q_DELETE_KEY ? (uint8_t)(q + 1) : q;
+}
+
 static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     c10d_client_t *c = impl_of(store);
     if (ddp__conn_pool_take(&c->pool, fd)) return DDP_OK;
-    return connect_retrying(c->host, c->port, deadline_after(atomic_load(&store->timeout_ms)), fd);
+    int64_t deadline = deadline_after(atomic_load(&store->timeout_ms));
+    ddp_status_t s = connect_retrying(c->host, c->port, deadline, fd);
+    if (s != DDP_OK || !c->v2) return s;
+    /* torch 2.x answers nothing on a connection that did not open with VALIDATE. */
+    uint8_t validate[5] = {Q2_VALIDATE};
+    put_le32(validate + 1, C10D_VALIDATION_MAGIC);
+    s = send_all(c->host, c->port, *fd, validate, sizeof validate, deadline);
+    if (s != DDP_OK) close(*fd);
+    return s;
 }
 
 static void release(ddp_store_t *store, int fd, int healthy)
@@ -315,7 +380,7 @@ static int64_t handle_budget(ddp_store_t *store) { return atomic_load(&store->ti
 static ddp_status_t c10d_set(ddp_store_t *store, const char *key, const void *value, size_t len)
 {
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_SET);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_SET));
     put_key(&b, key);
     put_bytes(&b, value, len);
     reply_t r = {0};
@@ -331,7 +396,7 @@ static ddp_status_t wait_keys(ddp_store_t *store, const char *const *keys, size_
 {
     c10d_client_t *c = impl_of(store);
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_WAIT);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_WAIT));
     put_u64(&b, nkeys);
     for (size_t i = 0; i < nkeys; i++) put_key(&b, keys[i]);
     if (b.failed) {
@@ -355,7 +420,7 @@ static ddp_status_t wait_keys(ddp_store_t *store, const char *const *keys, size_
         int known = missing != NULL;
         for (size_t i = 0; known && i < nkeys; i++) {
             ddp__bytes_t q = {0};
-            ddp__bytes_u8(&q, Q_CHECK);
+            ddp__bytes_u8(&q, query_type(impl_of(store), Q_CHECK));
             put_u64(&q, 1);
             put_key(&q, keys[i]);
             reply_t one = {0};
@@ -384,7 +449,7 @@ static ddp_status_t c10d_get(ddp_store_t *store, const char *key, int timeout_ms
     ddp_status_t s = wait_keys(store, keys, 1, timeout_ms);
     if (s != DDP_OK) return s;
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_GET);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_GET));
     put_key(&b, key);
     reply_t r = {0};
     s = call(store, &b, REPLY_VECTOR, handle_budget(store), "a GET reply", &r);
@@ -397,7 +462,7 @@ static ddp_status_t c10d_get(ddp_store_t *store, const char *key, int timeout_ms
 static ddp_status_t c10d_add(ddp_store_t *store, const char *key, int64_t delta, int64_t *result)
 {
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_ADD);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_ADD));
     put_key(&b, key);
     put_u64(&b, (uint64_t)delta);
     reply_t r = {0};
@@ -415,7 +480,7 @@ static ddp_status_t c10d_compare_set(ddp_store_t *store, const char *key, const 
                                      void **current, size_t *current_len)
 {
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_COMPARE_SET);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_COMPARE_SET));
     put_key(&b, key);
     put_bytes(&b, expected, expected_len);
     put_bytes(&b, desired, desired_len);
@@ -431,7 +496,7 @@ static ddp_status_t c10d_check(ddp_store_t *store, const char *const *keys, size
                                int *all_exist)
 {
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_CHECK);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_CHECK));
     put_u64(&b, nkeys);
     for (size_t i = 0; i < nkeys; i++) put_key(&b, keys[i]);
     reply_t r = {0};
@@ -452,7 +517,7 @@ static ddp_status_t c10d_wait(ddp_store_t *store, const char *const *keys, size_
 static ddp_status_t c10d_remove(ddp_store_t *store, const char *key, int *deleted)
 {
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_DELETE_KEY);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_DELETE_KEY));
     put_key(&b, key);
     reply_t r = {0};
     ddp_status_t s = call(store, &b, REPLY_I64, handle_budget(store), "a DELETE_KEY reply", &r);
@@ -463,7 +528,7 @@ static ddp_status_t c10d_remove(ddp_store_t *store, const char *key, int *delete
 static ddp_status_t c10d_num_keys(ddp_store_t *store, int64_t *count)
 {
     ddp__bytes_t b = {0};
-    ddp__bytes_u8(&b, Q_GETNUMKEYS);
+    ddp__bytes_u8(&b, query_type(impl_of(store), Q_GETNUMKEYS));
     reply_t r = {0};
     ddp_status_t s = call(store, &b, REPLY_I64, handle_budget(store), "a GETNUMKEYS reply", &r);
     if (s == DDP_OK) *count = r.i64;
@@ -511,12 +576,14 @@ static ddp_status_t check_connect_args(const char *fn, const char *host, int por
 }
 
 /* Makes the handle; the caller has seen a c10d server answer. */
-static ddp_status_t c10d_open(const char *host, int port, int timeout_ms, ddp_store_t **out)
+static ddp_status_t c10d_open(const char *host, int port, int timeout_ms, ddp__store_kind_t kind,
+                              ddp_store_t **out)
 {
     c10d_client_t *c = ddp__calloc(1, sizeof *c, "c10d store client");
     if (!c) return DDP_ERR_NO_MEMORY;
     ddp__conn_pool_init(&c->pool);
     c->port = port;
+    c->v2 = kind == DDP__STORE_KIND_C10D_V2;
     c->host = ddp__strdup(host, "store host");
     ddp_store_t *store = c->host ? ddp__store_new(&c10d_ops, c, timeout_ms) : NULL;
     if (!store) {
@@ -538,12 +605,12 @@ ddp_status_t ddp_store_c10d_connect(const char *host, int port, int timeout_ms, 
     ddp__store_kind_t kind;
     s = ddp__store_probe(host, port, deadline_after(timeout_ms), &kind);
     if (s != DDP_OK) return ddp__error_context(s, "%s", fn);
-    if (kind != DDP__STORE_KIND_C10D)
+    if (kind == DDP__STORE_KIND_LIBDDP)
         return ddp__error(DDP_ERR_PROTOCOL,
                           "%s: the server at %s:%d is a libddp store, not a c10d TCPStore: "
                           "connect with ddp_store_tcp_connect (or ddp_store_connect)",
                           fn, host, port);
-    return c10d_open(host, port, timeout_ms, out);
+    return c10d_open(host, port, timeout_ms, kind, out);
 }
 
 ddp_status_t ddp_store_connect(const char *host, int port, const char *token, int timeout_ms,
@@ -557,14 +624,15 @@ ddp_status_t ddp_store_connect(const char *host, int port, const char *token, in
     ddp__store_kind_t kind;
     s = ddp__store_probe(host, port, deadline, &kind);
     if (s != DDP_OK) return ddp__error_context(s, "%s", fn);
-    if (kind == DDP__STORE_KIND_C10D) {
+    if (kind != DDP__STORE_KIND_LIBDDP) {
         /* c10d has no authentication: a token given for it protects nothing, say so in the log
          * rather than fail a torchrun job that exported one for other reasons. */
         if (token && *token)
             DDP_LOG(DDP_LOG_INFO, "store %s:%d is a c10d TCPStore: the token is not used", host,
                     port);
-        DDP_LOG(DDP_LOG_INFO, "store %s:%d speaks c10d's TCPStore protocol", host, port);
-        return c10d_open(host, port, timeout_ms, out);
+        DDP_LOG(DDP_LOG_INFO, "store %s:%d speaks c10d's TCPStore protocol (torch %s)", host,
+                port, kind == DDP__STORE_KIND_C10D_V2 ? "2.x" : "1.x");
+        return c10d_open(host, port, timeout_ms, kind, out);
     }
     int left = ddp__ms_left(deadline, 1000000000);
     return ddp_store_tcp_connect(host, port, token, left > 0 ? left : 1, out);

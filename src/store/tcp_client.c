@@ -198,7 +198,7 @@ static ddp_status_t open_connection(struct tcp_client *tc, int64_t deadline_ns, 
                 probed = 1;
                 ddp__store_kind_t kind;
                 if (ddp__store_probe(tc->host, tc->port, deadline_ns, &kind) == DDP_OK &&
-                    kind == DDP__STORE_KIND_C10D) {
+                    kind != DDP__STORE_KIND_LIBDDP) {
                     freeaddrinfo(res);
                     return ddp__error(DDP_ERR_PROTOCOL,
                                       "TCP store %s:%d speaks PyTorch's c10d TCPStore protocol, "
