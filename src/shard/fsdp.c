@@ -1,0 +1,1043 @@
+/* Fully sharded data parallelism (ZeRO-3): each rank keeps one shard of every unit's flat
+ * parameter buffer, of its averaged gradient and of the optimizer state, and holds a unit's full
+ * parameters only between ddp_fsdp_gather and ddp_fsdp_release.
+ *
+ * How data moves. A unit's parameters, in index order, are one flat buffer of F elements padded
+ * to world * S (S = ceil(F / world)); rank r keeps elements [r S, (r + 1) S). gather allgathers
+ * the shards into a full buffer (asynchronously on the group's progress thread when started by
+ * prefetch, so the next unit's allgather runs while this one computes); release hands the
+ * buffer back to a small cache (or frees it). Backward accumulates into a full gradient buffer
+ * per unit; grad_ready reduce-scatters it with DDP_AVG through the ReduceScatterBucketer (small
+ * units share one reduction, as fairscale's FSDP does), and the bucketer's callback, on the
+ * caller's thread, adds this rank's shard of the average into its gradient shard and frees the
+ * full buffer. The step updates each parameter's part of the shard (a run, in the optimizer
+ * state format shared with ddp_optim and ZeRO) with the same kernels, so the state saves and
+ * consolidates in that format too. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "shard/shard_internal.h"
+
+enum { RELEASED = 0, GATHERING = 1, GATHERED = 2 };
+
+typedef struct fsdp_unit fsdp_unit_t;
+
+/* A unit's full gradient handed to the bucketer: freed by the callback when its shard arrived. */
+typedef struct fsdp_flight {
+    fsdp_unit_t *unit;
+    void *buf;
+    size_t bytes;
+    struct fsdp_flight *next, *prev;
+} fsdp_flight_t;
+
+struct fsdp_unit {
+    ddp_fsdp_t *fsdp;
+    size_t index;
+    ddp_dtype_t dtype;
+    size_t es;
+    size_t numel; /* F */
+    size_t shard; /* S */
+    unsigned char *shard_data; /* S elements: this rank's parameters (padding zero) */
+    unsigned char *grad_shard; /* S elements: the averaged gradient accumulated */
+    int grad_shard_clean;      /* grad_shard is all zeros (the next shard is copied, not added) */
+    unsigned char *full;       /* world * S elements while gathering or gathered */
+    ddp_work_t *work;          /* the allgather in flight */
+    int state;
+    unsigned char *grad_full; /* world * S elements: backward's local gradient */
+    int grad_unsynced;        /* grad_full holds gradients of a no_sync iteration */
+};
+
+typedef struct pool_buf {
+    void *ptr;
+    size_t bytes;
+} pool_buf_t;
+
+struct ddp_fsdp {
+    ddp_group_t *group;
+    int rank, world, sync, cache;
+    ddp__optim_setup_t setup;
+    double grad_norm;
+    uint64_t steps;
+    size_t nparams;
+    size_t *numel;
+    ddp_dtype_t *dtype;
+    char **names;
+    size_t *unit_of;  /* parameter -> unit */
+    size_t *offset;   /* parameter's first element in its unit's flat buffer */
+    size_t *shard_at; /* where its run starts in the unit's shard (elements) */
+    ddp__optim_run_t *runs;
+    size_t nunits;
+    fsdp_unit_t *units;
+    ddp_rs_bucketer_t *bucketer;
+    fsdp_flight_t *flights;
+    pool_buf_t *pool;
+    size_t npool, pool_cap;
+    size_t gathered, gathered_peak, grad_full, grad_full_peak, cached, full_model;
+};
+
+static const char *pname(const ddp_fsdp_t *f, size_t i)
+{
+    return f->names[i] ? f->names[i] : "(unnamed)";
+}
+
+/* ---- buffers ------------------------------------------------------------------------------- */
+
+/* The smallest cached buffer of at least `bytes`, else a new one. */
+static void *acquire(ddp_fsdp_t *f, size_t bytes, const char *what)
+{
+    size_t best = f->npool;
+    for (size_t k = 0; k < f->npool; k++)
+        if (f->pool[k].bytes >= bytes && (best == f->npool || f->pool[k].bytes < f->pool[best].bytes))
+            best = k;
+    if (best < f->npool) {
+        void *p = f->pool[best].ptr;
+        f->cached -= f->pool[best].bytes;
+        f->pool[best] = f->pool[--f->npool];
+        return p;
+    }
+    return ddp__malloc(bytes ? bytes : 1, what);
+}
+
+/* Keeps the buffer for reuse (config.cache_buffers) or frees it. `bytes` is what it was
+ * acquired for; a cached buffer may be larger, which only makes reuse more likely. */
+static void give_back(ddp_fsdp_t *f, void *p, size_t bytes)
+{
+    if (!p) return;
+    if (f->cache) {
+        if (f->npool == f->pool_cap) {
+            size_t cap = f->pool_cap ? 2 * f->pool_cap : 8;
+            pool_buf_t *grown = realloc(f->pool, cap * sizeof *grown);
+            if (!grown) {
+                free(p);
+                return;
+            }
+            f->pool = grown;
+            f->pool_cap = cap;
+        }
+        f->pool[f->npool++] = (pool_buf_t){p, bytes};
+        f->cached += bytes;
+        return;
+    }
+    free(p);
+}
+
+static size_t full_bytes(const ddp_fsdp_t *f, const fsdp_unit_t *u)
+{
+    return (size_t)f->world * u->shard * u->es;
+}
+
+/* ---- create / destroy ---------------------------------------------------------------------- */
+
+void ddp_fsdp_config_init(ddp_fsdp_config_t *config)
+{
+    ddp__clear_error(); /* status.h: a libddp call that cannot fail leaves no text */
+    if (!config) return;
+    ddp_fsdp_config_t defaults = DDP_FSDP_CONFIG_INIT;
+    *config = defaults;
+}
+
+void ddp_fsdp_destroy(ddp_fsdp_t *f)
+{
+    if (!f) return;
+    for (size_t u = 0; f->units && u < f->nunits; u++)
+        if (f->units[u].work) {
+            (void)ddp_work_wait(f->units[u].work);
+            ddp_work_free(f->units[u].work);
+        }
+    ddp_rs_bucketer_destroy(f->bucketer); /* runs the callbacks that can still run */
+    while (f->flights) {                  /* those of failed reductions */
+        fsdp_flight_t *fl = f->flights;
+        f->flights = fl->next;
+        free(fl->buf);
+        free(fl);
+    }
+    for (size_t u = 0; f->units && u < f->nunits; u++) {
+        free(f->units[u].shard_data);
+        free(f->units[u].grad_shard);
+        free(f->units[u].full);
+        free(f->units[u].grad_full);
+    }
+    for (size_t k = 0; k < f->npool; k++) free(f->pool[k].ptr);
+    for (size_t i = 0; i < f->nparams; i++) {
+        if (f->runs) ddp__optim_run_free(&f->runs[i]);
+        if (f->names) free(f->names[i]);
+    }
+    free(f->pool);
+    free(f->units);
+    free(f->runs);
+    free(f->names);
+    free(f->numel);
+    free(f->dtype);
+    free(f->unit_of);
+    free(f->offset);
+    free(f->shard_at);
+    ddp__optim_setup_free(&f->setup);
+    free(f);
+}
+
+static ddp_status_t check_units(const ddp_param_t *params, size_t nparams,
+                                const uint32_t *param_units, size_t nunits)
+{
+    const char *who = "fsdp create";
+    if (!param_units && nunits != nparams)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: param_units is NULL (a unit per "
+                          "parameter) but nunits is %zu, not nparams %zu", who, nunits, nparams);
+    if (nunits == 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: nunits is 0 (every parameter needs a "
+                          "unit)", who);
+    size_t *count = calloc(nunits, sizeof *count);
+    ddp_dtype_t *dt = calloc(nunits, sizeof *dt);
+    if (!count || !dt) {
+        free(count);
+        free(dt);
+        return ddp__error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
+    }
+    ddp_status_t s = DDP_OK;
+    for (size_t i = 0; i < nparams && s == DDP_OK; i++) {
+        size_t u = param_units ? param_units[i] : i;
+        const char *name = params[i].name ? params[i].name : "(unnamed)";
+        if (u >= nunits) {
+            s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: param_units[%zu] (%s) is %zu, but "
+                           "there are %zu units", who, i, name, u, nunits);
+        } else if (count[u]++ && dt[u] != params[i].dtype) {
+            s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: unit %zu mixes dtypes: parameter %zu "
+                           "(%s) is %s, an earlier one %s (a unit is one flat buffer)", who, u, i,
+                           name, ddp_dtype_name(params[i].dtype), ddp_dtype_name(dt[u]));
+        }
+        if (u < nunits) dt[u] = params[i].dtype;
+    }
+    for (size_t u = 0; u < nunits && s == DDP_OK; u++)
+        if (!count[u])
+            s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: unit %zu has no parameter", who, u);
+    free(count);
+    free(dt);
+    return s;
+}
+
+ddp_status_t ddp_fsdp_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
+                             const uint32_t *param_units, size_t nunits,
+                             const ddp_fsdp_config_t *config, ddp_fsdp_t **out)
+{
+    const char *who = "fsdp create";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
+    if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: group is NULL", who);
+    if (!config) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: config is NULL", who);
+    ddp_status_t s = ddp__optim_check_params(params, nparams, who);
+    if (s != DDP_OK) return s;
+    s = check_units(params, nparams, param_units, nunits);
+    if (s != DDP_OK) return s;
+
+    ddp_fsdp_t *f = ddp__calloc(1, sizeof *f, "fsdp");
+    if (!f) return DDP_ERR_NO_MEMORY;
+    f->group = group;
+    f->rank = ddp_group_rank(group);
+    f->world = ddp_group_size(group);
+    f->sync = 1;
+    f->cache = !!config->cache_buffers;
+    f->grad_norm = NAN;
+    f->nparams = nparams;
+    f->nunits = nunits;
+    s = ddp__optim_setup_init(&f->setup, &config->optim, nparams, who);
+    if (s != DDP_OK) {
+        free(f);
+        return s;
+    }
+    size_t n1 = nparams ? nparams : 1;
+    f->numel = ddp__calloc(n1, sizeof *f->numel, "fsdp");
+    f->dtype = ddp__calloc(n1, sizeof *f->dtype, "fsdp");
+    f->names = ddp__calloc(n1, sizeof *f->names, "fsdp");
+    f->unit_of = ddp__calloc(n1, sizeof *f->unit_of, "fsdp");
+    f->offset = ddp__calloc(n1, sizeof *f->offset, "fsdp");
+    f->shard_at = ddp__calloc(n1, sizeof *f->shard_at, "fsdp");
+    f->runs = ddp__calloc(n1, sizeof *f->runs, "fsdp");
+    f->units = ddp__calloc(nunits, sizeof *f->units, "fsdp");
+    if (!f->numel || !f->dtype || !f->names || !f->unit_of || !f->offset || !f->shard_at ||
+        !f->runs || !f->units) {
+        s = DDP_ERR_NO_MEMORY;
+        goto fail;
+    }
+    for (size_t u = 0; u < nunits; u++) {
+        f->units[u].fsdp = f;
+        f->units[u].index = u;
+        f->units[u].grad_shard_clean = 1;
+    }
+    for (size_t i = 0; i < nparams; i++) {
+        size_t u = param_units ? param_units[i] : i;
+        fsdp_unit_t *un = &f->units[u];
+        f->numel[i] = params[i].numel;
+        f->dtype[i] = params[i].dtype;
+        f->unit_of[i] = u;
+        f->offset[i] = un->numel;
+        un->dtype = params[i].dtype;
+        un->es = ddp_dtype_size(params[i].dtype);
+        un->numel += params[i].numel;
+        f->full_model += params[i].numel * un->es;
+        if (params[i].name && !(f->names[i] = ddp__strdup(params[i].name, "fsdp name"))) {
+            s = DDP_ERR_NO_MEMORY;
+            goto fail;
+        }
+    }
+    /* Each unit: its flat buffer built from the caller's values (rank 0's when sync_params),
+     * this rank's shard kept. One unit's full buffer exists at a time. */
+    for (size_t u = 0; u < nunits; u++) {
+        fsdp_unit_t *un = &f->units[u];
+        un->shard = (un->numel + (size_t)f->world - 1) / (size_t)f->world;
+        size_t sb = un->shard * un->es;
+        un->shard_data = ddp__calloc(1, sb ? sb : 1, "fsdp parameter shard");
+        un->grad_shard = ddp__calloc(1, sb ? sb : 1, "fsdp gradient shard");
+        unsigned char *flat = ddp__calloc(1, full_bytes(f, un) ? full_bytes(f, un) : 1,
+                                          "fsdp unit at create");
+        if (!un->shard_data || !un->grad_shard || !flat) {
+            free(flat);
+            s = DDP_ERR_NO_MEMORY;
+            goto fail;
+        }
+        for (size_t i = 0; i < nparams; i++)
+            if (f->unit_of[i] == u && f->numel[i])
+                memcpy(flat + f->offset[i] * un->es, params[i].data, f->numel[i] * un->es);
+        if (config->sync_params && f->world > 1 && un->numel) {
+            s = ddp_group_broadcast(group, flat, un->numel, un->dtype, 0);
+            if (s != DDP_OK) {
+                free(flat);
+                ddp__error_context(s, "%s: broadcast of unit %zu's parameters from rank 0", who,
+                                   u);
+                goto fail;
+            }
+        }
+        memcpy(un->shard_data, flat + (size_t)f->rank * sb, sb);
+        free(flat);
+    }
+    /* Runs: the part of each parameter inside this rank's shard of its unit. */
+    for (size_t i = 0; i < nparams; i++) {
+        fsdp_unit_t *un = &f->units[f->unit_of[i]];
+        size_t lo = (size_t)f->rank * un->shard, hi = lo + un->shard;
+        size_t a = f->offset[i] > lo ? f->offset[i] : lo;
+        size_t b = f->offset[i] + f->numel[i] < hi ? f->offset[i] + f->numel[i] : hi;
+        f->runs[i].first = a < b ? a - f->offset[i] : 0;
+        f->runs[i].count = a < b ? b - a : 0;
+        f->shard_at[i] = a < b ? a - lo : 0;
+        if (!f->runs[i].count) continue;
+        s = ddp__optim_run_alloc(&f->runs[i], ddp__optim_hp(&f->setup, i), f->dtype[i],
+                                 un->shard_data + f->shard_at[i] * un->es);
+        if (s != DDP_OK) goto fail;
+    }
+    s = ddp_rs_bucketer_create(config->bucket_cap_bytes, &f->bucketer);
+    if (s != DDP_OK) goto fail;
+    *out = f;
+    return DDP_OK;
+fail:
+    ddp_fsdp_destroy(f);
+    return s;
+}
+
+/* ---- gather / release ---------------------------------------------------------------------- */
+
+static ddp_status_t check_unit(const ddp_fsdp_t *f, size_t unit, const char *who)
+{
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
+    if (unit >= f->nunits)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: unit %zu out of range (%zu units)", who,
+                          unit, f->nunits);
+    return DDP_OK;
+}
+
+static ddp_status_t start_gather(ddp_fsdp_t *f, fsdp_unit_t *u, const char *who)
+{
+    if (u->state != RELEASED) return DDP_OK;
+    size_t bytes = full_bytes(f, u);
+    u->full = acquire(f, bytes, "fsdp gathered parameters");
+    if (!u->full) return DDP_ERR_NO_MEMORY;
+    if (u->shard) {
+        ddp_status_t s = ddp_group_allgather_async(f->group, u->shard_data, u->full, u->shard,
+                                                   u->dtype, &u->work);
+        if (s != DDP_OK) {
+            give_back(f, u->full, bytes);
+            u->full = NULL;
+            return ddp__error_context(s, "%s: allgather of unit %zu (step %llu)", who, u->index,
+                                      (unsigned long long)f->steps);
+        }
+    }
+    u->state = GATHERING;
+    f->gathered += bytes;
+    if (f->gathered > f->gathered_peak) f->gathered_peak = f->gathered;
+    return DDP_OK;
+}
+
+static void drop_full(ddp_fsdp_t *f, fsdp_unit_t *u)
+{
+    give_back(f, u->full, full_bytes(f, u));
+    u->full = NULL;
+    f->gathered -= full_bytes(f, u);
+    u->state = RELEASED;
+}
+
+static ddp_status_t finish_gather(ddp_fsdp_t *f, fsdp_unit_t *u, const char *who)
+{
+    if (u->state != GATHERING) return DDP_OK;
+    ddp_status_t s = DDP_OK;
+    if (u->work) {
+        s = ddp_work_wait(u->work);
+        ddp_work_free(u->work);
+        u->work = NULL;
+    }
+    if (s != DDP_OK) {
+        drop_full(f, u);
+        return ddp__error_context(s, "%s: allgather of unit %zu (step %llu)", who, u->index,
+                                  (unsigned long long)f->steps);
+    }
+    u->state = GATHERED;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_prefetch(ddp_fsdp_t *f, size_t unit)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    ddp_status_t s = check_unit(f, unit, "fsdp prefetch");
+    if (s != DDP_OK) return s;
+    return start_gather(f, &f->units[unit], "fsdp prefetch");
+}
+
+ddp_status_t ddp_fsdp_gather(ddp_fsdp_t *f, size_t unit)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    ddp_status_t s = check_unit(f, unit, "fsdp gather");
+    if (s != DDP_OK) return s;
+    s = start_gather(f, &f->units[unit], "fsdp gather");
+    if (s != DDP_OK) return s;
+    return finish_gather(f, &f->units[unit], "fsdp gather");
+}
+
+ddp_status_t ddp_fsdp_release(ddp_fsdp_t *f, size_t unit)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    ddp_status_t s = check_unit(f, unit, "fsdp release");
+    if (s != DDP_OK) return s;
+    fsdp_unit_t *u = &f->units[unit];
+    if (u->state == RELEASED) return DDP_OK;
+    s = finish_gather(f, u, "fsdp release"); /* the allgather writes into the buffer */
+    if (s != DDP_OK) return s;
+    drop_full(f, u);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_param(ddp_fsdp_t *f, size_t index, void **data)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp param: fsdp is NULL");
+    if (!data) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp param: data is NULL");
+    if (index >= f->nparams)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp param: index %zu out of range (%zu "
+                          "parameters)", index, f->nparams);
+    fsdp_unit_t *u = &f->units[f->unit_of[index]];
+    if (u->state != GATHERED)
+        return ddp__error(DDP_ERR_INVALID_USAGE, "fsdp param: parameter %zu (%s) is in unit %zu, "
+                          "which is %s: call ddp_fsdp_gather first", index, pname(f, index),
+                          u->index, u->state == GATHERING ? "still being gathered (prefetched)"
+                                                          : "not gathered");
+    *data = u->full + f->offset[index] * u->es;
+    return DDP_OK;
+}
+
+/* ---- gradients ----------------------------------------------------------------------------- */
+
+static ddp_status_t ensure_grad(ddp_fsdp_t *f, fsdp_unit_t *u)
+{
+    if (u->grad_full) return DDP_OK;
+    size_t bytes = full_bytes(f, u);
+    u->grad_full = acquire(f, bytes, "fsdp full gradient");
+    if (!u->grad_full) return DDP_ERR_NO_MEMORY;
+    memset(u->grad_full, 0, bytes ? bytes : 1);
+    f->grad_full += bytes;
+    if (f->grad_full > f->grad_full_peak) f->grad_full_peak = f->grad_full;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_grad(ddp_fsdp_t *f, size_t index, void **grad)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp grad: fsdp is NULL");
+    if (!grad) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp grad: grad is NULL");
+    if (index >= f->nparams)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp grad: index %zu out of range (%zu "
+                          "parameters)", index, f->nparams);
+    fsdp_unit_t *u = &f->units[f->unit_of[index]];
+    ddp_status_t s = ensure_grad(f, u);
+    if (s != DDP_OK) return s;
+    *grad = u->grad_full + f->offset[index] * u->es;
+    return DDP_OK;
+}
+
+/* Adds n elements of src to dst (half types through f32, rounded once per element). */
+static void add_into(ddp_dtype_t dt, void *dst, const void *src, size_t n)
+{
+    switch (dt) {
+    case DDP_F32:
+        for (size_t k = 0; k < n; k++) ((float *)dst)[k] += ((const float *)src)[k];
+        break;
+    case DDP_F64:
+        for (size_t k = 0; k < n; k++) ((double *)dst)[k] += ((const double *)src)[k];
+        break;
+    case DDP_BF16:
+        for (size_t k = 0; k < n; k++) {
+            uint16_t *d = (uint16_t *)dst + k;
+            *d = ddp_f32_to_bf16(ddp_bf16_to_f32(*d) + ddp_bf16_to_f32(((const uint16_t *)src)[k]));
+        }
+        break;
+    default: /* DDP_F16 */
+        for (size_t k = 0; k < n; k++) {
+            uint16_t *d = (uint16_t *)dst + k;
+            *d = ddp_f32_to_f16(ddp_f16_to_f32(*d) + ddp_f16_to_f32(((const uint16_t *)src)[k]));
+        }
+        break;
+    }
+}
+
+/* The bucketer's callback (caller's thread): this rank's shard of the unit's averaged gradient. */
+static void unit_reduced(void *arg, const void *shard, size_t count)
+{
+    fsdp_flight_t *fl = arg;
+    fsdp_unit_t *u = fl->unit;
+    ddp_fsdp_t *f = u->fsdp;
+    if (u->grad_shard_clean)
+        memcpy(u->grad_shard, shard, count * u->es);
+    else
+        add_into(u->dtype, u->grad_shard, shard, count);
+    u->grad_shard_clean = 0;
+    if (fl->prev) fl->prev->next = fl->next;
+    else f->flights = fl->next;
+    if (fl->next) fl->next->prev = fl->prev;
+    f->grad_full -= fl->bytes;
+    give_back(f, fl->buf, fl->bytes);
+    free(fl);
+}
+
+ddp_status_t ddp_fsdp_grad_ready(ddp_fsdp_t *f, size_t unit)
+{
+    const char *who = "fsdp grad ready";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    ddp_status_t s = check_unit(f, unit, who);
+    if (s != DDP_OK) return s;
+    fsdp_unit_t *u = &f->units[unit];
+    s = ensure_grad(f, u); /* a unit whose gradient nobody asked for contributes zeros */
+    if (s != DDP_OK) return s;
+    if (!f->sync) {
+        u->grad_unsynced = 1;
+        return DDP_OK;
+    }
+    size_t bytes = full_bytes(f, u);
+    if (!u->shard) { /* nothing to reduce: every rank skips alike */
+        f->grad_full -= bytes;
+        give_back(f, u->grad_full, bytes);
+        u->grad_full = NULL;
+        u->grad_unsynced = 0;
+        return DDP_OK;
+    }
+    fsdp_flight_t *fl = ddp__calloc(1, sizeof *fl, "fsdp gradient in flight");
+    if (!fl) return DDP_ERR_NO_MEMORY;
+    fl->unit = u;
+    fl->buf = u->grad_full;
+    fl->bytes = bytes;
+    fl->next = f->flights;
+    if (f->flights) f->flights->prev = fl;
+    f->flights = fl;
+    u->grad_full = NULL; /* the flight owns it now; a next micro-step gets a fresh buffer */
+    u->grad_unsynced = 0;
+    s = ddp_rs_bucketer_reduce_scatter_async(f->bucketer, f->group, fl->buf, u->shard, u->dtype,
+                                             DDP_AVG, unit_reduced, fl);
+    if (s != DDP_OK)
+        return ddp__error_context(s, "%s: reduce-scatter of unit %zu's gradient (step %llu)", who,
+                                  unit, (unsigned long long)f->steps);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_set_sync(ddp_fsdp_t *f, int sync)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp set sync: fsdp is NULL");
+    f->sync = !!sync;
+    return DDP_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+ddp_status_t ddp_fsdp_step(ddp_fsdp_t *f)
+{
+    const char *who = "fsdp step";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
+    ddp_status_t s = ddp_rs_bucketer_flush(f->bucketer);
+    if (s != DDP_OK)
+        return ddp__error_context(s, "%s %llu: gradient reduce-scatter", who,
+                                  (unsigned long long)f->steps);
+    for (size_t k = 0; k < f->nunits; k++) {
+        fsdp_unit_t *u = &f->units[k];
+        if (u->state != RELEASED)
+            return ddp__error(DDP_ERR_INVALID_USAGE, "%s %llu: unit %zu is %s; release it before "
+                              "the step (its full copy would be stale after the update)", who,
+                              (unsigned long long)f->steps, k,
+                              u->state == GATHERED ? "gathered" : "being gathered");
+        if (u->grad_full)
+            return ddp__error(DDP_ERR_INVALID_USAGE, "%s %llu: unit %zu holds %s gradients not "
+                              "reduced; call ddp_fsdp_grad_ready with sync on before the step",
+                              who, (unsigned long long)f->steps, k,
+                              u->grad_unsynced ? "no_sync" : "local");
+    }
+    double coef = 1.0;
+    if (f->setup.base.max_grad_norm > 0.0) {
+        double sumsq = 0.0;
+        for (size_t i = 0; i < f->nparams; i++) {
+            fsdp_unit_t *u = &f->units[f->unit_of[i]];
+            if (f->runs[i].count)
+                sumsq += ddp__optim_grad_sumsq(f->dtype[i], u->grad_shard + f->shard_at[i] * u->es,
+                                               f->runs[i].count);
+        }
+        s = ddp_group_allreduce(f->group, &sumsq, &sumsq, 1, DDP_F64, DDP_SUM);
+        if (s != DDP_OK)
+            return ddp__error_context(s, "%s %llu: allreduce of the gradient norm", who,
+                                      (unsigned long long)f->steps);
+        f->grad_norm = sqrt(sumsq);
+        coef = ddp__optim_clip_coef(f->grad_norm, f->setup.base.max_grad_norm);
+    }
+    for (size_t i = 0; i < f->nparams; i++) {
+        if (!f->runs[i].count) continue;
+        fsdp_unit_t *u = &f->units[f->unit_of[i]];
+        unsigned char *p = u->shard_data + f->shard_at[i] * u->es;
+        ddp__optim_run_update_to(&f->runs[i], ddp__optim_hp(&f->setup, i), f->dtype[i], p, p,
+                                 u->grad_shard + f->shard_at[i] * u->es, coef);
+    }
+    for (size_t k = 0; k < f->nunits; k++) {
+        fsdp_unit_t *u = &f->units[k];
+        if (!u->grad_shard_clean) memset(u->grad_shard, 0, u->shard * u->es);
+        u->grad_shard_clean = 1;
+    }
+    f->steps++;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_grad_norm(const ddp_fsdp_t *f, double *norm)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp grad norm: fsdp is NULL");
+    if (!norm) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp grad norm: norm is NULL");
+    *norm = f->grad_norm;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_set_lr(ddp_fsdp_t *f, size_t group, double lr)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp set lr: fsdp is NULL");
+    return ddp__optim_set_lr(&f->setup, group, lr, "fsdp set lr");
+}
+
+ddp_status_t ddp_fsdp_scale_lr(ddp_fsdp_t *f, double factor)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp scale lr: fsdp is NULL");
+    return ddp__optim_scale_lr(&f->setup, factor, "fsdp scale lr");
+}
+
+ddp_status_t ddp_fsdp_get_lr(const ddp_fsdp_t *f, size_t group, double *lr)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp get lr: fsdp is NULL");
+    return ddp__optim_get_lr(&f->setup, group, lr, "fsdp get lr");
+}
+
+/* ---- queries ------------------------------------------------------------------------------- */
+
+ddp_status_t ddp_fsdp_memory(const ddp_fsdp_t *f, ddp_fsdp_memory_t *out)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp memory: fsdp is NULL");
+    if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp memory: out is NULL");
+    ddp_fsdp_memory_t m = {0};
+    for (size_t k = 0; k < f->nunits; k++) {
+        m.param_shard_bytes += f->units[k].shard * f->units[k].es;
+        m.grad_shard_bytes += f->units[k].shard * f->units[k].es;
+    }
+    for (size_t i = 0; i < f->nparams; i++)
+        m.optim_state_bytes += ddp__optim_run_bytes(&f->runs[i], &f->setup.base, f->dtype[i]);
+    m.gathered_bytes = f->gathered;
+    m.gathered_peak_bytes = f->gathered_peak;
+    m.grad_full_bytes = f->grad_full;
+    m.grad_full_peak_bytes = f->grad_full_peak;
+    m.cached_bytes = f->cached;
+    m.bucketer_bytes = ddp_rs_bucketer_memory_bytes(f->bucketer);
+    m.full_model_bytes = f->full_model;
+    *out = m;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_param_shard(const ddp_fsdp_t *f, size_t index, size_t *unit,
+                                  size_t *first, size_t *count)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp param shard: fsdp is NULL");
+    if (index >= f->nparams)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp param shard: index %zu out of range "
+                          "(%zu parameters)", index, f->nparams);
+    if (unit) *unit = f->unit_of[index];
+    if (first) *first = f->runs[index].first;
+    if (count) *count = f->runs[index].count;
+    return DDP_OK;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------------
+ * Sharded blob (native byte order):
+ *   u64 magic "DDPFSDP1" | u32 version | u32 world | u32 rank | u32 dtype-free pad | u64 nparams |
+ *   nparams x (u64 numel, u32 dtype, u32 unit, u64 first, u64 count) |
+ *   each run's parameter values (count elements, padded to 8 bytes) |
+ *   u64 optimizer bytes | the optimizer shard (ddp_optim's format) | u64 FNV-1a of all before. */
+#define FSDP_MAGIC 0x3150445346504444ull /* "DDPFSDP1" read as little-endian */
+#define FSDP_VERSION 1u
+#define FSDP_HEADER 32u
+#define FSDP_RECORD 32u
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+static ddp__optim_view_t shard_view(const ddp_fsdp_t *f)
+{
+    return (ddp__optim_view_t){&f->setup, f->nparams, f->numel, f->dtype, f->runs,
+                               (uint32_t)f->world, (uint32_t)f->rank};
+}
+
+static size_t values_bytes(const ddp_fsdp_t *f)
+{
+    size_t b = 0;
+    for (size_t i = 0; i < f->nparams; i++)
+        b += pad8(f->runs[i].count * ddp_dtype_size(f->dtype[i]));
+    return b;
+}
+
+ddp_status_t ddp_fsdp_state_size(const ddp_fsdp_t *f, size_t *bytes)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp state size: fsdp is NULL");
+    if (!bytes) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp state size: bytes is NULL");
+    ddp__optim_view_t v = shard_view(f);
+    *bytes = FSDP_HEADER + FSDP_RECORD * f->nparams + values_bytes(f) + 8 +
+             ddp__optim_state_size(&v) + 8;
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_state_save(const ddp_fsdp_t *f, void *buf, size_t size)
+{
+    const char *who = "fsdp state save";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    size_t need;
+    ddp_status_t s = ddp_fsdp_state_size(f, &need);
+    if (s != DDP_OK) return s;
+    if (!buf) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL", who);
+    if (size < need)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: size is %zu bytes, the state needs %zu "
+                          "(ddp_fsdp_state_size)", who, size, need);
+    unsigned char *p = buf;
+    memset(p, 0, need);
+    uint64_t magic = FSDP_MAGIC, nparams = f->nparams;
+    uint32_t head[4] = {FSDP_VERSION, (uint32_t)f->world, (uint32_t)f->rank, 0};
+    memcpy(p, &magic, 8);
+    memcpy(p + 8, head, 16);
+    memcpy(p + 24, &nparams, 8);
+    unsigned char *rec = p + FSDP_HEADER, *val = rec + FSDP_RECORD * f->nparams;
+    for (size_t i = 0; i < f->nparams; i++, rec += FSDP_RECORD) {
+        uint64_t numel = f->numel[i], first = f->runs[i].first, count = f->runs[i].count;
+        uint32_t dt = (uint32_t)f->dtype[i], unit = (uint32_t)f->unit_of[i];
+        memcpy(rec, &numel, 8);
+        memcpy(rec + 8, &dt, 4);
+        memcpy(rec + 12, &unit, 4);
+        memcpy(rec + 16, &first, 8);
+        memcpy(rec + 24, &count, 8);
+        fsdp_unit_t *u = &f->units[f->unit_of[i]];
+        size_t b = f->runs[i].count * u->es;
+        if (b) memcpy(val, u->shard_data + f->shard_at[i] * u->es, b);
+        val += pad8(b);
+    }
+    ddp__optim_view_t v = shard_view(f);
+    uint64_t ob = ddp__optim_state_size(&v);
+    memcpy(val, &ob, 8);
+    s = ddp__optim_state_write(&v, val + 8, (size_t)ob, who);
+    if (s != DDP_OK) return s;
+    uint64_t sum = fnv1a(p, need - 8);
+    memcpy(p + need - 8, &sum, 8);
+    return DDP_OK;
+}
+
+/* A sharded blob checked against this object: its parameter records and where its values and
+ * optimizer shard are. */
+typedef struct parsed_blob {
+    const unsigned char *records, *values, *optim;
+    size_t optim_bytes;
+    uint32_t world, rank;
+} parsed_blob_t;
+
+static void record_at(const parsed_blob_t *b, size_t i, uint64_t *first, uint64_t *count)
+{
+    memcpy(first, b->records + FSDP_RECORD * i + 16, 8);
+    memcpy(count, b->records + FSDP_RECORD * i + 24, 8);
+}
+
+static ddp_status_t parse_blob(const ddp_fsdp_t *f, const void *buf, size_t size, size_t which,
+                               parsed_blob_t *out, const char *who)
+{
+    const unsigned char *p = buf;
+    if (!buf) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is NULL", who, which);
+    if (size < FSDP_HEADER + 16)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu has %zu bytes, too few for an "
+                          "FSDP state", who, which, size);
+    uint64_t magic, nparams, sum;
+    uint32_t head[4];
+    memcpy(&magic, p, 8);
+    memcpy(head, p + 8, 16);
+    memcpy(&nparams, p + 24, 8);
+    if (magic != FSDP_MAGIC)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is not an FSDP state (bad "
+                          "magic)", who, which);
+    memcpy(&sum, p + size - 8, 8);
+    if (fnv1a(p, size - 8) != sum)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is corrupt or truncated "
+                          "(checksum)", who, which);
+    if (head[0] != FSDP_VERSION)
+        return ddp__error(DDP_ERR_UNSUPPORTED, "%s: blob %zu has version %u, this libddp reads %u",
+                          who, which, head[0], FSDP_VERSION);
+    if (nparams != f->nparams)
+        return ddp__error(DDP_ERR_MISMATCH, "%s: blob %zu has %llu parameters, this FSDP object "
+                          "%zu", who, which, (unsigned long long)nparams, f->nparams);
+    if ((size - FSDP_HEADER - 16) / FSDP_RECORD < f->nparams)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is truncated in its records",
+                          who, which);
+    out->records = p + FSDP_HEADER;
+    out->world = head[1];
+    out->rank = head[2];
+    size_t off = FSDP_HEADER + FSDP_RECORD * f->nparams;
+    for (size_t i = 0; i < f->nparams; i++) {
+        const unsigned char *r = out->records + FSDP_RECORD * i;
+        uint64_t numel, first, count;
+        uint32_t dt;
+        memcpy(&numel, r, 8);
+        memcpy(&dt, r + 8, 4);
+        record_at(out, i, &first, &count);
+        if (numel != f->numel[i] || dt != (uint32_t)f->dtype[i] || first > numel ||
+            count > numel - first)
+            return ddp__error(DDP_ERR_MISMATCH, "%s: blob %zu (rank %u of %u): parameter %zu "
+                              "(%s) has numel %llu, dtype %s, run [%llu, +%llu); this object numel "
+                              "%zu, dtype %s", who, which, out->rank, out->world, i, pname(f, i),
+                              (unsigned long long)numel, ddp_dtype_name((ddp_dtype_t)dt),
+                              (unsigned long long)first, (unsigned long long)count, f->numel[i],
+                              ddp_dtype_name(f->dtype[i]));
+        size_t b = pad8((size_t)count * ddp_dtype_size(f->dtype[i]));
+        if (b > size - 16 - off)
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is truncated in parameter "
+                              "%zu's values", who, which, i);
+        off += b;
+    }
+    out->values = p + FSDP_HEADER + FSDP_RECORD * f->nparams;
+    uint64_t ob;
+    memcpy(&ob, p + off, 8);
+    if (ob != size - 16 - off)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu has %zu bytes, its records "
+                          "describe %llu", who, which, size, (unsigned long long)(off + 16 + ob));
+    out->optim = p + off + 8;
+    out->optim_bytes = (size_t)ob;
+    return DDP_OK;
+}
+
+/* The whole-parameter view (runs of numel elements, no arrays: only sizes are read). */
+static ddp__optim_run_t *whole_runs(const ddp_fsdp_t *f)
+{
+    ddp__optim_run_t *runs = ddp__calloc(f->nparams ? f->nparams : 1, sizeof *runs,
+                                         "fsdp whole state");
+    if (runs)
+        for (size_t i = 0; i < f->nparams; i++) runs[i].count = f->numel[i];
+    return runs;
+}
+
+ddp_status_t ddp_fsdp_state_load(ddp_fsdp_t *f, const void *const *blobs, const size_t *sizes,
+                                 size_t nblobs)
+{
+    const char *who = "fsdp state load";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
+    if (nblobs == 0 || !blobs || !sizes)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: no blobs (blobs %s, sizes %s, nblobs "
+                          "%zu)", who, blobs ? "set" : "NULL", sizes ? "set" : "NULL", nblobs);
+    parsed_blob_t *pb = ddp__calloc(nblobs, sizeof *pb, "fsdp state load");
+    if (!pb) return DDP_ERR_NO_MEMORY;
+    ddp_status_t s = DDP_OK;
+    unsigned char *merged = NULL;
+    ddp__optim_run_t *wruns = NULL;
+    for (size_t b = 0; b < nblobs && s == DDP_OK; b++)
+        s = parse_blob(f, blobs[b], sizes[b], b, &pb[b], who);
+    /* Every element this rank owns must come from exactly one blob. */
+    for (size_t i = 0; i < f->nparams && s == DDP_OK; i++) {
+        size_t lo = f->runs[i].first, hi = lo + f->runs[i].count, covered = 0;
+        for (size_t b = 0; b < nblobs; b++) {
+            uint64_t first, count;
+            record_at(&pb[b], i, &first, &count);
+            size_t a = first > lo ? (size_t)first : lo;
+            size_t e = first + count < hi ? (size_t)(first + count) : hi;
+            if (a < e) covered += e - a;
+        }
+        if (covered != hi - lo)
+            s = ddp__error(DDP_ERR_MISMATCH, "%s: parameter %zu (%s): this rank owns elements "
+                           "[%zu, %zu) but the blobs hold %zu of them%s", who, i, pname(f, i), lo,
+                           hi, covered, covered > hi - lo ? " (blobs overlap)" :
+                           "; pass this rank's own blob, or every blob of the saved run");
+    }
+    if (s != DDP_OK) goto out;
+    /* The optimizer shard: one blob is read directly (it must cover this rank's runs); several
+     * are merged into whole parameters first. */
+    ddp__optim_view_t mine = shard_view(f);
+    if (nblobs == 1) {
+        s = ddp__optim_state_read(&mine, &f->setup, f->runs, pb[0].optim, pb[0].optim_bytes, who);
+    } else {
+        const void **ob = ddp__calloc(nblobs, sizeof *ob, "fsdp state load");
+        size_t *os = ddp__calloc(nblobs, sizeof *os, "fsdp state load");
+        wruns = whole_runs(f);
+        ddp__optim_view_t whole = {&f->setup, f->nparams, f->numel, f->dtype, wruns, 1, 0};
+        size_t wb = wruns ? ddp__optim_state_size(&whole) : 0;
+        merged = wruns ? ddp__malloc(wb, "fsdp merged state") : NULL;
+        if (!ob || !os || !merged) {
+            s = DDP_ERR_NO_MEMORY;
+        } else {
+            for (size_t b = 0; b < nblobs; b++) {
+                ob[b] = pb[b].optim;
+                os[b] = pb[b].optim_bytes;
+            }
+            s = ddp__optim_state_merge(&whole, ob, os, nblobs, merged, wb, who);
+            if (s == DDP_OK) s = ddp__optim_state_read(&mine, &f->setup, f->runs, merged, wb, who);
+        }
+        free(ob);
+        free(os);
+    }
+    if (s != DDP_OK) goto out;
+    /* Checked: the parameter values. */
+    for (size_t b = 0; b < nblobs; b++) {
+        const unsigned char *val = pb[b].values;
+        for (size_t i = 0; i < f->nparams; i++) {
+            uint64_t first, count;
+            record_at(&pb[b], i, &first, &count);
+            fsdp_unit_t *u = &f->units[f->unit_of[i]];
+            size_t lo = f->runs[i].first, hi = lo + f->runs[i].count;
+            size_t a = first > lo ? (size_t)first : lo;
+            size_t e = first + count < hi ? (size_t)(first + count) : hi;
+            if (a < e)
+                memcpy(u->shard_data + (f->shard_at[i] + a - lo) * u->es,
+                       val + (a - first) * u->es, (e - a) * u->es);
+            val += pad8((size_t)count * u->es);
+        }
+    }
+out:
+    free(merged);
+    free(wruns);
+    free(pb);
+    return s;
+}
+
+ddp_status_t ddp_fsdp_consolidated_optim_size(const ddp_fsdp_t *f, size_t *bytes)
+{
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp consolidated optim size: fsdp is "
+                              "NULL");
+    if (!bytes)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp consolidated optim size: bytes is "
+                          "NULL");
+    ddp__optim_run_t *runs = whole_runs(f);
+    if (!runs) return DDP_ERR_NO_MEMORY;
+    ddp__optim_view_t v = {&f->setup, f->nparams, f->numel, f->dtype, runs, 1, 0};
+    *bytes = ddp__optim_state_size(&v);
+    free(runs);
+    return DDP_OK;
+}
+
+ddp_status_t ddp_fsdp_consolidate(ddp_fsdp_t *f, int root, void *const *params, void *optim_buf,
+                                  size_t optim_size)
+{
+    const char *who = "fsdp consolidate";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
+    if (root < 0 || root >= f->world)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: root is %d, expected 0..%d", who, root,
+                          f->world - 1);
+    /* A root without room still takes part in every collective, then fails alone. */
+    ddp_status_t bad = DDP_OK;
+    char text[DDP_ERROR_TEXT_MAX] = "";
+    if (f->rank == root) {
+        for (size_t i = 0; i < f->nparams && bad == DDP_OK; i++)
+            if (f->numel[i] && (!params || !params[i])) {
+                bad = DDP_ERR_INVALID_ARGUMENT;
+                snprintf(text, sizeof text, "%s: root's params%s is NULL (parameter %zu, %s)",
+                         who, params ? "[i]" : "", i, pname(f, i));
+            }
+    }
+    for (size_t k = 0; k < f->nunits; k++) {
+        fsdp_unit_t *u = &f->units[k];
+        int was = u->state;
+        ddp_status_t s = start_gather(f, u, who);
+        if (s == DDP_OK) s = finish_gather(f, u, who);
+        if (s != DDP_OK) return s;
+        if (f->rank == root && bad == DDP_OK)
+            for (size_t i = 0; i < f->nparams; i++)
+                if (f->unit_of[i] == k && f->numel[i])
+                    memcpy(params[i], u->full + f->offset[i] * u->es, f->numel[i] * u->es);
+        if (was == RELEASED) drop_full(f, u);
+    }
+    ddp__optim_view_t mine = shard_view(f);
+    ddp__optim_run_t *runs = whole_runs(f);
+    if (!runs) return DDP_ERR_NO_MEMORY;
+    ddp__optim_view_t whole = {&f->setup, f->nparams, f->numel, f->dtype, runs, 1, 0};
+    ddp_status_t s = ddp__optim_state_consolidate(f->group, &mine, &whole, root,
+                                                  f->rank == root ? optim_buf : NULL,
+                                                  f->rank == root ? optim_size : 0, who,
+                                                  "ddp_fsdp_consolidated_optim_size");
+    free(runs);
+    if (s == DDP_OK && bad != DDP_OK) return ddp__error(bad, "%s", text);
+    return s;
+}
+
+ddp_status_t ddp_fsdp_load_consolidated(ddp_fsdp_t *f, const void *const *params,
+                                        const void *optim_buf, size_t optim_size)
+{
+    const char *who = "fsdp load consolidated";
+    ddp__clear_error(); /* status.h: no stale text after a success */
+    if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
+    for (size_t i = 0; i < f->nparams; i++)
+        if (f->numel[i] && (!params || !params[i]))
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: params%s is NULL (parameter %zu, "
+                              "%s)", who, params ? "[i]" : "", i, pname(f, i));
+    ddp_status_t s = DDP_OK;
+    if (optim_buf) {
+        ddp__optim_view_t mine = shard_view(f);
+        s = ddp__optim_state_read(&mine, &f->setup, f->runs, optim_buf, optim_size, who);
+        if (s != DDP_OK) return s;
+    }
+    for (size_t i = 0; i < f->nparams; i++) {
+        ddp__optim_run_t *run = &f->runs[i];
+        if (!run->count) continue;
+        fsdp_unit_t *u = &f->units[f->unit_of[i]];
+        unsigned char *dst = u->shard_data + f->shard_at[i] * u->es;
+        memcpy(dst, (const unsigned char *)params[i] + run->first * u->es, run->count * u->es);
+        /* Without an optimizer state the master copies follow the loaded values. */
+        if (!optim_buf && run->master)
+            for (size_t k = 0; k < run->count; k++) {
+                uint16_t h;
+                memcpy(&h, dst + 2 * k, 2);
+                run->master[k] = f->dtype[i] == DDP_BF16 ? ddp_bf16_to_f32(h) : ddp_f16_to_f32(h);
+            }
+    }
+    return DDP_OK;
+}
