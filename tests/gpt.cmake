@@ -19,7 +19,7 @@ if(TARGET gpt_model)
 endif()
 
 if(TARGET gpt AND TARGET ddprun)
-  foreach(case worlds accumulate resume blocks errors bench progress)
+  foreach(case worlds accumulate resume blocks errors bench progress zero3 zero3resume)
     add_test(NAME test_gpt.${case}
       COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh ${case} $<TARGET_FILE:gpt>
               $<TARGET_FILE:ddprun>)

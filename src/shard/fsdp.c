@@ -58,6 +58,7 @@ typedef struct pool_buf {
 struct ddp_fsdp {
     ddp_group_t *group;
     int rank, world, sync, cache;
+    size_t bucket_cap; /* the bucketer's: which gradients it copies (shard.h's rule) */
     ddp__optim_setup_t setup;
     double grad_norm;
     uint64_t steps;
@@ -325,6 +326,7 @@ ddp_status_t ddp_fsdp_create(ddp_group_t *group, const ddp_param_t *params, size
                                  un->shard_data + f->shard_at[i] * un->es);
         if (s != DDP_OK) goto fail;
     }
+    f->bucket_cap = config->bucket_cap_bytes;
     s = ddp_rs_bucketer_create(config->bucket_cap_bytes, &f->bucketer);
     if (s != DDP_OK) goto fail;
     *out = f;
@@ -551,6 +553,15 @@ ddp_status_t ddp_fsdp_grad_ready(ddp_fsdp_t *f, size_t unit)
     if (s != DDP_OK)
         return ddp__error_context(s, "%s: reduce-scatter of unit %zu's gradient (step %llu)", who,
                                   unit, (unsigned long long)f->steps);
+    /* An input no larger than a bucket's block was copied into the bucket (ddp/shard.h): the
+     * full gradient can go now rather than when the bucket's reduction completes. */
+    size_t block = f->bucket_cap / u->es / (size_t)f->world;
+    if (f->bucket_cap && u->shard <= block) {
+        f->grad_full -= bytes;
+        give_back(f, fl->buf, bytes);
+        fl->buf = NULL;
+        fl->bytes = 0;
+    }
     return DDP_OK;
 }
 
