@@ -31,7 +31,7 @@
 #   zero3       --zero 3 (FSDP) on 1-4 ranks and --zero 2 on 3 ranks give plain training's
 #               losses (1e-5), one checksum over ranks; --zero 3 --accumulate 2; bf16 under
 #               --zero 2 equals --zero 1's; memory per rank at 4 ranks is a quarter of 1 rank's
-#               (parameters, optimizer state); --mem-budget refuses the plain run on 1 rank
+#               (parameters, gradient shards, optimizer state); --mem-budget refuses the plain run on 1 rank
 #               and fits --zero 3 on 4; unsupported combinations refused by name
 #   zero3resume --zero 3 stopped and resumed (--resume auto) = uninterrupted, bitwise; a rank
 #               killed under --max-restarts 1 restarts from the checkpoint, bitwise; the
@@ -246,7 +246,7 @@ def mem(path):
 one, four = mem(sys.argv[1]), mem(sys.argv[2])
 assert len(one) == 1 and len(four) == 4, (one, four)
 for r in four:
-    for k in ("parameters", "optimizer state"):
+    for k in ("parameters", "gradients", "optimizer state"):
         assert abs(4 * r[k] - one[0][k]) <= 0.02 * one[0][k] + 0.004, (k, r[k], one[0][k])
     assert 0 < r["gathered peak"] <= one[0]["gathered peak"], r
 PY

@@ -692,9 +692,9 @@ static double peak_rss_mib(void)
  * block and the whole gradient block (ZeRO-2 keeps the local gradient block too: backward
  * computes whole tensors; its averaged gradient exists only as this rank's shard). Activations
  * are not model state: they scale with the local batch (reported apart). */
-enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_GATHERED, MEM_TOTAL, MEM_N };
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_GATHERED, MEM_GRADS_FULL, MEM_TOTAL, MEM_N };
 static const char *const mem_names[MEM_N] = {"params", "grads", "optimizer", "gathered_peak",
-                                             "total"};
+                                             "unit_grads_peak", "total"};
 
 static void memory_ledger(const trainer_t *t, double bytes[MEM_N])
 {
@@ -705,13 +705,14 @@ static void memory_ledger(const trainer_t *t, double bytes[MEM_N])
         ddp_fsdp_memory_t fm;
         check(ddp_fsdp_memory(t->fsdp, &fm), "ddp_fsdp_memory");
         bytes[MEM_PARAMS] = (double)fm.param_shard_bytes;
-        bytes[MEM_GRADS] = (double)(fm.grad_shard_bytes + fm.grad_full_peak_bytes);
+        bytes[MEM_GRADS] = (double)fm.grad_shard_bytes;
         bytes[MEM_OPTIM] = (double)fm.optim_state_bytes;
         bytes[MEM_GATHERED] = (double)fm.gathered_peak_bytes;
+        bytes[MEM_GRADS_FULL] = (double)fm.grad_full_peak_bytes; /* units in backward */
         /* What the buffer cache holds may exceed the two peaks when unit sizes differ. */
         double held = (double)(fm.cached_bytes + fm.gathered_bytes + fm.grad_full_bytes);
         double peaks = (double)(fm.gathered_peak_bytes + fm.grad_full_peak_bytes);
-        bytes[MEM_TOTAL] = bytes[MEM_PARAMS] + (double)fm.grad_shard_bytes + bytes[MEM_OPTIM] +
+        bytes[MEM_TOTAL] = bytes[MEM_PARAMS] + bytes[MEM_GRADS] + bytes[MEM_OPTIM] +
                            (held > peaks ? held : peaks);
         return;
     }
@@ -736,10 +737,11 @@ static void check_budget(const trainer_t *t, const char *when)
     const double mib = 1048576.0;
     if (b[MEM_TOTAL] > t->o.mem_budget_mb * mib)
         fail("--mem-budget %g MiB: %s this rank holds %.3f MiB of model state (parameters %.3f, "
-             "gradients %.3f, optimizer state %.3f, gathered parameters %.3f) with --zero %d "
-             "on %d rank%s; shard more (--zero 3, more ranks) or raise the budget",
+             "gradients %.3f, optimizer state %.3f, gathered parameters %.3f, unit gradients %.3f) "
+             "with --zero %d on %d rank%s; shard more (--zero 3, more ranks) or raise the budget",
              t->o.mem_budget_mb, when, b[MEM_TOTAL] / mib, b[MEM_PARAMS] / mib,
-             b[MEM_GRADS] / mib, b[MEM_OPTIM] / mib, b[MEM_GATHERED] / mib, t->o.zero, t->world,
+             b[MEM_GRADS] / mib, b[MEM_OPTIM] / mib, b[MEM_GATHERED] / mib,
+             b[MEM_GRADS_FULL] / mib, t->o.zero, t->world,
              t->world == 1 ? "" : "s");
 }
 
@@ -1153,10 +1155,12 @@ int main(int argc, char **argv)
         for (int q = 0; q < t->world; q++) {
             const double *b = mem_all + MEM_N * q;
             printf("gpt: memory rank %d (--zero %d): parameters %.3f MiB, gradients %.3f, "
-                   "optimizer state %.3f, gathered peak %.3f; model state %.3f MiB (the whole "
-                   "model is %.3f MiB of f32 parameters); activations %.3f\n",
+                   "optimizer state %.3f, gathered peak %.3f, unit gradients peak %.3f; model "
+                   "state %.3f MiB (the whole model is %.3f MiB of f32 parameters); activations "
+                   "%.3f\n",
                    q, o->zero, b[MEM_PARAMS] / 1048576.0, b[MEM_GRADS] / 1048576.0,
                    b[MEM_OPTIM] / 1048576.0, b[MEM_GATHERED] / 1048576.0,
+                   b[MEM_GRADS_FULL] / 1048576.0,
                    b[MEM_TOTAL] / 1048576.0, (double)m->nparams * 4.0 / 1048576.0, acts_mib);
         }
         if (nnosync)
