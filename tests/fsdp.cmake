@@ -3,6 +3,9 @@
 # bf16, with and without no_sync), sharded and consolidated checkpoints resharded between world
 # sizes, and argument/usage errors.
 ddp_add_test(NAME test_fsdp SOURCES test_fsdp.c ARGS args TIMEOUT 60)
+foreach(world 2 3)
+  ddp_add_test(NAME test_fsdp SOURCES test_fsdp.c ARGS mismatch ${world} TIMEOUT 60)
+endforeach()
 foreach(world 1 2 3 4)
   foreach(optim sgd adamw)
     ddp_add_test(NAME test_fsdp SOURCES test_fsdp.c ARGS train ${optim} ${world} f32 sync

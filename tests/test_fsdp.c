@@ -6,7 +6,7 @@
  * gradients, computed in one process. Units: {W0, b0, b2} (not contiguous: like a model's root
  * unit it stays gathered from the first forward to the last backward), {W1, b1}, {W2}.
  *
- * usage: test_fsdp args
+ * usage: test_fsdp args | mismatch WORLD
  *        test_fsdp train sgd|adam|adamw WORLD f32|f64|bf16 sync|nosync
  *        test_fsdp ckpt WORLD_SAVE WORLD_LOAD */
 #include <math.h>
@@ -226,7 +226,9 @@ static int train_main(ddp_group_t *g, void *arg)
     init_params(ref, dt, 42 + (unsigned long long)rank);
     ddp_fsdp_config_t fc = DDP_FSDP_CONFIG_INIT;
     fc.optim = optim_config(tc->optim);
-    fc.bucket_cap_bytes = 40 * es * (size_t)world; /* units 1 and 2 share buckets, 0 goes direct */
+    /* Unit 2 (33 elements) is under half a bucket: bucketed; units 0 and 1 (241, 198) go on
+     * their own at once. */
+    fc.bucket_cap_bytes = 80 * es * (size_t)world;
     ddp_fsdp_t *f = NULL;
     CHECK_OK(ddp_fsdp_create(g, params, NPARAMS, unit_of, NUNITS, &fc, &f));
     init_params(ref, dt, 42); /* the reference: rank 0's values, full */
@@ -618,6 +620,16 @@ static int args_main(ddp_group_t *g, void *arg)
     CHECK_ERROR_MENTIONS("root is 1");
     CHECK_STATUS(ddp_fsdp_load_consolidated(f, NULL, NULL, 0), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("params");
+    CHECK_OK(ddp_fsdp_gather(f, 1));
+    const void *full3[3] = {w, b, d};
+    CHECK_STATUS(ddp_fsdp_load_consolidated(f, full3, NULL, 0), DDP_ERR_INVALID_USAGE);
+    CHECK_ERROR_MENTIONS("unit 1 is gathered");
+    CHECK_OK(ddp_fsdp_release(f, 1));
+    CHECK_OK(ddp_fsdp_load_consolidated(f, full3, NULL, 0)); /* parameters only: back to w, b */
+    CHECK_OK(ddp_fsdp_gather(f, 0));
+    CHECK_OK(ddp_fsdp_param(f, 0, &ptr));
+    CHECK(((float *)ptr)[0] == 1.0f && ((float *)ptr)[5] == 6.0f);
+    CHECK_OK(ddp_fsdp_release(f, 0));
     ddp_fsdp_memory_t m;
     CHECK_OK(ddp_fsdp_memory(f, &m));
     CHECK(m.full_model_bytes == 8 * 4 + 2 * 8 && m.gathered_bytes == 0 && m.cached_bytes > 0);
@@ -626,9 +638,36 @@ static int args_main(ddp_group_t *g, void *arg)
     return 0;
 }
 
+/* Ranks that disagree on a unit's size (the last rank's W0 is longer) get an error from the
+ * gather on every rank within the timeout, naming the unit, instead of wrong data or a hang. */
+static int mismatch_main(ddp_group_t *g, void *arg)
+{
+    (void)arg;
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    float a[64] = {0}, b[7] = {0};
+    ddp_param_t p[2] = {{"a", a, rank == world - 1 ? 60 : 30, DDP_F32, 0, 0, NULL},
+                        {"b", b, 7, DDP_F32, 0, 0, NULL}};
+    ddp_fsdp_config_t fc = DDP_FSDP_CONFIG_INIT;
+    fc.sync_params = 0; /* else create's broadcast is where it fails */
+    ddp_fsdp_t *f = NULL;
+    CHECK_OK(ddp_fsdp_create(g, p, 2, NULL, 2, &fc, &f));
+    ddp_status_t s = ddp_fsdp_gather(f, 0);
+    CHECK_MSG(s == DDP_ERR_MISMATCH || s == DDP_ERR_REMOTE || s == DDP_ERR_ABORTED,
+              "rank %d: gather returned %s (%s)", rank, ddp_status_string(s), ddp_last_error());
+    CHECK_ERROR_MENTIONS("unit 0");
+    if (rank == 0) fprintf(stderr, "rank 0: %s: %s\n", ddp_status_string(s), ddp_last_error());
+    ddp_fsdp_destroy(f);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "args")) return ddp_test_run_group(1, 60, NULL, args_main, NULL);
+    if (argc == 3 && !strcmp(argv[1], "mismatch")) {
+        ddp_group_options_t go = DDP_GROUP_OPTIONS_INIT;
+        go.timeout_ms = 20000;
+        return ddp_test_run_group(atoi(argv[2]), 60, &go, mismatch_main, NULL);
+    }
     if (argc == 6 && !strcmp(argv[1], "train")) {
         train_case_t tc = {argv[2], DDP_F32, !strcmp(argv[5], "nosync")};
         CHECK(ddp_dtype_parse(argv[4], &tc.dtype) == DDP_OK);
@@ -645,7 +684,7 @@ int main(int argc, char **argv)
         if (ddp_test_run_group(cc.save_world, 120, NULL, ckpt_save_main, &cc)) return 1;
         return ddp_test_run_group(cc.load_world, 120, NULL, ckpt_load_main, &cc);
     }
-    fprintf(stderr, "usage: %s args | train sgd|adam|adamw WORLD f32|f64|bf16 sync|nosync | "
+    fprintf(stderr, "usage: %s args | mismatch WORLD | train sgd|adam|adamw WORLD f32|f64|bf16 sync|nosync | "
             "ckpt WORLD_SAVE WORLD_LOAD\n", argv[0]);
     return 2;
 }

@@ -7,8 +7,9 @@
  * the shards into a full buffer (asynchronously on the group's progress thread when started by
  * prefetch, so the next unit's allgather runs while this one computes); release hands the
  * buffer back to a small cache (or frees it). Backward accumulates into a full gradient buffer
- * per unit; grad_ready reduce-scatters it with DDP_AVG through the ReduceScatterBucketer (small
- * units share one reduction, as fairscale's FSDP does), and the bucketer's callback, on the
+ * per unit; grad_ready reduce-scatters it with DDP_AVG through the ReduceScatterBucketer (units
+ * up to half a bucket share one reduction, as fairscale's FSDP does; a larger one goes at once
+ * on its own, since sharing would only delay its start to the next unit's), and the callback, on the
  * caller's thread, adds this rank's shard of the average into its gradient shard and frees the
  * full buffer. The step updates each parameter's part of the shard (a run, in the optimizer
  * state format shared with ddp_optim and ZeRO) with the same kernels, so the state saves and
@@ -72,7 +73,8 @@ struct ddp_fsdp {
     ddp__optim_run_t *runs;
     size_t nunits;
     fsdp_unit_t *units;
-    ddp_rs_bucketer_t *bucketer;
+    ddp_rs_bucketer_t *bucketer; /* units of at most half a bucket share reductions */
+    ddp_rs_bucketer_t *direct;   /* larger units: each reduced at once, on its own (cap 0) */
     fsdp_flight_t *flights;
     pool_buf_t *pool;
     size_t npool, pool_cap;
@@ -149,6 +151,7 @@ void ddp_fsdp_destroy(ddp_fsdp_t *f)
             ddp_work_free(f->units[u].work);
         }
     ddp_rs_bucketer_destroy(f->bucketer); /* runs the callbacks that can still run */
+    ddp_rs_bucketer_destroy(f->direct);
     while (f->flights) {                  /* those of failed reductions */
         fsdp_flight_t *fl = f->flights;
         f->flights = fl->next;
@@ -328,6 +331,7 @@ ddp_status_t ddp_fsdp_create(ddp_group_t *group, const ddp_param_t *params, size
     }
     f->bucket_cap = config->bucket_cap_bytes;
     s = ddp_rs_bucketer_create(config->bucket_cap_bytes, &f->bucketer);
+    if (s == DDP_OK) s = ddp_rs_bucketer_create(0, &f->direct);
     if (s != DDP_OK) goto fail;
     *out = f;
     return DDP_OK;
@@ -548,15 +552,16 @@ ddp_status_t ddp_fsdp_grad_ready(ddp_fsdp_t *f, size_t unit)
     f->flights = fl;
     u->grad_full = NULL; /* the flight owns it now; a next micro-step gets a fresh buffer */
     u->grad_unsynced = 0;
-    s = ddp_rs_bucketer_reduce_scatter_async(f->bucketer, f->group, fl->buf, u->shard, u->dtype,
-                                             DDP_AVG, unit_reduced, fl);
+    /* Shared buckets only pay for small gradients; one of half a bucket or more would wait in
+     * its bucket until the next unit's did not fit, for nothing. The bucketer copies what it
+     * buckets (ddp/shard.h), so the full gradient can go at once. */
+    int share = f->bucket_cap && 2 * bytes <= f->bucket_cap;
+    s = ddp_rs_bucketer_reduce_scatter_async(share ? f->bucketer : f->direct, f->group, fl->buf,
+                                             u->shard, u->dtype, DDP_AVG, unit_reduced, fl);
     if (s != DDP_OK)
         return ddp__error_context(s, "%s: reduce-scatter of unit %zu's gradient (step %llu)", who,
                                   unit, (unsigned long long)f->steps);
-    /* An input no larger than a bucket's block was copied into the bucket (ddp/shard.h): the
-     * full gradient can go now rather than when the bucket's reduction completes. */
-    size_t block = f->bucket_cap / u->es / (size_t)f->world;
-    if (f->bucket_cap && u->shard <= block) {
+    if (share) {
         f->grad_full -= bytes;
         give_back(f, fl->buf, bytes);
         fl->buf = NULL;
@@ -581,6 +586,7 @@ ddp_status_t ddp_fsdp_step(ddp_fsdp_t *f)
     ddp__clear_error(); /* status.h: no stale text after a success */
     if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
     ddp_status_t s = ddp_rs_bucketer_flush(f->bucketer);
+    if (s == DDP_OK) s = ddp_rs_bucketer_flush(f->direct);
     if (s != DDP_OK)
         return ddp__error_context(s, "%s %llu: gradient reduce-scatter", who,
                                   (unsigned long long)f->steps);
@@ -678,7 +684,8 @@ ddp_status_t ddp_fsdp_memory(const ddp_fsdp_t *f, ddp_fsdp_memory_t *out)
     m.grad_full_bytes = f->grad_full;
     m.grad_full_peak_bytes = f->grad_full_peak;
     m.cached_bytes = f->cached;
-    m.bucketer_bytes = ddp_rs_bucketer_memory_bytes(f->bucketer);
+    m.bucketer_bytes = ddp_rs_bucketer_memory_bytes(f->bucketer) +
+                       ddp_rs_bucketer_memory_bytes(f->direct);
     m.full_model_bytes = f->full_model;
     *out = m;
     return DDP_OK;
@@ -867,6 +874,21 @@ static ddp_status_t parse_blob(const ddp_fsdp_t *f, const void *buf, size_t size
     return DDP_OK;
 }
 
+/* Loading replaces the shards: a gathered copy would be stale, gradients would belong to the
+ * parameters before. */
+static ddp_status_t check_idle(const ddp_fsdp_t *f, const char *who)
+{
+    for (size_t k = 0; k < f->nunits; k++) {
+        if (f->units[k].state != RELEASED)
+            return ddp__error(DDP_ERR_INVALID_USAGE, "%s: unit %zu is gathered; release every "
+                              "unit before loading", who, k);
+        if (f->units[k].grad_full)
+            return ddp__error(DDP_ERR_INVALID_USAGE, "%s: unit %zu holds gradients not reduced; "
+                              "load between steps", who, k);
+    }
+    return DDP_OK;
+}
+
 /* The whole-parameter view (runs of numel elements, no arrays: only sizes are read). */
 static ddp__optim_run_t *whole_runs(const ddp_fsdp_t *f)
 {
@@ -886,6 +908,8 @@ ddp_status_t ddp_fsdp_state_load(ddp_fsdp_t *f, const void *const *blobs, const 
     if (nblobs == 0 || !blobs || !sizes)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: no blobs (blobs %s, sizes %s, nblobs "
                           "%zu)", who, blobs ? "set" : "NULL", sizes ? "set" : "NULL", nblobs);
+    ddp_status_t idle = check_idle(f, who);
+    if (idle != DDP_OK) return idle;
     parsed_blob_t *pb = ddp__calloc(nblobs, sizeof *pb, "fsdp state load");
     if (!pb) return DDP_ERR_NO_MEMORY;
     ddp_status_t s = DDP_OK;
@@ -1026,6 +1050,8 @@ ddp_status_t ddp_fsdp_load_consolidated(ddp_fsdp_t *f, const void *const *params
     const char *who = "fsdp load consolidated";
     ddp__clear_error(); /* status.h: no stale text after a success */
     if (!f) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fsdp is NULL", who);
+    ddp_status_t idle = check_idle(f, who);
+    if (idle != DDP_OK) return idle;
     for (size_t i = 0; i < f->nparams; i++)
         if (f->numel[i] && (!params || !params[i]))
             return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: params%s is NULL (parameter %zu, "
