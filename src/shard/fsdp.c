@@ -30,7 +30,7 @@ typedef struct fsdp_unit fsdp_unit_t;
 typedef struct fsdp_flight {
     fsdp_unit_t *unit;
     void *buf;
-    size_t bytes;
+    size_t bytes, cap; /* the gradient's size; the buffer's (a cached one may be larger) */
     struct fsdp_flight *next, *prev;
 } fsdp_flight_t;
 
@@ -45,9 +45,11 @@ struct fsdp_unit {
     unsigned char *grad_shard; /* S elements: the averaged gradient accumulated */
     int grad_shard_clean;      /* grad_shard is all zeros (the next shard is copied, not added) */
     unsigned char *full;       /* world * S elements while gathering or gathered */
+    size_t full_cap;           /* its size (a cached buffer may be larger than the unit) */
     ddp_work_t *work;          /* the allgather in flight */
     int state;
     unsigned char *grad_full; /* world * S elements: backward's local gradient */
+    size_t grad_cap;
     int grad_unsynced;        /* grad_full holds gradients of a no_sync iteration */
 };
 
@@ -88,8 +90,8 @@ static const char *pname(const ddp_fsdp_t *f, size_t i)
 
 /* ---- buffers ------------------------------------------------------------------------------- */
 
-/* The smallest cached buffer of at least `bytes`, else a new one. */
-static void *acquire(ddp_fsdp_t *f, size_t bytes, const char *what)
+/* The smallest cached buffer of at least `bytes`, else a new one; *cap gets its size. */
+static void *acquire(ddp_fsdp_t *f, size_t bytes, size_t *cap, const char *what)
 {
     size_t best = f->npool;
     for (size_t k = 0; k < f->npool; k++)
@@ -97,15 +99,16 @@ static void *acquire(ddp_fsdp_t *f, size_t bytes, const char *what)
             best = k;
     if (best < f->npool) {
         void *p = f->pool[best].ptr;
+        *cap = f->pool[best].bytes;
         f->cached -= f->pool[best].bytes;
         f->pool[best] = f->pool[--f->npool];
         return p;
     }
-    return ddp__malloc(bytes ? bytes : 1, what);
+    *cap = bytes ? bytes : 1;
+    return ddp__malloc(*cap, what);
 }
 
-/* Keeps the buffer for reuse (config.cache_buffers) or frees it. `bytes` is what it was
- * acquired for; a cached buffer may be larger, which only makes reuse more likely. */
+/* Keeps the buffer (of `bytes`, its capacity) for reuse (config.cache_buffers) or frees it. */
 static void give_back(ddp_fsdp_t *f, void *p, size_t bytes)
 {
     if (!p) return;
@@ -355,13 +358,13 @@ static ddp_status_t start_gather(ddp_fsdp_t *f, fsdp_unit_t *u, const char *who)
 {
     if (u->state != RELEASED) return DDP_OK;
     size_t bytes = full_bytes(f, u);
-    u->full = acquire(f, bytes, "fsdp gathered parameters");
+    u->full = acquire(f, bytes, &u->full_cap, "fsdp gathered parameters");
     if (!u->full) return DDP_ERR_NO_MEMORY;
     if (u->shard) {
         ddp_status_t s = ddp_group_allgather_async(f->group, u->shard_data, u->full, u->shard,
                                                    u->dtype, &u->work);
         if (s != DDP_OK) {
-            give_back(f, u->full, bytes);
+            give_back(f, u->full, u->full_cap);
             u->full = NULL;
             return ddp__error_context(s, "%s: allgather of unit %zu (step %llu)", who, u->index,
                                       (unsigned long long)f->steps);
@@ -375,7 +378,7 @@ static ddp_status_t start_gather(ddp_fsdp_t *f, fsdp_unit_t *u, const char *who)
 
 static void drop_full(ddp_fsdp_t *f, fsdp_unit_t *u)
 {
-    give_back(f, u->full, full_bytes(f, u));
+    give_back(f, u->full, u->full_cap);
     u->full = NULL;
     f->gathered -= full_bytes(f, u);
     u->state = RELEASED;
@@ -454,7 +457,7 @@ static ddp_status_t ensure_grad(ddp_fsdp_t *f, fsdp_unit_t *u)
 {
     if (u->grad_full) return DDP_OK;
     size_t bytes = full_bytes(f, u);
-    u->grad_full = acquire(f, bytes, "fsdp full gradient");
+    u->grad_full = acquire(f, bytes, &u->grad_cap, "fsdp full gradient");
     if (!u->grad_full) return DDP_ERR_NO_MEMORY;
     memset(u->grad_full, 0, bytes ? bytes : 1);
     f->grad_full += bytes;
@@ -517,7 +520,7 @@ static void unit_reduced(void *arg, const void *shard, size_t count)
     else f->flights = fl->next;
     if (fl->next) fl->next->prev = fl->prev;
     f->grad_full -= fl->bytes;
-    give_back(f, fl->buf, fl->bytes);
+    give_back(f, fl->buf, fl->cap);
     free(fl);
 }
 
@@ -537,7 +540,7 @@ ddp_status_t ddp_fsdp_grad_ready(ddp_fsdp_t *f, size_t unit)
     size_t bytes = full_bytes(f, u);
     if (!u->shard) { /* nothing to reduce: every rank skips alike */
         f->grad_full -= bytes;
-        give_back(f, u->grad_full, bytes);
+        give_back(f, u->grad_full, u->grad_cap);
         u->grad_full = NULL;
         u->grad_unsynced = 0;
         return DDP_OK;
@@ -547,6 +550,7 @@ ddp_status_t ddp_fsdp_grad_ready(ddp_fsdp_t *f, size_t unit)
     fl->unit = u;
     fl->buf = u->grad_full;
     fl->bytes = bytes;
+    fl->cap = u->grad_cap;
     fl->next = f->flights;
     if (f->flights) f->flights->prev = fl;
     f->flights = fl;
@@ -563,7 +567,7 @@ ddp_status_t ddp_fsdp_grad_ready(ddp_fsdp_t *f, size_t unit)
                                   unit, (unsigned long long)f->steps);
     if (share) {
         f->grad_full -= bytes;
-        give_back(f, fl->buf, bytes);
+        give_back(f, fl->buf, fl->cap);
         fl->buf = NULL;
         fl->bytes = 0;
     }
