@@ -1143,10 +1143,14 @@ int main(int argc, char **argv)
     }
     if (t->rank == 0) {
         double tokens = (double)(end_step - first_step) * (double)o->accumulate * (double)o->batch * (double)T;
-        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication "
-               "%.2f ms/step on rank 0; final loss %.4f, validation %.4f\n",
+        char exposed[64] = "not measured (no Reducer)";
+        if (t->reducer)
+            snprintf(exposed, sizeof exposed, "%.2f ms/step on rank 0",
+                     synced_steps ? exposed_sum / 1000.0 / (double)synced_steps : 0.0);
+        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication %s; "
+               "final loss %.4f, validation %.4f\n",
                end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s",
-               synced_steps ? exposed_sum / 1000.0 / (double)synced_steps : 0.0, loss, val_loss);
+               exposed, loss, val_loss);
         printf("gpt: median step %.2f ms over %zu steps after %zu (slowest rank): %.0f tokens/s; "
                "peak RSS",
                step_ms, nsync, o->bench_warmup, step_ms > 0 ? tokens_per_step * 1000.0 / step_ms : 0.0);
