@@ -1044,7 +1044,9 @@ ddp_status_t ddp_fsdp_consolidate(ddp_fsdp_t *f, int root, void *const *params, 
                                                   f->rank == root ? optim_size : 0, who,
                                                   "ddp_fsdp_consolidated_optim_size");
     free(runs);
-    if (s == DDP_OK && bad != DDP_OK) return ddp__error(bad, "%s", text);
+    /* The root's own argument error first: it is what the caller must fix (the optimizer
+     * buffer's check above may have failed only for the same reason). */
+    if (bad != DDP_OK) return ddp__error(bad, "%s", text);
     return s;
 }
 
