@@ -163,9 +163,10 @@ DDP_API ddp_status_t ddp_fsdp_param_shard(const ddp_fsdp_t *fsdp, size_t index, 
  * any world size resumes from it). */
 DDP_API ddp_status_t ddp_fsdp_state_size(const ddp_fsdp_t *fsdp, size_t *bytes);
 DDP_API ddp_status_t ddp_fsdp_state_save(const ddp_fsdp_t *fsdp, void *buf, size_t size);
-/* Not collective; between steps, no unit gathered (else DDP_ERR_INVALID_USAGE). Checks every blob (magic, checksum, shapes, units of the same dtype and
- * parameter count, optimizer kind) and that this rank's elements are covered before changing
- * anything; with several blobs their optimizer shards are merged (briefly the whole state). */
+/* Not collective; between steps, with no unit gathered (else DDP_ERR_INVALID_USAGE). Checks
+ * every blob (magic, checksum, parameter count, each parameter's numel and dtype, optimizer
+ * kind) and that this rank's elements are covered before changing anything; with several blobs
+ * their optimizer shards are merged (briefly the whole state). */
 DDP_API ddp_status_t ddp_fsdp_state_load(ddp_fsdp_t *fsdp, const void *const *blobs,
                                          const size_t *sizes, size_t nblobs);
 
@@ -177,10 +178,11 @@ DDP_API ddp_status_t ddp_fsdp_consolidated_optim_size(const ddp_fsdp_t *fsdp, si
  * in turn (units gathered by the caller stay gathered). */
 DDP_API ddp_status_t ddp_fsdp_consolidate(ddp_fsdp_t *fsdp, int root, void *const *params,
                                           void *optim_buf, size_t optim_size);
-/* Not collective, between steps with no unit gathered: every rank passes the whole parameters (params[i]: numel elements of its
- * dtype) and a consolidated optimizer state (from ddp_fsdp_consolidate, ddp_zero_state_consolidate
- * or ddp_optim_state_save, any world size) and takes its shard of both. optim_buf NULL keeps the
- * optimizer state as it is (parameters only). */
+/* Not collective; between steps, with no unit gathered: every rank passes the whole parameters
+ * (params[i]: numel elements of its dtype) and a consolidated optimizer state (from
+ * ddp_fsdp_consolidate, ddp_zero_state_consolidate or ddp_optim_state_save, any world size) and
+ * takes its shard of both. optim_buf NULL keeps the optimizer state as it is (parameters only;
+ * f16/bf16 master copies are reset to the loaded values). */
 DDP_API ddp_status_t ddp_fsdp_load_consolidated(ddp_fsdp_t *fsdp, const void *const *params,
                                                 const void *optim_buf, size_t optim_size);
 
