@@ -43,14 +43,17 @@ extern "C" {
 typedef struct ddp_fsdp_config {
     ddp_optim_config_t optim; /* SGD/Adam/AdamW, groups (by parameter index), clipping */
     /* Bytes of one reduce-scatter bucket over all ranks (ddp_rs_bucketer_create's cap): units
-     * whose gradient is smaller share a reduction; 0: every unit is reduced on its own. */
+     * whose gradient (over all ranks, padding included) is at most half of it share reductions
+     * (the bucket is issued when the next does not fit, or at the step); larger ones are
+     * reduce-scattered at once, each on its own. 0: every unit on its own. */
     size_t bucket_cap_bytes;
     /* 1: rank 0's parameter values are broadcast at create (PyTorch FSDP's sync_module_states),
      * so ranks that initialised differently still start equal. 0: each rank takes its shard from
      * its own values (they must be equal). */
     int sync_params;
-    /* 1: released full buffers are kept for the next gather (no page faults each step; the
-     * memory held is the peak of what was gathered at once). 0: freed at release. */
+    /* 1: released full buffers (parameters and gradients) are kept for reuse: no page faults
+     * each step; the memory held is about the peak of what was in use at once (exactly:
+     * ddp_fsdp_memory's cached_bytes). 0: freed at release. */
     int cache_buffers;
 } ddp_fsdp_config_t;
 
