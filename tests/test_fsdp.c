@@ -229,6 +229,7 @@ static int train_main(ddp_group_t *g, void *arg)
     /* Unit 2 (33 elements) is under half a bucket: bucketed; units 0 and 1 (241, 198) go on
      * their own at once. */
     fc.bucket_cap_bytes = 80 * es * (size_t)world;
+    fc.cache_buffers = dt != DDP_F64; /* f64 cases: every released buffer freed at once */
     ddp_fsdp_t *f = NULL;
     CHECK_OK(ddp_fsdp_create(g, params, NPARAMS, unit_of, NUNITS, &fc, &f));
     init_params(ref, dt, 42); /* the reference: rank 0's values, full */
@@ -296,6 +297,9 @@ static int train_main(ddp_group_t *g, void *arg)
               m.grad_shard_bytes, padded * es);
     CHECK(m.full_model_bytes == total * es);
     CHECK(m.gathered_bytes == 0 && m.grad_full_bytes == 0);
+    CHECK_MSG(fc.cache_buffers ? m.cached_bytes >= m.gathered_peak_bytes : m.cached_bytes == 0,
+              "%zu bytes cached (cache_buffers %d), gathered peak %zu", m.cached_bytes,
+              fc.cache_buffers, m.gathered_peak_bytes);
     CHECK(m.gathered_peak_bytes > 0 && m.gathered_peak_bytes <= (total + 3 * (size_t)world) * es);
     int64_t st = (int64_t)m.optim_state_bytes, sts[8], sum = 0;
     CHECK_OK(ddp_group_allgather(g, &st, sts, 1, DDP_I64));
