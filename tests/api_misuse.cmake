@@ -6,7 +6,7 @@ set(DDP_MISUSE_LIBS "")
 if(TARGET ddp_powersgd_static)
   set(DDP_MISUSE_LIBS ddp_powersgd_static)
 endif()
-foreach(section core store group group2 group3 reducer hooks powersgd shard)
+foreach(section core store group group2 group3 reducer hooks powersgd shard fsdp)
   ddp_add_test(NAME test_api_misuse SOURCES test_api_misuse.c ARGS ${section}
                LIBS ${DDP_MISUSE_LIBS} TIMEOUT 90)
 endforeach()

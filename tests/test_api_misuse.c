@@ -2,7 +2,7 @@
  * an out-of-range enum, an overflowing count, a bad rank or timeout, or in the wrong order must
  * return the documented status with a message naming the argument, and must neither crash, hang
  * nor print anything (stdout and stderr are captured around every call).
- * Run one section: test_api_misuse <core|store|group|group2|reducer|hooks|powersgd|shard>.
+ * Run one section: test_api_misuse <core|store|group|group2|reducer|hooks|powersgd|shard|fsdp>.
  * Findings in areas still being written are kept under DDP_MISUSE_PENDING (off by default). */
 #include <errno.h>
 #include <fcntl.h>
@@ -1379,6 +1379,103 @@ static void check_shard(void)
     ddp_store_destroy(store);
 }
 
+static void check_fsdp(void)
+{
+    ddp_store_t *store = NULL;
+    ddp_group_t *group = make_group1(&store);
+    float w[6] = {1, 2, 3, 4, 5, 6}, b[2] = {0};
+    ddp_param_t params[2] = {{"w", w, 6, DDP_F32, 0, 0, NULL}, {"b", b, 2, DDP_F32, 0, 0, NULL}};
+    ddp_fsdp_config_t fc = DDP_FSDP_CONFIG_INIT;
+    QUIET(ddp_fsdp_config_init(NULL));
+    ddp_fsdp_t *f = NULL;
+    EXPECT_BAD(ddp_fsdp_create(group, params, 2, NULL, 2, &fc, NULL), "out");
+    EXPECT_BAD(ddp_fsdp_create(NULL, params, 2, NULL, 2, &fc, &f), "group");
+    EXPECT_BAD(ddp_fsdp_create(group, params, 2, NULL, 2, NULL, &f), "config");
+    EXPECT_BAD(ddp_fsdp_create(group, NULL, 2, NULL, 2, &fc, &f), "params");
+    EXPECT_BAD(ddp_fsdp_create(group, params, 2, NULL, 0, &fc, &f), "nunits");
+    ddp_param_t bad[2];
+    memcpy(bad, params, sizeof bad);
+    bad[0].dtype = DDP_I32;
+    EXPECT(ddp_fsdp_create(group, bad, 2, NULL, 2, &fc, &f), DDP_ERR_UNSUPPORTED, "dtype");
+    memcpy(bad, params, sizeof bad);
+    bad[1].numel = SIZE_MAX;
+    EXPECT_BAD(ddp_fsdp_create(group, bad, 2, NULL, 2, &fc, &f), "params[1].numel");
+    memcpy(bad, params, sizeof bad);
+    bad[0].data = NULL;
+    EXPECT_BAD(ddp_fsdp_create(group, bad, 2, NULL, 2, &fc, &f), "data");
+    fc.optim.kind = (ddp_optim_kind_t)7;
+    EXPECT_BAD(ddp_fsdp_create(group, params, 2, NULL, 2, &fc, &f), "kind");
+    fc.optim.kind = DDP_OPTIM_SGD;
+    CHECK(f == NULL);
+    QUIET(ddp_fsdp_destroy(NULL));
+    EXPECT_OK(ddp_fsdp_create(group, params, 2, NULL, 2, &fc, &f));
+
+    void *ptr = NULL;
+    double x = 0;
+    size_t n = 0;
+    ddp_fsdp_memory_t m;
+    EXPECT_BAD(ddp_fsdp_prefetch(NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_prefetch(f, 2), "unit 2");
+    EXPECT_BAD(ddp_fsdp_gather(NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_gather(f, SIZE_MAX), "unit");
+    EXPECT_BAD(ddp_fsdp_release(NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_release(f, 2), "unit 2");
+    EXPECT_BAD(ddp_fsdp_param(NULL, 0, &ptr), "fsdp");
+    EXPECT_BAD(ddp_fsdp_param(f, 0, NULL), "data");
+    EXPECT_BAD(ddp_fsdp_param(f, 2, &ptr), "index 2");
+    EXPECT_USAGE(ddp_fsdp_param(f, 1, &ptr), "ddp_fsdp_gather");
+    EXPECT_BAD(ddp_fsdp_grad(NULL, 0, &ptr), "fsdp");
+    EXPECT_BAD(ddp_fsdp_grad(f, 0, NULL), "grad");
+    EXPECT_BAD(ddp_fsdp_grad(f, 2, &ptr), "index 2");
+    EXPECT_BAD(ddp_fsdp_grad_ready(NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_grad_ready(f, 2), "unit 2");
+    EXPECT_BAD(ddp_fsdp_set_sync(NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_step(NULL), "fsdp");
+    EXPECT_BAD(ddp_fsdp_grad_norm(NULL, &x), "fsdp");
+    EXPECT_BAD(ddp_fsdp_grad_norm(f, NULL), "norm");
+    EXPECT_BAD(ddp_fsdp_set_lr(NULL, 0, 0.1), "fsdp");
+    EXPECT_BAD(ddp_fsdp_set_lr(f, 5, 0.1), "group 5");
+    EXPECT_BAD(ddp_fsdp_set_lr(f, 0, -1), "lr");
+    EXPECT_BAD(ddp_fsdp_scale_lr(NULL, 1), "fsdp");
+    EXPECT_BAD(ddp_fsdp_scale_lr(f, NAN), "factor");
+    EXPECT_BAD(ddp_fsdp_get_lr(NULL, 0, &x), "fsdp");
+    EXPECT_BAD(ddp_fsdp_get_lr(f, 0, NULL), "lr");
+    EXPECT_BAD(ddp_fsdp_memory(NULL, &m), "fsdp");
+    EXPECT_BAD(ddp_fsdp_memory(f, NULL), "out");
+    EXPECT_BAD(ddp_fsdp_param_shard(NULL, 0, NULL, NULL, NULL), "fsdp");
+    EXPECT_BAD(ddp_fsdp_param_shard(f, 9, NULL, NULL, NULL), "index 9");
+    EXPECT_OK(ddp_fsdp_param_shard(f, 1, NULL, NULL, &n));
+    CHECK(n == 2);
+    EXPECT_BAD(ddp_fsdp_state_size(NULL, &n), "fsdp");
+    EXPECT_BAD(ddp_fsdp_state_size(f, NULL), "bytes");
+    EXPECT_OK(ddp_fsdp_state_size(f, &n));
+    EXPECT_BAD(ddp_fsdp_state_save(NULL, w, n), "fsdp");
+    EXPECT_BAD(ddp_fsdp_state_save(f, NULL, n), "buf");
+    EXPECT_BAD(ddp_fsdp_state_save(f, w, 4), "size");
+    size_t sizes[1] = {n};
+    const void *blobs[1] = {NULL};
+    EXPECT_BAD(ddp_fsdp_state_load(NULL, blobs, sizes, 1), "fsdp");
+    EXPECT_BAD(ddp_fsdp_state_load(f, NULL, sizes, 1), "blobs");
+    EXPECT_BAD(ddp_fsdp_state_load(f, blobs, sizes, 1), "blob 0 is NULL");
+    EXPECT_BAD(ddp_fsdp_state_load(f, blobs, sizes, 0), "nblobs");
+    EXPECT_BAD(ddp_fsdp_consolidated_optim_size(NULL, &n), "fsdp");
+    EXPECT_BAD(ddp_fsdp_consolidated_optim_size(f, NULL), "bytes");
+    EXPECT_BAD(ddp_fsdp_consolidate(NULL, 0, NULL, NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_consolidate(f, -1, NULL, NULL, 0), "root");
+    EXPECT_BAD(ddp_fsdp_consolidate(f, 0, NULL, NULL, 0), "params");
+    EXPECT_BAD(ddp_fsdp_load_consolidated(NULL, NULL, NULL, 0), "fsdp");
+    EXPECT_BAD(ddp_fsdp_load_consolidated(f, NULL, NULL, 0), "params");
+    /* Order: a step with a unit gathered, a parameter of a prefetching unit. */
+    EXPECT_OK(ddp_fsdp_gather(f, 0));
+    EXPECT_USAGE(ddp_fsdp_step(f), "release");
+    EXPECT_OK(ddp_fsdp_release(f, 0));
+    EXPECT_OK(ddp_fsdp_step(f));
+    ddp_fsdp_destroy(f);
+
+    ddp_group_destroy(group);
+    ddp_store_destroy(store);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("DDP_LOG_LEVEL");
@@ -1410,6 +1507,7 @@ int main(int argc, char **argv)
     }
 #endif
     SECTION("shard", check_shard);
+    SECTION("fsdp", check_fsdp);
     CHECK_MSG(ran, "unknown section '%s'", section);
     if (capture_fd >= 0) close(capture_fd);
     if (failures) {

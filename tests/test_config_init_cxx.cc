@@ -63,6 +63,14 @@ static void check_zero(const ddp_zero_config_t &c)
     EXPECT(c.overlap == 0);
 }
 
+static void check_fsdp(const ddp_fsdp_config_t &c)
+{
+    check_optim(c.optim);
+    EXPECT(c.bucket_cap_bytes == (size_t)1 << 20);
+    EXPECT(c.sync_params == 1);
+    EXPECT(c.cache_buffers == 1);
+}
+
 int main()
 {
     check_reducer(global_reducer_config);
@@ -90,6 +98,12 @@ int main()
     std::memset(&zc, 0x5a, sizeof zc);
     ddp_zero_config_init(&zc);
     check_zero(zc);
+
+    ddp_fsdp_config_t fc = DDP_FSDP_CONFIG_INIT;
+    check_fsdp(fc);
+    std::memset(&fc, 0x5a, sizeof fc);
+    ddp_fsdp_config_init(&fc);
+    check_fsdp(fc);
 
 #ifdef DDP_TEST_HAVE_POWERSGD
     ddp_powersgd_config_t pcs[2] = {DDP_POWERSGD_CONFIG_INIT, DDP_POWERSGD_CONFIG_INIT};

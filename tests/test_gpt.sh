@@ -28,6 +28,14 @@
 #   compare     bench/gpt_vs_pytorch.sh on a tiny model (1 repeat, 2 timed steps): its table has
 #               a row per implementation and world size with numbers, and the targets' ratios;
 #               without torch only build/gpt's rows (the script says why)
+#   zero3       --zero 3 (FSDP) on 1-4 ranks and --zero 2 on 3 ranks give plain training's
+#               losses (1e-5), one checksum over ranks; --zero 3 --accumulate 2; bf16 under
+#               --zero 2 equals --zero 1's; memory per rank at 4 ranks is a quarter of 1 rank's
+#               (parameters, gradient shards, optimizer state); --mem-budget refuses the plain run on 1 rank
+#               and fits --zero 3 on 4; unsupported combinations refused by name
+#   zero3resume --zero 3 stopped and resumed (--resume auto) = uninterrupted, bitwise; a rank
+#               killed under --max-restarts 1 restarts from the checkpoint, bitwise; the
+#               checkpoint continues on 4 ranks and without ZeRO on 1 (losses within 1e-5)
 #   progress    under a pseudo-terminal (script(1)) rank 0 draws a \r progress bar (step,
 #               loss, tokens/s, ETA), also under ddprun -n 2 and never from rank 1 (not even
 #               with --no-prefix, when every rank has the terminal); into a
@@ -70,12 +78,12 @@ run() {
 losses() { grep '^step [0-9]* loss ' "$WORK/$1" | awk '{ print $4 }'; }
 checksums() { grep '^rank [0-9]* params fnv ' "$WORK/$1" | awk '{ print $5 }' | sort -u; }
 
-# same_losses A B WHAT: both 20 losses, each pair within 1e-5 relative
+# same_losses A B WHAT [TOL]: both 20 losses, each pair within TOL (1e-5) relative
 same_losses() {
     losses "$1" >"$WORK/a"
     losses "$2" >"$WORK/b"
-    if ! awk 'NR == FNR { a[FNR] = $1; n = FNR; next }
-        { m = FNR; d = (a[FNR] - $1) / $1; if (d < 0) d = -d; if (d > 1e-5) { bad = 1;
+    if ! awk -v tol="${4:-1e-5}" 'NR == FNR { a[FNR] = $1; n = FNR; next }
+        { m = FNR; d = (a[FNR] - $1) / $1; if (d < 0) d = -d; if (d > tol) { bad = 1;
           printf "step %d: %s vs %s\n", FNR, a[FNR], $1 } }
         END { if (n != m || n != 20) { printf "%d vs %d steps\n", n, m; exit 1 } exit bad }' \
         "$WORK/a" "$WORK/b" >&2; then
@@ -199,6 +207,108 @@ errors)
     "$GPT" $TINY --channels 30 --heads 4 >"$WORK/out" 2>"$WORK/err"
     [ $? != 0 ] && grep -q -- "--channels 30 is not a multiple of --heads 4" "$WORK/err" ||
         fail "channels % heads was not refused by name"
+    ;;
+zero3)
+    # ZeRO-2 and ZeRO-3 (FSDP) against plain data parallelism: the same losses (1e-5 relative)
+    # at 1-4 ranks, one parameter checksum over the ranks of each run
+    run 1 plain1 $TINY --batch 12
+    for n in 1 2 3 4; do
+        run $n z3_$n $TINY --batch 12 --zero 3
+        [ "$RC" = 0 ] || fail "--zero 3 on $n ranks exited $RC"
+        one_checksum z3_$n $n
+        same_losses plain1 z3_$n "--zero 3 on $n ranks vs plain on 1"
+    done
+    run 3 z2 $TINY --batch 12 --zero 2
+    [ "$RC" = 0 ] || fail "--zero 2 exited $RC"
+    one_checksum z2 3
+    same_losses plain1 z2 "--zero 2 on 3 ranks vs plain on 1"
+    run 2 z2bf $TINY --batch 12 --zero 2 --param-dtype bf16
+    run 2 z1bf $TINY --batch 12 --zero 1 --param-dtype bf16
+    [ "$RC" = 0 ] || fail "--zero 2 --param-dtype bf16 exited $RC"
+    one_checksum z2bf 2
+    # ZeRO-1 averages f32 gradients and rounds them to bf16 once; ZeRO-2 reduce-scatters bf16
+    # gradients (rounded before and after the sum): equal to bf16 precision, not 1e-5
+    same_losses z1bf z2bf "--zero 2 vs --zero 1 with bf16 parameters" 1e-3
+    losses z2 >"$WORK/a"
+    losses z2bf >"$WORK/b"
+    cmp -s "$WORK/a" "$WORK/b" && fail "--zero 2 --param-dtype bf16 changed nothing"
+    run 2 z3acc $TINY --batch 6 --accumulate 2 --zero 3
+    [ "$RC" = 0 ] || fail "--zero 3 --accumulate 2 exited $RC"
+    one_checksum z3acc 2
+    same_losses plain1 z3acc "--zero 3 --accumulate 2 x 6 vs batch 12"
+    # memory per rank: the sharded part (parameters, optimizer state) at 4 ranks is a quarter of
+    # 1 rank's (to the padding of a few elements per unit); the gathered peak is reported
+    python3 - "$WORK/z3_1" "$WORK/z3_4" <<'PY' || fail "--zero 3: memory per rank does not fall as 1/N"
+import re, sys
+def mem(path):
+    rows = [l for l in open(path) if l.startswith("gpt: memory rank")]
+    return [dict((k, float(v)) for k, v in re.findall(r"(parameters|gradients|optimizer state|gathered peak) ([0-9.]+)", l)) for l in rows]
+one, four = mem(sys.argv[1]), mem(sys.argv[2])
+assert len(one) == 1 and len(four) == 4, (one, four)
+for r in four:
+    for k in ("parameters", "gradients", "optimizer state"):
+        assert abs(4 * r[k] - one[0][k]) <= 0.02 * one[0][k] + 0.004, (k, r[k], one[0][k])
+    assert 0 < r["gathered peak"] <= one[0]["gathered peak"], r
+PY
+    # --mem-budget: the plain trainer on 1 rank is refused before training; --zero 3 on 4 ranks
+    # fits the same budget and trains
+    run 1 budget1 $TINY --batch 12 --mem-budget 0.45
+    [ "$RC" != 0 ] && grep -q -- "--mem-budget 0.45 MiB: before training: this rank holds" "$WORK/err" ||
+        fail "a model over --mem-budget was not refused by name"
+    run 4 budget4 $TINY --batch 12 --mem-budget 0.45 --zero 3
+    [ "$RC" = 0 ] || fail "--zero 3 on 4 ranks did not fit --mem-budget 0.45"
+    # refused combinations, by name
+    run 2 e $TINY --batch 12 --zero 4
+    [ "$RC" != 0 ] && grep -q -- "--zero: 4 is not 0, 1, 2 or 3" "$WORK/err" || fail "--zero 4 accepted"
+    run 2 e $TINY --batch 12 --zero 3 --param-dtype bf16
+    [ "$RC" != 0 ] && grep -q -- "not with --zero 3" "$WORK/err" || fail "--zero 3 bf16 accepted"
+    run 2 e $TINY --batch 12 --zero 2 --grad-blocks 4
+    [ "$RC" != 0 ] && grep -q -- "--zero 2 has no Reducer" "$WORK/err" || fail "--zero 2 --grad-blocks 4 accepted"
+    run 2 e $TINY --batch 12 --zero 3 --bench-nosync
+    [ "$RC" != 0 ] && grep -q -- "not with --zero 3" "$WORK/err" || fail "--zero 3 --bench-nosync accepted"
+    ;;
+zero3resume)
+    # --zero 3 stopped after step 8 and resumed = uninterrupted, bitwise; a kill under
+    # --max-restarts restarts from the last checkpoint and ends bitwise equal; the checkpoint
+    # (consolidated) resumes at another world size and under --zero 0
+    run 2 full $TINY --batch 12 --zero 3
+    rm -f "$WORK/ck"
+    run 2 part $TINY --batch 12 --zero 3 --checkpoint "$WORK/ck" --resume auto --stop-at 8
+    [ "$RC" = 0 ] && [ -f "$WORK/ck" ] || fail "the stopped --zero 3 run wrote no checkpoint"
+    cp "$WORK/ck" "$WORK/ck8"
+    run 2 rest $TINY --batch 12 --zero 3 --checkpoint "$WORK/ck" --resume auto
+    [ "$RC" = 0 ] || fail "the resumed --zero 3 run exited $RC"
+    grep -q "resumed from $WORK/ck after step 8" "$WORK/rest" || fail "--zero 3: not resumed"
+    one_checksum rest 2
+    [ "$(checksums rest)" = "$(checksums full)" ] ||
+        fail "--zero 3: resumed parameters differ from the uninterrupted run's"
+    losses full | tail -12 >"$WORK/a"
+    losses rest >"$WORK/b"
+    cmp -s "$WORK/a" "$WORK/b" || fail "--zero 3: losses after the resume differ"
+    rm -f "$WORK/ck2"
+    GPT_TEST_KILL_AT_STEP=14 "$DDPRUN" -n 2 --max-restarts 1 "$GPT" $TINY --batch 12 --zero 3 \
+        --checkpoint "$WORK/ck2" --save-every 4 --resume auto >"$WORK/raw" 2>"$WORK/err"
+    RC=$?
+    sed 's/^\[[0-9]*\] //' "$WORK/raw" >"$WORK/job"
+    [ "$RC" = 0 ] || { fail "--zero 3 --max-restarts 1: exit $RC"; cat "$WORK/err" >&2; }
+    grep -q 'killed by signal 9' "$WORK/err" || fail "rank 1 was not killed"
+    grep -q "resumed from $WORK/ck2 after step 12 (restart 1)" "$WORK/job" ||
+        fail "--zero 3: the restart did not continue from step 12"
+    [ "$(checksums job)" = "$(checksums full)" ] ||
+        fail "--zero 3 restarted job: parameters differ from the uninterrupted run's"
+    # resharded: the step-8 checkpoint of 2 ranks continued on 4 ranks, and without ZeRO on 1
+    for spec in 4:3 1:0; do
+        cp "$WORK/ck8" "$WORK/ckr"
+        run "${spec%:*}" other $TINY --batch 12 --zero "${spec#*:}" --checkpoint "$WORK/ckr" \
+            --resume auto
+        [ "$RC" = 0 ] || fail "the --zero 3 checkpoint resumed on $spec: exit $RC"
+        losses full | tail -12 >"$WORK/a"
+        losses other >"$WORK/b"
+        awk 'NR == FNR { a[FNR] = $1; n = FNR; next }
+            { d = (a[FNR] - $1) / $1; if (d < 0) d = -d; if (d > 1e-5) bad = 1 }
+            END { exit bad || n != 12 }' "$WORK/a" "$WORK/b" ||
+            fail "the --zero 3 checkpoint resumed on $spec: losses differ"
+    done
     ;;
 bench)
     # 4 warm-up steps, then 8 synchronised and 8 no_sync steps alternating

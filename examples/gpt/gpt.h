@@ -38,12 +38,23 @@ enum {
 };
 extern const char *const gpt_phase_names[GPT_NPHASES];
 
+/* Events of gpt_t.layer_hook: before block l's forward, after it, and before its backward. */
+enum { GPT_HOOK_FORWARD, GPT_HOOK_FORWARD_DONE, GPT_HOOK_BACKWARD };
+typedef int (*gpt_layer_hook_fn)(void *ctx, size_t layer, int event);
+
 typedef struct gpt {
     gpt_config_t cfg;
     size_t ntensors; /* 2 + 12 * layers + 2 */
     gpt_tensor_t *tensors;
     size_t nparams; /* elements in total */
-    float *params;  /* one block, tensors at their offsets */
+    float *params;  /* one block, tensors at their offsets (NULL when sharded: see param_at) */
+    /* Where each tensor's values are read from: into params by default. A sharded trainer
+     * (--zero 3) points them at gathered units from layer_hook before a block is computed, and
+     * grad_at at the units' gradient buffers (gpt_backward with grads NULL). */
+    float **param_at, **grad_at;
+    gpt_layer_hook_fn layer_hook; /* NULL: none; non-zero return stops (forward returns NaN) */
+    void *hook_ctx;
+    int hook_rc; /* what the hook returned when it stopped forward */
     /* activations for up to max_batch sequences of cfg.context tokens */
     size_t max_batch;
     float *acts;
@@ -88,7 +99,7 @@ typedef int (*gpt_rows_fn)(void *ctx, size_t tensor, size_t row_begin, size_t ro
 #define GPT_GRAD_TILES 4
 
 /* After gpt_forward with targets: gradients of `scale` * (mean loss) ACCUMULATED into grads (a
- * block laid out as the parameters). Reports finished tensors through ready (may be NULL),
+ * block laid out as the parameters; NULL: into m->grad_at[i] for tensor i). Reports finished tensors through ready (may be NULL),
  * highest layer first, and, when rows is not NULL, each row tile of a block's four matrices as
  * it is computed (before that layer's ready). Returns 0 or the callbacks' non-zero value. */
 int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_ready_fn ready,

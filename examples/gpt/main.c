@@ -2,7 +2,8 @@
  * quotations. Each rank takes its share of every global batch (DistributedSampler semantics: the
  * global batch is the same whatever the world size); backward hands each layer's gradients to the
  * Reducer as soon as they are final (highest layer first), in one stable gradient block; AdamW
- * (decay on the matrices only), warmup + cosine and global-norm clipping, or ZeRO-1.
+ * (decay on the matrices only), warmup + cosine and global-norm clipping, or ZeRO-1/2, or ZeRO-3
+ * (FSDP: each block a unit of ddp/fsdp.h, gathered just before its forward and backward).
  *
  *     build/ddprun -n 2 build/gpt --steps 300      (docs/gpt.md has every option) */
 #include <errno.h>
@@ -47,6 +48,7 @@ typedef struct options {
     size_t batch, accumulate, steps, warmup, eval_every, eval_batches, samples, sample_len;
     double lr, min_lr_ratio, weight_decay, clip, val_fraction, bucket_mb;
     int zero, print_losses, bf16;
+    double mem_budget_mb; /* > 0: refuse to run when a rank's model state would exceed it */
     int bench_nosync; /* every other timed step without communication (no_sync) */
     size_t bench_warmup; /* steps left out of the medians */
     int json, profile, no_progress;
@@ -75,7 +77,12 @@ static void usage(FILE *f)
             "  --min-lr-ratio X  final lr / peak lr (0.1)\n"
             "  --weight-decay X  AdamW decay of the 2-D weights, embeddings included (0.1)\n"
             "  --clip X          global gradient norm clipping, 0 off (1.0)\n"
-            "  --zero 0|1        1: ZeRO-1, the optimizer state sharded over ranks (0)\n"
+            "  --zero 0|1|2|3    1: ZeRO-1, the optimizer state sharded over ranks; 2: and the\n"
+            "                    gradients (reduce-scattered as backward finishes each layer, no\n"
+            "                    Reducer); 3: and the parameters (FSDP: each block gathered just\n"
+            "                    before its forward and backward, the next one prefetched) (0)\n"
+            "  --mem-budget MIB  refuse to run (or stop) when a rank's model state - parameters,\n"
+            "                    gradients, optimizer state, gathered units - exceeds MIB (off)\n"
             "  --param-dtype T   f32, or bf16: bf16 parameters (and gradients into the optimizer)\n"
             "                    with f32 master weights in the optimizer (f32)\n"
             "  --grad-blocks N   1: each layer's gradients reported whole; 4: each block matrix's\n"
@@ -174,6 +181,7 @@ static void parse(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--weight-decay")) o->weight_decay = parse_double(a, v, 0);
         else if (!strcmp(a, "--clip")) o->clip = parse_double(a, v, 0);
         else if (!strcmp(a, "--bucket-mb")) o->bucket_mb = parse_double(a, v, 0.001);
+        else if (!strcmp(a, "--mem-budget")) o->mem_budget_mb = parse_double(a, v, 0.001);
         else if (!strcmp(a, "--data")) o->data = v;
         else if (!strcmp(a, "--metrics")) o->metrics = v;
         else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
@@ -197,11 +205,19 @@ static void parse(int argc, char **argv, options_t *o)
     if (o->grad_blocks != 1 && o->grad_blocks != GPT_GRAD_TILES)
         fail("--grad-blocks: %zu is not 1 or %d (the row tiles backward computes)",
              o->grad_blocks, GPT_GRAD_TILES);
-    if (o->zero > 1) fail("--zero: %d is not supported (0 or 1)", o->zero);
+    if (o->zero > 3) fail("--zero: %d is not 0, 1, 2 or 3", o->zero);
     /* ZeRO's step communicates (the updated shards are gathered), so its no_sync step would
      * still wait for the other ranks and the difference would not be the Reducer's exposure */
     if (o->bench_nosync && o->zero)
-        fail("--bench-nosync: not with --zero 1 (ZeRO's optimizer step communicates too)");
+        fail("--bench-nosync: not with --zero %d (ZeRO's optimizer step communicates too)",
+             o->zero);
+    if (o->zero >= 2 && o->grad_blocks > 1)
+        fail("--grad-blocks %zu hands row tiles to the Reducer; --zero %d has no Reducer",
+             o->grad_blocks, o->zero);
+    /* The model computes in f32 from the gathered units; bf16 units would need a widened copy
+     * of each gathered unit (not done: docs/gpt.md) */
+    if (o->zero == 3 && o->bf16)
+        fail("--param-dtype bf16: not with --zero 3 (use --zero 1 or 2)");
     if (o->bench_nosync && (o->checkpoint || o->resume))
         fail("--bench-nosync: no_sync steps leave the ranks' parameters apart: not with "
              "--checkpoint or --resume");
@@ -223,6 +239,10 @@ typedef struct trainer {
     ddp_reducer_t *reducer;
     ddp_optim_t *optim;
     ddp_zero_t *zero;
+    ddp_fsdp_t *fsdp;    /* --zero 3 */
+    int training;        /* --zero 3: forward keeps the last block gathered for backward */
+    int sync_now;        /* --zero 2: this micro-step's gradients go to the reduce-scatter */
+    size_t block_bytes;  /* the gradient block (not under --zero 3) */
     ddp_status_t status; /* a failure inside a backward callback */
     ddp_trace_t *trace;
     int tracing;    /* this step's compute spans are recorded */
@@ -269,6 +289,34 @@ static int on_ready(void *ctx, size_t first, size_t count)
         ddp_trace_span(t->trace, name, "compute", 0, t->mark_us, now);
         t->mark_us = now;
     }
+    if (t->fsdp) { /* --zero 3: a block's unit is done; the root unit after the embeddings */
+        ddp_status_t st = DDP_OK;
+        size_t unit = count == GPT_LAYER_TENSORS ? 1 + (first - 2) / GPT_LAYER_TENSORS : 0;
+        if (count == GPT_LAYER_TENSORS || first == GPT_WTE) {
+            st = ddp_fsdp_grad_ready(t->fsdp, unit);
+            if (st == DDP_OK) st = ddp_fsdp_release(t->fsdp, unit);
+        }
+        t->status = st;
+        return st != DDP_OK;
+    }
+    if (t->o.zero == 2) { /* local gradients to the reduce-scatter, on the last micro-step */
+        if (!t->sync_now) return 0;
+        for (size_t i = first + count; i-- > first;) {
+            const gpt_tensor_t *ten = &t->model.tensors[i];
+            const void *g = t->grads + ten->offset;
+            if (t->o.bf16) {
+                for (size_t e = 0; e < ten->numel; e++)
+                    t->half_grads[ten->offset + e] = ddp_f32_to_bf16(t->grads[ten->offset + e]);
+                g = t->half_grads + ten->offset;
+            }
+            ddp_status_t st = ddp_zero_grad_ready(t->zero, i, g);
+            if (st != DDP_OK) {
+                t->status = st;
+                return 1;
+            }
+        }
+        return 0;
+    }
     for (size_t i = first + count; i-- > first;) {
         if (t->o.grad_blocks > 1 && is_block_matrix(&t->model, i)) continue; /* rows did it */
         ddp_status_t st = ddp_reducer_grad_ready(t->reducer, i);
@@ -278,6 +326,67 @@ static int on_ready(void *ctx, size_t first, size_t count)
         }
     }
     return 0;
+}
+
+/* ---- --zero 3 ----------------------------------------------------------------------------------
+ * Units: 0 is the root (wte, wpe and the final layer norm: the tied embedding is read by the first
+ * and the last computation of forward and of backward, so it stays gathered for a whole
+ * micro-step, as FSDP's root module does); 1 + l is block l. */
+static size_t unit_of_tensor(const gpt_t *m, size_t i)
+{
+    if (i < 2 || i >= 2 + GPT_LAYER_TENSORS * m->cfg.layers) return 0;
+    return 1 + (i - 2) / GPT_LAYER_TENSORS;
+}
+
+/* Points the model at tensors [first, first + count)'s gathered values (and gradient buffers). */
+static ddp_status_t point_at(trainer_t *t, size_t first, size_t count, int grads)
+{
+    gpt_t *m = &t->model;
+    for (size_t i = first; i < first + count; i++) {
+        ddp_status_t st = ddp_fsdp_param(t->fsdp, i, (void **)&m->param_at[i]);
+        if (st == DDP_OK && grads) st = ddp_fsdp_grad(t->fsdp, i, (void **)&m->grad_at[i]);
+        if (st != DDP_OK) return st;
+    }
+    return DDP_OK;
+}
+
+/* The root unit's tensors: wte, wpe, lnf.weight, lnf.bias. */
+static ddp_status_t point_at_root(trainer_t *t, int grads)
+{
+    ddp_status_t st = point_at(t, GPT_WTE, 2, grads);
+    return st == DDP_OK ? point_at(t, GPT_LNFW(&t->model), 2, grads) : st;
+}
+
+/* Before a forward: the root gathered (and block 0's unit prefetched). */
+static void zero3_begin(trainer_t *t)
+{
+    check(ddp_fsdp_gather(t->fsdp, 0), "gathering the root unit");
+    check(ddp_fsdp_prefetch(t->fsdp, 1), "prefetching block 0");
+    check(point_at_root(t, 0), "the root unit's parameters");
+}
+
+/* The model's layer hook: block l's unit gathered before its forward (the next one's allgather
+ * started, to run while this block computes) and released after, except the last block in
+ * training, whose backward comes next; gathered again before its backward (the block below
+ * prefetched), pointed at its gradient buffers. on_ready hands the gradients over. */
+static int zero3_hook(void *ctx, size_t l, int event)
+{
+    trainer_t *t = ctx;
+    size_t L = t->model.cfg.layers, unit = 1 + l;
+    ddp_status_t st = DDP_OK;
+    if (event == GPT_HOOK_FORWARD) {
+        st = ddp_fsdp_gather(t->fsdp, unit);
+        if (st == DDP_OK && l + 1 < L) st = ddp_fsdp_prefetch(t->fsdp, unit + 1);
+        if (st == DDP_OK) st = point_at(t, GPT_T(l, 0), GPT_LAYER_TENSORS, 0);
+    } else if (event == GPT_HOOK_FORWARD_DONE) {
+        if (!t->training || l + 1 < L) st = ddp_fsdp_release(t->fsdp, unit);
+    } else {
+        st = ddp_fsdp_gather(t->fsdp, unit);
+        if (st == DDP_OK && l > 0) st = ddp_fsdp_prefetch(t->fsdp, unit - 1);
+        if (st == DDP_OK) st = point_at(t, GPT_T(l, 0), GPT_LAYER_TENSORS, 1);
+    }
+    t->status = st;
+    return st != DDP_OK;
 }
 
 /* Fills tok/tgt with this rank's sequences for micro-batch `micro` of the run (epochs wrap). */
@@ -311,6 +420,7 @@ static double evaluate(trainer_t *t)
     double sum = 0;
     int profile = t->model.profile;
     t->model.profile = 0; /* the phase times are those of training steps */
+    t->training = 0;      /* every block released after its forward */
     for (size_t k = 0; k < batches; k++) {
         for (size_t b = 0; b < t->local_batch; b++) {
             const uint8_t *w =
@@ -320,9 +430,15 @@ static double evaluate(trainer_t *t)
                 t->tgt[b * T + i] = w[i + 1];
             }
         }
+        if (t->fsdp) zero3_begin(t);
         sum += gpt_forward(&t->model, t->tok, t->tgt, t->local_batch, T);
+        if (t->fsdp) {
+            check(t->model.hook_rc ? t->status : DDP_OK, "gathering a block (validation)");
+            check(ddp_fsdp_release(t->fsdp, 0), "releasing the root unit");
+        }
     }
     t->model.profile = profile;
+    t->training = 1;
     check(ddp_group_allreduce(t->group, &sum, &sum, 1, DDP_F64, DDP_SUM), "allreduce val loss");
     return batches ? sum / (double)(batches * (size_t)t->world) : NAN;
 }
@@ -391,13 +507,35 @@ static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
     return h;
 }
 
-/* Collective (ZeRO consolidates its shards on rank 0). */
+/* Pointers to each tensor of a parameter block laid out as the model's (ntensors entries). */
+static void **tensor_pointers(const gpt_t *m, float *block)
+{
+    void **p = calloc(m->ntensors, sizeof *p);
+    if (!p) fail("out of memory");
+    for (size_t i = 0; i < m->ntensors; i++) p[i] = block ? block + m->tensors[i].offset : NULL;
+    return p;
+}
+
+/* Collective (ZeRO consolidates its shards on rank 0; --zero 3 its parameters too). */
 static void save_checkpoint(trainer_t *t, uint64_t steps_done)
 {
     const options_t *o = &t->o;
     size_t bytes = 0;
     void *state = NULL;
-    if (t->zero) {
+    const float *values = t->model.params;
+    float *full = NULL; /* --zero 3: the parameters consolidated on rank 0 */
+    if (t->fsdp) {
+        check(ddp_fsdp_consolidated_optim_size(t->fsdp, &bytes), "ddp_fsdp_consolidated_optim_size");
+        if (t->rank == 0 && (!(state = malloc(bytes)) ||
+                             !(full = malloc(t->model.nparams * sizeof(float)))))
+            fail("out of memory saving %s", o->checkpoint);
+        void **ptrs = tensor_pointers(&t->model, full);
+        check(ddp_fsdp_consolidate(t->fsdp, 0, t->rank == 0 ? ptrs : NULL, state,
+                                   t->rank == 0 ? bytes : 0),
+              "ddp_fsdp_consolidate");
+        free(ptrs);
+        values = full;
+    } else if (t->zero) {
         check(ddp_zero_consolidated_state_size(t->zero, &bytes), "ddp_zero_consolidated_state_size");
         if (t->rank == 0 && !(state = malloc(bytes))) fail("out of memory saving %s", o->checkpoint);
         check(ddp_zero_state_consolidate(t->zero, 0, state, t->rank == 0 ? bytes : 0),
@@ -414,20 +552,21 @@ static void save_checkpoint(trainer_t *t, uint64_t steps_done)
     h.state_bytes = bytes;
     uint64_t sum = 1469598103934665603ull;
     sum = fnv_bytes(sum, &h, sizeof h);
-    sum = fnv_bytes(sum, t->model.params, t->model.nparams * sizeof(float));
+    sum = fnv_bytes(sum, values, t->model.nparams * sizeof(float));
     sum = fnv_bytes(sum, state, bytes);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", o->checkpoint);
     FILE *f = fopen(tmp, "wb");
     if (!f) fail("--checkpoint: cannot create %s: %s", tmp, strerror(errno));
     int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
-             fwrite(t->model.params, sizeof(float), t->model.nparams, f) == t->model.nparams &&
+             fwrite(values, sizeof(float), t->model.nparams, f) == t->model.nparams &&
              fwrite(state, 1, bytes, f) == bytes && fwrite(&sum, sizeof sum, 1, f) == 1 &&
              fflush(f) == 0 && fsync(fileno(f)) == 0;
     if (fclose(f) != 0 || !ok) fail("--checkpoint: writing %s failed: %s", tmp, strerror(errno));
     if (rename(tmp, o->checkpoint) != 0)
         fail("--checkpoint: renaming %s to %s: %s", tmp, o->checkpoint, strerror(errno));
     free(state);
+    free(full);
 }
 
 /* Every rank: the parameters and optimizer state from `path`; returns the steps done. */
@@ -450,20 +589,28 @@ static uint64_t load_checkpoint(trainer_t *t, const char *path)
     if (h.nparams != t->model.nparams || h.steps_done > o->steps || h.state_bytes > (1ull << 40))
         fail("--resume: %s is corrupt (header)", path);
     void *state = malloc(h.state_bytes ? h.state_bytes : 1);
-    /* h.nparams was checked: the stored floats fill the model exactly */
+    /* h.nparams was checked: the stored floats fill the model exactly (--zero 3: a temporary
+     * whole copy, of which each rank keeps its shards) */
+    float *values = t->fsdp ? malloc(t->model.nparams * sizeof(float)) : t->model.params;
     uint64_t stored = 0;
-    if (!state) fail("out of memory reading %s", path);
-    if (fread(t->model.params, sizeof(float), t->model.nparams, f) != t->model.nparams ||
+    if (!state || !values) fail("out of memory reading %s", path);
+    if (fread(values, sizeof(float), t->model.nparams, f) != t->model.nparams ||
         fread(state, 1, h.state_bytes, f) != h.state_bytes ||
         fread(&stored, sizeof stored, 1, f) != 1)
         fail("--resume: %s is truncated", path);
     fclose(f);
     uint64_t sum = 1469598103934665603ull;
     sum = fnv_bytes(sum, &h, sizeof h);
-    sum = fnv_bytes(sum, t->model.params, t->model.nparams * sizeof(float));
+    sum = fnv_bytes(sum, values, t->model.nparams * sizeof(float));
     sum = fnv_bytes(sum, state, h.state_bytes);
     if (sum != stored) fail("--resume: %s is corrupt (checksum)", path);
-    if (t->zero)
+    if (t->fsdp) {
+        void **ptrs = tensor_pointers(&t->model, values);
+        check(ddp_fsdp_load_consolidated(t->fsdp, (const void *const *)ptrs, state, h.state_bytes),
+              "ddp_fsdp_load_consolidated");
+        free(ptrs);
+        free(values);
+    } else if (t->zero)
         check(ddp_zero_state_load(t->zero, state, h.state_bytes), "ddp_zero_state_load");
     else
         check(ddp_optim_state_load(t->optim, state, h.state_bytes), "ddp_optim_state_load");
@@ -539,6 +686,65 @@ static double peak_rss_mib(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
+/* ---- memory per rank -------------------------------------------------------------------------
+ * The model state this rank holds, in bytes: parameters, gradients, optimizer state, and (ZeRO-3)
+ * the most full parameters gathered at once. Without ZeRO-3 every rank holds the whole parameter
+ * block and the whole gradient block (ZeRO-2 keeps the local gradient block too: backward
+ * computes whole tensors; its averaged gradient exists only as this rank's shard). Activations
+ * are not model state: they scale with the local batch (reported apart). */
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_GATHERED, MEM_GRADS_FULL, MEM_TOTAL, MEM_N };
+static const char *const mem_names[MEM_N] = {"params", "grads", "optimizer", "gathered_peak",
+                                             "unit_grads_peak", "total"};
+
+static void memory_ledger(const trainer_t *t, double bytes[MEM_N])
+{
+    const gpt_t *m = &t->model;
+    double n = (double)m->nparams;
+    memset(bytes, 0, MEM_N * sizeof *bytes);
+    if (t->fsdp) {
+        ddp_fsdp_memory_t fm;
+        check(ddp_fsdp_memory(t->fsdp, &fm), "ddp_fsdp_memory");
+        bytes[MEM_PARAMS] = (double)fm.param_shard_bytes;
+        bytes[MEM_GRADS] = (double)fm.grad_shard_bytes;
+        bytes[MEM_OPTIM] = (double)fm.optim_state_bytes;
+        bytes[MEM_GATHERED] = (double)fm.gathered_peak_bytes;
+        bytes[MEM_GRADS_FULL] = (double)fm.grad_full_peak_bytes; /* units in backward */
+        /* What the buffer cache holds may exceed the two peaks when unit sizes differ. */
+        double held = (double)(fm.cached_bytes + fm.gathered_bytes + fm.grad_full_bytes);
+        double peaks = (double)(fm.gathered_peak_bytes + fm.grad_full_peak_bytes);
+        bytes[MEM_TOTAL] = bytes[MEM_PARAMS] + bytes[MEM_GRADS] + bytes[MEM_OPTIM] +
+                           (held > peaks ? held : peaks);
+        return;
+    }
+    bytes[MEM_PARAMS] = n * (t->o.bf16 ? 6 : 4); /* the f32 block, and the bf16 copies */
+    bytes[MEM_GRADS] = n * (t->o.bf16 ? 6 : 4);
+    if (t->zero) {
+        bytes[MEM_OPTIM] = (double)ddp_zero_state_bytes(t->zero);
+        if (t->o.zero == 2) /* the shard of the averaged gradient */
+            bytes[MEM_GRADS] += (double)ddp_zero_owned_numel(t->zero) * (t->o.bf16 ? 2 : 4);
+    } else {
+        bytes[MEM_OPTIM] = (double)ddp_optim_state_bytes(t->optim);
+    }
+    bytes[MEM_TOTAL] = bytes[MEM_PARAMS] + bytes[MEM_GRADS] + bytes[MEM_OPTIM];
+}
+
+/* --mem-budget: stops with the breakdown when this rank's model state is above the budget. */
+static void check_budget(const trainer_t *t, const char *when)
+{
+    if (!(t->o.mem_budget_mb > 0)) return;
+    double b[MEM_N];
+    memory_ledger(t, b);
+    const double mib = 1048576.0;
+    if (b[MEM_TOTAL] > t->o.mem_budget_mb * mib)
+        fail("--mem-budget %g MiB: %s this rank holds %.3f MiB of model state (parameters %.3f, "
+             "gradients %.3f, optimizer state %.3f, gathered parameters %.3f, unit gradients %.3f) "
+             "with --zero %d on %d rank%s; shard more (--zero 3, more ranks) or raise the budget",
+             t->o.mem_budget_mb, when, b[MEM_TOTAL] / mib, b[MEM_PARAMS] / mib,
+             b[MEM_GRADS] / mib, b[MEM_OPTIM] / mib, b[MEM_GATHERED] / mib,
+             b[MEM_GRADS_FULL] / mib, t->o.zero, t->world,
+             t->world == 1 ? "" : "s");
+}
+
 /* The file to resume from, or NULL to start fresh. */
 static const char *resume_path(const options_t *o)
 {
@@ -596,8 +802,13 @@ int main(int argc, char **argv)
     /* One gradient block in the transport's memory, laid out as the parameters: the Reducer
      * reduces buckets of it in place, the optimizer reads it, addresses never change. */
     size_t block_bytes = m->nparams * sizeof(float);
-    check(ddp_group_alloc_buffer(t->group, block_bytes, (void **)&t->grads),
-          "allocating the gradient block");
+    t->block_bytes = block_bytes;
+    /* --zero 3 has none: each unit's gradient lives in the FSDP object while its backward runs */
+    if (o->zero < 3) {
+        check(ddp_group_alloc_buffer(t->group, block_bytes, (void **)&t->grads),
+              "allocating the gradient block");
+        memset(t->grads, 0, block_bytes);
+    }
     ddp_param_t *params = calloc(m->ntensors, sizeof *params);
     void **grad_ptrs = calloc(m->ntensors, sizeof *grad_ptrs);
     uint32_t *groups_of = calloc(m->ntensors, sizeof *groups_of);
@@ -605,8 +816,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < m->ntensors; i++) {
         const gpt_tensor_t *ten = &m->tensors[i];
         params[i] = (ddp_param_t){ten->name, m->params + ten->offset, ten->numel, DDP_F32,
-                                  ten->rows, 0, t->grads + ten->offset};
-        grad_ptrs[i] = t->grads + ten->offset;
+                                  ten->rows, 0, t->grads ? t->grads + ten->offset : NULL};
+        grad_ptrs[i] = t->grads ? t->grads + ten->offset : NULL;
         /* nanoGPT's rule: decay every 2-D tensor (matmul weights and the tied embedding),
          * never biases or layer norms */
         groups_of[i] = ten->rows ? 0 : 1;
@@ -626,8 +837,10 @@ int main(int argc, char **argv)
         ddp_trace_name_lane(t->trace, 0, "trainer (compute)");
         rc.trace = t->trace;
     }
-    check(ddp_reducer_create(t->group, params, m->ntensors, NULL, 0, &rc, &t->reducer),
-          "creating the Reducer");
+    /* ZeRO-2 and -3 reduce-scatter the gradients themselves: no Reducer */
+    if (o->zero < 2)
+        check(ddp_reducer_create(t->group, params, m->ntensors, NULL, 0, &rc, &t->reducer),
+              "creating the Reducer");
     /* bf16: the optimizer updates bf16 copies (keeping f32 masters); the model computes with
      * their values widened to f32, so every rank and step sees bf16-rounded weights. */
     ddp_param_t *optim_params = params;
@@ -661,12 +874,31 @@ int main(int argc, char **argv)
     oc.ngroups = 2;
     oc.groups = groups;
     oc.param_groups = groups_of;
-    if (o->zero) {
+    t->training = 1;
+    if (o->zero == 3) {
+        uint32_t *units = calloc(m->ntensors, sizeof *units);
+        if (!units) fail("out of memory");
+        for (size_t i = 0; i < m->ntensors; i++) units[i] = (uint32_t)unit_of_tensor(m, i);
+        ddp_fsdp_config_t fc = DDP_FSDP_CONFIG_INIT;
+        fc.optim = oc;
+        fc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+        check(ddp_fsdp_create(t->group, params, m->ntensors, units, 1 + o->model.layers, &fc,
+                              &t->fsdp),
+              "creating the FSDP (ZeRO-3) model");
+        free(units);
+        /* The whole initial copy goes: from here on this rank holds its shards, and one or two
+         * gathered units at a time (model.param_at points into them). */
+        free(m->params);
+        m->params = NULL;
+        m->layer_hook = zero3_hook;
+        m->hook_ctx = t;
+    } else if (o->zero) {
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
-        zc.stage = 1;
+        zc.stage = o->zero;
         zc.optim = oc;
+        zc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
         check(ddp_zero_create(t->group, optim_params, m->ntensors, &zc, &t->zero),
-              "creating the ZeRO-1 optimizer");
+              o->zero == 1 ? "creating the ZeRO-1 optimizer" : "creating the ZeRO-2 optimizer");
     } else {
         check(ddp_optim_create(optim_params, m->ntensors, &oc, &t->optim), "creating the optimizer");
     }
@@ -687,7 +919,9 @@ int main(int argc, char **argv)
                "(%zu per rank)%s; AdamW lr %g, warmup %zu, cosine over %zu steps, clip %g%s\n",
                t->train.len, t->val.len, o->batch, T, t->local_batch,
                o->accumulate > 1 ? " x accumulate" : "", o->lr, o->warmup, o->steps, o->clip,
-               o->zero ? ", ZeRO-1" : "");
+               o->zero == 3 ? ", ZeRO-3 (FSDP: parameters, gradients and optimizer state sharded)"
+               : o->zero == 2 ? ", ZeRO-2 (gradients and optimizer state sharded)"
+               : o->zero ? ", ZeRO-1" : "");
         if (o->bf16) printf("gpt: bf16 parameters, f32 master weights in the optimizer\n");
         printf("gpt: unigram baseline (validation bytes under training byte frequencies): "
                "%.4f nats/byte; uniform: %.4f\n",
@@ -695,6 +929,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    check_budget(t, "before training:");
     t->perm_epoch = UINT64_MAX;
     /* Tests only: GPT_TEST_KILL_AT_STEP=N makes rank 1 SIGKILL itself after optimizer step N
      * (after that step's checkpoint, if any), on ddprun's first attempt only, so a restarted job
@@ -744,7 +979,9 @@ int main(int argc, char **argv)
                               (run_step - o->bench_warmup) % 2 == 1;
         double s0 = ddp_time_us(), step_wait_us = 0;
         double factor = ddp_lr_warmup_cosine(step, o->warmup, o->steps, 1.0, o->min_lr_ratio);
-        if (t->zero)
+        if (t->fsdp)
+            check(ddp_fsdp_scale_lr(t->fsdp, factor), "ddp_fsdp_scale_lr");
+        else if (t->zero)
             check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
         else
             check(ddp_optim_scale_lr(t->optim, factor), "ddp_optim_scale_lr");
@@ -752,22 +989,33 @@ int main(int argc, char **argv)
         t->tracing = t->trace && step - first_step < 3;
         for (size_t k = 0; k < o->accumulate; k++, micro++) {
             load_batch(t, micro);
-            check(ddp_reducer_set_sync(t->reducer, !skip_comm && k + 1 == o->accumulate),
-                  "ddp_reducer_set_sync");
-            check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+            t->sync_now = !skip_comm && k + 1 == o->accumulate;
+            if (t->reducer) {
+                check(ddp_reducer_set_sync(t->reducer, t->sync_now), "ddp_reducer_set_sync");
+                check(ddp_reducer_prepare(t->reducer), "ddp_reducer_prepare");
+            }
+            /* --zero 3 reduce-scatters every micro-step's gradients into the shards (no no_sync:
+             * that would keep every unit's whole gradient until the last micro-step) */
+            if (t->fsdp) zero3_begin(t);
             double f0 = ddp_time_us();
             local += gpt_forward(m, t->tok, t->tgt, t->local_batch, T);
+            if (t->fsdp) {
+                check(m->hook_rc ? t->status : DDP_OK, "gathering a block for its forward");
+                check(point_at_root(t, 1), "the root unit's gradients");
+            }
             t->mark_us = ddp_time_us();
             if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, f0, t->mark_us);
-            if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->grads, on_ready,
-                             o->grad_blocks > 1 ? on_rows : NULL, t))
-                check(t->status, "ddp_reducer_grad_ready");
+            if (gpt_backward(m, t->tok, 1.0f / (float)o->accumulate, t->fsdp ? NULL : t->grads,
+                             on_ready, o->grad_blocks > 1 ? on_rows : NULL, t))
+                check(t->status, t->fsdp   ? "FSDP during backward"
+                                 : t->zero && o->zero == 2 ? "ddp_zero_grad_ready"
+                                                          : "ddp_reducer_grad_ready");
             double w0 = ddp_time_us();
-            check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
+            if (t->reducer) check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
             if (t->tracing) ddp_trace_span(t->trace, "finalize (wait)", "compute", 0, w0, ddp_time_us());
         }
         ddp_reducer_stats_t rs;
-        if (!skip_comm && ddp_reducer_stats(t->reducer, &rs) == DDP_OK) {
+        if (!skip_comm && t->reducer && ddp_reducer_stats(t->reducer, &rs) == DDP_OK) {
             exposed_sum += rs.exposed_us;
             step_wait_us = rs.exposed_us;
         }
@@ -782,11 +1030,14 @@ int main(int argc, char **argv)
             loss = local / t->world;
         }
         double norm = NAN;
-        if (o->bf16)
+        if (o->bf16 && o->zero < 2) /* ZeRO-2 converted each tensor as it was handed over */
             for (size_t i = 0; i < m->nparams; i++) t->half_grads[i] = ddp_f32_to_bf16(t->grads[i]);
         double os0 = ddp_time_us();
-        if (t->zero) {
-            check(ddp_zero_step(t->zero, optim_grads), "ddp_zero_step");
+        if (t->fsdp) {
+            check(ddp_fsdp_step(t->fsdp), "ddp_fsdp_step");
+            if (o->clip > 0) ddp_fsdp_grad_norm(t->fsdp, &norm);
+        } else if (t->zero) {
+            check(ddp_zero_step(t->zero, o->zero == 2 ? NULL : optim_grads), "ddp_zero_step");
             if (o->clip > 0) ddp_zero_grad_norm(t->zero, &norm);
         } else {
             check(ddp_optim_step(t->optim, optim_grads), "ddp_optim_step");
@@ -795,7 +1046,9 @@ int main(int argc, char **argv)
         optim_seconds += (ddp_time_us() - os0) * 1e-6;
         if (o->bf16)
             for (size_t i = 0; i < m->nparams; i++) m->params[i] = ddp_bf16_to_f32(t->half_params[i]);
-        check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+        if (t->reducer) check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
+        else if (t->grads) memset(t->grads, 0, t->block_bytes); /* ZeRO-2's local block */
+        check_budget(t, "after a step");
         if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, o0, ddp_time_us());
         double ms = (ddp_time_us() - s0) / 1000.0;
         if (run_step >= o->bench_warmup) {
@@ -859,21 +1112,61 @@ int main(int argc, char **argv)
         if (q == 0 || every[4 * q + 2] < wait_min) wait_min = every[4 * q + 2];
     }
     if (metrics) fclose(metrics);
+    /* Memory per rank, before anything below gathers the whole model. */
+    double mem[MEM_N], *mem_all = calloc(MEM_N * (size_t)t->world, sizeof(double));
+    if (!mem_all) fail("out of memory");
+    memory_ledger(t, mem);
+    check(ddp_group_allgather(t->group, mem, mem_all, MEM_N, DDP_F64),
+          "gathering every rank's memory");
+    const double acts_mib = (double)(m->acts_numel + m->dacts_numel) * 4.0 / 1048576.0;
+    if (t->fsdp) { /* the checksum and the samples need the whole model: gathered once, at the end */
+        m->params = malloc(m->nparams * sizeof(float));
+        if (!m->params) fail("out of memory gathering the model");
+        void **ptrs = tensor_pointers(m, m->params);
+        for (size_t u = 0; u <= o->model.layers; u++) {
+            check(ddp_fsdp_gather(t->fsdp, u), "gathering the model");
+            for (size_t i = 0; i < m->ntensors; i++) {
+                if (unit_of_tensor(m, i) != u) continue;
+                void *src;
+                check(ddp_fsdp_param(t->fsdp, i, &src), "ddp_fsdp_param");
+                memcpy(ptrs[i], src, m->tensors[i].numel * sizeof(float));
+            }
+            check(ddp_fsdp_release(t->fsdp, u), "releasing the model");
+        }
+        free(ptrs);
+        for (size_t i = 0; i < m->ntensors; i++) m->param_at[i] = m->params + m->tensors[i].offset;
+        m->layer_hook = NULL;
+    }
     if (o->print_losses) { /* every rank: the test compares them */
         printf("rank %d params fnv %016llx\n", t->rank, (unsigned long long)params_fnv(m));
         fflush(stdout);
     }
     if (t->rank == 0) {
         double tokens = (double)(end_step - first_step) * (double)o->accumulate * (double)o->batch * (double)T;
-        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication "
-               "%.2f ms/step on rank 0; final loss %.4f, validation %.4f\n",
+        char exposed[64] = "not measured (no Reducer)";
+        if (t->reducer)
+            snprintf(exposed, sizeof exposed, "%.2f ms/step on rank 0",
+                     synced_steps ? exposed_sum / 1000.0 / (double)synced_steps : 0.0);
+        printf("gpt: %zu steps in %.1f s: %.0f tokens/s (%d rank%s), exposed communication %s; "
+               "final loss %.4f, validation %.4f\n",
                end_step - first_step, secs, tokens / secs, t->world, t->world == 1 ? "" : "s",
-               synced_steps ? exposed_sum / 1000.0 / (double)synced_steps : 0.0, loss, val_loss);
+               exposed, loss, val_loss);
         printf("gpt: median step %.2f ms over %zu steps after %zu (slowest rank): %.0f tokens/s; "
                "peak RSS",
                step_ms, nsync, o->bench_warmup, step_ms > 0 ? tokens_per_step * 1000.0 / step_ms : 0.0);
         for (int q = 0; q < t->world; q++) printf("%s %.1f", q ? "," : "", every[4 * q + 3]);
         printf(" MiB (rank 0%s)\n", t->world > 1 ? ", 1, ..." : "");
+        for (int q = 0; q < t->world; q++) {
+            const double *b = mem_all + MEM_N * q;
+            printf("gpt: memory rank %d (--zero %d): parameters %.3f MiB, gradients %.3f, "
+                   "optimizer state %.3f, gathered peak %.3f, unit gradients peak %.3f; model "
+                   "state %.3f MiB (the whole model is %.3f MiB of f32 parameters); activations "
+                   "%.3f\n",
+                   q, o->zero, b[MEM_PARAMS] / 1048576.0, b[MEM_GRADS] / 1048576.0,
+                   b[MEM_OPTIM] / 1048576.0, b[MEM_GATHERED] / 1048576.0,
+                   b[MEM_GRADS_FULL] / 1048576.0,
+                   b[MEM_TOTAL] / 1048576.0, (double)m->nparams * 4.0 / 1048576.0, acts_mib);
+        }
         if (nnosync)
             printf("gpt: --bench-nosync: synchronised %.2f ms, no_sync %.2f ms on the slowest "
                    "rank (%d): exposed communication %.2f ms/step\n",
@@ -905,7 +1198,15 @@ int main(int argc, char **argv)
                        every[4 * slowest + 1], nosync_exposed_ms, slowest);
             printf(",\"peak_rss_mib\":[");
             for (int q = 0; q < t->world; q++) printf("%s%.1f", q ? "," : "", every[4 * q + 3]);
-            printf("]");
+            printf("],\"zero\":%d,\"memory_mib\":[", o->zero);
+            for (int q = 0; q < t->world; q++) {
+                printf("%s{", q ? "," : "");
+                for (int k = 0; k < MEM_N; k++)
+                    printf("%s\"%s\":%.3f", k ? "," : "", mem_names[k],
+                           mem_all[MEM_N * q + k] / 1048576.0);
+                printf("}");
+            }
+            printf("],\"activations_mib\":%.3f", acts_mib);
             if (o->profile && timed > 0) {
                 printf(",\"profile_ms_per_step\":{");
                 for (int p = 0; p < GPT_NPHASES; p++)
@@ -932,7 +1233,9 @@ int main(int argc, char **argv)
     if (t->trace) check(ddp_trace_close(t->trace), "closing the trace");
     ddp_optim_destroy(t->optim);
     ddp_zero_destroy(t->zero);
-    check(ddp_group_free_buffer(t->group, t->grads), "freeing the gradient block");
+    ddp_fsdp_destroy(t->fsdp);
+    free(mem_all);
+    if (t->grads) check(ddp_group_free_buffer(t->group, t->grads), "freeing the gradient block");
     ddp_group_destroy(t->group);
     if (t->local_store) ddp_store_destroy(t->local_store);
     free(params);

@@ -123,6 +123,8 @@ int gpt_create(const gpt_config_t *cfg, size_t max_batch, uint64_t seed, gpt_t *
 #undef ADD
     out->nparams = off;
     out->params = malloc(off * sizeof(float));
+    out->param_at = calloc(out->ntensors, sizeof *out->param_at);
+    out->grad_at = calloc(out->ntensors, sizeof *out->grad_at);
     size_t N = max_batch * T;
     out->acts_numel = N * C + L * layer_acts_numel(N, C, cfg->heads, max_batch, T) + N * C +
                       2 * N + N * V;
@@ -131,7 +133,8 @@ int gpt_create(const gpt_config_t *cfg, size_t max_batch, uint64_t seed, gpt_t *
      * (4C), datt (B*NH*T*T), dlogits (N*V) */
     out->dacts_numel = N * C * 4 + N * 3 * C + N * 8 * C + max_batch * cfg->heads * T * T + N * V;
     out->dacts = malloc(out->dacts_numel * sizeof(float));
-    if (!out->params || !out->acts || !out->dacts) goto oom;
+    if (!out->params || !out->acts || !out->dacts || !out->param_at || !out->grad_at) goto oom;
+    for (size_t i = 0; i < out->ntensors; i++) out->param_at[i] = out->params + t[i].offset;
 
     uint64_t s = seed;
     float resid_std = 0.02f / sqrtf(2.0f * (float)L);
@@ -160,6 +163,8 @@ void gpt_destroy(gpt_t *m)
 {
     free(m->tensors);
     free(m->params);
+    free(m->param_at);
+    free(m->grad_at);
     free(m->acts);
     free(m->dacts);
     memset(m, 0, sizeof *m);
@@ -449,7 +454,7 @@ static void gelu_backward(float *dx, const float *x, const float *dout, size_t n
 
 /* ---- the model --------------------------------------------------------------------------------- */
 
-#define P(m, i) ((m)->params + (m)->tensors[i].offset)
+#define P(m, i) ((m)->param_at[i])
 
 double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, size_t T)
 {
@@ -468,6 +473,8 @@ double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, si
               });
     const float *res = x;
     for (size_t l = 0; l < L; l++) {
+        if (m->layer_hook && (m->hook_rc = m->layer_hook(m->hook_ctx, l, GPT_HOOK_FORWARD)))
+            return NAN;
         layer_acts_t a = layer_acts(m, l);
         TIMED(m, GPT_PHASE_LAYERNORM,
               layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, res, P(m, GPT_T(l, GPT_LN1W)),
@@ -493,6 +500,8 @@ double gpt_forward(gpt_t *m, const int *tokens, const int *targets, size_t B, si
         TIMED(m, GPT_PHASE_ELEMENTWISE,
               for (size_t i = 0; i < N * C; i++) a.res3[i] += a.res2[i]);
         res = a.res3;
+        if (m->layer_hook && (m->hook_rc = m->layer_hook(m->hook_ctx, l, GPT_HOOK_FORWARD_DONE)))
+            return NAN;
     }
     TIMED(m, GPT_PHASE_LAYERNORM,
           layernorm_forward(lnf_out(m), lnf_mean(m), lnf_rstd(m), res, P(m, GPT_LNFW(m)),
@@ -546,7 +555,7 @@ int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_rea
 {
     size_t C = m->cfg.channels, NH = m->cfg.heads, L = m->cfg.layers, V = GPT_VOCAB;
     size_t B = m->B, T = m->T, N = B * T;
-#define G(i) (grads + m->tensors[i].offset)
+#define G(i) (grads ? grads + m->tensors[i].offset : m->grad_at[i])
     float *dres = m->dacts, *dln = dres + N * C, *dqkv = dln + N * C, *datty = dqkv + N * 3 * C,
           *dfch = datty + N * C, *dfch_gelu = dfch + N * 4 * C, *datt = dfch_gelu + N * 4 * C,
           *dlogits = datt + m->max_batch * NH * m->cfg.context * m->cfg.context;
@@ -575,6 +584,7 @@ int gpt_backward(gpt_t *m, const int *tokens, float scale, float *grads, gpt_rea
     int rc;
     if (ready && (rc = ready(ctx, GPT_LNFW(m), 2))) return rc;
     for (size_t l = L; l-- > 0;) {
+        if (m->layer_hook && (rc = m->layer_hook(m->hook_ctx, l, GPT_HOOK_BACKWARD))) return rc;
         layer_acts_t a = layer_acts(m, l);
         const float *res_in = l ? layer_acts(m, l - 1).res3 : encoded(m);
         /* MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))) */

@@ -4,6 +4,7 @@
 
 #include "ddp/config.h"
 #include "ddp/env.h"
+#include "ddp/fsdp.h"
 #include "ddp/group.h"
 #include "ddp/hooks.h"
 #include "ddp/reducer.h"

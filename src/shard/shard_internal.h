@@ -108,4 +108,14 @@ ddp_status_t ddp__optim_state_merge(const ddp__optim_view_t *whole, const void *
                                     const size_t *sizes, size_t nblobs, void *out, size_t size,
                                     const char *who);
 
+
+/* Collective over group: merges every rank's shard (`mine`, this rank's runs) into the
+ * whole-parameter blob described by `whole` on root (buf of size bytes there; others NULL, 0);
+ * size_fn names the call that tells the size, for the error on a short buffer.
+ * consolidate.c; used by ZeRO and FSDP. */
+ddp_status_t ddp__optim_state_consolidate(ddp_group_t *group, const ddp__optim_view_t *mine,
+                                          const ddp__optim_view_t *whole, int root, void *buf,
+                                          size_t size, const char *who,
+                                          const char *size_fn);
+
 #endif

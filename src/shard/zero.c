@@ -854,56 +854,12 @@ ddp_status_t ddp_zero_state_consolidate(ddp_zero_t *z, int root, void *buf, size
                           z->world - 1);
     ddp_status_t s = check_partition_known(z, who);
     if (s != DDP_OK) return s;
-    /* The root's buffer is checked after the exchange, so that a bad one fails there and every
-     * other rank still completes the collective rather than waiting for the timeout. */
     ddp__optim_view_t mine = shard_view(z);
-    int64_t my_size = (int64_t)ddp__optim_state_size(&mine), max_size = my_size;
-    size_t world = (size_t)z->world;
-    int64_t *sizes = ddp__calloc(world, sizeof *sizes, "zero consolidated state");
-    if (!sizes) return DDP_ERR_NO_MEMORY;
-    s = ddp_group_allgather(z->group, &my_size, sizes, 1, DDP_I64);
-    if (s != DDP_OK) {
-        free(sizes);
-        return ddp__error_context(s, "%s: allgather of the shard sizes", who);
-    }
-    for (size_t r = 0; r < world; r++)
-        if (sizes[r] > max_size) max_size = sizes[r];
-    unsigned char *all = ddp__calloc(world, (size_t)max_size, "zero consolidated state");
-    unsigned char *own = ddp__calloc(1, (size_t)max_size, "zero consolidated state");
-    const void **blobs = ddp__calloc(world, sizeof *blobs, "zero consolidated state");
-    size_t *blob_sizes = ddp__calloc(world, sizeof *blob_sizes, "zero consolidated state");
     ddp__optim_run_t *runs = whole_runs(z);
-    if (!all || !own || !blobs || !blob_sizes || !runs) {
-        s = DDP_ERR_NO_MEMORY;
-        goto out;
-    }
-    s = ddp__optim_state_write(&mine, own, (size_t)max_size, who);
-    if (s != DDP_OK) goto out;
-    s = ddp_group_allgather(z->group, own, all, (size_t)max_size, DDP_U8);
-    if (s != DDP_OK) {
-        ddp__error_context(s, "%s: allgather of the shards", who);
-        goto out;
-    }
-    if (z->rank != root) goto out;
-    for (size_t r = 0; r < world; r++) {
-        blobs[r] = all + r * (size_t)max_size;
-        blob_sizes[r] = (size_t)sizes[r];
-    }
+    if (!runs) return DDP_ERR_NO_MEMORY;
     ddp__optim_view_t whole = {&z->setup, z->nparams, z->numel, z->dtype, runs, 1, 0};
-    size_t need = ddp__optim_state_size(&whole);
-    if (!buf || size < need) {
-        s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: root's buffer is %s of %zu bytes; the "
-                       "consolidated state needs %zu (ddp_zero_consolidated_state_size)", who,
-                       buf ? "" : "NULL instead", size, need);
-        goto out;
-    }
-    s = ddp__optim_state_merge(&whole, blobs, blob_sizes, world, buf, size, who);
-out:
-    free(sizes);
-    free(all);
-    free(own);
-    free(blobs);
-    free(blob_sizes);
+    s = ddp__optim_state_consolidate(z->group, &mine, &whole, root, buf, size, who,
+                                     "ddp_zero_consolidated_state_size");
     free(runs);
     return s;
 }
