@@ -31,7 +31,7 @@ CHANNELS=${CHANNELS:-128}
 CONTEXT=${CONTEXT:-64}
 BATCH=${BATCH:-16}
 BUCKET_MB=${BUCKET_MB:-1}
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}  # the PyTorch side's interpreter (python3 on PATH: torch 2.13)
 case $BUILD in /*) BUILD_ABS=$BUILD ;; *) BUILD_ABS=$PWD/$BUILD ;; esac
 for f in "$BUILD/gpt" "$BUILD/ddprun"; do
     [ -x "$f" ] || { echo "bench: $f missing: build first (make)" >&2; exit 1; }
@@ -46,10 +46,10 @@ have_torch=$(bench_have_torch "$PY")
 backends=""
 if [ "$have_torch" = 1 ]; then
     backends="gloo"
-    if [ -f "$BUILD/python/libddp/_ddp_torch.so" ]; then
+    if bench_ddp_extension "$PY" "$BUILD"; then
         backends="gloo ddp"
     else
-        echo "bench: $BUILD/python/libddp/_ddp_torch.so missing (make with python3-torch, libtorch-dev, pybind11-dev): the pytorch+ddp column is skipped" >&2
+        echo "bench: $BUILD/python/libddp has no backend for $PY's torch (make builds it): the pytorch+ddp column is skipped" >&2
     fi
 else
     echo "bench: PyTorch unavailable (apt-get install python3-torch): its columns are skipped" >&2

@@ -18,7 +18,8 @@
 # PT_REPS times per configuration and backend, interleaved with libddp's runs (the backends'
 # order alternating between repeats), and is summarised the same way (its no_sync exposure moved
 # 70-320 ms between single runs of one configuration). PT_BACKENDS picks the backends ("gloo ddp";
-# "ddp" needs the build's python/libddp/_ddp_torch.so and is skipped with a message without it);
+# "ddp" needs the build's backend for PY's torch and is skipped with a message without it;
+# PY=python3 runs the PyTorch side on torch 2.13, the default /usr/bin/python3 on 1.13);
 # each gets its step, exposed and "/ libddp" columns, and with both a last column compares them.
 # The defaults (with both PyTorch backends) took 23 min under load 9-16 with 60/5/30; they were
 # cut to 40/3/20: on the quiet machine (24 Nov, 11:21 UTC) the full table took 4 minutes.
@@ -57,7 +58,7 @@ BATCH=${BATCH:-1 64}
 SCALE_BATCH=${SCALE_BATCH:-128 512}
 FM=$BUILD/fashion-mnist
 DDPRUN=$BUILD/ddprun
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}  # the PyTorch side's interpreter (python3 on PATH: torch 2.13)
 for f in "$FM" "$DDPRUN"; do
     [ -x "$f" ] || { echo "bench: $f missing: build first (make)" >&2; exit 1; }
 done
@@ -74,8 +75,8 @@ if [ "$have_torch" = 1 ]; then
         case $be in
             gloo) ;;
             ddp)
-                if [ ! -f "$BUILD/python/libddp/_ddp_torch.so" ]; then
-                    echo "bench: $BUILD/python/libddp/_ddp_torch.so missing (make builds it when python3-torch, libtorch-dev and python3-dev are installed): PyTorch+ddp is skipped" >&2
+                if ! bench_ddp_extension "$PY" "$BUILD"; then
+                    echo "bench: $BUILD/python/libddp has no backend for $PY's torch (make builds it): PyTorch+ddp is skipped" >&2
                     continue
                 fi ;;
             *) echo "bench: PT_BACKENDS: unknown backend '$be' (gloo, ddp)" >&2; exit 2 ;;

@@ -365,7 +365,8 @@ compare)
     impls="gpt"
     if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
         impls="gpt pytorch+gloo"
-        [ -f "$BUILD/python/libddp/_ddp_torch.so" ] && impls="$impls pytorch+ddp"
+        . "$SRC/bench/common.sh"
+        bench_ddp_extension /usr/bin/python3 "$BUILD" && impls="$impls pytorch+ddp"
     fi
     for impl in $impls; do
         for n in 1 2; do

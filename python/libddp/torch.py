@@ -4,7 +4,8 @@
     torch.distributed.init_process_group("ddp")          # env://, tcp://, file:// as usual
     model = torch.nn.parallel.DistributedDataParallel(model)
 
-The backend is a C++ extension (``_ddp_torch.so``) built against the installed torch by
+The backend is a C++ extension (``_ddp_torch-torch<major.minor>.so`` in a build tree, one per
+torch found; ``_ddp_torch*.so`` in an installed package) built against the installed torch by
 ``make`` (CMake, python/python.cmake) or by ``pip install ./python`` (setup.py); it is never
 compiled at import. Rendezvous goes through the store torch hands the backend, so any
 init_method works. See docs/pytorch.md for the ops, what each maps to, and the ones missing.
