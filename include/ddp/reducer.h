@@ -39,7 +39,8 @@ typedef struct ddp_param {
     size_t rows;       /* matrix view rows (numel % rows == 0), 0 for a vector; sparse: table rows */
     int sparse;        /* gradient arrives as rows (ddp_reducer_sparse_grad), reduced by allgather */
     /* user-owned gradient (numel elements) when config.user_grads, or where the gradient lives
-     * in the caller's block with config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK; else NULL */
+     * in the caller's block with config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK; else NULL.
+     * ddp_optim_step and ddp_zero_step (ddp/shard.h) read it when given grads == NULL. */
     void *grad;
 } ddp_param_t;
 
@@ -331,6 +332,18 @@ typedef struct ddp_bucket_stats {
     double done_us;   /* its last piece done */
 } ddp_bucket_stats_t;
 
+/* One reduction (a piece, or a whole bucket) of an iteration. */
+typedef struct ddp_reduction_stats {
+    size_t bucket;        /* the bucket it is part of */
+    size_t offset, bytes; /* its byte range within the bucket (a sparse bucket: its bytes) */
+    /* ddp_reducer_grad_ready, _grad_ready_rows and _sparse_grad calls of the iteration made when
+     * it was launched, the launching call included (every call, if finalize launched it): where
+     * in backward it started, whatever the clock says. */
+    size_t ready_calls;
+    int by_finalize;       /* 1: launched by ddp_reducer_finalize, after backward */
+    double launch_us, done_us; /* relative to the first grad_ready, like the buckets' */
+} ddp_reduction_stats_t;
+
 typedef struct ddp_reducer_stats {
     uint64_t iteration;
     double backward_us; /* first grad_ready to finalize entry */
@@ -341,6 +354,9 @@ typedef struct ddp_reducer_stats {
     const ddp_bucket_stats_t *buckets; /* valid until the next prepare */
     size_t npieces;  /* reductions issued (pieces, or whole buckets) */
     double busy_us;  /* union of every reduction's launch..done interval: time in flight */
+    /* npieces entries in launch order, valid until the next prepare */
+    const ddp_reduction_stats_t *reductions;
+    size_t bytes_launched_in_backward; /* bytes of the reductions launched before finalize */
 } ddp_reducer_stats_t;
 
 /* Statistics of the last finalized synchronised iteration. */
