@@ -499,14 +499,14 @@ done:
  * rank 0's recording iteration (every row range in the order it became final) decides, for
  * every bucket with pieces:
  *   - where its pieces are cut: at the boundaries of the row ranges marked (a segment is one
- *     range of one call), a segment larger than piece_bytes split into equal parts. Row ranges
- *     of one parameter reported by different calls never share a piece unless both are small
- *     (the caller said they become final at different times: a layer apart for a stacked
- *     tensor). Neighbouring segments share a piece, up to piece_bytes, when they are of
- *     different parameters that became final one right after the other among the bucket's
- *     segments (whole tensors in arrival order, as in a bucket), or when both are small (under
- *     piece_bytes / 16: a layer's rows of a stacked bias cost less as part of one piece than as
- *     a collective of their own);
+ *     range of one call), a segment larger than piece_bytes split into equal parts.
+ *     Neighbouring segments share a piece, up to piece_bytes, when they became final one right
+ *     after the other among the bucket's segments (a matrix's consecutive row blocks, whole
+ *     tensors in arrival order: what fixed-size pieces would have merged anyway, and each
+ *     piece is one more collective), or when both are small (under piece_bytes / 16: a layer's
+ *     rows of a stacked bias cost less as part of one piece than as a collective of their
+ *     own). Two layers of one stacked tensor are not consecutive when the bucket holds other
+ *     tensors' rows of the layers between, so they stay apart;
  *   - when each piece is launched: every piece, and every bucket without pieces (sparse, empty),
  *     gets the position at which its last element became final, and all of them go in one
  *     schedule sorted by it (ties in bucket, then piece, order).
@@ -518,7 +518,6 @@ done:
 
 typedef struct segment {
     size_t lo, hi; /* element range in the bucket */
-    size_t param;  /* kept index; (size_t)-1 for a gap */
     size_t key;    /* 1 + position in rank 0's recording; later than all for a gap */
     size_t rank;   /* its place among the bucket's segments sorted by key */
 } segment_t;
@@ -567,17 +566,16 @@ static size_t cut_pieces(segment_t *segs, size_t n, size_t step, int64_t *begins
 {
     size_t small = step / 16 ? step / 16 : 1, count = 0;
     int open = 0;
-    size_t cur_n = 0, cur_key = 0, cur_rank = 0, cur_param = (size_t)-1;
+    size_t cur_n = 0, cur_key = 0, cur_rank = 0;
     for (size_t i = 0; i < n; i++) {
         const segment_t *g = &segs[i];
         size_t len = g->hi - g->lo;
         int next = g->rank == cur_rank + 1 || g->rank + 1 == cur_rank;
         if (open && cur_n + len <= step &&
-            ((next && g->param != cur_param) || (cur_n < small && len < small))) {
+            (next || (cur_n < small && len < small))) {
             cur_n += len;
             if (g->key > cur_key) cur_key = g->key;
             cur_rank = g->rank;
-            cur_param = g->param;
             continue;
         }
         if (open) keys[count++] = cur_key;
@@ -590,7 +588,6 @@ static size_t cut_pieces(segment_t *segs, size_t n, size_t step, int64_t *begins
         cur_n = g->hi - (size_t)begins[count];
         cur_key = g->key;
         cur_rank = g->rank;
-        cur_param = g->param;
     }
     if (open) keys[count++] = cur_key;
     return count;
@@ -641,7 +638,6 @@ static ddp_status_t plan_schedule(ddp_reducer_t *r, int64_t *counts, int64_t **p
         segment_t *g = &segs[seg_first[p->bucket] + seg_count[p->bucket]++];
         g->lo = p->offset + r->finals[f].begin;
         g->hi = p->offset + r->finals[f].end;
-        g->param = r->finals[f].param;
         g->key = f + 1;
     }
     size_t most = 0;
@@ -674,11 +670,11 @@ static ddp_status_t plan_schedule(ddp_reducer_t *r, int64_t *counts, int64_t **p
         for (size_t i = 0; i < n; i++) {
             size_t lo = g[i].lo < pos ? pos : g[i].lo; /* overlaps cannot happen: be safe */
             if (g[i].hi <= lo) continue;
-            if (lo > pos) filled[m++] = (segment_t){pos, lo, (size_t)-1, (size_t)-1, 0};
-            filled[m++] = (segment_t){lo, g[i].hi, g[i].param, g[i].key, 0};
+            if (lo > pos) filled[m++] = (segment_t){pos, lo, (size_t)-1, 0};
+            filled[m++] = (segment_t){lo, g[i].hi, g[i].key, 0};
             pos = g[i].hi;
         }
-        if (pos < k->numel) filled[m++] = (segment_t){pos, k->numel, (size_t)-1, (size_t)-1, 0};
+        if (pos < k->numel) filled[m++] = (segment_t){pos, k->numel, (size_t)-1, 0};
         for (size_t i = 0; i < m; i++) refs[i] = i;
         rank_base = filled;
         qsort(refs, m, sizeof *refs, compare_segment_refs_by_key);
