@@ -100,8 +100,10 @@ typedef struct ddp_reducer_config {
     /* 0 (off): a bucket is reduced whole when all its parameters are ready. > 0 (e.g. 4 MiB,
      * for callers of ddp_reducer_grad_ready_rows): with the default hook (comm_hook NULL), each
      * dense bucket is cut into pieces of this many bytes (whole elements; the last piece is
-     * shorter) when buckets are made or rebuilt, and a piece is reduced as soon as every element
-     * in it has been marked ready. Off by default because each piece is a collective of its
+     * shorter) when buckets are made, and at the rebuild along the row ranges marked, at most
+     * this many bytes each (ddp_reducer_grad_ready_rows); a piece is reduced as soon as every
+     * element in it has been marked ready and the pieces before it in the launch order have
+     * started. Off by default because each piece is a collective of its
      * own: with whole-tensor grad_ready on CPU-bound ranks the extra synchronisations cost more
      * than the earlier start gains (docs/reducer.md has the numbers). Must be the same on every
      * rank (checked at create with sync_at_create). */
@@ -148,12 +150,21 @@ typedef enum ddp_grad_memory {
      * then). */
     DDP_GRAD_MEMORY_BUCKETS = 0,
     /* The caller's block (config.grad_block, grad_block_bytes), laid out as the caller likes:
-     * param.grad says where each gradient is. Use memory from ddp_group_alloc_buffer to keep the
-     * shm transport's in-place reduction (which needs the block at the same offset of the
-     * buffer on every rank; shm compares them per operation and copies otherwise). Such a
-     * buffer is then
-     * marked as holding results read later (shm writes them with streaming stores), as the
-     * Reducer's own bucket memory is. */
+     * param.grad says where each gradient is. Any memory works on every transport. On shm, how
+     * a bucket (or piece) is reduced depends on where the block is:
+     *   - from ddp_group_alloc_buffer: in the shared segment, reduced in place (it must be at
+     *     the same offset of the buffer on every rank; shm compares them per operation and
+     *     copies otherwise), and marked as holding results read later (streaming stores), as
+     *     the Reducer's own bucket memory is. Costs: allocated and freed collectively (same
+     *     sizes, same order on every rank), freed with ddp_group_free_buffer before the group
+     *     is destroyed, never with free();
+     *   - from malloc, given to ddp_group_register_memory once: the same in-place ("mapped")
+     *     reduction, with the addresses unchanged (unregister it before freeing it);
+     *   - from malloc alone: DDP_SHM_MAP=auto maps each bucket's or piece's range by itself from
+     *     its second allreduce on, if it is at least 128 KiB, but at most 32 ranges per process
+     *     (glibc malloc and Linux >= 6.11 only); the others are copied (one copy with
+     *     process_vm_readv, or through the segment). With pieces a model has more ranges than
+     *     that: docs/reducer.md ("Porting llm.c") has the measured cost. */
     DDP_GRAD_MEMORY_USER_BLOCK = 1,
     /* libddp allocates one block with ddp_group_alloc_buffer at create, laid out in the initial
      * bucket order (each bucket's params adjacent, buckets 64-byte aligned). ddp_reducer_grad
@@ -245,7 +256,9 @@ DDP_API ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *reducer);
 DDP_API ddp_status_t ddp_reducer_prepare(ddp_reducer_t *reducer);
 
 /* Parameter i's gradient is complete for this iteration. The last gradient of a bucket launches
- * its reduction (strictly in bucket order). Marking a parameter twice is DDP_ERR_INVALID_USAGE. */
+ * its reduction (strictly in bucket order). Marking a parameter twice is DDP_ERR_INVALID_USAGE (a
+ * gradient completed in parts, such as a stacked (L, ...) tensor's layers, is reported with
+ * ddp_reducer_grad_ready_rows instead). */
 DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index);
 
 /* Rows [row_begin, row_end) of parameter i's gradient are complete for this iteration: the
@@ -254,17 +267,22 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  * rows of numel / rows elements; a vector parameter (rows == 0) has numel rows of one element.
  *
  * With config.piece_bytes > 0, the rows' elements count towards the bucket's pieces: a piece whose
- * elements are all marked starts its allreduce (an average, like a bucket's), strictly after
- * every earlier bucket and every piece of its bucket that comes before it in the bucket's piece
- * order, so a bucket holding one large matrix starts reducing while the rest of that matrix is
- * still being computed. The piece order is ascending until the bucket rebuild; from then on it is
- * the order in which rank 0's pieces became complete in the first synchronised iteration, so a
- * backward that finishes a matrix's highest rows first (a transformer's, layer by layer from the
- * top) reduces them first, whichever end of the bucket they are at. The pieces depend only on
- * the bucket layout, so every rank issues the same collectives whatever blocks each rank marks.
- * With a user comm hook or piece_bytes 0 there are no pieces: the bucket is handed over whole
- * once it is complete. With user_grads the rows are copied from param.grad now, so they must be
- * final.
+ * elements are all marked starts its allreduce (an average, like a bucket's) as soon as every
+ * piece before it in the launch order has started, so a bucket holding one large matrix starts
+ * reducing while the rest of that matrix is still being computed. Until the bucket rebuild the
+ * pieces are piece_bytes slices of each bucket, launched bucket after bucket in ascending order.
+ * At the rebuild (after the first synchronised iteration) rank 0's record of that iteration
+ * fixes them for good: pieces are cut along the row ranges rank 0 marked (consecutive ones
+ * merged up to piece_bytes, larger ones split), and every piece of every bucket goes in one
+ * launch order, the order in which rank 0's pieces became complete. So a stacked (L, ...) tensor
+ * (llm.c's layout: each kind of weight of all layers in one tensor) reported layer by layer from
+ * the top has its top layers' rows reduced while the layers below are computed, whichever bucket
+ * they are in and whatever first_bucket_bytes or the order a layer's rows are marked in. The
+ * plan is broadcast from rank 0, so every rank issues the same collectives in the same order
+ * whatever blocks each rank marks; ranks that mark in another order only overlap less.
+ * ddp_reducer_stats's `reductions` show what was launched when. With a user comm hook or
+ * piece_bytes 0 there are no pieces: the bucket is handed over whole once it is complete. With
+ * user_grads the rows are copied from param.grad now, so they must be final.
  *
  * Marking the last unmarked rows of a parameter is exactly ddp_reducer_grad_ready (it counts
  * for bucket order, the rebuild's arrival order and find_unused_parameters). After some of its
