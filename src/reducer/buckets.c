@@ -528,11 +528,15 @@ static int compare_segments_by_lo(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : 0;
 }
 
-static const segment_t *rank_base; /* qsort has no context argument; rebuild runs on one thread */
+/* A segment's key and place, sorted to rank the segments (qsort has no context argument, and
+ * two reducers may rebuild on two threads at once: no global to point into the segments). */
+typedef struct segment_ref {
+    size_t key, lo, index;
+} segment_ref_t;
 
-static int compare_segment_refs_by_key(const void *a, const void *b)
+static int compare_segment_refs(const void *a, const void *b)
 {
-    const segment_t *x = &rank_base[*(const size_t *)a], *y = &rank_base[*(const size_t *)b];
+    const segment_ref_t *x = a, *y = b;
     if (x->key != y->key) return x->key < y->key ? -1 : 1;
     return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : 0;
 }
@@ -617,7 +621,8 @@ static ddp_status_t plan_schedule(ddp_reducer_t *r, int64_t *counts, int64_t **p
     size_t *seg_first = ddp__calloc(nb + 1, sizeof(size_t), "rebuild");
     segment_t *segs = ddp__malloc((nf ? nf : 1) * sizeof *segs, "rebuild");
     segment_t *filled = NULL;
-    size_t *refs = NULL, *keys = NULL;
+    segment_ref_t *refs = NULL;
+    size_t *keys = NULL;
     int64_t *begins = NULL, *out = NULL;
     unit_key_t *units = NULL;
     if (!complete_key || !seg_count || !seg_first || !segs) goto no_memory;
@@ -675,10 +680,9 @@ static ddp_status_t plan_schedule(ddp_reducer_t *r, int64_t *counts, int64_t **p
             pos = g[i].hi;
         }
         if (pos < k->numel) filled[m++] = (segment_t){pos, k->numel, (size_t)-1, 0};
-        for (size_t i = 0; i < m; i++) refs[i] = i;
-        rank_base = filled;
-        qsort(refs, m, sizeof *refs, compare_segment_refs_by_key);
-        for (size_t i = 0; i < m; i++) filled[refs[i]].rank = i;
+        for (size_t i = 0; i < m; i++) refs[i] = (segment_ref_t){filled[i].key, filled[i].lo, i};
+        qsort(refs, m, sizeof *refs, compare_segment_refs);
+        for (size_t i = 0; i < m; i++) filled[refs[i].index].rank = i;
         size_t step = k->pieces[0].numel;
         size_t c = cut_pieces(filled, m, step, begins + npieces_all, keys + npieces_all);
         counts[b] = (int64_t)c;
