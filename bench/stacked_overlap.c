@@ -141,9 +141,13 @@ int main(int argc, char **argv)
     const size_t layer_matrix = 3 * C * C + C * C + 4 * C * C + 4 * C * C;
 
     int n = iters;
-    double *early = calloc((size_t)n, sizeof(double)), *in_backward = calloc((size_t)n, sizeof(double));
-    double *backward = calloc((size_t)n, sizeof(double)), *exposed = calloc((size_t)n, sizeof(double));
-    double *exposed_min = calloc((size_t)n, sizeof(double)), *busy = calloc((size_t)n, sizeof(double));
+    double *early = calloc((size_t)n, sizeof(double));
+    double *in_backward = calloc((size_t)n, sizeof(double));
+    double *backward = calloc((size_t)n, sizeof(double));
+    double *exposed = calloc((size_t)n, sizeof(double));
+    double *exposed_min = calloc((size_t)n, sizeof(double));
+    double *busy = calloc((size_t)n, sizeof(double));
+    if (!early || !in_backward || !backward || !exposed || !exposed_min || !busy) return 1;
     size_t wrong = 0, nbuckets = 0, npieces = 0;
     for (int it = 0; it < warmup + iters; it++) {
         float v = 0.001f * (float)(rank + 1) + 0.0001f * (float)it;
@@ -209,6 +213,12 @@ int main(int argc, char **argv)
     if (group_block) ddp_group_free_buffer(group, block);
     else free(block);
     free(params);
+    free(early);
+    free(in_backward);
+    free(backward);
+    free(exposed);
+    free(exposed_min);
+    free(busy);
     ddp_group_destroy(group);
     return wrong ? 1 : 0;
 }

@@ -14,7 +14,8 @@
  *   scaled     bucket limits scaled to this small model as llm.c's GPT-2 is to 1 MiB / 25 MiB
  *              (the first bucket holds layer 0's rows of the last stacked tensors), a layer's
  *              rows marked in backward order (fcproj first)
- *   blockorder the same limits, a layer's rows marked in block order (ln1 first)
+ *   blockorder the same limits, a layer's rows marked in backward order, then in block order (ln1
+ *              first) by a second reducer: the same overlap and the same buckets
  *   default    the default limits (one bucket here), backward order, the block from
  *              ddp_group_alloc_buffer */
 #include <math.h>
@@ -70,9 +71,14 @@ static void produce(float *g, size_t i, int layer, int rank, int step)
     for (size_t e = lo; e < hi; e++) g[e] += (float)gval(i, rank, step, e);
 }
 
-static int run(ddp_group_t *group, void *arg)
+/* The bucket layout: per bucket, its parameter count and parameters. */
+typedef struct layout {
+    size_t n, v[2 * NP + 1];
+} layout_t;
+
+/* Trains 4 steps marking each layer's rows in `order`; returns the layout after the rebuild. */
+static void train(ddp_group_t *group, const test_case_t *tc, const int *order, layout_t *layout)
 {
-    const test_case_t *tc = arg;
     int rank = ddp_group_rank(group), world = ddp_group_size(group);
     size_t off[NP + 1];
     off[0] = 0;
@@ -101,7 +107,6 @@ static int run(ddp_group_t *group, void *arg)
     }
     ddp_reducer_t *r = NULL;
     CHECK_OK(ddp_reducer_create(group, p, NP, NULL, 0, &c, &r));
-    const int *order = tc->in_block_order ? block_order : backward_order;
     /* Calls made before layer 0's rows are reported: lnf's two, then 12 per layer. */
     const size_t before_layer0 = 2 + 12 * (L - 1);
     double early_before_rebuild = -1;
@@ -131,14 +136,15 @@ static int run(ddp_group_t *group, void *arg)
                 double want = 0;
                 for (int q = 0; q < world; q++) want += gval(i, q, s, e);
                 want /= world;
-                CHECK_MSG(fabs(block[off[i] + e] - want) <= 2e-6, "step %d: %s[%zu] = %.9g, want %.9g",
-                          s, pname[i], e, block[off[i] + e], want);
+                CHECK_MSG(fabs(block[off[i] + e] - want) <= 2e-6,
+                          "step %d: %s[%zu] = %.9g, want %.9g", s, pname[i], e, block[off[i] + e],
+                          want);
             }
         /* Bitwise identical on every rank. */
         memcpy(copy, block, bytes);
         CHECK_OK(ddp_group_broadcast(group, copy, total, DDP_F32, 0));
-        CHECK_MSG(memcmp(copy, block, bytes) == 0, "step %d: rank %d's gradients differ from rank 0's",
-                  s, rank);
+        CHECK_MSG(memcmp(copy, block, bytes) == 0,
+                  "step %d: rank %d's gradients differ from rank 0's", s, rank);
 
         ddp_reducer_stats_t st;
         CHECK_OK(ddp_reducer_stats(r, &st));
@@ -164,8 +170,10 @@ static int run(ddp_group_t *group, void *arg)
                   "backward", s, st.bytes_launched_in_backward, bytes);
         double fraction = (double)early / (double)bytes;
         if (rank == 0)
-            printf("%s step %d: %zu buckets, %zu reductions, %.1f %% of the bytes launched before "
-                   "layer 0's rows\n", tc->name, s, st.nbuckets, st.npieces, 100 * fraction);
+            printf("%s, %s order, step %d: %zu buckets, %zu reductions, %.1f %% of the bytes "
+                   "launched before layer 0's rows\n",
+                   tc->name, order == block_order ? "block" : "backward", s, st.nbuckets,
+                   st.npieces, 100 * fraction);
         CHECK_OK(ddp_reducer_zero_grad(r));
         if (s == 0) {
             early_before_rebuild = fraction;
@@ -183,11 +191,33 @@ static int run(ddp_group_t *group, void *arg)
                       "0, not more than before the rebuild (%.1f %%)", s, 100 * fraction,
                       100 * early_before_rebuild);
     }
+    layout->n = 0;
+    for (size_t k = 0; k < ddp_reducer_bucket_count(r); k++) {
+        const size_t *ps;
+        size_t np;
+        CHECK_OK(ddp_reducer_bucket_params(r, k, &ps, &np));
+        layout->v[layout->n++] = np;
+        for (size_t j = 0; j < np; j++) layout->v[layout->n++] = ps[j];
+    }
     ddp_reducer_destroy(r);
     if (tc->group_block) ddp_group_free_buffer(group, block);
     else free(block);
     free(params);
     free(copy);
+}
+
+static int run(ddp_group_t *group, void *arg)
+{
+    const test_case_t *tc = arg;
+    layout_t backward, block;
+    train(group, tc, backward_order, &backward);
+    if (!tc->in_block_order) return 0;
+    /* The order a layer's rows are marked in does not decide the buckets either: the same
+     * layout (runs of the block in address order) for both. */
+    train(group, tc, block_order, &block);
+    CHECK_MSG(backward.n == block.n &&
+                  memcmp(backward.v, block.v, backward.n * sizeof(size_t)) == 0,
+              "marking a layer in block order gave other buckets than in backward order");
     return 0;
 }
 

@@ -497,7 +497,8 @@ static int args_main(ddp_group_t *g, void *arg)
      * of the two marked with its own pointer). */
     float block[6] = {2, 2, 2, 2, 4, 4};
     float wa[4] = {1, 2, 3, 4}, wb[2] = {5, 6};
-    ddp_param_t pg[2] = {{"a", wa, 4, DDP_F32, 0, 0, block}, {"b", wb, 2, DDP_F32, 0, 0, block + 4}};
+    ddp_param_t pg[2] = {{"a", wa, 4, DDP_F32, 0, 0, block},
+                         {"b", wb, 2, DDP_F32, 0, 0, block + 4}};
     CHECK_OK(ddp_optim_create(pg, 2, &zc.optim, &o));
     CHECK_OK(ddp_optim_step(o, NULL)); /* lr 0.5: a -= 1, b -= 2 */
     CHECK(wa[0] == 0.0f && wa[3] == 3.0f && wb[0] == 3.0f && wb[1] == 4.0f);

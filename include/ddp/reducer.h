@@ -138,7 +138,9 @@ typedef struct ddp_reducer_config {
  * the reducer's life: a bucket is a contiguous run of that block (its params adjacent, of one
  * dtype), reduced in place without a copy, and the rebuild after the first iteration only
  * changes which runs are reduced together and in which order. Parameters that are not adjacent
- * in the block, or that arrive far apart in backward, end up in different buckets. Sparse
+ * in the block, or that arrive far apart in backward, end up in different buckets (with pieces,
+ * config.piece_bytes, the rebuild takes the runs in address order and launches pieces in the
+ * order they became complete: see ddp_reducer_grad_ready_rows). Sparse
  * parameters are not in the block (param.grad must be NULL; their rows are given with
  * ddp_reducer_sparse_grad as in every mode). Not combinable with user_grads. */
 typedef enum ddp_grad_memory {

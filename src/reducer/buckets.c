@@ -702,7 +702,8 @@ static ddp_status_t plan_schedule(ddp_reducer_t *r, int64_t *counts, int64_t **p
             u++;
             continue;
         }
-        for (size_t i = 0; i < (size_t)counts[b]; i++, u++, at++) units[u] = (unit_key_t){keys[at], u};
+        for (size_t i = 0; i < (size_t)counts[b]; i++, u++, at++)
+            units[u] = (unit_key_t){keys[at], u};
     }
     qsort(units, nunits, sizeof *units, compare_unit_keys);
     memcpy(out, begins, npieces_all * sizeof *out);
@@ -881,6 +882,45 @@ done:
     return status;
 }
 
+/* Whether the rebuild plans pieces and their schedule from rank 0's record (buckets with pieces:
+ * piece_bytes > 0 and the default hook). */
+static int schedules_pieces(const ddp_reducer_t *r)
+{
+    return DDP__READINESS_SCHEDULE && r->config.piece_bytes > 0 && !r->config.comm_hook;
+}
+
+typedef struct place {
+    int sparse;
+    size_t offset, index;
+} place_t;
+
+static int compare_places(const void *a, const void *b)
+{
+    const place_t *x = a, *y = b;
+    if (x->sparse != y->sparse) return x->sparse - y->sparse;
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index ? 1 : 0;
+}
+
+/* Block modes with a schedule: the visiting order for the rebuild's runs is the block's own
+ * (address order; sparse parameters, which are not in the block, last). When pieces launch in
+ * completion order across buckets, a bucket is only a run of memory that pieces do not cross,
+ * and visiting in arrival order would make the runs depend on the order in which a layer's
+ * rows are marked (a run closes when the next parameter to arrive is not adjacent: llm.c's
+ * backward order gave 7 buckets, block order 2, for one layout). */
+static ddp_status_t address_order(const ddp_reducer_t *r, size_t *order)
+{
+    place_t *v = ddp__malloc((r->nparams ? r->nparams : 1) * sizeof *v, "rebuild");
+    if (!v) return DDP_ERR_NO_MEMORY;
+    for (size_t k = 0; k < r->nparams; k++)
+        v[k] = (place_t){r->params[k].sparse, r->params[k].sparse ? 0 : r->params[k].block_offset,
+                         k};
+    qsort(v, r->nparams, sizeof *v, compare_places);
+    for (size_t k = 0; k < r->nparams; k++) order[k] = v[k].index;
+    free(v);
+    return DDP_OK;
+}
+
 /* Collective, at prepare: rank 0's arrival order of the first synchronised iteration is
  * broadcast, buckets are reassigned in that order, and gradients are moved to the new slots. */
 ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
@@ -916,6 +956,8 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         order[i] = (size_t)order64[i];
     }
     ddp_bucket_assignment_t a;
+    if (block_mode(r) && schedules_pieces(r)) status = address_order(r, order);
+    if (status != DDP_OK) goto done;
     status = block_mode(r) ? block_assign(r, order, 0, &a) : assign(r, order, &a);
     if (status != DDP_OK) goto done;
     int same = a.nbuckets == r->nbuckets;
@@ -971,7 +1013,7 @@ ddp_status_t ddp__reducer_rebuild(ddp_reducer_t *r)
         }
     }
     ddp__bucket_assignment_free(&a);
-    if (status == DDP_OK) status = DDP__READINESS_SCHEDULE ? schedule_pieces(r) : order_pieces(r);
+    if (status == DDP_OK) status = schedules_pieces(r) ? schedule_pieces(r) : order_pieces(r);
     if (status == DDP_OK) status = ddp__reducer_size_launch_log(r);
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d rebuilt buckets in arrival order (%zu buckets%s)",
             r->rank, r->nbuckets, same ? ", unchanged" : "");

@@ -767,7 +767,8 @@ ddp_status_t ddp_optim_step(ddp_optim_t *o, void *const *grads)
         if (o->runs[i].count > 0 && !grads[i])
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                               own ? "optim step: grads is NULL and parameter %zu's .grad was NULL "
-                                    "at ddp_optim_create (give grads, or set every ddp_param_t.grad)"
+                                    "at ddp_optim_create (give grads, or set every "
+                                    "ddp_param_t.grad)"
                                   : "optim step: grads[%zu] is NULL",
                               i);
     double coef = 1.0;
