@@ -1038,6 +1038,16 @@ ddp_status_t ddp__reducer_initial_buckets(ddp_reducer_t *r)
         } else {
             r->block = r->config.grad_block;
             r->block_bytes = r->config.grad_block_bytes;
+            /* A block the transport cannot read in place (malloc'd) is registered for the
+             * reducer's life, so that on shm every bucket and piece of it is reduced in place:
+             * DDP_SHM_MAP=auto alone maps at most 32 ranges per process, fewer than a block
+             * cut into pieces has. Memory that cannot be registered (a transport buffer from
+             * ddp_group_alloc_buffer, a block holding no whole page, one the caller registered
+             * already, no registration left) stays as it is and works as before. */
+            if (r->block_bytes &&
+                ddp_group_register_memory(r->group, r->block, r->block_bytes) == DDP_OK)
+                r->block_registered = 1;
+            ddp__clear_error();
             /* As for bucket memory: results are read after the rest of backward. A no-op
              * unless the block is in a transport buffer (ddp_group_alloc_buffer). */
             ddp__group_advise_cold_results(r->group, r->block);
@@ -1071,6 +1081,10 @@ void ddp__reducer_free_buckets(ddp_reducer_t *r)
     r->schedule = NULL;
     r->nschedule = 0;
     if (r->block_owned && r->block) ddp_group_free_buffer(r->group, r->block);
+    /* Every reduction on it has completed (destroy waited): its pages become private again,
+     * with the same bytes, before the caller frees it. */
+    if (r->block_registered) ddp_group_unregister_memory(r->group, r->block);
+    r->block_registered = 0;
     r->block = NULL;
     r->block_owned = 0;
 }

@@ -182,6 +182,9 @@ struct ddp_reducer {
     unsigned char *block;
     size_t block_bytes;
     int block_owned;
+    /* DDP_GRAD_MEMORY_USER_BLOCK: the Reducer registered the caller's block with
+     * ddp_group_register_memory and unregisters it when destroyed. */
+    int block_registered;
     /* Bucket mode after a rebuild moved the gradients: the old bucket memory, filled with
      * DDP__STALE_BYTE until the next synchronised finalize checks that nobody wrote it, and each
      * parameter's old slot in it (NULL for sparse and empty ones). */
