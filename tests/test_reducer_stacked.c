@@ -107,6 +107,12 @@ static void train(ddp_group_t *group, const test_case_t *tc, const int *order, l
     }
     ddp_reducer_t *r = NULL;
     CHECK_OK(ddp_reducer_create(group, p, NP, NULL, 0, &c, &r));
+    /* On shared memory the Reducer registered the malloc'd block for its life (one registration
+     * maps every bucket and piece in place): the caller's own registration now overlaps it. */
+    if (!tc->group_block && world > 1) {
+        CHECK_STATUS(ddp_group_register_memory(group, block, bytes), DDP_ERR_INVALID_ARGUMENT);
+        CHECK_ERROR_MENTIONS("overlap");
+    }
     /* Calls made before layer 0's rows are reported: lnf's two, then 12 per layer. */
     const size_t before_layer0 = 2 + 12 * (L - 1);
     double early_before_rebuild = -1;
@@ -200,6 +206,10 @@ static void train(ddp_group_t *group, const test_case_t *tc, const int *order, l
         for (size_t j = 0; j < np; j++) layout->v[layout->n++] = ps[j];
     }
     ddp_reducer_destroy(r);
+    if (!tc->group_block && world > 1) { /* destroy gave the registration back */
+        CHECK_OK(ddp_group_register_memory(group, block, bytes));
+        CHECK_OK(ddp_group_unregister_memory(group, block));
+    }
     if (tc->group_block) ddp_group_free_buffer(group, block);
     else free(block);
     free(params);

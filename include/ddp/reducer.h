@@ -160,13 +160,16 @@ typedef enum ddp_grad_memory {
      *     the Reducer's own bucket memory is. Costs: allocated and freed collectively (same
      *     sizes, same order on every rank), freed with ddp_group_free_buffer before the group
      *     is destroyed, never with free();
-     *   - from malloc, given to ddp_group_register_memory once: the same in-place ("mapped")
-     *     reduction, with the addresses unchanged (unregister it before freeing it);
-     *   - from malloc alone: DDP_SHM_MAP=auto maps each bucket's or piece's range by itself from
-     *     its second allreduce on, if it is at least 128 KiB, but at most 32 ranges per process
-     *     (glibc malloc and Linux >= 6.11 only); the others are copied (one copy with
-     *     process_vm_readv, or through the segment). With pieces a model has more ranges than
-     *     that: docs/reducer.md ("Porting llm.c") has the measured cost. */
+     *   - from malloc (or any private anonymous memory): the Reducer registers it with
+     *     ddp_group_register_memory at create and unregisters it when destroyed, so it is
+     *     reduced in place as well ("mapped": the same bytes at the same addresses; one
+     *     registration of the 32 a process has). Destroy the reducer before freeing the block.
+     *     Register it yourself before create if you like (the Reducer then leaves it to you);
+     *     registering it after create fails (it overlaps the Reducer's registration). If it
+     *     cannot be registered (no registration left, no whole page in it) it works as before:
+     *     DDP_SHM_MAP=auto maps ranges of at least 128 KiB that come back, at most 32 per
+     *     process, and the rest are copied (process_vm_readv or through the segment).
+     * Measured alike on shm (docs/benchmarks.md, "The llm.c layout"). */
     DDP_GRAD_MEMORY_USER_BLOCK = 1,
     /* libddp allocates one block with ddp_group_alloc_buffer at create, laid out in the initial
      * bucket order (each bucket's params adjacent, buckets 64-byte aligned). ddp_reducer_grad
