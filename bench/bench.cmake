@@ -24,3 +24,8 @@ endif()
 add_executable(optim-kernels-bench ${PROJECT_SOURCE_DIR}/bench/optim_kernels.c)
 target_include_directories(optim-kernels-bench PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 target_link_libraries(optim-kernels-bench PRIVATE ddp_internal m)
+# build/stacked-overlap: a trainer laid out like llm.c (stacked (L, ...) tensors in one gradient
+# block, reported by rows layer by layer) and how much of its gradient averaging overlaps
+# backward; bench/stacked_ab.sh runs it against a build of the old launch order (docs/benchmarks.md).
+add_executable(stacked-overlap ${PROJECT_SOURCE_DIR}/bench/stacked_overlap.c)
+target_link_libraries(stacked-overlap PRIVATE ddp m)

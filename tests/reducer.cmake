@@ -99,3 +99,14 @@ endforeach()
 foreach(world 2 3)
   ddp_add_test(NAME test_reducer_join SOURCES test_reducer_join.c ARGS error ${world} TIMEOUT 90)
 endforeach()
+
+# llm.c's layout: stacked (L, ...) tensors in one gradient block, reported by rows layer by layer
+# from the top. After the rebuild their reductions start during backward (asserted by counting
+# grad_ready calls, not by time), whatever the bucket limits or the order a layer's rows are
+# marked in; results against a float64 reference, bitwise equal across ranks.
+foreach(case scaled blockorder default)
+  foreach(world 1 2 3)
+    ddp_add_test(NAME test_reducer_stacked SOURCES test_reducer_stacked.c ARGS ${case} ${world}
+                 TIMEOUT 90)
+  endforeach()
+endforeach()

@@ -137,10 +137,13 @@ static int case_twice(ddp_group_t *group, void *arg)
         CHECK_STATUS(ddp_reducer_grad_ready(r, 1), DDP_ERR_INVALID_USAGE);
         CHECK_ERROR_MENTIONS("l1.b");
         CHECK_ERROR_MENTIONS("shared weights");
+        /* A stacked tensor reported once per layer: the error names the call that fits. */
+        CHECK_ERROR_MENTIONS("ddp_reducer_grad_ready_rows(reducer, 1, row_begin, row_end)");
     }
     CHECK_STATUS(ddp_reducer_finalize(r), DDP_ERR_INVALID_USAGE);
     CHECK_ERROR_MENTIONS("l1.b");
     CHECK_ERROR_MENTIONS("twice");
+    CHECK_ERROR_MENTIONS("ddp_reducer_grad_ready_rows");
     /* The reducer goes on working. */
     CHECK_OK(ddp_reducer_prepare(r));
     mark_all(r, -1);

@@ -206,9 +206,34 @@ static int case_run(ddp_group_t *group, void *arg)
         memset(sums, 0, sizeof sums);
         if (run_round(group, red, params, round, sums)) return 1;
     }
-    /* The rebuild (bucket mode, no find_unused) happened on every rank alike: the layout after
-     * it follows the arrival order {1, 3, 0, 2}, so bucket 0 now starts with parameter 1. */
-    if (!the_case.unused) {
+    /* The rebuild (no find_unused) happened on every rank alike: the layout after it follows
+     * the arrival order {1, 3, 0, 2}, so bucket 0 now starts with parameter 1. In the block mode
+     * with pieces the buckets are runs of the block in address order and the arrival order is
+     * in the pieces' schedule instead: the first reduction of the last iteration lies in
+     * parameter 1's upper rows, marked first (before the rebuild: in parameter 3, whose bucket
+     * came first). */
+    if (the_case.block) {
+        ddp_reducer_stats_t st;
+        CHECK_OK(ddp_reducer_stats(red, &st));
+        size_t bucket = 99, at = 0;
+        for (size_t b = 0; b < ddp_reducer_bucket_count(red) && bucket == 99; b++) {
+            const size_t *ps = NULL;
+            size_t np = 0;
+            CHECK_OK(ddp_reducer_bucket_params(red, b, &ps, &np));
+            at = 0;
+            for (size_t j = 0; j < np && bucket == 99; j++) {
+                if (ps[j] == 1) bucket = b;
+                else at += numel[ps[j]] * sizeof(float);
+            }
+        }
+        CHECK(st.npieces > 0 && st.reductions);
+        const ddp_reduction_stats_t *first = &st.reductions[0];
+        size_t upper = at + numel[1] / 2 * sizeof(float), end = at + numel[1] * sizeof(float);
+        CHECK_MSG(first->bucket == bucket && first->offset >= upper && first->offset < end,
+                  "the first reduction after the rebuild is bucket %zu bytes [%zu, +%zu); "
+                  "parameter 1's upper rows, marked first, are bucket %zu bytes [%zu, %zu)",
+                  first->bucket, first->offset, first->bytes, bucket, upper, end);
+    } else if (!the_case.unused) {
         const size_t *b1 = NULL;
         size_t n1 = 0;
         CHECK_OK(ddp_reducer_bucket_params(red, 0, &b1, &n1));

@@ -488,6 +488,50 @@ static int args_main(ddp_group_t *g, void *arg)
     CHECK_STATUS(ddp_zero_step(z, NULL), DDP_ERR_INVALID_USAGE);
     CHECK_ERROR_MENTIONS("w");
     ddp_zero_destroy(z);
+    zc.overlap = 0;
+
+    /* grads NULL: each parameter's .grad as given at create (llm.c's layout: one gradient block,
+     * ddp_param_t.grad pointing into it), the same update as passing the pointers. A float **
+     * cannot be passed as void *const * without a cast, so this is what such a program calls.
+     * Two parameters in one block; the optimizer, stage 1 and stage 2 (nothing marked, then one
+     * of the two marked with its own pointer). */
+    float block[6] = {2, 2, 2, 2, 4, 4};
+    float wa[4] = {1, 2, 3, 4}, wb[2] = {5, 6};
+    ddp_param_t pg[2] = {{"a", wa, 4, DDP_F32, 0, 0, block},
+                         {"b", wb, 2, DDP_F32, 0, 0, block + 4}};
+    CHECK_OK(ddp_optim_create(pg, 2, &zc.optim, &o));
+    CHECK_OK(ddp_optim_step(o, NULL)); /* lr 0.5: a -= 1, b -= 2 */
+    CHECK(wa[0] == 0.0f && wa[3] == 3.0f && wb[0] == 3.0f && wb[1] == 4.0f);
+    ddp_optim_destroy(o);
+    o = NULL;
+    pg[1].grad = NULL; /* a missing .grad is named */
+    CHECK_OK(ddp_optim_create(pg, 2, &zc.optim, &o));
+    CHECK_STATUS(ddp_optim_step(o, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("parameter 1's .grad");
+    ddp_optim_destroy(o);
+    o = NULL;
+    pg[1].grad = block + 4;
+    for (int stage = 1; stage <= 2; stage++) {
+        zc.stage = stage;
+        CHECK_OK(ddp_zero_create(g, pg, 2, &zc, &z));
+        CHECK_OK(ddp_zero_step(z, NULL));
+        CHECK(wa[0] == -1.0f && wa[3] == 2.0f && wb[0] == 1.0f && wb[1] == 2.0f);
+        if (stage == 2) { /* b marked with its own gradient, a taken from its .grad */
+            float gb2[2] = {-2, -2};
+            CHECK_OK(ddp_zero_grad_ready(z, 1, gb2));
+            CHECK_OK(ddp_zero_step(z, NULL));
+            CHECK(wa[0] == -2.0f && wb[0] == 2.0f && wb[1] == 3.0f);
+        }
+        ddp_zero_destroy(z);
+        z = NULL;
+        wa[0] = 0, wa[3] = 3, wb[0] = 3, wb[1] = 4;
+    }
+    zc.stage = 1;
+    pg[0].grad = NULL;
+    CHECK_OK(ddp_zero_create(g, pg, 2, &zc, &z));
+    CHECK_STATUS(ddp_zero_step(z, NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("(a) had no .grad");
+    ddp_zero_destroy(z);
     ddp_zero_destroy(NULL);
     ddp_optim_destroy(NULL);
     CHECK(ddp_zero_state_bytes(NULL) == 0 && ddp_optim_state_bytes(NULL) == 0);

@@ -39,7 +39,8 @@ typedef struct ddp_param {
     size_t rows;       /* matrix view rows (numel % rows == 0), 0 for a vector; sparse: table rows */
     int sparse;        /* gradient arrives as rows (ddp_reducer_sparse_grad), reduced by allgather */
     /* user-owned gradient (numel elements) when config.user_grads, or where the gradient lives
-     * in the caller's block with config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK; else NULL */
+     * in the caller's block with config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK; else NULL.
+     * ddp_optim_step and ddp_zero_step (ddp/shard.h) read it when given grads == NULL. */
     void *grad;
 } ddp_param_t;
 
@@ -99,8 +100,10 @@ typedef struct ddp_reducer_config {
     /* 0 (off): a bucket is reduced whole when all its parameters are ready. > 0 (e.g. 4 MiB,
      * for callers of ddp_reducer_grad_ready_rows): with the default hook (comm_hook NULL), each
      * dense bucket is cut into pieces of this many bytes (whole elements; the last piece is
-     * shorter) when buckets are made or rebuilt, and a piece is reduced as soon as every element
-     * in it has been marked ready. Off by default because each piece is a collective of its
+     * shorter) when buckets are made, and at the rebuild along the row ranges marked, at most
+     * this many bytes each (ddp_reducer_grad_ready_rows); a piece is reduced as soon as every
+     * element in it has been marked ready and the pieces before it in the launch order have
+     * started. Off by default because each piece is a collective of its
      * own: with whole-tensor grad_ready on CPU-bound ranks the extra synchronisations cost more
      * than the earlier start gains (docs/reducer.md has the numbers). Must be the same on every
      * rank (checked at create with sync_at_create). */
@@ -135,7 +138,9 @@ typedef struct ddp_reducer_config {
  * the reducer's life: a bucket is a contiguous run of that block (its params adjacent, of one
  * dtype), reduced in place without a copy, and the rebuild after the first iteration only
  * changes which runs are reduced together and in which order. Parameters that are not adjacent
- * in the block, or that arrive far apart in backward, end up in different buckets. Sparse
+ * in the block, or that arrive far apart in backward, end up in different buckets (with pieces,
+ * config.piece_bytes, the rebuild takes the runs in address order and launches pieces in the
+ * order they became complete: see ddp_reducer_grad_ready_rows). Sparse
  * parameters are not in the block (param.grad must be NULL; their rows are given with
  * ddp_reducer_sparse_grad as in every mode). Not combinable with user_grads. */
 typedef enum ddp_grad_memory {
@@ -147,12 +152,24 @@ typedef enum ddp_grad_memory {
      * then). */
     DDP_GRAD_MEMORY_BUCKETS = 0,
     /* The caller's block (config.grad_block, grad_block_bytes), laid out as the caller likes:
-     * param.grad says where each gradient is. Use memory from ddp_group_alloc_buffer to keep the
-     * shm transport's in-place reduction (which needs the block at the same offset of the
-     * buffer on every rank; shm compares them per operation and copies otherwise). Such a
-     * buffer is then
-     * marked as holding results read later (shm writes them with streaming stores), as the
-     * Reducer's own bucket memory is. */
+     * param.grad says where each gradient is. Any memory works on every transport. On shm, how
+     * a bucket (or piece) is reduced depends on where the block is:
+     *   - from ddp_group_alloc_buffer: in the shared segment, reduced in place (it must be at
+     *     the same offset of the buffer on every rank; shm compares them per operation and
+     *     copies otherwise), and marked as holding results read later (streaming stores), as
+     *     the Reducer's own bucket memory is. Costs: allocated and freed collectively (same
+     *     sizes, same order on every rank), freed with ddp_group_free_buffer before the group
+     *     is destroyed, never with free();
+     *   - from malloc (or any private anonymous memory): the Reducer registers it with
+     *     ddp_group_register_memory at create and unregisters it when destroyed, so it is
+     *     reduced in place as well ("mapped": the same bytes at the same addresses; one
+     *     registration of the 32 a process has). Destroy the reducer before freeing the block.
+     *     Register it yourself before create if you like (the Reducer then leaves it to you);
+     *     registering it after create fails (it overlaps the Reducer's registration). If it
+     *     cannot be registered (no registration left, no whole page in it) it works as before:
+     *     DDP_SHM_MAP=auto maps ranges of at least 128 KiB that come back, at most 32 per
+     *     process, and the rest are copied (process_vm_readv or through the segment).
+     * Measured alike on shm (docs/benchmarks.md, "The llm.c layout"). */
     DDP_GRAD_MEMORY_USER_BLOCK = 1,
     /* libddp allocates one block with ddp_group_alloc_buffer at create, laid out in the initial
      * bucket order (each bucket's params adjacent, buckets 64-byte aligned). ddp_reducer_grad
@@ -244,7 +261,9 @@ DDP_API ddp_status_t ddp_reducer_zero_grad(ddp_reducer_t *reducer);
 DDP_API ddp_status_t ddp_reducer_prepare(ddp_reducer_t *reducer);
 
 /* Parameter i's gradient is complete for this iteration. The last gradient of a bucket launches
- * its reduction (strictly in bucket order). Marking a parameter twice is DDP_ERR_INVALID_USAGE. */
+ * its reduction (strictly in bucket order). Marking a parameter twice is DDP_ERR_INVALID_USAGE (a
+ * gradient completed in parts, such as a stacked (L, ...) tensor's layers, is reported with
+ * ddp_reducer_grad_ready_rows instead). */
 DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index);
 
 /* Rows [row_begin, row_end) of parameter i's gradient are complete for this iteration: the
@@ -253,17 +272,22 @@ DDP_API ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *reducer, size_t index
  * rows of numel / rows elements; a vector parameter (rows == 0) has numel rows of one element.
  *
  * With config.piece_bytes > 0, the rows' elements count towards the bucket's pieces: a piece whose
- * elements are all marked starts its allreduce (an average, like a bucket's), strictly after
- * every earlier bucket and every piece of its bucket that comes before it in the bucket's piece
- * order, so a bucket holding one large matrix starts reducing while the rest of that matrix is
- * still being computed. The piece order is ascending until the bucket rebuild; from then on it is
- * the order in which rank 0's pieces became complete in the first synchronised iteration, so a
- * backward that finishes a matrix's highest rows first (a transformer's, layer by layer from the
- * top) reduces them first, whichever end of the bucket they are at. The pieces depend only on
- * the bucket layout, so every rank issues the same collectives whatever blocks each rank marks.
- * With a user comm hook or piece_bytes 0 there are no pieces: the bucket is handed over whole
- * once it is complete. With user_grads the rows are copied from param.grad now, so they must be
- * final.
+ * elements are all marked starts its allreduce (an average, like a bucket's) as soon as every
+ * piece before it in the launch order has started, so a bucket holding one large matrix starts
+ * reducing while the rest of that matrix is still being computed. Until the bucket rebuild the
+ * pieces are piece_bytes slices of each bucket, launched bucket after bucket in ascending order.
+ * At the rebuild (after the first synchronised iteration) rank 0's record of that iteration
+ * fixes them for good: pieces are cut along the row ranges rank 0 marked (consecutive ones
+ * merged up to piece_bytes, larger ones split), and every piece of every bucket goes in one
+ * launch order, the order in which rank 0's pieces became complete. So a stacked (L, ...) tensor
+ * (llm.c's layout: each kind of weight of all layers in one tensor) reported layer by layer from
+ * the top has its top layers' rows reduced while the layers below are computed, whichever bucket
+ * they are in and whatever first_bucket_bytes or the order a layer's rows are marked in. The
+ * plan is broadcast from rank 0, so every rank issues the same collectives in the same order
+ * whatever blocks each rank marks; ranks that mark in another order only overlap less.
+ * ddp_reducer_stats's `reductions` show what was launched when. With a user comm hook or
+ * piece_bytes 0 there are no pieces: the bucket is handed over whole once it is complete. With
+ * user_grads the rows are copied from param.grad now, so they must be final.
  *
  * Marking the last unmarked rows of a parameter is exactly ddp_reducer_grad_ready (it counts
  * for bucket order, the rebuild's arrival order and find_unused_parameters). After some of its
@@ -331,6 +355,18 @@ typedef struct ddp_bucket_stats {
     double done_us;   /* its last piece done */
 } ddp_bucket_stats_t;
 
+/* One reduction (a piece, or a whole bucket) of an iteration. */
+typedef struct ddp_reduction_stats {
+    size_t bucket;        /* the bucket it is part of */
+    size_t offset, bytes; /* its byte range within the bucket (a sparse bucket: its bytes) */
+    /* ddp_reducer_grad_ready, _grad_ready_rows and _sparse_grad calls of the iteration made when
+     * it was launched, the launching call included (every call, if finalize launched it): where
+     * in backward it started, whatever the clock says. */
+    size_t ready_calls;
+    int by_finalize;       /* 1: launched by ddp_reducer_finalize, after backward */
+    double launch_us, done_us; /* relative to the first grad_ready, like the buckets' */
+} ddp_reduction_stats_t;
+
 typedef struct ddp_reducer_stats {
     uint64_t iteration;
     double backward_us; /* first grad_ready to finalize entry */
@@ -341,6 +377,9 @@ typedef struct ddp_reducer_stats {
     const ddp_bucket_stats_t *buckets; /* valid until the next prepare */
     size_t npieces;  /* reductions issued (pieces, or whole buckets) */
     double busy_us;  /* union of every reduction's launch..done interval: time in flight */
+    /* npieces entries in launch order, valid until the next prepare */
+    const ddp_reduction_stats_t *reductions;
+    size_t bytes_launched_in_backward; /* bytes of the reductions launched before finalize */
 } ddp_reducer_stats_t;
 
 /* Statistics of the last finalized synchronised iteration. */

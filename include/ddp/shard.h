@@ -197,7 +197,10 @@ DDP_API ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
                                       const ddp_optim_config_t *config, ddp_optim_t **out);
 DDP_API void ddp_optim_destroy(ddp_optim_t *optim);
 /* grads[i]: parameter i's gradient (numel elements of its dtype; only read). Clips (when
- * max_grad_norm > 0) and updates every parameter. */
+ * max_grad_norm > 0) and updates every parameter. grads NULL: each parameter's ddp_param_t.grad
+ * as given to ddp_optim_create (e.g. pointers into one gradient block, llm.c's layout, which
+ * need no array of their own; a `float **` is not a `void *const *` in C), an
+ * DDP_ERR_INVALID_ARGUMENT naming the first non-empty parameter whose .grad was NULL. */
 DDP_API ddp_status_t ddp_optim_step(ddp_optim_t *optim, void *const *grads);
 /* Bytes of optimizer state tensors held: SGD's momentum buffers (none without momentum), Adam's
  * two moments (three with amsgrad), and the f32 master copies of f16/bf16 parameters.
@@ -292,7 +295,9 @@ DDP_API void ddp_zero_destroy(ddp_zero_t *zero);
  * from its owner so every replica is bitwise identical. Stage 2: grads[i] holds this rank's LOCAL
  * gradient (no Reducer); they are averaged by reduce-scatter (DDP_AVG) through the bucketer, each
  * rank updates its chunks, and parameters are allgathered. The gradients are only read. Stage 2
- * with ddp_zero_grad_ready: grads may be NULL, or give only the parameters not marked. Overlap:
+ * with ddp_zero_grad_ready: grads gives only the parameters not marked. grads NULL (stages 1 and
+ * 2): each parameter's ddp_param_t.grad as given to ddp_zero_create takes the place of grads[i]
+ * (an error names a parameter that needs one and has none). Overlap:
  * grads must be NULL (the hook already computed each bucket's update); call after
  * ddp_reducer_finalize; the updated parameters are broadcast from their owners. */
 DDP_API ddp_status_t ddp_zero_step(ddp_zero_t *zero, void *const *grads);

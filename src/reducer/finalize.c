@@ -177,7 +177,8 @@ static void describe_remote_error(ddp_reducer_t *r, int q, int64_t code, char *o
     else if (kind == DDP__ERROR_TWICE)
         snprintf(out, cap,
                  "rank %d: parameter '%s' (index %zu) was marked ready twice in one iteration "
-                 "(a reused module or shared weights?)",
+                 "(a reused module or shared weights? a gradient completed in parts is reported "
+                 "with ddp_reducer_grad_ready_rows)",
                  q, name, reg);
     else
         snprintf(out, cap,
@@ -281,27 +282,42 @@ static void record_stats(ddp_reducer_t *r, double enter, double backward_end)
     st->nbuckets = r->nbuckets;
     st->npieces = 0;
     st->busy_us = 0;
-    /* Reductions are issued in order (buckets, and pieces within them), so their launch times
-     * are sorted and the union of their intervals is one sweep. */
+    st->bytes_launched_in_backward = 0;
+    /* The launch log is in launch order, so launch times are sorted and the union of the
+     * intervals is one sweep. */
     double busy_start = 0, busy_end = -1e300;
-    for (size_t b = 0; b < r->nbuckets; b++) {
-        bucket_t *k = &r->buckets[b];
-        for (size_t j = 0; j < (k->npieces ? k->npieces : 1); j++) {
-            size_t i = k->npieces ? k->piece_order[j] : 0; /* launch order */
-            double l = k->npieces ? k->pieces[i].launch_us : k->launch_us;
-            double d = k->npieces ? piece_done_time(&k->pieces[i]) : done_time(k);
-            st->npieces++;
-            if (k->npieces) st->comm_us += d - l;
-            if (l > busy_end) {
-                if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
-                busy_start = l;
-                busy_end = d;
-            } else if (d > busy_end) {
-                busy_end = d;
-            }
+    size_t nlog = r->launches < r->launch_cap ? r->launches : r->launch_cap;
+    for (size_t j = 0; j < nlog; j++) {
+        const launch_record_t *e = &r->launch_log[j];
+        bucket_t *k = &r->buckets[e->bucket];
+        int whole = e->piece == DDP__WHOLE;
+        double l = whole ? k->launch_us : k->pieces[e->piece].launch_us;
+        double d = whole ? done_time(k) : piece_done_time(&k->pieces[e->piece]);
+        ddp_reduction_stats_t *rs = &r->reduction_stats[st->npieces++];
+        size_t esize = ddp_dtype_size(k->dtype);
+        rs->bucket = e->bucket;
+        rs->offset = whole ? 0 : k->pieces[e->piece].begin * esize;
+        if (!whole) rs->bytes = k->pieces[e->piece].numel * esize;
+        else if (k->sparse) {
+            const rparam_t *p = &r->params[k->params[0]];
+            rs->bytes = p->pending_rows * (row_bytes(p) + sizeof(int64_t));
+        } else rs->bytes = k->numel * esize;
+        rs->ready_calls = e->ready_calls;
+        rs->by_finalize = e->by_finalize;
+        rs->launch_us = l - t0;
+        rs->done_us = d - t0;
+        if (!e->by_finalize) st->bytes_launched_in_backward += rs->bytes;
+        if (!whole) st->comm_us += d - l;
+        if (l > busy_end) {
+            if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
+            busy_start = l;
+            busy_end = d;
+        } else if (d > busy_end) {
+            busy_end = d;
         }
     }
     if (busy_end > busy_start) st->busy_us += busy_end - busy_start;
+    st->reductions = r->reduction_stats;
     for (size_t b = 0; b < r->nbuckets; b++) {
         bucket_t *k = &r->buckets[b];
         ddp_bucket_stats_t *bs = &r->bucket_stats[b];
@@ -342,6 +358,7 @@ ddp_status_t ddp_reducer_finalize(ddp_reducer_t *r)
     check_stale_writes(r);
     settle_unmarked(r, find_unused);
     double backward_end = enter;
+    r->finalizing = 1;
     note_failure(&o, ddp__reducer_launch_in_order(r));
     ddp_work_t *status_work = start_status_exchange(r, nu, &o);
     wait_all(r, status_work, &o);

@@ -143,6 +143,9 @@ void ddp__reducer_reset_iteration(ddp_reducer_t *r)
         p->rows_marked = 0;
     }
     r->next_launch = 0;
+    r->next_unit = 0;
+    r->ready_calls = 0;
+    r->finalizing = 0;
     r->local_error = 0;
     r->local_error_text[0] = '\0';
     r->first_ready_us = 0;
@@ -180,11 +183,20 @@ static ddp_status_t default_hook(void *state, ddp_group_t *group, const ddp_comm
                                      bucket->dtype, r->post_divide ? DDP_SUM : DDP_AVG, work);
 }
 
+/* Statistics: the launch of bucket b's piece (or the whole bucket), in launch order. */
+static void log_launch(ddp_reducer_t *r, const bucket_t *b, size_t piece)
+{
+    if (r->launches < r->launch_cap)
+        r->launch_log[r->launches] =
+            (launch_record_t){b->index, piece, r->ready_calls, r->finalizing};
+    r->launches++;
+}
+
 static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
 {
     b->launched = 1;
     b->launch_us = ddp__now_us();
-    r->launches++;
+    log_launch(r, b, DDP__WHOLE);
     ddp_work_t *work = NULL;
     ddp_status_t s;
     if (b->sparse) {
@@ -236,7 +248,7 @@ static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
         b->launched = 1;
         b->launch_us = q->launch_us;
     }
-    r->launches++;
+    log_launch(r, b, q->index);
     size_t esize = ddp_dtype_size(b->dtype);
     unsigned char *data = (unsigned char *)b->data + q->begin * esize;
     ddp_work_t *work = NULL;
@@ -260,7 +272,25 @@ static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
  * order, and nothing of bucket b + 1 before every piece of bucket b. */
 ddp_status_t ddp__reducer_launch_in_order(ddp_reducer_t *r)
 {
-    while (r->next_launch < r->nbuckets) {
+    /* After the rebuild with pieces: one schedule across buckets (buckets.c, "stacked
+     * tensors"), still strictly in order. */
+    while (r->schedule && r->next_unit < r->nschedule) {
+        launch_unit_t u = r->schedule[r->next_unit];
+        bucket_t *b = &r->buckets[u.bucket];
+        if (u.piece == DDP__WHOLE) {
+            if (b->pending != 0) break;
+            r->next_unit++;
+            ddp_status_t s = launch(r, b);
+            if (s != DDP_OK) return s;
+        } else {
+            if (b->pieces[u.piece].pending != 0) break;
+            r->next_unit++;
+            b->next_piece++;
+            ddp_status_t s = launch_piece(r, b, &b->pieces[u.piece]);
+            if (s != DDP_OK) return s;
+        }
+    }
+    while (!r->schedule && r->next_launch < r->nbuckets) {
         bucket_t *b = &r->buckets[r->next_launch];
         if (b->npieces) {
             while (b->next_piece < b->npieces &&
@@ -284,13 +314,20 @@ ddp_status_t ddp__reducer_launch_in_order(ddp_reducer_t *r)
 void ddp__reducer_count_off(bucket_t *b, size_t begin, size_t end)
 {
     if (!b->npieces || begin >= end) return;
-    size_t step = b->pieces[0].numel;
-    for (size_t i = begin / step; i < b->npieces && b->pieces[i].begin < end; i++) {
+    for (size_t i = ddp__piece_at(b, begin); i < b->npieces && b->pieces[i].begin < end; i++) {
         piece_t *q = &b->pieces[i];
         size_t lo = begin > q->begin ? begin : q->begin;
         size_t hi = end < q->begin + q->numel ? end : q->begin + q->numel;
         if (hi > lo) q->pending -= hi - lo;
     }
+}
+
+/* Whether rank 0 records the order in which rows became final now: in the recording iteration
+ * when there are pieces, whose cuts and schedule the rebuild takes from it. */
+static int recording_finals(const ddp_reducer_t *r)
+{
+    return r->recording && r->rank == r->rebuild_root && r->config.piece_bytes > 0 &&
+           !r->config.comm_hook;
 }
 
 /* The recording iteration, rank 0: elements [begin, end) of p became final now. A failed
@@ -319,8 +356,7 @@ static void rows_final(ddp_reducer_t *r, rparam_t *p, size_t lo, size_t hi)
     if (r->config.user_grads)
         memcpy(slot_of(r, p) + lo * w * esize, (unsigned char *)p->user_grad + lo * w * esize,
                (hi - lo) * w * esize);
-    if (r->recording && r->rank == r->rebuild_root && r->buckets[p->bucket].npieces)
-        record_final(r, p, lo * w, hi * w);
+    if (recording_finals(r)) record_final(r, p, lo * w, hi * w);
     ddp__reducer_count_off(&r->buckets[p->bucket], p->offset + lo * w, p->offset + hi * w);
 }
 
@@ -366,6 +402,7 @@ static ddp_status_t complete(ddp_reducer_t *r, size_t k, double now)
     rparam_t *p = &r->params[k];
     r->marked[k] = 1;
     if (r->recording && r->narrival < r->nparams) r->arrival[r->narrival++] = k;
+    if (recording_finals(r)) record_final(r, p, 0, 0); /* complete: an empty range */
     bucket_t *b = &r->buckets[p->bucket];
     if (p->sparse) p->contribute = 1;
     if (--b->pending == 0) b->ready_us = now;
@@ -383,9 +420,12 @@ ddp_status_t ddp__reducer_mark_ready(ddp_reducer_t *r, size_t k)
             "when a module is reused in the forward pass, with shared weights (layers tied to "
             "one tensor: register it once, duplicates of one data pointer are merged, and report "
             "it once), or when a parameter takes part in several backward passes of one "
-            "iteration. With find_unused_parameters a parameter must also not produce a gradient "
-            "after finalize treated it as unused.",
-            p->name, p->registered, (unsigned long long)r->iteration);
+            "iteration. A gradient completed in parts (a stacked (L, ...) tensor whose layers' "
+            "rows become final one layer at a time) is reported part by part with "
+            "ddp_reducer_grad_ready_rows(reducer, %zu, row_begin, row_end), each row once. With "
+            "find_unused_parameters a parameter must also not produce a gradient after finalize "
+            "treated it as unused.",
+            p->name, p->registered, (unsigned long long)r->iteration, p->registered);
         note_local_error(r, DDP__ERROR_TWICE, k);
         return s;
     }
@@ -423,6 +463,7 @@ ddp_status_t ddp_reducer_grad_ready(ddp_reducer_t *r, size_t index)
     ddp_status_t s = lookup_dense(r, index, "ddp_reducer_grad_ready", &p, &k);
     if (s != DDP_OK) return s;
     if ((s = ddp__reducer_check_active(r, "ddp_reducer_grad_ready")) != DDP_OK) return s;
+    r->ready_calls++;
     return ddp__reducer_mark_ready(r, k);
 }
 
@@ -447,6 +488,7 @@ ddp_status_t ddp_reducer_grad_ready_rows(ddp_reducer_t *r, size_t index, size_t 
                           p->name, index, row_begin, row_end, nrows,
                           p->rows ? "" : ": a vector has one row per element");
     if ((s = ddp__reducer_check_active(r, "ddp_reducer_grad_ready_rows")) != DDP_OK) return s;
+    r->ready_calls++;
     if (!r->row_marks) {
         /* A byte per row of every dense parameter (a vector has one per element): only
          * callers that report rows pay for it. */

@@ -326,6 +326,9 @@ static void destroy_reducer(ddp_reducer_t *r)
     free(r->join_flags);
     free(r->join_prev);
     free(r->bucket_stats);
+    free(r->schedule);
+    free(r->launch_log);
+    free(r->reduction_stats);
     free(r);
 }
 
@@ -435,6 +438,7 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
     }
 
     status = ddp__reducer_initial_buckets(r);
+    if (status == DDP_OK) status = ddp__reducer_size_launch_log(r);
     if (status != DDP_OK) goto fail;
 
     size_t saved_bytes = 0;

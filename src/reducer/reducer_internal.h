@@ -46,6 +46,28 @@ ddp_status_t ddp__broadcast_coalesced(ddp_group_t *group, const ddp__tensor_ref_
 
 #define DDP__COMM_LANE 2 /* trace lane ("tid") of bucket reductions */
 
+/* 1: at the rebuild, pieces are cut along the row ranges rank 0 marked and launched in one
+ * schedule across buckets, in the order they became complete (docs/reducer.md, "Stacked
+ * tensors"). 0: the behaviour before it (fixed-size pieces, bucket after bucket), kept only so
+ * that a second build (-DCMAKE_C_FLAGS=-DDDP__READINESS_SCHEDULE=0) can measure the difference
+ * (bench/stacked_ab.sh). */
+#ifndef DDP__READINESS_SCHEDULE
+#define DDP__READINESS_SCHEDULE 1
+#endif
+
+/* A unit of launching: one piece of a bucket, or a whole bucket (piece == DDP__WHOLE). */
+#define DDP__WHOLE ((size_t)-1)
+typedef struct launch_unit {
+    size_t bucket, piece;
+} launch_unit_t;
+
+/* What was launched, in launch order, this iteration (statistics). */
+typedef struct launch_record {
+    size_t bucket, piece;
+    size_t ready_calls; /* ready calls made by then (the launching one included) */
+    int by_finalize;
+} launch_record_t;
+
 /* Usage errors a rank reports in finalize's status vector: kind << 32 | (kept index + 1). */
 #define DDP__ERROR_TWICE 1LL
 #define DDP__ERROR_UNMARKED 2LL
@@ -130,6 +152,17 @@ struct ddp_reducer {
     bucket_t *buckets;
     size_t nbuckets;
     size_t next_launch;
+    /* After the rebuild with pieces: every piece (and pieceless bucket) of every bucket in one
+     * launch order, fixed from rank 0's recording iteration; NULL before (or without pieces):
+     * bucket after bucket, each bucket's pieces in its piece_order. */
+    launch_unit_t *schedule;
+    size_t nschedule, next_unit;
+    /* This iteration's launches (capacity: one per unit) and its grad_ready / grad_ready_rows /
+     * sparse_grad calls so far; finalizing: finalize is launching. */
+    launch_record_t *launch_log;
+    size_t launch_cap, ready_calls;
+    int finalizing;
+    ddp_reduction_stats_t *reduction_stats;
 
     unsigned char *marked;          /* this iteration */
     unsigned char *row_marks;       /* per row of every dense parameter, this iteration;
@@ -149,6 +182,9 @@ struct ddp_reducer {
     unsigned char *block;
     size_t block_bytes;
     int block_owned;
+    /* DDP_GRAD_MEMORY_USER_BLOCK: the Reducer registered the caller's block with
+     * ddp_group_register_memory and unregisters it when destroyed. */
+    int block_registered;
     /* Bucket mode after a rebuild moved the gradients: the old bucket memory, filled with
      * DDP__STALE_BYTE until the next synchronised finalize checks that nobody wrote it, and each
      * parameter's old slot in it (NULL for sparse and empty ones). */
@@ -158,7 +194,8 @@ struct ddp_reducer {
     size_t *arrival;
     size_t narrival;
     /* The recording iteration's row marks in the order they became final (kept index, element
-     * range within the parameter): the rebuild orders each bucket's pieces by them. */
+     * range within the parameter; an empty range: the parameter became complete): the rebuild
+     * cuts and orders the pieces by them. */
     struct final_range {
         size_t param, begin, end;
     } *finals;
@@ -309,6 +346,21 @@ void ddp__reducer_unmarked_rows_final(ddp_reducer_t *r, rparam_t *p);
 
 /* iteration.c: elements [begin, end) of bucket b are final (counted off its pieces). */
 void ddp__reducer_count_off(bucket_t *b, size_t begin, size_t end);
+
+/* The piece of b holding element e (pieces are sorted by begin and cover the bucket). */
+static inline size_t ddp__piece_at(const bucket_t *b, size_t e)
+{
+    size_t lo = 0, hi = b->npieces;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (b->pieces[mid].begin <= e) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* buckets.c: sizes the launch log and its statistics for the current buckets and pieces. */
+ddp_status_t ddp__reducer_size_launch_log(ddp_reducer_t *r);
 
 /* sparse.c: the progress-thread task reducing a sparse bucket (arg is the bucket_t). */
 ddp_status_t ddp__reducer_sparse_task(ddp_group_t *group, void *arg);

@@ -122,6 +122,7 @@ ddp_status_t ddp_reducer_sparse_grad(ddp_reducer_t *r, size_t index, const int64
                               "parameter '%s': indices[%zu] = %lld is outside its %zu rows",
                               p->name, i, (long long)indices[i], p->rows);
     if ((s = ddp__reducer_check_active(r, "ddp_reducer_sparse_grad")) != DDP_OK) return s;
+    r->ready_calls++;
     if (r->marked[k]) return ddp__reducer_mark_ready(r, k); /* the twice error */
     size_t rb = row_bytes(p);
     if (p->pending_rows + nrows > p->pending_cap) {

@@ -683,6 +683,7 @@ struct ddp_optim {
     size_t *numel;
     ddp_dtype_t *dtypes;
     ddp__optim_run_t *runs;
+    void **grads;     /* each parameter's .grad at create: the gradients a NULL grads means */
     double grad_norm; /* of the last step, NaN before one with clipping */
 };
 
@@ -693,6 +694,7 @@ void ddp_optim_destroy(ddp_optim_t *o)
         for (size_t i = 0; i < o->nparams; i++) ddp__optim_run_free(&o->runs[i]);
     ddp__optim_setup_free(&o->setup);
     free(o->runs);
+    free(o->grads);
     free(o->data);
     free(o->numel);
     free(o->dtypes);
@@ -730,7 +732,8 @@ ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
     o->numel = ddp__calloc(n, sizeof *o->numel, "optimizer");
     o->dtypes = ddp__calloc(n, sizeof *o->dtypes, "optimizer");
     o->runs = ddp__calloc(n, sizeof *o->runs, "optimizer");
-    if (!o->data || !o->numel || !o->dtypes || !o->runs) {
+    o->grads = ddp__calloc(n, sizeof *o->grads, "optimizer");
+    if (!o->data || !o->numel || !o->dtypes || !o->runs || !o->grads) {
         ddp_optim_destroy(o);
         return DDP_ERR_NO_MEMORY;
     }
@@ -738,6 +741,7 @@ ddp_status_t ddp_optim_create(const ddp_param_t *params, size_t nparams,
         o->data[i] = params[i].data;
         o->numel[i] = params[i].numel;
         o->dtypes[i] = params[i].dtype;
+        o->grads[i] = params[i].grad;
         o->runs[i].first = 0;
         o->runs[i].count = params[i].numel;
         s = ddp__optim_run_alloc(&o->runs[i], ddp__optim_hp(&o->setup, i), params[i].dtype,
@@ -755,11 +759,18 @@ ddp_status_t ddp_optim_step(ddp_optim_t *o, void *const *grads)
 {
     ddp__clear_error(); /* status.h: no stale text after a success */
     if (!o) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "optim step: optim is NULL");
-    if (o->nparams > 0 && !grads)
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "optim step: grads is NULL");
+    /* NULL: each parameter's .grad as given at create (a program with one gradient block and
+     * pointers into it, llm.c's layout, has nothing else to pass). */
+    int own = grads == NULL;
+    if (own) grads = o->grads;
     for (size_t i = 0; i < o->nparams; i++)
         if (o->runs[i].count > 0 && !grads[i])
-            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "optim step: grads[%zu] is NULL", i);
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                              own ? "optim step: grads is NULL and parameter %zu's .grad was NULL "
+                                    "at ddp_optim_create (give grads, or set every "
+                                    "ddp_param_t.grad)"
+                                  : "optim step: grads[%zu] is NULL",
+                              i);
     double coef = 1.0;
     if (o->setup.base.max_grad_norm > 0.0) {
         double sumsq = 0.0;

@@ -46,6 +46,7 @@ struct ddp_zero {
     double grad_norm;         /* of the last step with clipping; NaN before */
     size_t nparams;
     void **data;
+    void **grads; /* each parameter's .grad at create: the gradients a NULL grads means */
     size_t *numel;
     ddp_dtype_t *dtype;
     char **names;
@@ -105,6 +106,7 @@ void ddp_zero_destroy(ddp_zero_t *z)
     free(z->owner);
     free(z->names);
     free(z->data);
+    free(z->grads);
     free(z->numel);
     free(z->dtype);
     free(z->chunks);
@@ -210,6 +212,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
     }
     size_t n1 = nparams ? nparams : 1;
     z->data = ddp__calloc(n1, sizeof *z->data, "zero");
+    z->grads = ddp__calloc(n1, sizeof *z->grads, "zero");
     z->numel = ddp__calloc(n1, sizeof *z->numel, "zero");
     z->dtype = ddp__calloc(n1, sizeof *z->dtype, "zero");
     z->names = ddp__calloc(n1, sizeof *z->names, "zero");
@@ -218,13 +221,14 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
     z->works = ddp__calloc(n1, sizeof *z->works, "zero");
     z->load = ddp__calloc((size_t)world, sizeof *z->load, "zero");
     z->shadow = ddp__calloc(n1, sizeof *z->shadow, "zero");
-    if (!z->data || !z->numel || !z->dtype || !z->names || !z->owner || !z->runs || !z->works ||
-        !z->load || !z->shadow) {
+    if (!z->data || !z->grads || !z->numel || !z->dtype || !z->names || !z->owner || !z->runs ||
+        !z->works || !z->load || !z->shadow) {
         s = DDP_ERR_NO_MEMORY;
         goto fail;
     }
     for (size_t i = 0; i < nparams; i++) {
         z->data[i] = params[i].data;
+        z->grads[i] = params[i].grad;
         z->numel[i] = params[i].numel;
         z->dtype[i] = params[i].dtype;
         z->owner[i] = -1;
@@ -529,20 +533,29 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
                 if (z->owner[i] == z->rank && z->numel[i] > 0)
                     memcpy(z->data[i], z->shadow[i], z->numel[i] * ddp_dtype_size(z->dtype[i]));
     } else if (z->stage == 2) {
-        /* Gradients not handed over by ddp_zero_grad_ready come from grads. */
+        /* Gradients not handed over by ddp_zero_grad_ready come from grads, or with grads NULL
+         * from each parameter's .grad as given at create. */
+        int own = grads == NULL;
+        if (own) grads = z->grads;
         for (size_t i = 0; i < z->nparams; i++)
-            if (!z->submitted[i] && z->numel[i] > 0 && (!grads || !grads[i]))
+            if (!z->submitted[i] && z->numel[i] > 0 && !grads[i])
                 return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                                   "zero step: parameter %zu (%s) was not marked ready and %s is "
-                                  "NULL", i, pname(z, i), grads ? "its grads[] entry" : "grads");
+                                  "NULL", i, pname(z, i),
+                                  own ? "grads is NULL and its .grad at ddp_zero_create"
+                                      : "its grads[] entry");
         s = stage2_step(z, grads);
     } else {
-        if (z->nparams > 0 && !grads)
-            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero step: grads is NULL");
+        int own = grads == NULL;
+        if (own) grads = z->grads; /* each parameter's .grad as given at create */
         for (size_t i = 0; i < z->nparams; i++)
             if (z->numel[i] > 0 && !grads[i])
                 return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                                  "zero step: grads[%zu] (parameter %s) is NULL", i, pname(z, i));
+                                  own ? "zero step: grads is NULL and parameter %zu (%s) had no "
+                                        ".grad at ddp_zero_create (give grads, or set every "
+                                        "ddp_param_t.grad)"
+                                      : "zero step: grads[%zu] (parameter %s) is NULL",
+                                  i, pname(z, i));
         /* The norm over the owned parameters' averaged gradients, summed over ranks: every
          * parameter is owned by exactly one rank. */
         double coef = 1.0;
