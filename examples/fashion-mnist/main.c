@@ -66,6 +66,15 @@ typedef struct step_metrics {
     double lr, step_ms, exposed_ms;
 } step_metrics_t;
 
+/* Where a step's time goes (--json's "phase_ms"): the trainer's own clock around each part.
+ * data: gathering this rank's samples; forward; backward (the Reducer's grad_ready calls
+ * included); finalize: ddp_reducer_finalize (the wait for the buckets' allreduces, the legacy
+ * allreduce); optimizer: the update and, under ZeRO, the parameter exchange; zero_grad: clearing
+ * the gradients for the next step. "other" in the report is the step minus these. */
+enum { PH_DATA, PH_FORWARD, PH_BACKWARD, PH_FINALIZE, PH_OPTIMIZER, PH_ZERO_GRAD, PH_COUNT };
+static const char *const fm_phase_names[PH_COUNT] = {"data",     "forward",   "backward",
+                                                     "finalize", "optimizer", "zero_grad"};
+
 enum { FM_SCHEDULE_CONSTANT = 0, FM_SCHEDULE_COSINE = 1, FM_SCHEDULE_LINEAR = 2 };
 static const char *const fm_schedule_names[] = {"constant", "cosine", "linear"};
 static const char *const fm_optim_names[] = {"sgd", "adam", "adamw"};
@@ -116,6 +125,7 @@ typedef struct trainer {
     float *join_params[FM_NPARAMS];
     int joined;
     int64_t seen[3]; /* this epoch's samples on this rank: count, sum and sum of squares of indices */
+    double phase_us[PH_COUNT]; /* this step's time per phase (micro-steps summed) */
 } trainer_t;
 
 /* Timing of a run, over the steps after the warm-up. Per-step samples are kept for medians,
@@ -127,6 +137,7 @@ typedef struct run_stats {
     double *step_samples, *exposed_samples;
     size_t nosync_cap, nosync_steps; /* --bench-nosync: the steps without communication */
     double *nosync_samples;
+    double *phase_samples[PH_COUNT + 1]; /* per synchronised timed step; [PH_COUNT]: other */
     int stopped; /* --max-steps reached */
 } run_stats_t;
 
@@ -1262,6 +1273,7 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
          * total samples, as one process would take it. */
         scale = (float)((double)active / (double)total);
     }
+    double td = ddp_time_us();
     for (size_t i = 0; i < n; i++) {
         uint32_t idx = t->perm[base + i];
         t->seen[0]++;
@@ -1282,8 +1294,10 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     }
     t->zero_sync = sync;
     double t0 = ddp_time_us();
+    t->phase_us[PH_DATA] += t0 - td;
     fm_mlp_forward(&t->model, t->xbuf, n);
     double t1 = ddp_time_us();
+    t->phase_us[PH_FORWARD] += t1 - t0;
     if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
     t->mark_us = t1;
     double loss = 0;
@@ -1291,6 +1305,7 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
                                &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
         check(t->status, "ddp_reducer_grad_ready");
     double t2 = ddp_time_us();
+    t->phase_us[PH_BACKWARD] += t2 - t1;
     if (t->reducer) {
         check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
         if (sync) {
@@ -1301,9 +1316,11 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
         check(ddp_legacy_allreduce(t->legacy, NULL), "ddp_legacy_allreduce");
         *exposed = ddp_time_us() - t2;
     }
+    double t3 = ddp_time_us();
+    t->phase_us[PH_FINALIZE] += t3 - t2;
     if (t->tracing)
         ddp_trace_span(t->trace, sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
-                       "compute", 0, t2, ddp_time_us());
+                       "compute", 0, t2, t3);
     /* flush_losses divides the sum over ranks by the world size: weight this rank's mean by its
      * share of the partial batch so that the result is the mean over its samples. */
     if (total < o->batch) loss *= (double)n * (double)t->world / (double)total;
@@ -1345,12 +1362,16 @@ static void optimizer_step(trainer_t *t)
     if (o->param_bf16)
         for (int k = 0; k < FM_NPARAMS; k++)
             from_bf16(t->model.params[k], t->half_params[k], t->model.numel[k]);
+    double t4 = ddp_time_us();
+    t->phase_us[PH_OPTIMIZER] += t4 - t3;
     if (t->reducer)
         check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
     else
         for (int p = 0; p < FM_NPARAMS; p++)
             memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
-    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, ddp_time_us());
+    double t5 = ddp_time_us();
+    t->phase_us[PH_ZERO_GRAD] += t5 - t4;
+    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, t5);
 }
 
 /* Grows an array of samples to hold at least n + 1. */
@@ -1375,10 +1396,19 @@ static void record_step(trainer_t *t, run_stats_t *st, int skip_comm, double ste
         st->nosync_samples[st->nosync_steps++] = step_us;
         return;
     }
+    /* every per-step array has sample_cap entries: grow them all from the same old capacity */
     size_t cap = st->sample_cap;
     st->step_samples = grow_samples(st->step_samples, st->timed_steps, &cap);
     cap = st->sample_cap;
     st->exposed_samples = grow_samples(st->exposed_samples, st->timed_steps, &cap);
+    double accounted = 0;
+    for (int k = 0; k <= PH_COUNT; k++) {
+        cap = st->sample_cap;
+        st->phase_samples[k] = grow_samples(st->phase_samples[k], st->timed_steps, &cap);
+        double v = k < PH_COUNT ? t->phase_us[k] : step_us - accounted;
+        accounted += v;
+        st->phase_samples[k][st->timed_steps] = v;
+    }
     st->sample_cap = cap;
     st->step_samples[st->timed_steps] = step_us;
     st->exposed_samples[st->timed_steps] = exposed;
@@ -1407,6 +1437,7 @@ static double train(trainer_t *t, run_stats_t *st)
             }
             double step_start = ddp_time_us();
             double step_loss = 0, step_exposed = 0;
+            memset(t->phase_us, 0, sizeof t->phase_us);
             t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
             const int skip_comm = o->bench_nosync && st->run_steps % 2 == 1;
             set_step_lr(t);
@@ -1668,6 +1699,11 @@ static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_
                     printf("]");
                 }
             }
+            printf(",\"phase_ms\":{");
+            for (int k = 0; k <= PH_COUNT; k++)
+                printf("%s\"%s\":%.4f", k ? "," : "", k < PH_COUNT ? fm_phase_names[k] : "other",
+                       median(st->phase_samples[k], st->timed_steps) / 1000.0);
+            printf("}");
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\",\"hook\":\"%s\",\"wire_bytes\":%llu,"
                    "\"uncompressed_bytes\":%llu,\"zero\":%d,\"zero_overlap\":%d,"
@@ -1714,6 +1750,7 @@ static void teardown(trainer_t *t, run_stats_t *st)
     free(st->step_samples);
     free(st->exposed_samples);
     free(st->nosync_samples);
+    for (int k = 0; k <= PH_COUNT; k++) free(st->phase_samples[k]);
     fm_optim_destroy(&t->opt);
     fm_mlp_destroy(&t->model);
     fm_dataset_free(&t->train);
