@@ -44,15 +44,14 @@ tag = sys.argv[1]
 d = json.loads(sys.stdin.read())
 p = d["phase_ms"]
 print(tag, "%.1f" % d["samples_per_sec"], "%.3f" % d["step_ms_median"],
-      " ".join("%.3f" % p[k] for k in ("data", "forward", "backward", "finalize", "optimizer",
-                                      "zero_grad", "other")), d.get("zero", 0))
+      " ".join("%s=%.3f" % kv for kv in p.items()), "zero=%d" % d.get("zero", 0))
 ' "$tag" | tee -a "$out"
 }
 
 echo "# demo_scaling: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load average" \
      "$(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?');" \
      "$REPEATS repeats of $STEPS timed steps (after $WARM), batches $BATCHES; data: $data"
-echo "# columns: run samples/s step_ms | phase medians ms (rank 0): data forward backward finalize optimizer zero_grad other | zero stage"
+echo "# columns: run, samples/s, step ms (median), phase medians in ms on rank 0, ZeRO stage"
 r=1
 while [ "$r" -le "$REPEATS" ]; do
     for b in $BATCHES; do
@@ -70,25 +69,25 @@ while [ "$r" -le "$REPEATS" ]; do
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "# summary: per-repeat 2-rank/1-rank samples/s ratio (min-median-max), phase medians over repeats"
+echo "# summary: medians over the repeats (ms); the 2-rank/1-rank samples/s ratio of each repeat, median [min-max]"
 python3 - "$out" <<'PY'
 import sys, re, statistics as st
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 by = {}
 for r in rows:
-    tag = r[0]
-    m = re.match(r"b(\d+)\.(.*)\.r(\d+)$", tag)
+    m = re.match(r"b(\d+)\.(.*)\.r(\d+)$", r[0])
     b, cfg, rep = m.group(1), m.group(2), m.group(3)
-    by.setdefault((b, cfg), {})[rep] = [float(x) for x in r[1:10]]
-names = ["samples/s", "step ms", "data", "forward", "backward", "finalize", "optimizer", "zero_grad", "other"]
+    vals = {"samples/s": float(r[1]), "step": float(r[2])}
+    vals.update((k, float(v)) for k, v in (x.split("=") for x in r[3:]) if k != "zero")
+    by.setdefault((b, cfg), {})[rep] = vals
 for (b, cfg), reps in sorted(by.items(), key=lambda kv: (int(kv[0][0]), kv[0][1] != "1rank", kv[0][1])):
-    cols = list(zip(*reps.values()))
-    med = [st.median(c) for c in cols]
-    line = "batch %-4s %-28s " % (b, cfg) + " ".join("%s %.3f" % (n, v) if i > 1 else "%s %.1f" % (n, v)
-                                                  for i, (n, v) in enumerate(zip(names, med)))
+    names = list(next(iter(reps.values())).keys())
+    med = {n: st.median(v[n] for v in reps.values()) for n in names}
+    line = "batch %-4s %-26s %8.1f samples/s  " % (b, cfg, med["samples/s"])
+    line += " ".join("%s %.2f" % (n, med[n]) for n in names[1:])
     one = by.get((b, "1rank"), {})
     if cfg != "1rank" and one:
-        ratios = sorted(reps[k][0] / one[k][0] for k in reps if k in one)
+        ratios = sorted(reps[k]["samples/s"] / one[k]["samples/s"] for k in reps if k in one)
         line += "  | vs 1 rank: %.2fx [%.2f-%.2f]" % (st.median(ratios), ratios[0], ratios[-1])
     print(line)
 PY

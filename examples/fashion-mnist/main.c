@@ -51,7 +51,8 @@ typedef struct options {
     int psgd_rank;
     size_t psgd_start;
     int json, print_checksum, print_losses, no_eval, bench_nosync;
-    int zero, zero_overlap; /* --zero 1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
+    int zero, zero_overlap; /* --zero 0|1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
+    int zero_auto;          /* no --zero given: resolve_zero_default decides once the world is known */
     size_t save_every;      /* --save-every K: a checkpoint every K optimizer steps (0: off) */
     int resume_auto;        /* --resume auto: the --checkpoint file when it exists */
     const char *metrics;    /* --metrics FILE: one CSV row per optimizer step (rank 0) */
@@ -69,11 +70,11 @@ typedef struct step_metrics {
 /* Where a step's time goes (--json's "phase_ms"): the trainer's own clock around each part.
  * data: gathering this rank's samples; forward; backward (the Reducer's grad_ready calls
  * included); finalize: ddp_reducer_finalize (the wait for the buckets' allreduces, the legacy
- * allreduce); optimizer: the update and, under ZeRO, the parameter exchange; zero_grad: clearing
- * the gradients for the next step. "other" in the report is the step minus these. */
-enum { PH_DATA, PH_FORWARD, PH_BACKWARD, PH_FINALIZE, PH_OPTIMIZER, PH_ZERO_GRAD, PH_COUNT };
-static const char *const fm_phase_names[PH_COUNT] = {"data",     "forward",   "backward",
-                                                     "finalize", "optimizer", "zero_grad"};
+ * allreduce); optimizer: the update and, under ZeRO, the parameter exchange. "other" in the
+ * report is the step minus these. */
+enum { PH_DATA, PH_FORWARD, PH_BACKWARD, PH_FINALIZE, PH_OPTIMIZER, PH_COUNT };
+static const char *const fm_phase_names[PH_COUNT] = {"data", "forward", "backward", "finalize",
+                                                     "optimizer"};
 
 enum { FM_SCHEDULE_CONSTANT = 0, FM_SCHEDULE_COSINE = 1, FM_SCHEDULE_LINEAR = 2 };
 static const char *const fm_schedule_names[] = {"constant", "cosine", "linear"};
@@ -168,8 +169,8 @@ static void usage(FILE *out)
         "                      the real samples\n"
         "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
         "                      communication (no_sync), so the effective batch is K*batch\n"
-        "  --optim sgd|adam|adamw   optimiser (default adam); adamw is libddp's AdamW with\n"
-        "                      decoupled weight decay on the weights only (biases: none)\n"
+        "  --optim sgd|adam|adamw   optimiser (default adam), libddp's (ddp/shard.h); adamw\n"
+        "                      has decoupled weight decay on the weights only (biases: none)\n"
         "  --lr F              (peak) learning rate (default 1e-3 for adam/adamw, 0.05 for sgd)\n"
         "  --lr-schedule constant|cosine|linear   learning rate per step after the warmup:\n"
         "                      constant, cosine decay to 0, or linear decay to 0 at the end of\n"
@@ -195,10 +196,12 @@ static void usage(FILE *out)
         "  --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S]   the Reducer's comm hook:\n"
         "                      plain (default), buckets in half precision, or PowerSGD of\n"
         "                      rank R (default 1) from step S (default 10)\n"
-        "  --zero 1|2          ZeRO optimizer: its state sharded over the ranks; 1: each rank\n"
-        "                      updates its parameters after the Reducer, 2: no Reducer,\n"
-        "                      gradients reduce-scattered (not with --sync legacy, --hook\n"
-        "                      other than allreduce, --bench-nosync)\n"
+        "  --zero 0|1|2        ZeRO optimizer: its state sharded over the ranks; 0: every rank\n"
+        "                      updates every parameter, 1: each rank updates its parameters\n"
+        "                      after the Reducer, 2: no Reducer, gradients reduce-scattered\n"
+        "                      (1 and 2 not with --sync legacy, --hook other than allreduce,\n"
+        "                      --bench-nosync, --drop-last 0). Default: 1 on several ranks\n"
+        "                      when none of those is given (the same bits as 0), else 0\n"
         "  --zero-overlap      ZeRO 1 with each bucket's update computed on its owner as soon\n"
         "                      as its allreduce ends (implies --zero 1; not with --clip-grad,\n"
         "                      --param-dtype bf16 or --resume: resume it with --zero 1)\n"
@@ -321,6 +324,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->bucket_mb = 25;
     o->grad_blocks = 1;
     o->piece_mb = -1;
+    o->zero_auto = 1;
     o->trace_steps = 5;
     o->warmup = 3;
     for (int i = 1; i < argc; i++) {
@@ -454,9 +458,10 @@ static void parse_options(int argc, char **argv, options_t *o)
         } else if (!strcmp(name, "--hook")) {
             parse_hook(o, val);
         } else if (!strcmp(name, "--zero")) {
-            if (strcmp(val, "1") && strcmp(val, "2"))
-                die_usage("--zero: '%s' is neither 1 nor 2", val);
+            if (strcmp(val, "0") && strcmp(val, "1") && strcmp(val, "2"))
+                die_usage("--zero: '%s' is not 0, 1 or 2", val);
             o->zero = val[0] - '0';
+            o->zero_auto = 0;
         } else if (!strcmp(name, "--sync")) {
             if (!strcmp(val, "reducer"))
                 o->legacy = 0;
@@ -495,9 +500,10 @@ static void parse_options(int argc, char **argv, options_t *o)
     /* ZeRO steps after the Reducer (or reduce-scatters itself), so neither the legacy allreduce,
      * a compressing hook nor unsynchronised steps fit. Its sharded state is gathered into the
      * checkpoint (consolidated), so checkpoints work at any stage. */
-    if (o->zero_overlap && o->zero == 2)
-        die_usage("--zero-overlap works with --zero 1 only (stage 2 has no Reducer)");
-    if (o->zero_overlap) o->zero = 1;
+    if (o->zero_overlap && !o->zero_auto && o->zero != 1)
+        die_usage("--zero-overlap is ZeRO-1's overlap mode: it cannot be combined with --zero %d",
+                  o->zero);
+    if (o->zero_overlap) o->zero = 1, o->zero_auto = 0;
     if (o->zero_overlap) {
         /* The hook updates each bucket before the last gradient exists (no global norm), the
          * Reducer's buckets must hold the optimizer's dtype, and the partition is learned in the
@@ -560,11 +566,30 @@ static void setup_group(trainer_t *t)
     g_rank = t->rank;
 }
 
-/* SGD and Adam keep the trainer's own float optimizer (optim.c), the default behaviour; ZeRO,
- * AdamW, clipping and bf16 parameters take libddp's (ddp/shard.h). */
+/* The optimizer is always libddp's (ddp/shard.h): its vectorised kernels take about half the
+ * time of the float loop of optim.c the trainer ran before, and ZeRO-1 - the default on several
+ * ranks - computes exactly what it computes, so 1 rank and N ranks take the same step. The
+ * checkpoint's library_optim field stays, so a checkpoint of that older trainer is refused by
+ * name rather than misread. */
 static int uses_library_optim(const options_t *o)
 {
-    return o->zero || o->optim == FM_OPTIM_ADAMW || o->clip_grad > 0 || o->param_bf16;
+    (void)o;
+    return 1;
+}
+
+/* --zero's default, once the world size is known: ZeRO-1 on several ranks - each rank steps
+ * only its share of the parameters (half the optimizer's memory traffic per rank at 2) and the
+ * result is bitwise the unsharded step's - unless an option asks for what ZeRO refuses; then,
+ * and on one rank, the unsharded optimizer. */
+static void resolve_zero_default(trainer_t *t)
+{
+    options_t *o = &t->o;
+    if (!o->zero_auto) return;
+    o->zero_auto = 0;
+    o->zero = t->world > 1 && !o->legacy && o->hook == FM_HOOK_ALLREDUCE && !o->bench_nosync &&
+                      o->drop_last
+                  ? 1
+                  : 0;
 }
 
 /* The learning rate's multiplier for optimizer step `step` (0-based), over --epochs. */
@@ -1080,9 +1105,8 @@ static void build_model(trainer_t *t)
     t->opt.beta1 = o->beta1;
     t->opt.beta2 = o->beta2;
     t->opt.eps = o->eps;
-    /* libddp's optimizer keeps the state itself */
-    if (!uses_library_optim(o) && fm_optim_create(&t->opt, t->model.numel))
-        fail("out of memory for the optimizer");
+    /* t->opt only carries the learning rate of the step (for --metrics) and the checkpoint's
+     * step field: libddp's optimizer keeps the state itself (uses_library_optim) */
     t->progress.last_epoch_loss = NAN;
     const char *from = resume_source(t);
     if (from) {
@@ -1199,7 +1223,7 @@ static void setup_data_parallel(trainer_t *t)
         zc.optim = library_config(o, groups);
         check(ddp_zero_create(t->group, optim_params, FM_NPARAMS, &zc, &t->zero),
               "creating the ZeRO optimizer");
-    } else if (uses_library_optim(o)) {
+    } else {
         ddp_optim_config_t oc = library_config(o, groups);
         check(ddp_optim_create(optim_params, FM_NPARAMS, &oc, &t->lib_opt),
               "creating the optimizer");
@@ -1301,8 +1325,10 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
     t->mark_us = t1;
     double loss = 0;
-    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, n, scale, t->grads,
-                               &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
+    /* The first micro-step of an optimizer step overwrites the gradients (optimizer_step does
+     * not clear them); later ones (--accumulate) add to them. */
+    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, n, scale, t->grads, k > 0, &loss,
+                               o->grad_blocks, on_rows_done, on_layer_done, t))
         check(t->status, "ddp_reducer_grad_ready");
     double t2 = ddp_time_us();
     t->phase_us[PH_BACKWARD] += t2 - t1;
@@ -1334,10 +1360,9 @@ static void set_step_lr(trainer_t *t)
     double factor = lr_factor(t, t->progress.global_step);
     if (t->zero)
         check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
-    else if (t->lib_opt)
-        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
     else
-        t->opt.lr = t->o.lr * factor; /* factor 1 without a schedule: the plain --lr */
+        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
+    t->opt.lr = t->o.lr * factor; /* for --metrics; factor 1 without a schedule: the plain --lr */
 }
 
 /* The optimizer step (or ZeRO's), then the gradients zeroed for the next step. */
@@ -1354,24 +1379,18 @@ static void optimizer_step(trainer_t *t)
     if (t->zero) { /* stage 2 and overlap: every gradient is with ZeRO already */
         check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap ? grads : NULL),
               "ddp_zero_step");
-    } else if (t->lib_opt) {
-        check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
     } else {
-        fm_optim_step(&t->opt, t->model.params, t->grads);
+        check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
     }
     if (o->param_bf16)
         for (int k = 0; k < FM_NPARAMS; k++)
             from_bf16(t->model.params[k], t->half_params[k], t->model.numel[k]);
     double t4 = ddp_time_us();
     t->phase_us[PH_OPTIMIZER] += t4 - t3;
-    if (t->reducer)
-        check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
-    else
-        for (int p = 0; p < FM_NPARAMS; p++)
-            memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
-    double t5 = ddp_time_us();
-    t->phase_us[PH_ZERO_GRAD] += t5 - t4;
-    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, t5);
+    /* The gradients are not cleared for the next step (ddp_reducer_zero_grad, a memset of the
+     * whole gradient streamed through memory on every rank): its first backward overwrites
+     * them, and a rank that joins (--drop-last 0) gets buckets the Reducer's join clears. */
+    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, t4);
 }
 
 /* Grows an array of samples to hold at least n + 1. */
@@ -1581,13 +1600,8 @@ static void optimizer_state_bytes(trainer_t *t, double state_bytes[2])
             printf("zero-%d: optimizer state %.1f KiB on the largest rank, %.1f KiB over all %d "
                    "(unsharded: all of it on every rank)\n",
                    o->zero, state_bytes[0] / 1024.0, state_bytes[1] / 1024.0, t->world);
-    } else if (t->lib_opt) {
-        state_bytes[0] = (double)ddp_optim_state_bytes(t->lib_opt);
-        state_bytes[1] = state_bytes[0] * t->world;
     } else {
-        for (int k = 0; k < FM_NPARAMS; k++)
-            state_bytes[0] += (double)(t->opt.numel[k] * sizeof(float) *
-                                       (o->optim == FM_OPTIM_ADAM ? 2 : 1));
+        state_bytes[0] = (double)ddp_optim_state_bytes(t->lib_opt);
         state_bytes[1] = state_bytes[0] * t->world;
     }
 }
@@ -1751,7 +1765,6 @@ static void teardown(trainer_t *t, run_stats_t *st)
     free(st->exposed_samples);
     free(st->nosync_samples);
     for (int k = 0; k <= PH_COUNT; k++) free(st->phase_samples[k]);
-    fm_optim_destroy(&t->opt);
     fm_mlp_destroy(&t->model);
     fm_dataset_free(&t->train);
     fm_dataset_free(&t->test);
@@ -1768,6 +1781,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(1); /* one core per rank: the ranks are the parallelism */
 #endif
     setup_group(t);
+    resolve_zero_default(t);
     if (t->o.batch % (size_t)t->world)
         fail("--batch %zu is not divisible by the world size %d: the global batch is split "
              "evenly over ranks",
