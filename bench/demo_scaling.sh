@@ -3,7 +3,9 @@
 # Fashion-MNIST MLP 784-1024-1024-10, Adam, lr 1e-3, the trainer's defaults otherwise) at global
 # batch 128 (the demo's) and 512: samples/s on 1 rank (the anchor) and on 2 ranks, interleaved
 # 1, 2, 1, 2, ... in one invocation so a drifting machine hits both alike, with the trainer's own
-# per-phase medians (--json's phase_ms, rank 0) and the 2-rank/1-rank ratio of every repeat.
+# per-phase medians (--json's phase_ms, rank 0) and the 2-rank/1-rank ratio of every repeat, by
+# samples/s and by CPU time per step (cpu_ms_per_step_max: on a shared machine other programs'
+# time is in the wall clock, not in a process's CPU time).
 # Then build/optim-bandwidth: the optimizer step alone on one process and on two at once.
 #   BUILD (build), VARIANTS (extra 2-rank configurations, ';'-separated trainer options, run
 #   after the default 2-rank run of each repeat, e.g. VARIANTS='--zero 0;--zero-overlap'),
@@ -44,7 +46,8 @@ tag = sys.argv[1]
 d = json.loads(sys.stdin.read())
 p = d["phase_ms"]
 print(tag, "%.1f" % d["samples_per_sec"], "%.3f" % d["step_ms_median"],
-      " ".join("%s=%.3f" % kv for kv in p.items()), "zero=%d" % d.get("zero", 0))
+      " ".join("%s=%.3f" % kv for kv in p.items()), "cpu=%.3f" % d["cpu_ms_per_step_max"],
+      "zero=%d" % d.get("zero", 0))
 ' "$tag" | tee -a "$out"
 }
 
@@ -69,7 +72,10 @@ while [ "$r" -le "$REPEATS" ]; do
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "# summary: medians over the repeats (ms); the 2-rank/1-rank samples/s ratio of each repeat, median [min-max]"
+echo "# summary: medians over the repeats (ms; cpu: CPU time per step of the busiest rank, every"
+echo "# thread); the 2-rank/1-rank samples/s ratio of each repeat, median [min-max], and the same"
+echo "# ratio from CPU time per step (1-rank CPU ms / 2-rank busiest rank's CPU ms: what the wall"
+echo "# ratio would be if nothing else ran and no rank waited without spinning)"
 python3 - "$out" <<'PY'
 import sys, re, statistics as st
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
@@ -89,6 +95,8 @@ for (b, cfg), reps in sorted(by.items(), key=lambda kv: (int(kv[0][0]), kv[0][1]
     if cfg != "1rank" and one:
         ratios = sorted(reps[k]["samples/s"] / one[k]["samples/s"] for k in reps if k in one)
         line += "  | vs 1 rank: %.2fx [%.2f-%.2f]" % (st.median(ratios), ratios[0], ratios[-1])
+        cpu = sorted(one[k]["cpu"] / reps[k]["cpu"] for k in reps if k in one)
+        line += ", by CPU time %.2fx [%.2f-%.2f]" % (st.median(cpu), cpu[0], cpu[-1])
     print(line)
 PY
 echo

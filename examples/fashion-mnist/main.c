@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -139,10 +140,21 @@ typedef struct run_stats {
     size_t nosync_cap, nosync_steps; /* --bench-nosync: the steps without communication */
     double *nosync_samples;
     double *phase_samples[PH_COUNT + 1]; /* per synchronised timed step; [PH_COUNT]: other */
+    double cpu_us; /* the process's CPU time (every thread) over the synchronised timed steps */
     int stopped; /* --max-steps reached */
 } run_stats_t;
 
 static const char *prog = "fashion-mnist";
+
+/* This process's CPU time, every thread's (the Reducer's progress thread too), in microseconds:
+ * on a shared machine a step's wall time also holds the time other programs had the CPU, its
+ * CPU time does not. */
+static double cpu_time_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
 
 static void usage(FILE *out)
 {
@@ -1405,7 +1417,7 @@ static double *grow_samples(double *v, size_t n, size_t *cap)
 
 /* Records a step's time after the warm-up: synchronised steps and --bench-nosync's steps apart. */
 static void record_step(trainer_t *t, run_stats_t *st, int skip_comm, double step_us,
-                        double exposed)
+                        double exposed, double cpu_us)
 {
     if (st->run_steps <= t->o.warmup) return;
     if (skip_comm) {
@@ -1431,6 +1443,7 @@ static void record_step(trainer_t *t, run_stats_t *st, int skip_comm, double ste
     st->sample_cap = cap;
     st->step_samples[st->timed_steps] = step_us;
     st->exposed_samples[st->timed_steps] = exposed;
+    st->cpu_us += cpu_us;
     st->timed_us += step_us;
     st->exposed_us += exposed;
     st->timed_steps++;
@@ -1454,7 +1467,7 @@ static double train(trainer_t *t, run_stats_t *st)
                 st->stopped = 1;
                 break;
             }
-            double step_start = ddp_time_us();
+            double step_start = ddp_time_us(), cpu_start = cpu_time_us();
             double step_loss = 0, step_exposed = 0;
             memset(t->phase_us, 0, sizeof t->phase_us);
             t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
@@ -1494,7 +1507,8 @@ static double train(trainer_t *t, run_stats_t *st)
             epoch_steps++;
             local_loss_sum += step_loss;
             epoch_exposed += step_exposed;
-            record_step(t, st, skip_comm, step_end - step_start, step_exposed);
+            record_step(t, st, skip_comm, step_end - step_start, step_exposed,
+                        cpu_time_us() - cpu_start);
             if (t->pending_metrics)
                 t->pending_metrics[t->npending - 1] =
                     (step_metrics_t){t->opt.lr, (step_end - step_start) / 1000.0,
@@ -1662,6 +1676,12 @@ static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_
      * for the slower one in the next synchronised step, which rank 0's own difference would
      * count as communication. The slowest rank (largest no_sync step) never waits in a no_sync
      * step, so its difference is the communication alone. */
+    /* CPU time per synchronised step, this rank's and the largest over the ranks */
+    double cpu_ms[2] = {st->timed_steps ? st->cpu_us / (double)st->timed_steps / 1000.0 : 0, 0};
+    cpu_ms[1] = cpu_ms[0];
+    if (t->world > 1)
+        check(ddp_group_allreduce(t->group, &cpu_ms[1], &cpu_ms[1], 1, DDP_F64, DDP_MAX),
+              "taking the largest CPU time per step over ranks");
     double *rank_medians = NULL; /* [2 * world]: rank r's step median, then its no_sync median */
     double nosync_exposed_ms = 0;
     if (st->nosync_steps) {
@@ -1713,6 +1733,8 @@ static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_
                     printf("]");
                 }
             }
+            printf(",\"cpu_ms_per_step\":%.4f,\"cpu_ms_per_step_max\":%.4f", cpu_ms[0],
+                   cpu_ms[1]);
             printf(",\"phase_ms\":{");
             for (int k = 0; k <= PH_COUNT; k++)
                 printf("%s\"%s\":%.4f", k ? "," : "", k < PH_COUNT ? fm_phase_names[k] : "other",
