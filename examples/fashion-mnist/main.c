@@ -54,6 +54,7 @@ typedef struct options {
     int json, print_checksum, print_losses, no_eval, bench_nosync;
     int zero, zero_overlap; /* --zero 0|1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
     int zero_auto;          /* no --zero given: resolve_zero_default decides once the world is known */
+    int zero_whole;         /* --zero-partition params: ZeRO-1 by whole parameters (else chunks) */
     size_t save_every;      /* --save-every K: a checkpoint every K optimizer steps (0: off) */
     int resume_auto;        /* --resume auto: the --checkpoint file when it exists */
     const char *metrics;    /* --metrics FILE: one CSV row per optimizer step (rank 0) */
@@ -214,6 +215,10 @@ static void usage(FILE *out)
         "                      (1 and 2 not with --sync legacy, --hook other than allreduce,\n"
         "                      --bench-nosync, --drop-last 0). Default: 1 on several ranks\n"
         "                      when none of those is given (the same bits as 0), else 0\n"
+        "  --zero-partition chunks|params   how ZeRO-1 shares the parameters: every parameter\n"
+        "                      cut in one chunk per rank, allgathered after the update\n"
+        "                      (default: balanced), or whole parameters, largest first,\n"
+        "                      each broadcast from its owner (PyTorch's)\n"
         "  --zero-overlap      ZeRO 1 with each bucket's update computed on its owner as soon\n"
         "                      as its allreduce ends (implies --zero 1; not with --clip-grad,\n"
         "                      --param-dtype bf16 or --resume: resume it with --zero 1)\n"
@@ -372,7 +377,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
             "--zero",   "--grad-blocks", "--piece-mb",   "--lr-schedule", "--warmup-steps",
-            "--clip-grad", "--param-dtype", "--save-every", "--metrics", "--drop-last"};
+            "--clip-grad", "--param-dtype", "--save-every", "--metrics", "--drop-last",
+            "--zero-partition"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -474,6 +480,13 @@ static void parse_options(int argc, char **argv, options_t *o)
                 die_usage("--zero: '%s' is not 0, 1 or 2", val);
             o->zero = val[0] - '0';
             o->zero_auto = 0;
+        } else if (!strcmp(name, "--zero-partition")) {
+            if (!strcmp(val, "chunks"))
+                o->zero_whole = 0;
+            else if (!strcmp(val, "params"))
+                o->zero_whole = 1;
+            else
+                die_usage("--zero-partition: '%s' is neither chunks nor params", val);
         } else if (!strcmp(name, "--sync")) {
             if (!strcmp(val, "reducer"))
                 o->legacy = 0;
@@ -1231,6 +1244,12 @@ static void setup_data_parallel(trainer_t *t)
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
         zc.stage = o->zero;
         zc.overlap = o->zero_overlap;
+        /* ZeRO-1 in chunks: each rank steps half of every parameter at 2 ranks (whole
+         * parameters leave 56 % of this model on the rank holding fc2.weight) and the exchange
+         * is one allgather per parameter, both ranks copying at once. */
+        zc.partition = o->zero == 1 && !o->zero_overlap && !o->zero_whole
+                           ? DDP_ZERO_PARTITION_CHUNKS
+                           : DDP_ZERO_PARTITION_PARAMS;
         zc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
         zc.optim = library_config(o, groups);
         check(ddp_zero_create(t->group, optim_params, FM_NPARAMS, &zc, &t->zero),
