@@ -96,7 +96,7 @@ typedef struct trainer {
     void *powersgd;                   /* --hook powersgd: a ddp_powersgd_state_t */
     fm_mlp_t model;
     fm_optim_t opt;
-    /* libddp's optimizer (uses_library_optim) when not ZeRO; with bf16 parameters the optimizer
+    /* libddp's optimizer when not ZeRO; with bf16 parameters the optimizer
      * updates half_params (bf16 copies of the model's values, which the model then takes) from
      * half_grads (the gradients rounded to bf16). */
     ddp_optim_t *lib_opt;
@@ -591,17 +591,6 @@ static void setup_group(trainer_t *t)
     g_rank = t->rank;
 }
 
-/* The optimizer is always libddp's (ddp/shard.h): its vectorised kernels take about half the
- * time of the float loop of optim.c the trainer ran before, and ZeRO-1 - the default on several
- * ranks - computes exactly what it computes, so 1 rank and N ranks take the same step. The
- * checkpoint's library_optim field stays, so a checkpoint of that older trainer is refused by
- * name rather than misread. */
-static int uses_library_optim(const options_t *o)
-{
-    (void)o;
-    return 1;
-}
-
 /* --zero's default, once the world size is known: ZeRO-1 on several ranks - each rank steps
  * only its share of the parameters (half the optimizer's memory traffic per rank at 2) and the
  * result is bitwise the unsharded step's - unless an option asks for what ZeRO refuses; then,
@@ -848,7 +837,7 @@ static fm_hyper_t hyper_of(const options_t *o)
                     o->optim != FM_OPTIM_SGD ? o->beta1 : 0,
                     o->optim != FM_OPTIM_SGD ? o->beta2 : 0,
                     o->optim != FM_OPTIM_SGD ? o->eps : 0,
-                    (uint64_t)uses_library_optim(o),
+                    1, /* library_optim: libddp's optimizer, always (see build_model) */
                     (uint64_t)o->lr_schedule,
                     o->warmup_steps,
                     0,
@@ -1130,8 +1119,13 @@ static void build_model(trainer_t *t)
     t->opt.beta1 = o->beta1;
     t->opt.beta2 = o->beta2;
     t->opt.eps = o->eps;
-    /* t->opt only carries the learning rate of the step (for --metrics) and the checkpoint's
-     * step field: libddp's optimizer keeps the state itself (uses_library_optim) */
+    /* The optimizer is always libddp's (ddp/shard.h), created in setup_data_parallel: its
+     * vectorised kernels take about half the time of optim.c's float loop, which the trainer ran
+     * for sgd and adam before, and ZeRO-1 - the default on several ranks - computes exactly what
+     * it computes, so 1 rank and N ranks take the same step. t->opt only carries the step's
+     * learning rate (for --metrics) and the checkpoint's step field. The checkpoint's
+     * library_optim field stays 1, so a checkpoint of that older trainer is refused by name
+     * rather than misread. */
     t->progress.last_epoch_loss = NAN;
     const char *from = resume_source(t);
     if (from) {

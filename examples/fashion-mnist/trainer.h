@@ -93,8 +93,10 @@ uint64_t fm_mlp_checksum(const fm_mlp_t *model, double *sum);
 
 /* ---- optimisers (optim.c) ------------------------------------------------------------------ */
 
-/* AdamW exists only through libddp's optimizer (ddp/shard.h); SGD and Adam use this file's
- * float implementation unless a setting needs libddp's (see main.c's uses_library_optim). */
+/* The optimizer kinds of --optim. The trainer steps with libddp's optimizer (ddp/shard.h) for
+ * all of them; fm_optim_* below is the float SGD/Adam loop it ran before issue #31, kept as the
+ * anchor build/optim-bandwidth times libddp's kernels against, and for the checkpoint format's
+ * non-library optimizer state (test_trainer_units). */
 enum { FM_OPTIM_SGD = 0, FM_OPTIM_ADAM = 1, FM_OPTIM_ADAMW = 2 };
 
 typedef struct fm_optim {
