@@ -9,6 +9,8 @@
 # Then build/optim-bandwidth: the optimizer step alone on one process and on two at once.
 #   BUILD (build), VARIANTS (extra 2-rank configurations, ';'-separated trainer options, run
 #   after the default 2-rank run of each repeat, e.g. VARIANTS='--zero 0;--zero-overlap'),
+#   BASELINE (another build directory, e.g. of an older commit: its 1- and 2-rank runs join each
+#   repeat, tagged @base, and its ratio is against its own 1-rank run),
 #   BATCHES (128 512), DATA (a --data directory; default the trainer's, or --synthetic when
 #   the files are missing).
 # Defaults: 5 repeats of 120 timed steps after 10 untimed ones.
@@ -34,11 +36,13 @@ out=$(mktemp "${TMPDIR:-/tmp}/demo-scaling.XXXXXX")
 trap 'rm -f "$out"' EXIT
 
 # run TAG N BATCH EXTRA...: one run, one line: TAG, samples/s, step ms median and the phases
+# (RUN_BUILD: the build to run, default $BUILD)
 run() {
     tag=$1 n=$2 batch=$3
     shift 3
+    b=${RUN_BUILD:-$BUILD}
     # shellcheck disable=SC2086
-    "$BUILD/ddprun" -n "$n" "$BUILD/fashion-mnist" $data --no-eval --optim adam --lr 1e-3 \
+    "$b/ddprun" -n "$n" "$b/fashion-mnist" $data --no-eval --optim adam --lr 1e-3 \
         --batch "$batch" --epochs 1000 --max-steps $((WARM + STEPS)) --warmup "$WARM" --json "$@" \
         2>&1 | sed -n 's/^\(\[0\] \)\{0,1\}{/{/p' | python3 -c '
 import json, sys
@@ -46,7 +50,8 @@ tag = sys.argv[1]
 d = json.loads(sys.stdin.read())
 p = d["phase_ms"]
 print(tag, "%.1f" % d["samples_per_sec"], "%.3f" % d["step_ms_median"],
-      " ".join("%s=%.3f" % kv for kv in p.items()), "cpu=%.3f" % d["cpu_ms_per_step_max"],
+      " ".join("%s=%.3f" % kv for kv in p.items()),
+      "cpu=%.3f" % d.get("cpu_ms_per_step_max", float("nan")),
       "zero=%d" % d.get("zero", 0))
 ' "$tag" | tee -a "$out"
 }
@@ -58,6 +63,10 @@ echo "# columns: run, samples/s, step ms (median), phase medians in ms on rank 0
 r=1
 while [ "$r" -le "$REPEATS" ]; do
     for b in $BATCHES; do
+        if [ -n "${BASELINE:-}" ]; then
+            RUN_BUILD=$BASELINE run "b$b.1rank@base.r$r" 1 "$b"
+            RUN_BUILD=$BASELINE run "b$b.2ranks@base.r$r" 2 "$b"
+        fi
         run "b$b.1rank.r$r" 1 "$b"
         run "b$b.2ranks.r$r" 2 "$b"
         i=1
@@ -85,18 +94,21 @@ for r in rows:
     b, cfg, rep = m.group(1), m.group(2), m.group(3)
     vals = {"samples/s": float(r[1]), "step": float(r[2])}
     vals.update((k, float(v)) for k, v in (x.split("=") for x in r[3:]) if k != "zero")
+    vals["zero"] = float(dict(x.split("=") for x in r[3:]).get("zero", 0))
     by.setdefault((b, cfg), {})[rep] = vals
-for (b, cfg), reps in sorted(by.items(), key=lambda kv: (int(kv[0][0]), kv[0][1] != "1rank", kv[0][1])):
+for (b, cfg), reps in sorted(by.items(), key=lambda kv: (int(kv[0][0]), not kv[0][1].endswith("@base"),
+                                                         not kv[0][1].startswith("1rank"), kv[0][1])):
     names = list(next(iter(reps.values())).keys())
     med = {n: st.median(v[n] for v in reps.values()) for n in names}
     line = "batch %-4s %-26s %8.1f samples/s  " % (b, cfg, med["samples/s"])
     line += " ".join("%s %.2f" % (n, med[n]) for n in names[1:])
-    one = by.get((b, "1rank"), {})
-    if cfg != "1rank" and one:
+    one = by.get((b, "1rank@base" if cfg.endswith("@base") else "1rank"), {})
+    if not cfg.startswith("1rank") and one:
         ratios = sorted(reps[k]["samples/s"] / one[k]["samples/s"] for k in reps if k in one)
         line += "  | vs 1 rank: %.2fx [%.2f-%.2f]" % (st.median(ratios), ratios[0], ratios[-1])
         cpu = sorted(one[k]["cpu"] / reps[k]["cpu"] for k in reps if k in one)
-        line += ", by CPU time %.2fx [%.2f-%.2f]" % (st.median(cpu), cpu[0], cpu[-1])
+        if cpu and cpu[0] == cpu[0]:  # not NaN (a build without cpu_ms_per_step)
+            line += ", by CPU time %.2fx [%.2f-%.2f]" % (st.median(cpu), cpu[0], cpu[-1])
     print(line)
 PY
 echo
