@@ -40,9 +40,9 @@ trap 'rm -f "$out"' EXIT
 run() {
     tag=$1 n=$2 batch=$3
     shift 3
-    b=${RUN_BUILD:-$BUILD}
+    bdir=${RUN_BUILD:-$BUILD}
     # shellcheck disable=SC2086
-    "$b/ddprun" -n "$n" "$b/fashion-mnist" $data --no-eval --optim adam --lr 1e-3 \
+    "$bdir/ddprun" -n "$n" "$bdir/fashion-mnist" $data --no-eval --optim adam --lr 1e-3 \
         --batch "$batch" --epochs 1000 --max-steps $((WARM + STEPS)) --warmup "$WARM" --json "$@" \
         2>&1 | sed -n 's/^\(\[0\] \)\{0,1\}{/{/p' | python3 -c '
 import json, sys
