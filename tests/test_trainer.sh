@@ -3,7 +3,8 @@
 #   worlds      1, 2, 3 and 4 ranks with the same global batch: same loss per step (1e-5), and every
 #               rank ends with bitwise identical parameters
 #   resume      an interrupted run resumed from its checkpoint ends bitwise identical to an
-#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary); a save
+#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary); a
+#               2-rank (ZeRO-1) checkpoint resumed on 1 rank ends within 1e-5; a save
 #               or resume removes the temporaries of killed saves, and only those
 #   accumulate  --accumulate 4 with batch B/4 equals batch B; --sync legacy equals the Reducer
 #   errors      missing/corrupt/truncated data, bad options, mismatching checkpoints
@@ -161,6 +162,21 @@ resume)
             cmp -s "$WORK/joined" "$WORK/full" || fail "$n ranks, resumed at $stop: loss sequence differs"
         done
     done
+    # across world sizes: the 2-rank default (ZeRO-1, its state consolidated into the checkpoint)
+    # resumed on 1 rank (unsharded) ends where the uninterrupted 2-rank run ends, up to the order
+    # in which the ranks' gradients are summed
+    if [ -n "$DDPRUN" ] && [ -x "$DDPRUN" ]; then
+        run 2 $args
+        want_loss=$(json_field final_loss)
+        rm -f "$WORK/ck"
+        run 2 $args --max-steps 13 --checkpoint "$WORK/ck"
+        [ "$(json_field zero)" = 1 ] || fail "2 ranks: the checkpointed run was not ZeRO-1"
+        run 1 $args --resume "$WORK/ck"
+        [ "$RC" = 0 ] || fail "a 2-rank ZeRO-1 checkpoint resumed on 1 rank"
+        awk -v a="$want_loss" -v b="$(json_field final_loss)" \
+            'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5) }' ||
+            fail "2 ranks resumed on 1: final loss $(json_field final_loss), uninterrupted $want_loss"
+    fi
     # a checkpoint of another model, a corrupt and a truncated one: clear errors
     run 1 $COMMON --optim adam --batch 48 --max-steps 3 --checkpoint "$WORK/ck"
     run 1 $COMMON --optim adam --batch 48 --hidden 64 --resume "$WORK/ck"
