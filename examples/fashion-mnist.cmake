@@ -38,6 +38,15 @@ else()
     target_link_libraries(fashion-mnist PRIVATE ddp_powersgd)
     target_compile_definitions(fashion-mnist PRIVATE FM_HAVE_POWERSGD=1)
   endif()
+  # build/optim-bandwidth (bench/optim_bandwidth.c): the trainer's optimizer step (its own float
+  # Adam, libddp's, a pure stream of the same bytes) on one process and on every CPU at once, the
+  # memory bus's bound on the step every rank repeats (bench/demo_scaling.sh; docs/benchmarks.md).
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    add_executable(optim-bandwidth ${PROJECT_SOURCE_DIR}/bench/optim_bandwidth.c
+      ${PROJECT_SOURCE_DIR}/examples/fashion-mnist/optim.c)
+    target_include_directories(optim-bandwidth PRIVATE ${PROJECT_SOURCE_DIR}/examples/fashion-mnist)
+    target_link_libraries(optim-bandwidth PRIVATE ddp m Threads::Threads)
+  endif()
   # Installed beside ddprun: it is the demo a user runs (`ddprun -n 2 fashion-mnist`).
   install(TARGETS fashion-mnist RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   message(STATUS "fashion-mnist: building with ${FM_OPENBLAS_LIBRARY}")

@@ -1,5 +1,5 @@
 # Sharding tests: the reduce-scatter bucketer (against direct reduce-scatters) and the ZeRO
-# optimizer (stages 1 and 2, SGD and Adam, overlap) against plain data-parallel training, world
+# optimizer (stages 1 and 2, stage 1 in chunks, SGD and Adam, overlap) against plain data-parallel training, world
 # sizes 1-4.
 ddp_add_test(NAME test_shard_bucketer SOURCES test_shard_bucketer.c ARGS args TIMEOUT 60)
 foreach(world 1 2 3 4)
@@ -12,14 +12,14 @@ foreach(spec 1:2 1:3 2:2 2:4)
   ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS mismatch ${parts} TIMEOUT 60)
 endforeach()
 foreach(world 1 2 3 4)
-  foreach(mode stage1 stage2 stage2ready overlap)
+  foreach(mode stage1 stage1chunks stage2 stage2ready overlap)
     foreach(optim sgd adam)
       ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} ${optim} ${world} f32
                    TIMEOUT 120)
     endforeach()
   endforeach()
 endforeach()
-foreach(mode stage1 stage2 overlap)
+foreach(mode stage1 stage1chunks stage2 overlap)
   ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} nesterov 3 f64 TIMEOUT 120)
   ddp_add_test(NAME test_zero SOURCES test_zero.c ARGS ${mode} adam 4 f64 TIMEOUT 120)
 endforeach()

@@ -3,13 +3,16 @@
 #   worlds      1, 2, 3 and 4 ranks with the same global batch: same loss per step (1e-5), and every
 #               rank ends with bitwise identical parameters
 #   resume      an interrupted run resumed from its checkpoint ends bitwise identical to an
-#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary); a save
+#               uninterrupted one (1 and 2 ranks, mid-epoch and across an epoch boundary); a
+#               2-rank (ZeRO-1) checkpoint resumed on 1 rank ends within 1e-5; a save
 #               or resume removes the temporaries of killed saves, and only those
 #   accumulate  --accumulate 4 with batch B/4 equals batch B; --sync legacy equals the Reducer
 #   errors      missing/corrupt/truncated data, bad options, mismatching checkpoints
 #   zero        --zero 1, --zero-overlap and --zero 2 (SGD, Adam; 2 and 3 ranks): one checksum
-#               over ranks, stage 1 and overlap bitwise equal, every loss within 1e-4 of the plain
-#               run (ZeRO's update is computed in double, the trainer's own in float); refusals
+#               over ranks, stage 1 and overlap bitwise equal to the unsharded optimizer
+#               (--zero 0: the same libddp kernels on every element), stage 2 within 1e-4; the
+#               default is ZeRO-1 on several ranks (the same bits again) and unsharded on one
+#               rank or with an option ZeRO refuses; refusals
 #   blocks      --grad-blocks K (row blocks handed to the Reducer as computed, tiny pieces): the
 #               same bits for K = 1, 3, 8 on 1-3 ranks, with --accumulate, --hook fp16, --zero 1
 #               and --sync legacy too; K = 9 is refused
@@ -159,6 +162,21 @@ resume)
             cmp -s "$WORK/joined" "$WORK/full" || fail "$n ranks, resumed at $stop: loss sequence differs"
         done
     done
+    # across world sizes: the 2-rank default (ZeRO-1, its state consolidated into the checkpoint)
+    # resumed on 1 rank (unsharded) ends where the uninterrupted 2-rank run ends, up to the order
+    # in which the ranks' gradients are summed
+    if [ -n "$DDPRUN" ] && [ -x "$DDPRUN" ]; then
+        run 2 $args
+        want_loss=$(json_field final_loss)
+        rm -f "$WORK/ck"
+        run 2 $args --max-steps 13 --checkpoint "$WORK/ck"
+        [ "$(json_field zero)" = 1 ] || fail "2 ranks: the checkpointed run was not ZeRO-1"
+        run 1 $args --resume "$WORK/ck"
+        [ "$RC" = 0 ] || fail "a 2-rank ZeRO-1 checkpoint resumed on 1 rank"
+        awk -v a="$want_loss" -v b="$(json_field final_loss)" \
+            'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5) }' ||
+            fail "2 ranks resumed on 1: final loss $(json_field final_loss), uninterrupted $want_loss"
+    fi
     # a checkpoint of another model, a corrupt and a truncated one: clear errors
     run 1 $COMMON --optim adam --batch 48 --max-steps 3 --checkpoint "$WORK/ck"
     run 1 $COMMON --optim adam --batch 48 --hidden 64 --resume "$WORK/ck"
@@ -311,13 +329,27 @@ zero)
     for n in 2 3; do
         for opt in sgd adam; do
             args="$COMMON --optim $opt --batch 48 --max-steps 20 --epochs 2 --json"
-            run $n $args
-            [ "$RC" = 0 ] || fail "$n ranks $opt plain"
+            run $n $args --zero 0
+            [ "$RC" = 0 ] || fail "$n ranks $opt unsharded"
+            [ "$(json_field zero)" = 0 ] || fail "$n ranks $opt --zero 0: JSON zero $(json_field zero)"
+            grep -q '^zero-[12]: optimizer state' "$WORK/out" && fail "$n ranks $opt --zero 0 sharded"
             losses >"$WORK/plain"
             plain_loss=$(json_field final_loss)
+            plain_sum=$(checksums)
+            one_checksum $n "$n ranks $opt --zero 0"
+            # the default on several ranks: ZeRO-1, and the unsharded step's bits
+            run $n $args
+            [ "$RC" = 0 ] || fail "$n ranks $opt default"
+            [ "$(json_field zero)" = 1 ] ||
+                fail "$n ranks $opt: the default is not ZeRO-1 (JSON zero $(json_field zero))"
+            [ "$(checksums)" = "$plain_sum" ] ||
+                fail "$n ranks $opt: the default (ZeRO-1) ends at $(checksums), --zero 0 at $plain_sum"
+            losses >"$WORK/dflt"
+            cmp -s "$WORK/plain" "$WORK/dflt" || fail "$n ranks $opt: the default's losses differ from --zero 0's"
+            chunked_state=$(json_field optimizer_state_bytes)
             # --bucket-mb 0.1: several Reducer buckets, so overlap spreads them over the owners
-            for z in "--zero 1" "--zero-overlap" "--zero-overlap --bucket-mb 0.1" "--zero 2" \
-                     "--zero 2 --bucket-mb 0.1"; do
+            for z in "--zero 1" "--zero 1 --zero-partition params" "--zero-overlap" \
+                     "--zero-overlap --bucket-mb 0.1" "--zero 2" "--zero 2 --bucket-mb 0.1"; do
                 what="$n ranks $opt $z"
                 run $n $args $z
                 [ "$RC" = 0 ] || { fail "$what: exit $RC"; continue; }
@@ -332,10 +364,16 @@ zero)
                     fail "$what: final loss $(json_field final_loss) vs plain $plain_loss"
                 one_checksum $n "$what"
                 case "$z" in
-                "--zero 1") z1=$(checksums) ;;
-                --zero-overlap*)
-                    [ "$(checksums)" = "$z1" ] || fail "$what: parameters differ from --zero 1" ;;
+                "--zero 1"*|--zero-overlap*)
+                    [ "$(checksums)" = "$plain_sum" ] || fail "$what: parameters differ from --zero 0"
+                    cmp -s "$WORK/plain" "$WORK/z" || fail "$what: losses differ from --zero 0" ;;
                 esac
+                # whole parameters leave fc1.weight's state (most of this model) on one rank; the
+                # default chunks spread every parameter (the largest rank's state is smaller)
+                if [ "$z" = "--zero 1 --zero-partition params" ]; then
+                    [ "$chunked_state" -lt "$(json_field optimizer_state_bytes)" ] ||
+                        fail "$what: largest rank's state $(json_field optimizer_state_bytes), chunked $chunked_state"
+                fi
             done
         done
         # accumulation: the no_sync micro-steps hand nothing to ZeRO
@@ -350,14 +388,23 @@ zero)
             one_checksum $n "$n ranks accumulate $z"
         done
     done
+    # One rank, and options ZeRO refuses: the default falls back to the unsharded optimizer.
+    run 1 $COMMON --batch 48 --max-steps 3 --json
+    [ "$(json_field zero)" = 0 ] || fail "1 rank: the default is ZeRO $(json_field zero)"
+    for other in "--sync legacy" "--hook fp16" "--bench-nosync" "--drop-last 0"; do
+        run 2 $COMMON --batch 48 --max-steps 3 --json $other
+        [ "$RC" = 0 ] || fail "2 ranks $other: exit $RC"
+        [ "$(json_field zero)" = 0 ] || fail "2 ranks $other: the default is ZeRO $(json_field zero)"
+    done
     # what ZeRO cannot honour: exit 2 naming the conflict
     for bad in "--zero 1 --sync legacy" "--clip-grad 1 --zero-overlap" \
                "--param-dtype bf16 --zero-overlap" "--zero-overlap --resume $WORK/ck" \
                "--zero 2 --bench-nosync" "--zero 1 --hook fp16" \
-               "--zero-overlap --zero 2" "--zero 3" "--zero-overlap --hook bf16"; do
+               "--zero-overlap --zero 2" "--zero 3" "--zero-overlap --hook bf16" \
+               "--zero-overlap --zero 0" "--zero-partition rows"; do
         run 1 --subset 100 $bad
         [ "$RC" = 2 ] || fail "'$bad': exit $RC, expected 2"
-        opt=$(echo "$bad" | awk '{ print $NF == "2" || $NF == "3" || $NF ~ /^\// ? $(NF-1) : $NF }')
+        opt=$(echo "$bad" | awk '{ print $NF == "0" || $NF == "2" || $NF == "3" || $NF ~ /^\// ? $(NF-1) : $NF }')
         grep -q -- "$opt" "$WORK/err" || fail "'$bad': message does not name $opt"
         [ ! -e "$WORK/ck" ] || fail "'$bad' wrote a checkpoint"
     done

@@ -194,7 +194,7 @@ static void test_backward_blocks_bitwise(void)
         for (int k = 0; k < FM_NPARAMS; k++)
             for (size_t i = 0; i < m.numel[k]; i++) got[k][i] = (float)(i % 5) * 0.01f;
         fm_mlp_forward(&m, x, n);
-        CHECK(fm_mlp_backward_blocks(&m, x, y, n, 1.0f / (float)n, got, &loss_got, blocks[b],
+        CHECK(fm_mlp_backward_blocks(&m, x, y, n, 1.0f / (float)n, got, 1, &loss_got, blocks[b],
                                      record_rows, record_done, &seen) == 0);
         CHECK(loss_got == loss_want);
         for (int k = 0; k < FM_NPARAMS; k++)
@@ -209,6 +209,26 @@ static void test_backward_blocks_bitwise(void)
         }
         CHECK_MSG(seen.calls == expect, "%zu blocks: %zu calls, expected %zu", blocks[b],
                   seen.calls, expect);
+    }
+    /* accumulate 0 (the trainer's first micro-step, which no longer clears the gradients):
+     * whatever the buffers held - NaN here - the result is what accumulating onto zeros gives,
+     * for every block count */
+    for (size_t b = 0; b < 3; b++) {
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            memset(want[k], 0, m.numel[k] * sizeof(float));
+            for (size_t i = 0; i < m.numel[k]; i++) got[k][i] = NAN;
+        }
+        fm_mlp_forward(&m, x, n);
+        CHECK(fm_mlp_backward(&m, x, y, n, 1.0f / (float)n, want, &loss_want, NULL, NULL) == 0);
+        fm_mlp_forward(&m, x, n);
+        CHECK(fm_mlp_backward_blocks(&m, x, y, n, 1.0f / (float)n, got, 0, &loss_got, blocks[b],
+                                     NULL, NULL, NULL) == 0);
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            size_t bad = 0;
+            for (size_t i = 0; i < m.numel[k]; i++) bad += !(got[k][i] == want[k][i]);
+            CHECK_MSG(bad == 0, "overwrite, %zu blocks: %zu elements of %s differ from "
+                      "accumulating onto zeros", blocks[b], bad, fm_param_names[k]);
+        }
     }
     for (int k = 0; k < FM_NPARAMS; k++) {
         free(want[k]);

@@ -8,9 +8,12 @@
  * optimizer's.
  *
  * stage2ready hands each gradient to ddp_zero_grad_ready during backward (reduce-scatters
- * overlap backward) instead of passing them all to the step.
+ * overlap backward) instead of passing them all to the step. stage1chunks is stage 1 with
+ * DDP_ZERO_PARTITION_CHUNKS: stage 2's chunked layout and allgathers, from the Reducer's averaged
+ * gradients, bitwise equal to the reference like stage 1.
  *
- * usage: test_zero args | stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD f32|f64 */
+ * usage: test_zero args | stage1|stage1chunks|stage2|stage2ready|overlap sgd|nesterov|adam WORLD
+ *        f32|f64 */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -219,7 +222,9 @@ static int rank_main(ddp_group_t *g, void *arg)
     size_t es = ddp_dtype_size(dt);
     int overlap = strcmp(tc->mode, "overlap") == 0;
     int ready_mode = strcmp(tc->mode, "stage2ready") == 0;
+    int chunks = strcmp(tc->mode, "stage1chunks") == 0;
     int stage = strcmp(tc->mode, "stage2") == 0 || ready_mode ? 2 : 1;
+    int layout = chunks ? 2 : stage; /* what check_state expects: stage 2's chunks or whole */
     pause_after_ready = overlap;
     size_t local = BATCH / (size_t)world;
 
@@ -250,6 +255,7 @@ static int rank_main(ddp_group_t *g, void *arg)
     zc.stage = stage;
     zc.optim = tc->optim;
     zc.overlap = overlap;
+    zc.partition = chunks ? DDP_ZERO_PARTITION_CHUNKS : DDP_ZERO_PARTITION_PARAMS;
     zc.bucket_cap_bytes = 96 * es * (size_t)world; /* 96-element blocks: W0, W1 go direct */
     ddp_zero_t *zero = NULL;
     CHECK_OK(ddp_zero_create(g, params_a, NPARAMS, &zc, &zero));
@@ -266,7 +272,7 @@ static int rank_main(ddp_group_t *g, void *arg)
         CHECK_OK(ddp_reducer_create(g, params_a, NPARAMS, NULL, 0, &rca, &ra));
         if (overlap) CHECK(ddp_reducer_bucket_count(ra) >= 3);
     }
-    if (!overlap) check_state(g, zero, plain, tc, stage);
+    if (!overlap) check_state(g, zero, plain, tc, layout);
 
     uint64_t initial = hash_params(pa, dt);
     for (int step = 0; step < STEPS; step++) {
@@ -327,7 +333,7 @@ static int rank_main(ddp_group_t *g, void *arg)
                       r);
     }
     CHECK(hash_params(pa, dt) != initial); /* the steps did update the parameters */
-    check_state(g, zero, plain, tc, stage);
+    check_state(g, zero, plain, tc, layout);
 
     ddp_reducer_destroy(ra);
     ddp_reducer_destroy(rb);
@@ -365,6 +371,14 @@ static int args_main(ddp_group_t *g, void *arg)
     zc.overlap = 1;
     CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("overlap");
+    zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
+    zc.partition = (ddp_zero_partition_t)2;
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("partition");
+    zc.partition = DDP_ZERO_PARTITION_CHUNKS;
+    zc.overlap = 1;
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("PARTITION_CHUNKS");
     zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
     zc.optim.lr = -1;
     CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
@@ -574,7 +588,8 @@ int main(int argc, char **argv)
     }
     if (argc != 5) {
         fprintf(stderr, "usage: %s args | mismatch 1|2 WORLD | "
-                "stage1|stage2|stage2ready|overlap sgd|nesterov|adam WORLD f32|f64\n", argv[0]);
+                "stage1|stage1chunks|stage2|stage2ready|overlap sgd|nesterov|adam WORLD f32|f64\n",
+                argv[0]);
         return 2;
     }
     test_case_t tc;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -51,7 +52,9 @@ typedef struct options {
     int psgd_rank;
     size_t psgd_start;
     int json, print_checksum, print_losses, no_eval, bench_nosync;
-    int zero, zero_overlap; /* --zero 1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
+    int zero, zero_overlap; /* --zero 0|1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
+    int zero_auto;          /* no --zero given: resolve_zero_default decides once the world is known */
+    int zero_whole;         /* --zero-partition params: ZeRO-1 by whole parameters (else chunks) */
     size_t save_every;      /* --save-every K: a checkpoint every K optimizer steps (0: off) */
     int resume_auto;        /* --resume auto: the --checkpoint file when it exists */
     const char *metrics;    /* --metrics FILE: one CSV row per optimizer step (rank 0) */
@@ -65,6 +68,15 @@ typedef struct options {
 typedef struct step_metrics {
     double lr, step_ms, exposed_ms;
 } step_metrics_t;
+
+/* Where a step's time goes (--json's "phase_ms"): the trainer's own clock around each part.
+ * data: gathering this rank's samples; forward; backward (the Reducer's grad_ready calls
+ * included); finalize: ddp_reducer_finalize (the wait for the buckets' allreduces, the legacy
+ * allreduce); optimizer: the update and, under ZeRO, the parameter exchange. "other" in the
+ * report is the step minus these. */
+enum { PH_DATA, PH_FORWARD, PH_BACKWARD, PH_FINALIZE, PH_OPTIMIZER, PH_COUNT };
+static const char *const fm_phase_names[PH_COUNT] = {"data", "forward", "backward", "finalize",
+                                                     "optimizer"};
 
 enum { FM_SCHEDULE_CONSTANT = 0, FM_SCHEDULE_COSINE = 1, FM_SCHEDULE_LINEAR = 2 };
 static const char *const fm_schedule_names[] = {"constant", "cosine", "linear"};
@@ -84,7 +96,7 @@ typedef struct trainer {
     void *powersgd;                   /* --hook powersgd: a ddp_powersgd_state_t */
     fm_mlp_t model;
     fm_optim_t opt;
-    /* libddp's optimizer (uses_library_optim) when not ZeRO; with bf16 parameters the optimizer
+    /* libddp's optimizer when not ZeRO; with bf16 parameters the optimizer
      * updates half_params (bf16 copies of the model's values, which the model then takes) from
      * half_grads (the gradients rounded to bf16). */
     ddp_optim_t *lib_opt;
@@ -116,6 +128,7 @@ typedef struct trainer {
     float *join_params[FM_NPARAMS];
     int joined;
     int64_t seen[3]; /* this epoch's samples on this rank: count, sum and sum of squares of indices */
+    double phase_us[PH_COUNT]; /* this step's time per phase (micro-steps summed) */
 } trainer_t;
 
 /* Timing of a run, over the steps after the warm-up. Per-step samples are kept for medians,
@@ -127,10 +140,22 @@ typedef struct run_stats {
     double *step_samples, *exposed_samples;
     size_t nosync_cap, nosync_steps; /* --bench-nosync: the steps without communication */
     double *nosync_samples;
+    double *phase_samples[PH_COUNT + 1]; /* per synchronised timed step; [PH_COUNT]: other */
+    double cpu_us; /* the process's CPU time (every thread) over the synchronised timed steps */
     int stopped; /* --max-steps reached */
 } run_stats_t;
 
 static const char *prog = "fashion-mnist";
+
+/* This process's CPU time, every thread's (the Reducer's progress thread too), in microseconds:
+ * on a shared machine a step's wall time also holds the time other programs had the CPU, its
+ * CPU time does not. */
+static double cpu_time_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
 
 static void usage(FILE *out)
 {
@@ -157,8 +182,8 @@ static void usage(FILE *out)
         "                      the real samples\n"
         "  --accumulate K      K micro-steps per optimizer step; the first K-1 skip\n"
         "                      communication (no_sync), so the effective batch is K*batch\n"
-        "  --optim sgd|adam|adamw   optimiser (default adam); adamw is libddp's AdamW with\n"
-        "                      decoupled weight decay on the weights only (biases: none)\n"
+        "  --optim sgd|adam|adamw   optimiser (default adam), libddp's (ddp/shard.h); adamw\n"
+        "                      has decoupled weight decay on the weights only (biases: none)\n"
         "  --lr F              (peak) learning rate (default 1e-3 for adam/adamw, 0.05 for sgd)\n"
         "  --lr-schedule constant|cosine|linear   learning rate per step after the warmup:\n"
         "                      constant, cosine decay to 0, or linear decay to 0 at the end of\n"
@@ -184,10 +209,16 @@ static void usage(FILE *out)
         "  --hook allreduce|fp16|bf16|powersgd[:rank=R,start=S]   the Reducer's comm hook:\n"
         "                      plain (default), buckets in half precision, or PowerSGD of\n"
         "                      rank R (default 1) from step S (default 10)\n"
-        "  --zero 1|2          ZeRO optimizer: its state sharded over the ranks; 1: each rank\n"
-        "                      updates its parameters after the Reducer, 2: no Reducer,\n"
-        "                      gradients reduce-scattered (not with --sync legacy, --hook\n"
-        "                      other than allreduce, --bench-nosync)\n"
+        "  --zero 0|1|2        ZeRO optimizer: its state sharded over the ranks; 0: every rank\n"
+        "                      updates every parameter, 1: each rank updates its parameters\n"
+        "                      after the Reducer, 2: no Reducer, gradients reduce-scattered\n"
+        "                      (1 and 2 not with --sync legacy, --hook other than allreduce,\n"
+        "                      --bench-nosync, --drop-last 0). Default: 1 on several ranks\n"
+        "                      when none of those is given (the same bits as 0), else 0\n"
+        "  --zero-partition chunks|params   how ZeRO-1 shares the parameters: every parameter\n"
+        "                      cut in one chunk per rank, allgathered after the update\n"
+        "                      (default: balanced), or whole parameters, largest first,\n"
+        "                      each broadcast from its owner (PyTorch's)\n"
         "  --zero-overlap      ZeRO 1 with each bucket's update computed on its owner as soon\n"
         "                      as its allreduce ends (implies --zero 1; not with --clip-grad,\n"
         "                      --param-dtype bf16 or --resume: resume it with --zero 1)\n"
@@ -310,6 +341,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->bucket_mb = 25;
     o->grad_blocks = 1;
     o->piece_mb = -1;
+    o->zero_auto = 1;
     o->trace_steps = 5;
     o->warmup = 3;
     for (int i = 1; i < argc; i++) {
@@ -345,7 +377,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--eps",    "--sync",        "--bucket-mb",  "--checkpoint", "--resume",
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
             "--zero",   "--grad-blocks", "--piece-mb",   "--lr-schedule", "--warmup-steps",
-            "--clip-grad", "--param-dtype", "--save-every", "--metrics", "--drop-last"};
+            "--clip-grad", "--param-dtype", "--save-every", "--metrics", "--drop-last",
+            "--zero-partition"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -443,9 +476,17 @@ static void parse_options(int argc, char **argv, options_t *o)
         } else if (!strcmp(name, "--hook")) {
             parse_hook(o, val);
         } else if (!strcmp(name, "--zero")) {
-            if (strcmp(val, "1") && strcmp(val, "2"))
-                die_usage("--zero: '%s' is neither 1 nor 2", val);
+            if (strcmp(val, "0") && strcmp(val, "1") && strcmp(val, "2"))
+                die_usage("--zero: '%s' is not 0, 1 or 2", val);
             o->zero = val[0] - '0';
+            o->zero_auto = 0;
+        } else if (!strcmp(name, "--zero-partition")) {
+            if (!strcmp(val, "chunks"))
+                o->zero_whole = 0;
+            else if (!strcmp(val, "params"))
+                o->zero_whole = 1;
+            else
+                die_usage("--zero-partition: '%s' is neither chunks nor params", val);
         } else if (!strcmp(name, "--sync")) {
             if (!strcmp(val, "reducer"))
                 o->legacy = 0;
@@ -484,9 +525,10 @@ static void parse_options(int argc, char **argv, options_t *o)
     /* ZeRO steps after the Reducer (or reduce-scatters itself), so neither the legacy allreduce,
      * a compressing hook nor unsynchronised steps fit. Its sharded state is gathered into the
      * checkpoint (consolidated), so checkpoints work at any stage. */
-    if (o->zero_overlap && o->zero == 2)
-        die_usage("--zero-overlap works with --zero 1 only (stage 2 has no Reducer)");
-    if (o->zero_overlap) o->zero = 1;
+    if (o->zero_overlap && !o->zero_auto && o->zero != 1)
+        die_usage("--zero-overlap is ZeRO-1's overlap mode: it cannot be combined with --zero %d",
+                  o->zero);
+    if (o->zero_overlap) o->zero = 1, o->zero_auto = 0;
     if (o->zero_overlap) {
         /* The hook updates each bucket before the last gradient exists (no global norm), the
          * Reducer's buckets must hold the optimizer's dtype, and the partition is learned in the
@@ -549,11 +591,19 @@ static void setup_group(trainer_t *t)
     g_rank = t->rank;
 }
 
-/* SGD and Adam keep the trainer's own float optimizer (optim.c), the default behaviour; ZeRO,
- * AdamW, clipping and bf16 parameters take libddp's (ddp/shard.h). */
-static int uses_library_optim(const options_t *o)
+/* --zero's default, once the world size is known: ZeRO-1 on several ranks - each rank steps
+ * only its share of the parameters (half the optimizer's memory traffic per rank at 2) and the
+ * result is bitwise the unsharded step's - unless an option asks for what ZeRO refuses; then,
+ * and on one rank, the unsharded optimizer. */
+static void resolve_zero_default(trainer_t *t)
 {
-    return o->zero || o->optim == FM_OPTIM_ADAMW || o->clip_grad > 0 || o->param_bf16;
+    options_t *o = &t->o;
+    if (!o->zero_auto) return;
+    o->zero_auto = 0;
+    o->zero = t->world > 1 && !o->legacy && o->hook == FM_HOOK_ALLREDUCE && !o->bench_nosync &&
+                      o->drop_last
+                  ? 1
+                  : 0;
 }
 
 /* The learning rate's multiplier for optimizer step `step` (0-based), over --epochs. */
@@ -787,7 +837,7 @@ static fm_hyper_t hyper_of(const options_t *o)
                     o->optim != FM_OPTIM_SGD ? o->beta1 : 0,
                     o->optim != FM_OPTIM_SGD ? o->beta2 : 0,
                     o->optim != FM_OPTIM_SGD ? o->eps : 0,
-                    (uint64_t)uses_library_optim(o),
+                    1, /* library_optim: libddp's optimizer, always (see build_model) */
                     (uint64_t)o->lr_schedule,
                     o->warmup_steps,
                     0,
@@ -1069,9 +1119,13 @@ static void build_model(trainer_t *t)
     t->opt.beta1 = o->beta1;
     t->opt.beta2 = o->beta2;
     t->opt.eps = o->eps;
-    /* libddp's optimizer keeps the state itself */
-    if (!uses_library_optim(o) && fm_optim_create(&t->opt, t->model.numel))
-        fail("out of memory for the optimizer");
+    /* The optimizer is always libddp's (ddp/shard.h), created in setup_data_parallel: its
+     * vectorised kernels take about half the time of optim.c's float loop, which the trainer ran
+     * for sgd and adam before, and ZeRO-1 - the default on several ranks - computes exactly what
+     * it computes, so 1 rank and N ranks take the same step. t->opt only carries the step's
+     * learning rate (for --metrics) and the checkpoint's step field. The checkpoint's
+     * library_optim field stays 1, so a checkpoint of that older trainer is refused by name
+     * rather than misread. */
     t->progress.last_epoch_loss = NAN;
     const char *from = resume_source(t);
     if (from) {
@@ -1184,11 +1238,17 @@ static void setup_data_parallel(trainer_t *t)
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
         zc.stage = o->zero;
         zc.overlap = o->zero_overlap;
+        /* ZeRO-1 in chunks: each rank steps half of every parameter at 2 ranks (whole
+         * parameters leave 56 % of this model on the rank holding fc2.weight) and the exchange
+         * is one allgather per parameter, both ranks copying at once. */
+        zc.partition = o->zero == 1 && !o->zero_overlap && !o->zero_whole
+                           ? DDP_ZERO_PARTITION_CHUNKS
+                           : DDP_ZERO_PARTITION_PARAMS;
         zc.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
         zc.optim = library_config(o, groups);
         check(ddp_zero_create(t->group, optim_params, FM_NPARAMS, &zc, &t->zero),
               "creating the ZeRO optimizer");
-    } else if (uses_library_optim(o)) {
+    } else {
         ddp_optim_config_t oc = library_config(o, groups);
         check(ddp_optim_create(optim_params, FM_NPARAMS, &oc, &t->lib_opt),
               "creating the optimizer");
@@ -1262,6 +1322,7 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
          * total samples, as one process would take it. */
         scale = (float)((double)active / (double)total);
     }
+    double td = ddp_time_us();
     for (size_t i = 0; i < n; i++) {
         uint32_t idx = t->perm[base + i];
         t->seen[0]++;
@@ -1282,15 +1343,20 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
     }
     t->zero_sync = sync;
     double t0 = ddp_time_us();
+    t->phase_us[PH_DATA] += t0 - td;
     fm_mlp_forward(&t->model, t->xbuf, n);
     double t1 = ddp_time_us();
+    t->phase_us[PH_FORWARD] += t1 - t0;
     if (t->tracing) ddp_trace_span(t->trace, "forward", "compute", 0, t0, t1);
     t->mark_us = t1;
     double loss = 0;
-    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, n, scale, t->grads,
-                               &loss, o->grad_blocks, on_rows_done, on_layer_done, t))
+    /* The first micro-step of an optimizer step overwrites the gradients (optimizer_step does
+     * not clear them); later ones (--accumulate) add to them. */
+    if (fm_mlp_backward_blocks(&t->model, t->xbuf, t->ybuf, n, scale, t->grads, k > 0, &loss,
+                               o->grad_blocks, on_rows_done, on_layer_done, t))
         check(t->status, "ddp_reducer_grad_ready");
     double t2 = ddp_time_us();
+    t->phase_us[PH_BACKWARD] += t2 - t1;
     if (t->reducer) {
         check(ddp_reducer_finalize(t->reducer), "ddp_reducer_finalize");
         if (sync) {
@@ -1301,9 +1367,11 @@ static double micro_step(trainer_t *t, size_t s, size_t k, int sync, double *exp
         check(ddp_legacy_allreduce(t->legacy, NULL), "ddp_legacy_allreduce");
         *exposed = ddp_time_us() - t2;
     }
+    double t3 = ddp_time_us();
+    t->phase_us[PH_FINALIZE] += t3 - t2;
     if (t->tracing)
         ddp_trace_span(t->trace, sync ? "finalize (wait for buckets)" : "finalize (no_sync)",
-                       "compute", 0, t2, ddp_time_us());
+                       "compute", 0, t2, t3);
     /* flush_losses divides the sum over ranks by the world size: weight this rank's mean by its
      * share of the partial batch so that the result is the mean over its samples. */
     if (total < o->batch) loss *= (double)n * (double)t->world / (double)total;
@@ -1317,10 +1385,9 @@ static void set_step_lr(trainer_t *t)
     double factor = lr_factor(t, t->progress.global_step);
     if (t->zero)
         check(ddp_zero_scale_lr(t->zero, factor), "ddp_zero_scale_lr");
-    else if (t->lib_opt)
-        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
     else
-        t->opt.lr = t->o.lr * factor; /* factor 1 without a schedule: the plain --lr */
+        check(ddp_optim_scale_lr(t->lib_opt, factor), "ddp_optim_scale_lr");
+    t->opt.lr = t->o.lr * factor; /* for --metrics; factor 1 without a schedule: the plain --lr */
 }
 
 /* The optimizer step (or ZeRO's), then the gradients zeroed for the next step. */
@@ -1337,20 +1404,18 @@ static void optimizer_step(trainer_t *t)
     if (t->zero) { /* stage 2 and overlap: every gradient is with ZeRO already */
         check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap ? grads : NULL),
               "ddp_zero_step");
-    } else if (t->lib_opt) {
-        check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
     } else {
-        fm_optim_step(&t->opt, t->model.params, t->grads);
+        check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
     }
     if (o->param_bf16)
         for (int k = 0; k < FM_NPARAMS; k++)
             from_bf16(t->model.params[k], t->half_params[k], t->model.numel[k]);
-    if (t->reducer)
-        check(ddp_reducer_zero_grad(t->reducer), "ddp_reducer_zero_grad");
-    else
-        for (int p = 0; p < FM_NPARAMS; p++)
-            memset(t->own_grads[p], 0, t->model.numel[p] * sizeof(float));
-    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, ddp_time_us());
+    double t4 = ddp_time_us();
+    t->phase_us[PH_OPTIMIZER] += t4 - t3;
+    /* The gradients are not cleared for the next step (ddp_reducer_zero_grad, a memset of the
+     * whole gradient streamed through memory on every rank): its first backward overwrites
+     * them, and a rank that joins (--drop-last 0) gets buckets the Reducer's join clears. */
+    if (t->tracing) ddp_trace_span(t->trace, "optimizer step", "compute", 0, t3, t4);
 }
 
 /* Grows an array of samples to hold at least n + 1. */
@@ -1365,7 +1430,7 @@ static double *grow_samples(double *v, size_t n, size_t *cap)
 
 /* Records a step's time after the warm-up: synchronised steps and --bench-nosync's steps apart. */
 static void record_step(trainer_t *t, run_stats_t *st, int skip_comm, double step_us,
-                        double exposed)
+                        double exposed, double cpu_us)
 {
     if (st->run_steps <= t->o.warmup) return;
     if (skip_comm) {
@@ -1375,13 +1440,23 @@ static void record_step(trainer_t *t, run_stats_t *st, int skip_comm, double ste
         st->nosync_samples[st->nosync_steps++] = step_us;
         return;
     }
+    /* every per-step array has sample_cap entries: grow them all from the same old capacity */
     size_t cap = st->sample_cap;
     st->step_samples = grow_samples(st->step_samples, st->timed_steps, &cap);
     cap = st->sample_cap;
     st->exposed_samples = grow_samples(st->exposed_samples, st->timed_steps, &cap);
+    double accounted = 0;
+    for (int k = 0; k <= PH_COUNT; k++) {
+        cap = st->sample_cap;
+        st->phase_samples[k] = grow_samples(st->phase_samples[k], st->timed_steps, &cap);
+        double v = k < PH_COUNT ? t->phase_us[k] : step_us - accounted;
+        accounted += v;
+        st->phase_samples[k][st->timed_steps] = v;
+    }
     st->sample_cap = cap;
     st->step_samples[st->timed_steps] = step_us;
     st->exposed_samples[st->timed_steps] = exposed;
+    st->cpu_us += cpu_us;
     st->timed_us += step_us;
     st->exposed_us += exposed;
     st->timed_steps++;
@@ -1405,8 +1480,9 @@ static double train(trainer_t *t, run_stats_t *st)
                 st->stopped = 1;
                 break;
             }
-            double step_start = ddp_time_us();
+            double step_start = ddp_time_us(), cpu_start = cpu_time_us();
             double step_loss = 0, step_exposed = 0;
+            memset(t->phase_us, 0, sizeof t->phase_us);
             t->tracing = t->trace && st->run_steps >= 1 && st->run_steps <= o->trace_steps;
             const int skip_comm = o->bench_nosync && st->run_steps % 2 == 1;
             set_step_lr(t);
@@ -1444,7 +1520,8 @@ static double train(trainer_t *t, run_stats_t *st)
             epoch_steps++;
             local_loss_sum += step_loss;
             epoch_exposed += step_exposed;
-            record_step(t, st, skip_comm, step_end - step_start, step_exposed);
+            record_step(t, st, skip_comm, step_end - step_start, step_exposed,
+                        cpu_time_us() - cpu_start);
             if (t->pending_metrics)
                 t->pending_metrics[t->npending - 1] =
                     (step_metrics_t){t->opt.lr, (step_end - step_start) / 1000.0,
@@ -1550,13 +1627,8 @@ static void optimizer_state_bytes(trainer_t *t, double state_bytes[2])
             printf("zero-%d: optimizer state %.1f KiB on the largest rank, %.1f KiB over all %d "
                    "(unsharded: all of it on every rank)\n",
                    o->zero, state_bytes[0] / 1024.0, state_bytes[1] / 1024.0, t->world);
-    } else if (t->lib_opt) {
-        state_bytes[0] = (double)ddp_optim_state_bytes(t->lib_opt);
-        state_bytes[1] = state_bytes[0] * t->world;
     } else {
-        for (int k = 0; k < FM_NPARAMS; k++)
-            state_bytes[0] += (double)(t->opt.numel[k] * sizeof(float) *
-                                       (o->optim == FM_OPTIM_ADAM ? 2 : 1));
+        state_bytes[0] = (double)ddp_optim_state_bytes(t->lib_opt);
         state_bytes[1] = state_bytes[0] * t->world;
     }
 }
@@ -1617,6 +1689,12 @@ static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_
      * for the slower one in the next synchronised step, which rank 0's own difference would
      * count as communication. The slowest rank (largest no_sync step) never waits in a no_sync
      * step, so its difference is the communication alone. */
+    /* CPU time per synchronised step, this rank's and the largest over the ranks */
+    double cpu_ms[2] = {st->timed_steps ? st->cpu_us / (double)st->timed_steps / 1000.0 : 0, 0};
+    cpu_ms[1] = cpu_ms[0];
+    if (t->world > 1)
+        check(ddp_group_allreduce(t->group, &cpu_ms[1], &cpu_ms[1], 1, DDP_F64, DDP_MAX),
+              "taking the largest CPU time per step over ranks");
     double *rank_medians = NULL; /* [2 * world]: rank r's step median, then its no_sync median */
     double nosync_exposed_ms = 0;
     if (st->nosync_steps) {
@@ -1668,6 +1746,13 @@ static void report(trainer_t *t, run_stats_t *st, double accuracy, double final_
                     printf("]");
                 }
             }
+            printf(",\"cpu_ms_per_step\":%.4f,\"cpu_ms_per_step_max\":%.4f", cpu_ms[0],
+                   cpu_ms[1]);
+            printf(",\"phase_ms\":{");
+            for (int k = 0; k <= PH_COUNT; k++)
+                printf("%s\"%s\":%.4f", k ? "," : "", k < PH_COUNT ? fm_phase_names[k] : "other",
+                       median(st->phase_samples[k], st->timed_steps) / 1000.0);
+            printf("}");
             printf(",\"hidden\":%zu,\"batch\":%zu,\"accumulate\":%zu,\"optim\":\"%s\","
                    "\"sync\":\"%s\",\"transport\":\"%s\",\"hook\":\"%s\",\"wire_bytes\":%llu,"
                    "\"uncompressed_bytes\":%llu,\"zero\":%d,\"zero_overlap\":%d,"
@@ -1714,7 +1799,7 @@ static void teardown(trainer_t *t, run_stats_t *st)
     free(st->step_samples);
     free(st->exposed_samples);
     free(st->nosync_samples);
-    fm_optim_destroy(&t->opt);
+    for (int k = 0; k <= PH_COUNT; k++) free(st->phase_samples[k]);
     fm_mlp_destroy(&t->model);
     fm_dataset_free(&t->train);
     fm_dataset_free(&t->test);
@@ -1731,6 +1816,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(1); /* one core per rank: the ranks are the parallelism */
 #endif
     setup_group(t);
+    resolve_zero_default(t);
     if (t->o.batch % (size_t)t->world)
         fail("--batch %zu is not divisible by the world size %d: the global batch is split "
              "evenly over ranks",

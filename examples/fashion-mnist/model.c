@@ -93,12 +93,16 @@ void fm_mlp_forward(fm_mlp_t *model, const float *x, size_t m)
 }
 
 typedef struct block_ctx {
+    float beta; /* 1: add into the gradients; 0: overwrite them */
     size_t blocks;
     fm_rows_done_fn rows_done;
     void *ctx;
 } block_ctx_t;
 
-/* gw[nout x nin] += dy^T x and gb[nout] += column sums of dy, for dy [m x nout], x [m x nin].
+/* gw[nout x nin] += dy^T x and gb[nout] += column sums of dy, for dy [m x nout], x [m x nin]
+ * (with bc->beta 0: = instead of +=, so the caller need not clear them first: the GEMM clears
+ * each tile right before it writes it, in cache, where a separate memset would stream the
+ * whole gradient through memory once more).
  *
  * The weight gradient is always computed in FM_GRAD_TILES row tiles, one GEMM each (rows
  * [r0, r1) of gw are dy[:, r0:r1]^T x), whatever the number of blocks: OpenBLAS picks its
@@ -116,12 +120,14 @@ static int linear_grads(const float *dy, const float *x, size_t m, size_t nin, s
         for (size_t t = t0; t < t1; t++) {
             size_t r0 = nout * t / tiles, r1 = nout * (t + 1) / tiles;
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), (int)nin, (int)m,
-                        1.0f, dy + r0, (int)nout, x, (int)nin, 1.0f, gw + r0 * nin, (int)nin);
+                        1.0f, dy + r0, (int)nout, x, (int)nin, bc->beta, gw + r0 * nin,
+                        (int)nin);
         }
         int rc;
         size_t r0 = nout * t0 / tiles, r1 = nout * t1 / tiles;
         if (bc->rows_done && (rc = bc->rows_done(bc->ctx, layer, r0, r1)) != 0) return rc;
     }
+    if (bc->beta == 0.0f) memset(gb, 0, nout * sizeof(float));
     for (size_t i = 0; i < m; i++) {
         const float *row = dy + i * nout;
         for (size_t j = 0; j < nout; j++) gb[j] += row[j];
@@ -143,15 +149,15 @@ int fm_mlp_backward(fm_mlp_t *model, const float *x, const uint8_t *labels, size
                     float scale, float *const grads[FM_NPARAMS], double *loss,
                     fm_layer_done_fn done, void *ctx)
 {
-    return fm_mlp_backward_blocks(model, x, labels, m, scale, grads, loss, 1, NULL, done, ctx);
+    return fm_mlp_backward_blocks(model, x, labels, m, scale, grads, 1, loss, 1, NULL, done, ctx);
 }
 
 int fm_mlp_backward_blocks(fm_mlp_t *model, const float *x, const uint8_t *labels, size_t m,
-                           float scale, float *const grads[FM_NPARAMS], double *loss,
-                           size_t blocks, fm_rows_done_fn rows_done, fm_layer_done_fn done,
-                           void *ctx)
+                           float scale, float *const grads[FM_NPARAMS], int accumulate,
+                           double *loss, size_t blocks, fm_rows_done_fn rows_done,
+                           fm_layer_done_fn done, void *ctx)
 {
-    const block_ctx_t bc = {blocks, rows_done, ctx};
+    const block_ctx_t bc = {accumulate ? 1.0f : 0.0f, blocks, rows_done, ctx};
     size_t h = model->hidden;
     float *const *p = model->params;
     /* Softmax cross-entropy: d(loss_i)/d(logit) = softmax - onehot. */

@@ -77,11 +77,13 @@ typedef int (*fm_rows_done_fn)(void *ctx, int layer, size_t row_begin, size_t ro
 /* fm_mlp_backward reporting each weight gradient in `blocks` row blocks (groups of its
  * FM_GRAD_TILES tiles): rows_done (if not NULL) is called after each block, before done(ctx,
  * layer). The GEMMs are the same for every block count, so the results are the same bits.
- * blocks is capped at the layer's tiles; 0 is taken as 1. */
+ * blocks is capped at the layer's tiles; 0 is taken as 1. accumulate 1 adds into grads as
+ * fm_mlp_backward does; 0 overwrites them (their old contents are never read, so the caller
+ * need not zero them between steps): the same values, up to the sign of a zero. */
 int fm_mlp_backward_blocks(fm_mlp_t *model, const float *x, const uint8_t *labels, size_t m,
-                           float scale, float *const grads[FM_NPARAMS], double *loss,
-                           size_t blocks, fm_rows_done_fn rows_done, fm_layer_done_fn done,
-                           void *ctx);
+                           float scale, float *const grads[FM_NPARAMS], int accumulate,
+                           double *loss, size_t blocks, fm_rows_done_fn rows_done,
+                           fm_layer_done_fn done, void *ctx);
 
 /* Number of correct predictions among count samples, evaluated in chunks of max_batch. */
 size_t fm_mlp_count_correct(fm_mlp_t *model, const float *x, const uint8_t *labels, size_t count);
@@ -91,8 +93,10 @@ uint64_t fm_mlp_checksum(const fm_mlp_t *model, double *sum);
 
 /* ---- optimisers (optim.c) ------------------------------------------------------------------ */
 
-/* AdamW exists only through libddp's optimizer (ddp/shard.h); SGD and Adam use this file's
- * float implementation unless a setting needs libddp's (see main.c's uses_library_optim). */
+/* The optimizer kinds of --optim. The trainer steps with libddp's optimizer (ddp/shard.h) for
+ * all of them; fm_optim_* below is the float SGD/Adam loop it ran before issue #31, kept as the
+ * anchor build/optim-bandwidth times libddp's kernels against, and for the checkpoint format's
+ * non-library optimizer state (test_trainer_units). */
 enum { FM_OPTIM_SGD = 0, FM_OPTIM_ADAM = 1, FM_OPTIM_ADAMW = 2 };
 
 typedef struct fm_optim {

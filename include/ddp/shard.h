@@ -250,24 +250,40 @@ DDP_API double ddp_lr_warmup_constant(uint64_t step, uint64_t warmup_steps, doub
 
 /* ---- ZeRO --------------------------------------------------------------------------------- */
 
+/* How stage 1 partitions the parameters over the ranks (stage 2 always cuts them into chunks,
+ * overlap assigns whole Reducer buckets). */
+typedef enum ddp_zero_partition {
+    /* Whole parameters, largest first onto the least-loaded rank (PyTorch's); after the update
+     * each parameter is broadcast from its owner. A model dominated by one matrix stays
+     * unbalanced. */
+    DDP_ZERO_PARTITION_PARAMS = 0,
+    /* Every parameter cut into world_size chunks of ceil(numel / world_size) elements, rank r
+     * updating chunk r of each (stage 2's layout, from averaged gradients); after the update
+     * each parameter is allgathered. Balanced to within one element per parameter, and every
+     * rank moves its share of the exchange at the same time. Not with overlap. */
+    DDP_ZERO_PARTITION_CHUNKS = 1
+} ddp_zero_partition_t;
+
 typedef struct ddp_zero_config {
     int stage;                /* 1: gradients are averaged already; 2: reduce-scattered here */
     ddp_optim_config_t optim;
     size_t bucket_cap_bytes;  /* stage 2: the reduce-scatter bucketer's cap (0: no bucketing) */
     int overlap;              /* stage 1 only: driven by ddp_zero_hook (see below) */
+    ddp_zero_partition_t partition; /* stage 1 without overlap: see ddp_zero_partition_t */
 } ddp_zero_config_t;
 
 /* Fills *config with the defaults (DDP_ZERO_CONFIG_INIT's), from C or C++. NULL is ignored. */
 DDP_API void ddp_zero_config_init(ddp_zero_config_t *config);
 
 /* In C, designated initializers; in C++, the same values from ddp_zero_config_init. Defaults:
- * stage 1, DDP_OPTIM_CONFIG_INIT, a 25 MiB bucketer cap, no overlap. */
+ * stage 1, DDP_OPTIM_CONFIG_INIT, a 25 MiB bucketer cap, no overlap, whole parameters. */
 #ifndef __cplusplus
 #define DDP_ZERO_CONFIG_INIT                                                                      \
     {.stage = 1,                                                                                  \
      .optim = DDP_OPTIM_CONFIG_INIT,                                                              \
      .bucket_cap_bytes = (size_t)25 << 20,                                                        \
-     .overlap = 0}
+     .overlap = 0,                                                                                \
+     .partition = DDP_ZERO_PARTITION_PARAMS}
 #else
 #define DDP_ZERO_CONFIG_INIT                                                                      \
     ([] {                                                                                         \
@@ -282,9 +298,10 @@ typedef struct ddp_zero ddp_zero_t;
 /* Not collective (no communication), but every rank must pass the same parameters (count,
  * numel, dtype) and config: the partition is computed from them alone, identically everywhere.
  * Stage 1: parameters are assigned whole, largest first, each to the least-loaded rank (ties:
- * lower rank). Stage 2: every parameter is split into world_size contiguous chunks of
- * ceil(numel / world_size) elements; rank r owns chunk r of each. Overlap: whole Reducer buckets
- * are assigned the same greedy way, learned as the hook sees them. The group must outlive it. */
+ * lower rank), or with DDP_ZERO_PARTITION_CHUNKS cut as in stage 2. Stage 2: every parameter is
+ * split into world_size contiguous chunks of ceil(numel / world_size) elements; rank r owns chunk
+ * r of each. Overlap: whole Reducer buckets are assigned the same greedy way, learned as the hook
+ * sees them. The group must outlive it. */
 DDP_API ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params,
                                      size_t nparams, const ddp_zero_config_t *config,
                                      ddp_zero_t **out);
@@ -292,7 +309,8 @@ DDP_API void ddp_zero_destroy(ddp_zero_t *zero);
 
 /* One optimizer step, collective. Stage 1: grads[i] holds parameter i's AVERAGED gradient (as after
  * ddp_reducer_finalize); this rank updates the parameters it owns, then each parameter is broadcast
- * from its owner so every replica is bitwise identical. Stage 2: grads[i] holds this rank's LOCAL
+ * from its owner so every replica is bitwise identical (with DDP_ZERO_PARTITION_CHUNKS: this rank
+ * updates its chunk of every parameter, then each parameter is allgathered). Stage 2: grads[i] holds this rank's LOCAL
  * gradient (no Reducer); they are averaged by reduce-scatter (DDP_AVG) through the bucketer, each
  * rank updates its chunks, and parameters are allgathered. The gradients are only read. Stage 2
  * with ddp_zero_grad_ready: grads gives only the parameters not marked. grads NULL (stages 1 and
@@ -317,7 +335,7 @@ DDP_API size_t ddp_zero_state_bytes(const ddp_zero_t *zero);
 /* Elements of parameters this rank updates (its partition). */
 DDP_API size_t ddp_zero_owned_numel(const ddp_zero_t *zero);
 /* Stage 1: the rank that owns parameter `index` (-1 in overlap mode before the hook saw its
- * bucket). Stage 2: every rank owns a chunk, *rank = -1. */
+ * bucket). Stage 2 and DDP_ZERO_PARTITION_CHUNKS: every rank owns a chunk, *rank = -1. */
 DDP_API ddp_status_t ddp_zero_param_owner(const ddp_zero_t *zero, size_t index, int *rank);
 
 /* The global gradient norm (before clipping) of the last step, computed when config.optim has

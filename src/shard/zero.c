@@ -11,7 +11,9 @@
  * parameter then reassembles it. No rank ever holds the full averaged gradient or full state.
  * Overlap (stage 1 with ddp_zero_hook): whole Reducer buckets are assigned greedily as the hook
  * first sees them; one progress-thread task per bucket allreduces it and, on its owner, updates
- * its parameters right away, hidden behind the rest of backward. */
+ * its parameters right away, hidden behind the rest of backward.
+ * Stage 1 with DDP_ZERO_PARTITION_CHUNKS: stage 2's chunks, updated from averaged gradients and
+ * reassembled by the same allgathers: balanced, and every rank moves its share at once. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,7 @@ typedef struct zero_chunk {
 struct ddp_zero {
     ddp_group_t *group;
     int rank, world, stage, overlap;
+    int chunked;              /* stage 2, or stage 1 with DDP_ZERO_PARTITION_CHUNKS */
     ddp__optim_setup_t setup; /* hyperparameters per parameter group */
     double grad_norm;         /* of the last step with clipping; NaN before */
     size_t nparams;
@@ -66,6 +69,7 @@ struct ddp_zero {
     unsigned char *tail;     /* one zero-padded chunk (the one straddling the end) */
     unsigned char *zeros;    /* one chunk of zeros (chunks wholly past the end) */
     unsigned char *stage_buf; /* world chunks of the largest non-divisible parameter */
+    const void **own_grads;   /* chunked stage 1: this rank's chunk of each averaged gradient */
     /* overlap */
     zero_bucket_t **buckets;
     size_t nbuckets;
@@ -118,6 +122,7 @@ void ddp_zero_destroy(ddp_zero_t *z)
     free(z->tail);
     free(z->zeros);
     free(z->stage_buf);
+    free(z->own_grads);
     ddp__optim_setup_free(&z->setup);
     free(z);
 }
@@ -166,6 +171,13 @@ static ddp_status_t check_config(const ddp_zero_config_t *c, int world)
     if (c->overlap && c->stage != 1)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: config.overlap needs stage 1 "
                           "(stage is %d)", c->stage);
+    if (c->partition != DDP_ZERO_PARTITION_PARAMS && c->partition != DDP_ZERO_PARTITION_CHUNKS)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: config.partition is %d, "
+                          "expected DDP_ZERO_PARTITION_PARAMS (0) or _CHUNKS (1)",
+                          (int)c->partition);
+    if (c->overlap && c->partition == DDP_ZERO_PARTITION_CHUNKS)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: config.overlap assigns whole "
+                          "Reducer buckets; it cannot take DDP_ZERO_PARTITION_CHUNKS");
     (void)world;
     /* The overlap hook updates each bucket as soon as it is reduced, before the gradients of
      * later buckets exist, so there is no global norm to clip by at that point. */
@@ -203,6 +215,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
     z->world = world;
     z->stage = config->stage;
     z->overlap = config->overlap;
+    z->chunked = z->stage == 2 || config->partition == DDP_ZERO_PARTITION_CHUNKS;
     z->grad_norm = NAN;
     z->nparams = nparams;
     s = ddp__optim_setup_init(&z->setup, &config->optim, nparams, "zero create");
@@ -241,7 +254,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
         }
     }
 
-    if (z->stage == 1 && !z->overlap) {
+    if (z->stage == 1 && !z->overlap && !z->chunked) {
         greedy_partition(z);
         for (size_t i = 0; i < nparams; i++) {
             if (z->owner[i] < 0) {
@@ -255,7 +268,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
                                      z->data[i]);
             if (s != DDP_OK) goto fail;
         }
-    } else if (z->stage == 2) {
+    } else if (z->chunked) {
         size_t max_chunk = 1, max_stage = 0;
         for (size_t i = 0; i < nparams; i++) {
             size_t c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
@@ -271,6 +284,20 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
             s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
                                      (unsigned char *)z->data[i] + first * es);
             if (s != DDP_OK) goto fail;
+        }
+        z->stage_buf = ddp__calloc(max_stage ? max_stage : 1, 1, "zero allgather staging");
+        if (!z->stage_buf) {
+            s = DDP_ERR_NO_MEMORY;
+            goto fail;
+        }
+        if (z->stage == 1) { /* chunked stage 1: no reduce-scatter, only the allgathers */
+            z->own_grads = ddp__calloc(n1, sizeof *z->own_grads, "zero");
+            if (!z->own_grads) {
+                s = DDP_ERR_NO_MEMORY;
+                goto fail;
+            }
+            *out = z;
+            return DDP_OK;
         }
         z->chunks = ddp__calloc(n1, sizeof *z->chunks, "zero");
         z->submitted = ddp__calloc(n1, 1, "zero");
@@ -293,8 +320,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
         z->blocks = ddp__calloc((size_t)world, sizeof *z->blocks, "zero");
         z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
         z->zeros = ddp__calloc(max_chunk, 1, "zero padded chunk");
-        z->stage_buf = ddp__calloc(max_stage ? max_stage : 1, 1, "zero allgather staging");
-        if (!z->chunks || !z->blocks || !z->tail || !z->zeros || !z->stage_buf) {
+        if (!z->chunks || !z->blocks || !z->tail || !z->zeros) {
             s = DDP_ERR_NO_MEMORY;
             goto fail;
         }
@@ -429,7 +455,7 @@ static ddp_status_t clip_coefficient(ddp_zero_t *z, const void *const *grads, do
     if (!(z->setup.base.max_grad_norm > 0.0)) return DDP_OK;
     double sumsq = 0.0;
     for (size_t i = 0; i < z->nparams; i++)
-        if (z->runs[i].count > 0 && (z->stage == 2 || z->owner[i] == z->rank))
+        if (z->runs[i].count > 0 && (z->chunked || z->owner[i] == z->rank))
             sumsq += ddp__optim_grad_sumsq(z->dtype[i], grads[i], z->runs[i].count);
     ddp_status_t s = ddp_group_allreduce(z->group, &sumsq, &sumsq, 1, DDP_F64, DDP_SUM);
     if (s != DDP_OK)
@@ -440,9 +466,10 @@ static ddp_status_t clip_coefficient(ddp_zero_t *z, const void *const *grads, do
     return DDP_OK;
 }
 
+static ddp_status_t allgather_chunks(ddp_zero_t *z);
+
 static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
 {
-    size_t world = (size_t)z->world;
     ddp_status_t s = DDP_OK;
     /* Whatever was not marked ready yet goes now, in index order. */
     for (size_t i = 0; i < z->nparams && s == DDP_OK; i++)
@@ -475,7 +502,14 @@ static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
                                  z->gshard[i], coef);
     }
 
-    /* Reassemble: in place when the chunks tile the parameter exactly, else through staging. */
+    return allgather_chunks(z);
+}
+
+/* Stage 2 and chunked stage 1: every parameter reassembled from the ranks' chunks, in place when
+ * the chunks tile the parameter exactly, else through staging. */
+static ddp_status_t allgather_chunks(ddp_zero_t *z)
+{
+    size_t world = (size_t)z->world;
     ddp_status_t first = DDP_OK;
     for (size_t i = 0; i < z->nparams && first == DDP_OK; i++) {
         size_t n = z->numel[i], c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
@@ -556,16 +590,34 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
                                         "ddp_param_t.grad)"
                                       : "zero step: grads[%zu] (parameter %s) is NULL",
                                   i, pname(z, i));
-        /* The norm over the owned parameters' averaged gradients, summed over ranks: every
-         * parameter is owned by exactly one rank. */
+        /* The norm over the owned parameters' (chunks') averaged gradients, summed over ranks:
+         * every element is owned by exactly one rank. */
         double coef = 1.0;
-        s = clip_coefficient(z, (const void *const *)grads, &coef);
-        if (s != DDP_OK) return s;
-        for (size_t i = 0; i < z->nparams; i++)
-            if (z->owner[i] == z->rank)
+        if (z->chunked) {
+            for (size_t i = 0; i < z->nparams; i++)
+                z->own_grads[i] = z->runs[i].count == 0
+                                      ? NULL
+                                      : (const unsigned char *)grads[i] +
+                                            z->runs[i].first * ddp_dtype_size(z->dtype[i]);
+            s = clip_coefficient(z, z->own_grads, &coef);
+            if (s != DDP_OK) return s;
+            for (size_t i = 0; i < z->nparams; i++) {
+                if (z->runs[i].count == 0) continue;
+                unsigned char *p = (unsigned char *)z->data[i] +
+                                   z->runs[i].first * ddp_dtype_size(z->dtype[i]);
                 ddp__optim_run_update_to(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
-                                         z->data[i], z->data[i], grads[i], coef);
-        s = broadcast_from_owners(z);
+                                         p, p, z->own_grads[i], coef);
+            }
+            s = allgather_chunks(z);
+        } else {
+            s = clip_coefficient(z, (const void *const *)grads, &coef);
+            if (s != DDP_OK) return s;
+            for (size_t i = 0; i < z->nparams; i++)
+                if (z->owner[i] == z->rank)
+                    ddp__optim_run_update_to(&z->runs[i], ddp__optim_hp(&z->setup, i),
+                                             z->dtype[i], z->data[i], z->data[i], grads[i], coef);
+            s = broadcast_from_owners(z);
+        }
     }
     if (s == DDP_OK) z->steps++;
     return s;
@@ -740,7 +792,7 @@ ddp_status_t ddp_zero_param_owner(const ddp_zero_t *z, size_t index, int *rank)
     if (index >= z->nparams)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero param owner: index %zu out of range "
                           "(%zu parameters)", index, z->nparams);
-    *rank = z->stage == 2 ? -1 : z->owner[index];
+    *rank = z->chunked ? -1 : z->owner[index];
     return DDP_OK;
 }
 
@@ -790,7 +842,7 @@ static ddp__optim_view_t shard_view(const ddp_zero_t *z)
 static ddp_status_t check_partition_known(const ddp_zero_t *z, const char *who)
 {
     for (size_t i = 0; i < z->nparams; i++)
-        if (z->stage == 1 && z->owner[i] < 0)
+        if (z->stage == 1 && !z->chunked && z->owner[i] < 0)
             return ddp__error(DDP_ERR_INVALID_USAGE, "%s: parameter %zu (%s) has no owner yet "
                               "(overlap mode assigns buckets in the first step)", who, i,
                               pname(z, i));
