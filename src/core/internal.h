@@ -43,6 +43,9 @@ DDP_MODULE_API ddp_status_t ddp__error_context(ddp_status_t status, const char *
 /* Logging, only when DDP_LOG_LEVEL asks (error, warn, info, debug); to stderr. */
 enum { DDP_LOG_NONE = 0, DDP_LOG_ERROR = 1, DDP_LOG_WARN = 2, DDP_LOG_INFO = 3, DDP_LOG_DEBUG = 4 };
 DDP_MODULE_API int ddp__log_level(void);
+
+/* FNV-1a (64-bit) of n bytes: the checksum libddp's saved states end with (core/hash.c). */
+DDP_MODULE_API uint64_t ddp__fnv1a(const void *data, size_t n);
 DDP_MODULE_API void ddp__log(int level, const char *fmt, ...) DDP_PRINTF(2, 3);
 #define DDP_LOG(level, ...)                                                                       \
     do {                                                                                          \

@@ -19,15 +19,6 @@
 #define FSDP_HEADER 32u
 #define FSDP_RECORD 32u
 
-static uint64_t fnv1a(const unsigned char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
@@ -93,7 +84,7 @@ ddp_status_t ddp_fsdp_state_save(const ddp_fsdp_t *f, void *buf, size_t size)
     memcpy(val, &ob, 8);
     s = ddp__optim_state_write(&v, val + 8, (size_t)ob, who);
     if (s != DDP_OK) return s;
-    uint64_t sum = fnv1a(p, need - 8);
+    uint64_t sum = ddp__fnv1a(p, need - 8);
     memcpy(p + need - 8, &sum, 8);
     return DDP_OK;
 }
@@ -129,7 +120,7 @@ static ddp_status_t parse_blob(const ddp_fsdp_t *f, const void *buf, size_t size
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is not an FSDP state (bad "
                           "magic)", who, which);
     memcpy(&sum, p + size - 8, 8);
-    if (fnv1a(p, size - 8) != sum)
+    if (ddp__fnv1a(p, size - 8) != sum)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: blob %zu is corrupt or truncated "
                           "(checksum)", who, which);
     if (head[0] != FSDP_VERSION)

@@ -365,15 +365,6 @@ typedef struct state_record {
     uint64_t first, count, steps;
 } state_record_t;
 
-static uint64_t fnv1a(const unsigned char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 /* Bytes of one run's arrays in the blob. */
 static size_t run_blob_bytes(int nstates, ddp_dtype_t dtype, uint64_t count)
@@ -431,7 +422,7 @@ ddp_status_t ddp__optim_state_write(const ddp__optim_view_t *v, void *buf, size_
         const void *arrays[3] = {r->m, r->v, r->vmax};
         for (int j = 0; j < k; j++) p = put(p, arrays[j], bytes);
     }
-    uint64_t sum = fnv1a(buf, (size_t)(p - (unsigned char *)buf));
+    uint64_t sum = ddp__fnv1a(buf, (size_t)(p - (unsigned char *)buf));
     put(p, &sum, 8);
     return DDP_OK;
 }
@@ -486,7 +477,7 @@ static ddp_status_t parse_blob(const ddp__optim_view_t *v, const void *buf, size
     memcpy(&ps->ngroups, b + 40, 8);
     uint64_t sum, stored;
     memcpy(&stored, b + size - 8, 8);
-    sum = fnv1a(b, size - 8);
+    sum = ddp__fnv1a(b, size - 8);
     if (sum != stored)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: the optimizer state is corrupt or "
                           "truncated (checksum %016llx, stored %016llx, %zu bytes)", who,
