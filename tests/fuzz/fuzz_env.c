@@ -1,22 +1,14 @@
 /* Fuzz target for the parsing of environment variables (src/core/config.c: every DDP_* variable
  * of ddp_env_vars(); src/core/env.c: the launchers' variables and Slurm host lists). Input: lines
- * "NAME=VALUE"; the variables of the table and the launchers' are cleared, the lines exported,
- * then every reader runs. Each must return DDP_OK or an error naming what is wrong. */
+ * "NAME=VALUE", which become the whole environment while every reader runs. Each must return
+ * DDP_OK or an error naming what is wrong. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h> /* environ */
 
 #include "fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const char *const launcher_names[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID",
-    "SLURM_STEP_ID", "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "DDP_STORE_ADDR", "DDP_STORE_PORT",
-    "DDP_STORE_TOKEN"};
 
 static FILE *devnull;
 
@@ -30,37 +22,36 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static void clear(void)
-{
-    const ddp_env_var_t *table;
-    size_t n = ddp_env_vars(&table);
-    for (size_t i = 0; i < n; i++) unsetenv(table[i].name);
-    for (size_t i = 0; i < sizeof launcher_names / sizeof launcher_names[0]; i++)
-        unsetenv(launcher_names[i]);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size > 65536) return 0;
     char *text = malloc(size + 1);
-    if (!text) return 0;
+    char **vars = malloc((size / 2 + 2) * sizeof *vars); /* a line takes at least 2 bytes */
+    if (!text || !vars) {
+        free(text);
+        free(vars);
+        return 0;
+    }
     memcpy(text, data, size);
     text[size] = 0;
-    clear();
+    /* The input's lines are the whole environment: environ points at them while the readers run
+     * (setenv would keep every string it was ever given, and the process would grow with each
+     * input). A line without '=' or starting with one is not a variable and is left out. */
+    size_t n = 0;
     const char *last_value = "";
     for (char *line = text; line && *line;) {
         char *end = strchr(line, '\n');
         if (end) *end = 0;
         char *eq = strchr(line, '=');
         if (eq && eq != line) {
-            *eq = 0;
-            /* A name with a NUL cut short, or an '=' in it, is what a shell could not export
-             * either; setenv refuses the latter. */
-            setenv(line, eq + 1, 1);
+            vars[n++] = line;
             last_value = eq + 1;
         }
         line = end ? end + 1 : NULL;
     }
+    vars[n] = NULL;
+    char **saved = environ;
+    environ = vars;
     ddp_status_t s = ddp_config_check();
     if (s != DDP_OK) FUZZ_FAILED_WELL(s);
     int ms = -1;
@@ -92,6 +83,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_MUST(count >= 0, "a host count");
         if (index < count) FUZZ_MUST(memchr(host, 0, sizeof host) != NULL, "terminated host");
     }
+    environ = saved;
+    free(vars);
     free(text);
     return 0;
 }
