@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 J = $(or $(JOBS),$(patsubst -j%,%,$(filter -j%,$(MAKEFLAGS))),$(NPROC))
 
-.PHONY: all build test test-extra test-setup demo demo-gpt gpt-demo install uninstall python-install clean asan tsan
+.PHONY: all build test test-extra test-setup demo demo-gpt gpt-demo install uninstall python-install clean asan tsan fuzz
 
 all: build
 
@@ -70,5 +70,21 @@ tsan:
 	cmake --build build-tsan -j $(J)
 	cd build-tsan && ctest --output-on-failure -j $(J)
 
+# fuzz: every libFuzzer target (tests/fuzz/, docs/fuzzing.md) built with clang in build-fuzz/
+# (everything instrumented: coverage, ASan, UBSan) and run for FUZZ_SECONDS each (default 60),
+# one after the other; FUZZ_TARGETS="store_server env" runs only those. Fails when a target
+# finds anything. CI: make fuzz FUZZ_SECONDS=5. The longer run: bench/fuzz_long.sh.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz:
+	@echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
+	  clang -x c -fsanitize=fuzzer,address,undefined -o /dev/null - 2>/dev/null || { \
+	  echo "make fuzz: clang cannot link libFuzzer: apt-get install clang libclang-rt-14-dev" >&2; exit 2; }
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_CXX_COMPILER=clang++ -DDDP_FUZZ=ON -DDDP_TORCH=OFF -DDDP_WITH_MPI=OFF
+	cmake --build $(FUZZ_BUILD) -j $(J) --target ddp_fuzzers
+	sh tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -30,7 +30,8 @@ else()
     target_compile_options(gpt_model PRIVATE -fno-trapping-math)
   endif()
 
-  add_executable(gpt ${PROJECT_SOURCE_DIR}/examples/gpt/main.c)
+  add_executable(gpt ${PROJECT_SOURCE_DIR}/examples/gpt/main.c
+                     ${PROJECT_SOURCE_DIR}/examples/gpt/checkpoint.c)
   # The shared library, as a user's program would (see examples/fashion-mnist.cmake).
   target_link_libraries(gpt PRIVATE ddp gpt_model)
   if(GPT_OPENBLAS_SET_THREADS)

@@ -127,4 +127,36 @@ void gpt_text_free(gpt_text_t *t);
 /* A permutation of 0..n-1 that depends only on (seed, epoch). */
 void gpt_permutation(uint64_t seed, uint64_t epoch, size_t n, uint32_t *perm);
 
+/* ---- checkpoints (checkpoint.c) ---------------------------------------------------------------
+ * One file: a header (magic, the hyperparameters a resumed run must share, the steps done), the
+ * parameters, libddp's optimizer state consolidated to whole parameters (the plain optimizer's
+ * format, which ZeRO also loads at any world size), and an FNV-1a checksum of all of it. */
+
+#define GPT_CKPT_MAGIC "GPTCKPT1"
+enum { GPT_CK_LAYERS, GPT_CK_HEADS, GPT_CK_CHANNELS, GPT_CK_CONTEXT, GPT_CK_BATCH,
+       GPT_CK_ACCUMULATE, GPT_CK_STEPS, GPT_CK_WARMUP, GPT_CK_SEED, GPT_CK_BF16, GPT_CK_NU };
+enum { GPT_CK_LR, GPT_CK_MIN_LR, GPT_CK_WD, GPT_CK_CLIP, GPT_CK_VAL, GPT_CK_ND };
+
+typedef struct gpt_ckpt_header {
+    char magic[8];
+    uint64_t u[GPT_CK_NU];
+    double d[GPT_CK_ND];
+    uint64_t steps_done, nparams, state_bytes;
+} gpt_ckpt_header_t;
+
+/* Writes h, nparams floats of params, h->state_bytes of state and the checksum to a temporary
+ * file, fsyncs it and renames it over path. Returns 0, or -1 with a message in err. */
+int gpt_checkpoint_write(const char *path, const gpt_ckpt_header_t *h, const float *params,
+                         const void *state, char *err, size_t errlen);
+
+/* Reads a checkpoint written for want (every hyperparameter in u and d must match, and nparams;
+ * steps_done must be at most max_steps; the file must be exactly as long as its header says)
+ * into params (want->nparams floats) and a malloc'd copy of the optimizer state (*state,
+ * *state_bytes: the caller frees it), and *steps_done. Returns 0, or -1 with a message in err
+ * naming the file and what is wrong; then params may have been overwritten. It allocates at most
+ * the file's size. */
+int gpt_checkpoint_read(const char *path, const gpt_ckpt_header_t *want, uint64_t max_steps,
+                        float *params, void **state, size_t *state_bytes, uint64_t *steps_done,
+                        char *err, size_t errlen);
+
 #endif

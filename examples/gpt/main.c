@@ -464,46 +464,20 @@ static uint64_t params_fnv(const gpt_t *m)
 }
 
 /* ---- checkpoints ------------------------------------------------------------------------------
- * One file: a header (magic, the hyperparameters a resumed run must share, the steps done), the
- * parameters, libddp's optimizer state consolidated to whole parameters (the plain optimizer's
- * format, which ZeRO also loads at any world size), and an FNV-1a checksum of all of it. Rank 0
- * writes it atomically (temporary file, fsync, rename); every rank reads it to resume. */
+ * The file's format and its reader are in checkpoint.c (gpt.h). Rank 0 writes it atomically
+ * (temporary file, fsync, rename); every rank reads it to resume. */
 
-#define GPT_CKPT_MAGIC "GPTCKPT1"
-enum { CK_LAYERS, CK_HEADS, CK_CHANNELS, CK_CONTEXT, CK_BATCH, CK_ACCUMULATE, CK_STEPS,
-       CK_WARMUP, CK_SEED, CK_BF16, CK_NU };
-enum { CK_LR, CK_MIN_LR, CK_WD, CK_CLIP, CK_VAL, CK_ND };
-static const char *const ck_unames[CK_NU] = {"layers", "heads", "channels", "context", "batch",
-                                              "accumulate", "steps", "warmup", "seed",
-                                              "param-dtype bf16"};
-static const char *const ck_dnames[CK_ND] = {"lr", "min-lr-ratio", "weight-decay", "clip",
-                                              "val_fraction"};
-
-typedef struct ckpt_header {
-    char magic[8];
-    uint64_t u[CK_NU];
-    double d[CK_ND];
-    uint64_t steps_done, nparams, state_bytes;
-} ckpt_header_t;
-
-static ckpt_header_t ckpt_header(const options_t *o)
+static gpt_ckpt_header_t ckpt_header(const options_t *o)
 {
-    ckpt_header_t h;
+    gpt_ckpt_header_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, GPT_CKPT_MAGIC, 8);
-    uint64_t u[CK_NU] = {o->model.layers, o->model.heads, o->model.channels, o->model.context,
-                         o->batch, o->accumulate, o->steps, o->warmup, o->seed,
-                         (uint64_t)o->bf16};
-    double d[CK_ND] = {o->lr, o->min_lr_ratio, o->weight_decay, o->clip, o->val_fraction};
+    uint64_t u[GPT_CK_NU] = {o->model.layers, o->model.heads, o->model.channels,
+                             o->model.context, o->batch, o->accumulate, o->steps, o->warmup,
+                             o->seed, (uint64_t)o->bf16};
+    double d[GPT_CK_ND] = {o->lr, o->min_lr_ratio, o->weight_decay, o->clip, o->val_fraction};
     memcpy(h.u, u, sizeof u);
     memcpy(h.d, d, sizeof d);
-    return h;
-}
-
-static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
 }
 
@@ -546,25 +520,13 @@ static void save_checkpoint(trainer_t *t, uint64_t steps_done)
         check(ddp_optim_state_save(t->optim, state, bytes), "ddp_optim_state_save");
     }
     if (t->rank != 0) return;
-    ckpt_header_t h = ckpt_header(o);
+    gpt_ckpt_header_t h = ckpt_header(o);
     h.steps_done = steps_done;
     h.nparams = t->model.nparams;
     h.state_bytes = bytes;
-    uint64_t sum = 1469598103934665603ull;
-    sum = fnv_bytes(sum, &h, sizeof h);
-    sum = fnv_bytes(sum, values, t->model.nparams * sizeof(float));
-    sum = fnv_bytes(sum, state, bytes);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", o->checkpoint);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) fail("--checkpoint: cannot create %s: %s", tmp, strerror(errno));
-    int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
-             fwrite(values, sizeof(float), t->model.nparams, f) == t->model.nparams &&
-             fwrite(state, 1, bytes, f) == bytes && fwrite(&sum, sizeof sum, 1, f) == 1 &&
-             fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0 || !ok) fail("--checkpoint: writing %s failed: %s", tmp, strerror(errno));
-    if (rename(tmp, o->checkpoint) != 0)
-        fail("--checkpoint: renaming %s to %s: %s", tmp, o->checkpoint, strerror(errno));
+    char err[8192];
+    if (gpt_checkpoint_write(o->checkpoint, &h, values, state, err, sizeof err) != 0)
+        fail("%s", err);
     free(state);
     free(full);
 }
@@ -573,49 +535,30 @@ static void save_checkpoint(trainer_t *t, uint64_t steps_done)
 static uint64_t load_checkpoint(trainer_t *t, const char *path)
 {
     const options_t *o = &t->o;
-    FILE *f = fopen(path, "rb");
-    if (!f) fail("--resume: cannot open %s: %s", path, strerror(errno));
-    ckpt_header_t h, want = ckpt_header(o);
-    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, GPT_CKPT_MAGIC, 8) != 0)
-        fail("--resume: %s is not a gpt checkpoint", path);
-    for (int i = 0; i < CK_NU; i++)
-        if (h.u[i] != want.u[i])
-            fail("--resume: %s was written with %s %llu, this run has %llu", path, ck_unames[i],
-                 (unsigned long long)h.u[i], (unsigned long long)want.u[i]);
-    for (int i = 0; i < CK_ND; i++)
-        if (h.d[i] != want.d[i])
-            fail("--resume: %s was written with %s %g, this run has %g", path, ck_dnames[i],
-                 h.d[i], want.d[i]);
-    if (h.nparams != t->model.nparams || h.steps_done > o->steps || h.state_bytes > (1ull << 40))
-        fail("--resume: %s is corrupt (header)", path);
-    void *state = malloc(h.state_bytes ? h.state_bytes : 1);
-    /* h.nparams was checked: the stored floats fill the model exactly (--zero 3: a temporary
-     * whole copy, of which each rank keeps its shards) */
+    gpt_ckpt_header_t want = ckpt_header(o);
+    want.nparams = t->model.nparams;
+    void *state = NULL;
+    size_t bytes = 0;
+    uint64_t steps_done = 0;
+    char err[8192];
+    /* --zero 3: a temporary whole copy, of which each rank keeps its shards */
     float *values = t->fsdp ? malloc(t->model.nparams * sizeof(float)) : t->model.params;
-    uint64_t stored = 0;
-    if (!state || !values) fail("out of memory reading %s", path);
-    if (fread(values, sizeof(float), t->model.nparams, f) != t->model.nparams ||
-        fread(state, 1, h.state_bytes, f) != h.state_bytes ||
-        fread(&stored, sizeof stored, 1, f) != 1)
-        fail("--resume: %s is truncated", path);
-    fclose(f);
-    uint64_t sum = 1469598103934665603ull;
-    sum = fnv_bytes(sum, &h, sizeof h);
-    sum = fnv_bytes(sum, values, t->model.nparams * sizeof(float));
-    sum = fnv_bytes(sum, state, h.state_bytes);
-    if (sum != stored) fail("--resume: %s is corrupt (checksum)", path);
+    if (!values) fail("out of memory reading %s", path);
+    if (gpt_checkpoint_read(path, &want, o->steps, values, &state, &bytes, &steps_done, err,
+                            sizeof err) != 0)
+        fail("--resume: %s", err);
     if (t->fsdp) {
         void **ptrs = tensor_pointers(&t->model, values);
-        check(ddp_fsdp_load_consolidated(t->fsdp, (const void *const *)ptrs, state, h.state_bytes),
+        check(ddp_fsdp_load_consolidated(t->fsdp, (const void *const *)ptrs, state, bytes),
               "ddp_fsdp_load_consolidated");
         free(ptrs);
         free(values);
     } else if (t->zero)
-        check(ddp_zero_state_load(t->zero, state, h.state_bytes), "ddp_zero_state_load");
+        check(ddp_zero_state_load(t->zero, state, bytes), "ddp_zero_state_load");
     else
-        check(ddp_optim_state_load(t->optim, state, h.state_bytes), "ddp_optim_state_load");
+        check(ddp_optim_state_load(t->optim, state, bytes), "ddp_optim_state_load");
     free(state);
-    return h.steps_done;
+    return steps_done;
 }
 
 /* ---- progress bar and timing summary (rank 0) ---------------------------------------------- */

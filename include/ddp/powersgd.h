@@ -83,7 +83,8 @@ DDP_API void ddp_powersgd_state_destroy(ddp_powersgd_state_t *state);
 
 /* The hook (ddp_comm_hook_fn); state is a ddp_powersgd_state_t. DDP_ERR_INVALID_ARGUMENT for
  * NULLs, a dtype that is not a ddp_dtype_t, a numel whose byte size overflows, rows that do not
- * divide a parameter's numel or a parameter outside the bucket; DDP_ERR_UNSUPPORTED for integer
+ * divide a parameter's numel, a parameter outside the bucket or parameters that overlap (their
+ * numels add up to more than the bucket's); DDP_ERR_UNSUPPORTED for integer
  * buckets; collective failures arrive through the work, naming the bucket and the allreduce. */
 DDP_API ddp_status_t ddp_powersgd_hook(void *state, ddp_group_t *group,
                                        const ddp_comm_bucket_t *bucket, ddp_work_t **work);

@@ -25,4 +25,10 @@ typedef enum {
 ddp_status_t ddp__store_probe(const char *host, int port, int64_t deadline_ns,
                               ddp__store_kind_t *kind);
 
+/* Test entry (tests/fuzz/fuzz_c10d_reply.c): a c10d client handle that runs its requests on the
+ * connected socket fd (taken over: the handle closes it) and, once that connection is dropped
+ * after a failed exchange, fails every later call at once instead of connecting anew, so a fuzz
+ * target can play the server's side from a byte string. */
+ddp_status_t ddp__store_c10d_adopt(int fd, int timeout_ms, ddp_store_t **out);
+
 #endif

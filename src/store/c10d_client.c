@@ -53,7 +53,8 @@ typedef struct c10d_client {
     ddp__conn_pool_t pool;
     char *host;
     int port;
-    int v2; /* torch 2.x's protocol: VALIDATE on each new connection, query types + 1 */
+    int v2;      /* torch 2.x's protocol: VALIDATE on each new connection, query types + 1 */
+    int adopted; /* ddp__store_c10d_adopt: only the one connection, never a new one */
 } c10d_client_t;
 
 static int64_t deadline_after(int64_t ms) { return ddp__now_ns() + ms * 1000000; }
@@ -284,6 +285,9 @@ static ddp_status_t acquire(ddp_store_t *store, int *fd)
 {
     c10d_client_t *c = impl_of(store);
     if (ddp__conn_pool_take(&c->pool, fd)) return DDP_OK;
+    if (c->adopted)
+        return ddp__error(DDP_ERR_REMOTE, "c10d store %s: the adopted connection was dropped",
+                          c->host);
     int64_t deadline = deadline_after(atomic_load(&store->timeout_ms));
     ddp_status_t s = connect_retrying(c->host, c->port, deadline, fd);
     if (s != DDP_OK || !c->v2) return s;
@@ -636,4 +640,17 @@ ddp_status_t ddp_store_connect(const char *host, int port, const char *token, in
     }
     int left = ddp__ms_left(deadline, 1000000000);
     return ddp_store_tcp_connect(host, port, token, left > 0 ? left : 1, out);
+}
+
+ddp_status_t ddp__store_c10d_adopt(int fd, int timeout_ms, ddp_store_t **out)
+{
+    ddp_status_t s = c10d_open("adopted", 1, timeout_ms, DDP__STORE_KIND_C10D, out);
+    if (s != DDP_OK) {
+        close(fd);
+        return s;
+    }
+    c10d_client_t *c = impl_of(*out);
+    c->adopted = 1;
+    ddp__conn_pool_put(&c->pool, fd, 1);
+    return DDP_OK;
 }

@@ -42,6 +42,14 @@ struct ddp_store {
  * creators pass DDP_TIMEOUT, read with ddp__env_seconds_ms so that a bad value fails them). */
 ddp_store_t *ddp__store_new(const ddp__store_ops_t *ops, void *impl, int timeout_ms);
 
+/* Test entry of the TCP store server (tcp_server.c, for tests/fuzz/fuzz_store_server.c): runs the
+ * server's handling of nstreams (at most 8) connections whose clients send streams[i] (lens[i]
+ * bytes each, then close), with the given token, until every connection has ended; replied[i]
+ * (may be NULL) gets the bytes the server answered on each. DDP_OK, or DDP_ERR_TIMEOUT when a
+ * connection never ends (a hang), DDP_ERR_SYSTEM when no socket pair can be made. */
+ddp_status_t ddp__store_server_replay(const uint8_t *const *streams, const size_t *lens,
+                                      size_t nstreams, const char *token, size_t *replied);
+
 /* ---- a key -> value table (not thread-safe: callers lock) -------------------------------- */
 
 typedef struct ddp__kv_entry {

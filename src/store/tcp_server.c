@@ -742,3 +742,99 @@ void ddp_store_server_stop(ddp_store_server_t *server)
     free(server->token);
     free(server);
 }
+
+/* ---- replay (tests/fuzz/fuzz_store_server.c) --------------------------------------------------
+ * The server's own connection handling - conn_read (the pre-authentication reader included),
+ * process, handle, the waiters - run on connections whose peers are the given byte streams,
+ * over socket pairs instead of accepted sockets and without the server thread, so that a fuzz
+ * target drives exactly what a hostile client reaches. */
+ddp_status_t ddp__store_server_replay(const uint8_t *const *streams, const size_t *lens,
+                                      size_t nstreams, const char *token, size_t *replied)
+{
+    enum { MAX_STREAMS = 8 };
+    if (nstreams > MAX_STREAMS)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "store replay: at most %d streams",
+                          MAX_STREAMS);
+    struct ddp_store_server *srv = ddp__calloc(1, sizeof *srv, "store replay");
+    if (!srv) return DDP_ERR_NO_MEMORY;
+    ddp_status_t s = ddp__kv_init(&srv->table);
+    int peers[MAX_STREAMS];
+    size_t sent[MAX_STREAMS] = {0};
+    size_t nstarted = 0;
+    if (s != DDP_OK) goto free_srv;
+    if (token && *token) {
+        srv->token = (uint8_t *)token; /* borrowed: not freed below */
+        srv->token_len = strlen(token);
+    }
+    srv->conns = ddp__calloc(MAX_STREAMS, sizeof *srv->conns, "store replay");
+    if (!srv->conns) {
+        s = DDP_ERR_NO_MEMORY;
+        goto free_table;
+    }
+    srv->conns_cap = MAX_STREAMS;
+    for (; nstarted < nstreams; nstarted++) {
+        int sv[2];
+        struct conn *c = calloc(1, sizeof *c);
+        if (!c || socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
+            free(c);
+            s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "store replay: socketpair");
+            goto free_conns;
+        }
+        c->fd = sv[0];
+        c->opened_ns = ddp__now_ns();
+        snprintf(c->peer, sizeof c->peer, "replay stream %zu", nstarted);
+        srv->conns[srv->nconns++] = c;
+        peers[nstarted] = sv[1];
+    }
+    /* Each turn: the peers send what fits and read what came back; then one turn of serve()'s
+     * loop for every connection. A connection ends when its peer has sent everything and the
+     * server saw the end, so the number of turns is bounded by the bytes; the bound below is
+     * only a net under a bug (a connection that never ends is a hang the caller reports). */
+    size_t total = 0;
+    for (size_t i = 0; i < nstreams; i++) total += lens[i];
+    size_t max_turns = 64 + 4 * total;
+    size_t turns = 0;
+    for (; srv->nconns > 0 && turns < max_turns; turns++) {
+        for (size_t i = 0; i < nstarted; i++) {
+            if (peers[i] < 0) continue;
+            if (sent[i] < lens[i]) {
+                ssize_t n = send(peers[i], streams[i] + sent[i], lens[i] - sent[i],
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n > 0) sent[i] += (size_t)n;
+                if (sent[i] == lens[i]) shutdown(peers[i], SHUT_WR);
+            } else if (turns == 0) {
+                shutdown(peers[i], SHUT_WR); /* an empty stream: the client only connects */
+            }
+            uint8_t sink[4096];
+            ssize_t n;
+            while ((n = recv(peers[i], sink, sizeof sink, MSG_DONTWAIT)) > 0)
+                if (replied) replied[i] += (size_t)n;
+        }
+        for (size_t i = 0; i < srv->nconns; i++) {
+            conn_flush(srv->conns[i]);
+            conn_read(srv->conns[i]);
+        }
+        for (size_t i = 0; i < srv->nconns; i++) process(srv, srv->conns[i]);
+        int64_t now = ddp__now_ns();
+        for (size_t i = 0; i < srv->nconns; i++) {
+            struct conn *c = srv->conns[i];
+            if (!c->dead && c->parked && c->wait_deadline_ns <= now) {
+                time_out_waiter(srv, c);
+                process(srv, c);
+            }
+        }
+        reap(srv);
+    }
+    if (srv->nconns > 0)
+        s = ddp__error(DDP_ERR_TIMEOUT, "store replay: %zu connection(s) still open after %zu "
+                       "turns", srv->nconns, turns);
+free_conns:
+    for (size_t i = 0; i < srv->nconns; i++) conn_free(srv->conns[i]);
+    for (size_t i = 0; i < nstarted; i++) close(peers[i]);
+    free(srv->conns);
+free_table:
+    ddp__kv_free(&srv->table);
+free_srv:
+    free(srv);
+    return s;
+}

@@ -247,6 +247,14 @@ static ddp_status_t slot_plan(psgd_slot_t *s, const ddp_powersgd_config_t *cfg,
                                   b->index, i, offset, offset + numel, b->numel);
         size_t m = n > 1 ? numel / n : 0;
         s->tensor_numel += numel;
+        /* A Reducer's parameters never overlap. Overlapping ones would each get their own P, Q
+         * or uncompressed span: memory growing with parameters x bucket size, not with the
+         * bucket (a saved state of a few KiB could ask for gigabytes). */
+        if (s->tensor_numel > b->numel)
+            return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT,
+                                  "PowerSGD hook: bucket %zu's parameters 0..%zu span %zu "
+                                  "elements in all, more than the bucket's %zu (they overlap)",
+                                  b->index, i, s->tensor_numel, b->numel);
         /* CBLAS takes int dimensions: a larger matrix goes uncompressed. */
         if (n > 1 && numel % n == 0 && n <= INT_MAX && m <= INT_MAX &&
             ddp_powersgd_should_compress(n, m, cfg->matrix_approximation_rank,

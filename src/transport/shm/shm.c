@@ -34,6 +34,7 @@
 #include "transport/transport.h"
 #include "transport/shm/shm.h"
 #include "transport/shm/shm_cma.h"
+#include "transport/shm/shm_desc.h"
 #include "transport/shm/shm_map.h"
 #include "transport/shm/shm_tune.h"
 
@@ -1698,19 +1699,15 @@ static void shm_abort(void *state, const char *reason)
     publish_abort(S, S->last_status ? S->last_status : DDP_ERR_REMOTE, reason);
 }
 
-/* Opens the memfd another rank published as "pid fd bytes" and maps it. */
-static ddp_status_t attach_memfd(const char *published, size_t expected_bytes, char **base,
+/* Opens the memfd another rank published (d, parsed by shm_desc.c) and maps it. */
+static ddp_status_t attach_memfd(const ddp__shm_desc_t *d, size_t expected_bytes, char **base,
                                  const char *what)
 {
-    int pid = 0, fd = -1;
-    unsigned long long bytes = 0;
-    if (sscanf(published, "%d %d %llu", &pid, &fd, &bytes) != 3)
-        return ddp__error(DDP_ERR_PROTOCOL, "shm: malformed %s description '%s'", what, published);
-    if ((size_t)bytes != expected_bytes)
+    if (d->total != (unsigned long long)expected_bytes)
         return ddp__error(DDP_ERR_MISMATCH, "shm: %s has %llu bytes but this rank expects %zu",
-                          what, bytes, expected_bytes);
+                          what, d->total, expected_bytes);
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", d->pid, d->fd);
     int mfd = open(path, O_RDWR | O_CLOEXEC);
     if (mfd < 0)
         return ddp__error_errno(DDP_ERR_SYSTEM, errno, "shm: opening %s (%s of rank 0)", path, what);
@@ -1949,7 +1946,13 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
         size_t len = 0;
         s = ddp_store_get(store, key, &v, &len);
         if (s != DDP_OK) goto fail;
-        s = attach_memfd(v, S->size, &S->base, "the group segment");
+        ddp__shm_desc_t desc;
+        if (ddp__shm_desc_parse(v, len, 3, &desc) != 0)
+            s = ddp__error(DDP_ERR_PROTOCOL, "shm: malformed description of the group segment "
+                           "'%.*s' (\"pid fd bytes\" expected)", len > 64 ? 64 : (int)len,
+                           (const char *)v);
+        else
+            s = attach_memfd(&desc, S->size, &S->base, "the group segment");
         ddp_free(v);
         if (s != DDP_OK) goto fail;
         shm_header_t *hdr = (shm_header_t *)S->base;
@@ -2048,9 +2051,9 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
             s = ddp_store_get(S->store, keys[i], &v, &len);
             if (s != DDP_OK) break;
             unsigned long long peer_bytes = 0;
-            int parsed = sscanf(v, "%llu", &peer_bytes);
+            int parsed = ddp__shm_size_parse(v, len, &peer_bytes) == 0;
             ddp_free(v);
-            if (parsed == 1 && (size_t)peer_bytes != bytes && strcmp(verdict, "ok") == 0)
+            if (parsed && peer_bytes != (unsigned long long)bytes && strcmp(verdict, "ok") == 0)
                 snprintf(verdict, sizeof verdict,
                          "alloc_buffer %lld: rank 0 asked for %zu bytes but rank %d asked for "
                          "%llu bytes (every rank must ask for the same size in the same order)",
@@ -2084,11 +2087,11 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
         size_t len = 0;
         s = ddp_store_get(S->store, key, &v, &len);
         if (s != DDP_OK) goto fail;
-        int pid0 = 0, fd0 = -1;
-        unsigned long long total0 = 0, bytes0 = 0;
-        int same = sscanf(v, "%d %d %llu %llu", &pid0, &fd0, &total0, &bytes0) == 4 &&
-                   (size_t)bytes0 == bytes;
-        s = same ? attach_memfd(v, b->total, &b->base, "the segment buffer") : DDP_OK;
+        ddp__shm_desc_t desc = {0};
+        int parsed = ddp__shm_desc_parse(v, len, 4, &desc) == 0;
+        int same = parsed && desc.asked == (unsigned long long)bytes;
+        unsigned long long bytes0 = desc.asked;
+        s = same ? attach_memfd(&desc, b->total, &b->base, "the segment buffer") : DDP_OK;
         ddp_free(v);
         if (s != DDP_OK) {
             ddp__error_context(s, "alloc_buffer: every rank must ask for the same size in the same "
@@ -2102,6 +2105,11 @@ static ddp_status_t shm_alloc_buffer(void *state, size_t bytes, void **out)
         snprintf(avalue, sizeof avalue, "%zu", bytes);
         s = ddp_store_set(S->store, akey, avalue, strlen(avalue));
         if (s != DDP_OK) goto fail;
+        if (!parsed) {
+            s = ddp__error(DDP_ERR_PROTOCOL, "alloc_buffer %lld: malformed description of rank "
+                           "0's buffer (\"pid fd total asked\" expected)", (long long)b->id);
+            goto fail;
+        }
         if (!same) {
             s = ddp__error(DDP_ERR_MISMATCH,
                            "alloc_buffer %lld: rank %d asked for %zu bytes but rank 0 asked for "

@@ -62,6 +62,25 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
                                   int world, int listen_fd, int timeout_ms,
                                   ddp__tcp_conn_t *conns);
 
+/* The largest hello: header, token and group name. */
+#define DDP_TCP_MAX_HELLO (sizeof(ddp__tcp_hello_t) + DDP_TCP_MAX_TOKEN + DDP_TCP_MAX_GROUP)
+
+/* Writes the hello rank sends to peer into buf (DDP_TCP_MAX_HELLO bytes; token and group at most
+ * DDP_TCP_MAX_TOKEN and DDP_TCP_MAX_GROUP long, which the caller checked) and returns its
+ * length. */
+size_t ddp__tcp_hello_encode(char *buf, int rank, int peer, int world, const char *token,
+                             const char *group);
+
+/* The acceptor's check of a hello (the first bytes a connecting stranger sends, before it is
+ * authenticated), over the have bytes received so far in buf. Returns 1 when it is a complete,
+ * valid hello from a lower rank of this group that is not connected yet (*from set); 0 when more
+ * bytes are needed (*need: how many in all, at most sizeof(ddp__tcp_hello_t) + DDP_TCP_MAX_TOKEN
+ * + DDP_TCP_MAX_GROUP); -1 when the connection must be closed (*why: static text). Reads only
+ * buf[0 .. min(have, *need)); allocates nothing. Fuzzed by tests/fuzz/fuzz_tcp_hello.c. */
+int ddp__tcp_hello_check(const char *buf, size_t have, const char *token, const char *group,
+                         int rank, int world, const ddp__tcp_conn_t *conns, size_t *need,
+                         int *from, const char **why);
+
 /* ---- test hooks ---------------------------------------------------------------------------- */
 /* Allreduce messages of at most this many bytes use recursive doubling, larger ones the ring
  * (default 64 KiB). Process-wide; tests set 0 to force the ring or SIZE_MAX to force doubling. */

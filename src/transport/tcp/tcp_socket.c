@@ -205,7 +205,7 @@ static ddp_status_t connect_to(const char *published, int peer, int64_t deadline
 typedef struct pending {
     int fd;
     size_t have;
-    char buf[sizeof(ddp__tcp_hello_t) + DDP_TCP_MAX_TOKEN + DDP_TCP_MAX_GROUP];
+    char buf[DDP_TCP_MAX_HELLO];
 } pending_t;
 
 #define MAX_PENDING 64
@@ -218,49 +218,70 @@ static int constant_time_equal(const char *a, size_t alen, const char *b, size_t
     return diff == 0;
 }
 
+size_t ddp__tcp_hello_encode(char *buf, int rank, int peer, int world, const char *token,
+                             const char *group)
+{
+    size_t token_len = strlen(token), group_len = strlen(group);
+    ddp__tcp_hello_t h = {DDP_TCP_HELLO_MAGIC, DDP_TCP_VERSION, rank, peer, world,
+                          (uint32_t)token_len, (uint32_t)group_len, 0};
+    memcpy(buf, &h, sizeof h);
+    memcpy(buf + sizeof h, token, token_len);
+    memcpy(buf + sizeof h + token_len, group, group_len);
+    return sizeof h + token_len + group_len;
+}
+
+int ddp__tcp_hello_check(const char *buf, size_t have, const char *token, const char *group,
+                         int rank, int world, const ddp__tcp_conn_t *conns, size_t *need,
+                         int *from, const char **why)
+{
+    *need = sizeof(ddp__tcp_hello_t);
+    if (have < *need) return 0;
+    ddp__tcp_hello_t h;
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != DDP_TCP_HELLO_MAGIC || h.version != DDP_TCP_VERSION) {
+        *why = "not a libddp hello (garbage or another version)";
+        return -1;
+    }
+    if (h.token_len > DDP_TCP_MAX_TOKEN || h.group_len > DDP_TCP_MAX_GROUP) {
+        *why = "oversized hello";
+        return -1;
+    }
+    *need += h.token_len + h.group_len;
+    if (have < *need) return 0;
+    const char *t = buf + sizeof h;
+    const char *g = t + h.token_len;
+    if (!constant_time_equal(t, h.token_len, token, strlen(token))) {
+        *why = "wrong or missing token";
+        return -1;
+    }
+    if (h.group_len != strlen(group) || memcmp(g, group, h.group_len) != 0) {
+        *why = "another group";
+        return -1;
+    }
+    if (h.to_rank != rank || h.world != world || h.from_rank < 0 || h.from_rank >= rank) {
+        *why = "inconsistent ranks";
+        return -1;
+    }
+    if (conns[h.from_rank].fd >= 0) {
+        *why = "a second connection from the same rank";
+        return -1;
+    }
+    *from = h.from_rank;
+    return 1;
+}
+
 /* Reads what the pending connection has sent. Returns 1 when a full hello arrived and it is
- * valid (*from set), 0 while incomplete, -1 when it must be closed (reason in *why). */
+ * valid (*from set), 0 while incomplete, -1 when it must be closed (reason in *why). Never reads
+ * past the hello it checks (ddp__tcp_hello_check says how many bytes it needs), so the buffer of
+ * the largest hello is enough. */
 static int pending_step(pending_t *p, const char *token, const char *group, int rank, int world,
                         const ddp__tcp_conn_t *conns, int *from, const char **why)
 {
     for (;;) {
-        size_t need = sizeof(ddp__tcp_hello_t);
-        if (p->have >= need) {
-            ddp__tcp_hello_t h;
-            memcpy(&h, p->buf, sizeof h);
-            if (h.magic != DDP_TCP_HELLO_MAGIC || h.version != DDP_TCP_VERSION) {
-                *why = "not a libddp hello (garbage or another version)";
-                return -1;
-            }
-            if (h.token_len > DDP_TCP_MAX_TOKEN || h.group_len > DDP_TCP_MAX_GROUP) {
-                *why = "oversized hello";
-                return -1;
-            }
-            need += h.token_len + h.group_len;
-            if (p->have >= need) {
-                const char *t = p->buf + sizeof h;
-                const char *g = t + h.token_len;
-                if (!constant_time_equal(t, h.token_len, token, strlen(token))) {
-                    *why = "wrong or missing token";
-                    return -1;
-                }
-                if (h.group_len != strlen(group) || memcmp(g, group, h.group_len) != 0) {
-                    *why = "another group";
-                    return -1;
-                }
-                if (h.to_rank != rank || h.world != world || h.from_rank < 0 ||
-                    h.from_rank >= rank) {
-                    *why = "inconsistent ranks";
-                    return -1;
-                }
-                if (conns[h.from_rank].fd >= 0) {
-                    *why = "a second connection from the same rank";
-                    return -1;
-                }
-                *from = h.from_rank;
-                return 1;
-            }
-        }
+        size_t need = 0;
+        int r = ddp__tcp_hello_check(p->buf, p->have, token, group, rank, world, conns, &need,
+                                     from, why);
+        if (r != 0) return r;
         ssize_t n = recv(p->fd, p->buf + p->have, need - p->have, 0);
         if (n > 0) {
             p->have += (size_t)n;
@@ -313,13 +334,9 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
         ddp_free(value);
         if (s != DDP_OK) goto fail;
         conns[peer].fd = fd;
-        char hello[sizeof(ddp__tcp_hello_t) + DDP_TCP_MAX_TOKEN + DDP_TCP_MAX_GROUP];
-        ddp__tcp_hello_t h = {DDP_TCP_HELLO_MAGIC, DDP_TCP_VERSION, rank, peer, world,
-                              (uint32_t)token_len, (uint32_t)group_len, 0};
-        memcpy(hello, &h, sizeof h);
-        memcpy(hello + sizeof h, token, token_len);
-        memcpy(hello + sizeof h + token_len, group_name, group_len);
-        s = send_all(fd, hello, sizeof h + token_len + group_len, deadline, peer);
+        char hello[DDP_TCP_MAX_HELLO];
+        size_t hello_len = ddp__tcp_hello_encode(hello, rank, peer, world, token, group_name);
+        s = send_all(fd, hello, hello_len, deadline, peer);
         if (s != DDP_OK) goto fail;
     }
 
