@@ -13,7 +13,7 @@ set -u
 tag=test-setup
 
 DEBIAN_PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenblas-dev dataset-fashion-mnist
-  libopenmpi-dev openmpi-bin iproute2 clang gnuplot-nox python3-torch libtorch-dev pybind11-dev
+  libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev gnuplot-nox python3-torch libtorch-dev pybind11-dev
   python3-dev python3-numpy python3-pytest python3-venv fortunes"
 TORCH_PIN="torch==2.13.0"
 PYPI_PACKAGES="$TORCH_PIN numpy pytest"
