@@ -374,11 +374,11 @@ def compile_train(rank, group, backend):
     import torch._dynamo
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(),
-                          nn.Linear(32, 4))
-    # A tiny bucket cap, so that DDPOptimizer splits the graph at bucket boundaries.
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group,
-                                                    bucket_cap_mb=0.002)
+    # 1.1 MB of parameters in 1 MiB buckets (the least DDPOptimizer accepts: no bucket below
+    # DDP's first one), so that DDPOptimizer splits the graph at a bucket boundary.
+    model = nn.Sequential(nn.Linear(16, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(),
+                          nn.Linear(512, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
     compiled = torch.compile(ddp, backend=backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(100 + rank)
@@ -407,3 +407,45 @@ def test_compiled_ddp_matches_gloo(compiler):
         for a, b in zip(p1, p2):
             assert torch.equal(a, b), r
     assert res[0][0][0][-1] < res[0][0][0][0]
+
+
+# ---- what a sub-group costs (measured by docs/pytorch.md's figures, not asserted) -------------
+
+def shm_usage():
+    """(memfd mappings, their mapped bytes, RssShmem KiB): libddp's shm segments are memfds,
+    not /dev/shm files."""
+    count = size = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/memfd:" in line:
+                lo, hi = line.split()[0].split("-")
+                count += 1
+                size += int(hi, 16) - int(lo, 16)
+    with open("/proc/self/status") as f:
+        shmem = next((int(l.split()[1]) for l in f if l.startswith("RssShmem:")), 0)
+    return count, size, shmem
+
+
+def group_cost_body(rank, world, n):
+    dist.barrier()
+    before = (threads(), rss_kib(), shm_usage())
+    groups = [dist.new_group(list(range(world))) for _ in range(n)]
+    for g in groups:
+        dist.barrier(group=g)
+    return before, (threads(), rss_kib(), shm_usage())
+
+
+def test_subgroup_cost():
+    """Four more groups over both ranks: "ddp" costs at most one thread per group (libddp's
+    progress thread) and one shared-memory segment; the figures (gloo's beside them) are printed for docs/pytorch.md."""
+    n = 4
+    for backend in ("ddp", "gloo"):
+        res = run(2, group_cost_body, n, backend=backend)
+        (t0, rss0, shm0), (t1, rss1, shm1) = res[0]
+        print("%d %s sub-groups, rank 0: threads %d -> %d, RSS %d -> %d KiB, memfd mappings "
+              "%d -> %d (%d -> %d bytes mapped), RssShmem %d -> %d KiB" % (
+                  n, backend, t0, t1, rss0, rss1, shm0[0], shm1[0], shm0[1], shm1[1], shm0[2],
+                  shm1[2]))
+        if backend == "ddp":
+            assert t1 - t0 <= n, (t0, t1)
+            assert shm1[0] - shm0[0] <= n, (shm0, shm1)  # at most one segment per group
