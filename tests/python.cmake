@@ -61,6 +61,16 @@ foreach(build ${DDP_TORCH_BUILDS})
                    ${PROJECT_SOURCE_DIR}/python/tests/test_torch_backend.py)
   set_tests_properties(test_python_torch_backend.torch${version} PROPERTIES TIMEOUT 900
                        LABELS python ENVIRONMENT "${ddp_python_test_env}")
+  # What PyTorch 2 users run on "ddp" (FSDP2, DTensor on a 2-D mesh, distributed checkpoint,
+  # ZeRO overlapped with DDP, torch.compile), against gloo: torch 2 builds only (the file skips
+  # itself below 2.6 too).
+  if(version VERSION_GREATER_EQUAL 2)
+    add_test(NAME test_python_torch2_users.torch${version}
+             COMMAND ${py} -m pytest -q -p no:cacheprovider -p no:warnings
+                     ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_users.py)
+    set_tests_properties(test_python_torch2_users.torch${version} PROPERTIES TIMEOUT 900
+                         LABELS python ENVIRONMENT "${ddp_python_test_env}")
+  endif()
   # pip install ./python into a fresh venv, then the installed copy runs (compiles the backend:
   # a few minutes on a loaded machine). Not in sanitized builds: it checks the packaging, which
   # a sanitizer does not look at, and the wheel it builds links the sanitized libddp.
