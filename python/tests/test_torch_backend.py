@@ -244,11 +244,45 @@ def collectives_body(rank, world):
         want = torch.cat([torch.full((outs[i], 2), 100.0 * i + rank) for i in range(world)])
         out["alltoall_uneven"] = (dst, want)
 
+        # recv without src (c10d's recvAnysource): rank 0 takes two messages of every other
+        # rank, by recv (returns the sender) and by irecv (Work._source_rank()); the first one by
+        # name from the last rank, which the any-source ones must then not count again.
+        if rank == 0:
+            got_any = []
+            t = torch.empty(4)
+            dist.recv(t, src=world - 1)
+            got_any.append((world - 1, t.clone()))
+            for k in range(2 * (world - 1) - 1):
+                t = torch.empty(4)
+                if k % 2:
+                    sender = dist.recv(t)
+                else:
+                    work = dist.irecv(t)
+                    work.wait()
+                    sender = work._source_rank()
+                got_any.append((sender, t.clone()))
+            out["recv_any"] = got_any
+        else:
+            for k in range(2):
+                dist.send(torch.full((4,), 10.0 * rank + k), dst=0)
+
+        # batch_isend_irecv (torch >= 2 coalesces it into one batch): each rank sends to and
+        # receives from both neighbours, sends listed first on every rank, which issued as given
+        # would be two sends meeting in each pair.
+        if int(torch.__version__.split(".")[0]) >= 2:
+            to_next, to_prev = torch.full((5,), rank * 10.0 + 1), torch.full((5,), rank * 10.0 + 2)
+            from_prev, from_next = torch.empty(5), torch.empty(5)
+            ops = [dist.P2POp(dist.isend, to_next, nxt), dist.P2POp(dist.isend, to_prev, prv),
+                   dist.P2POp(dist.irecv, from_prev, prv), dist.P2POp(dist.irecv, from_next, nxt)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            out["batch_p2p"] = (torch.stack([from_prev, from_next]),
+                                torch.stack([torch.full((5,), prv * 10.0 + 1),
+                                             torch.full((5,), nxt * 10.0 + 2)]))
+
     # Unsupported: a clear RuntimeError naming the op.
     errors = {}
     for name, call in (
-            # recv with no src is c10d's recv_anysource: libddp pairs a recv with a named rank.
-            ("recv any", lambda: dist.recv(torch.zeros(1))),
             ("BXOR", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int32),
                                              op=dist.ReduceOp.BXOR)),
             ("dtype int16", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int16)))):
@@ -287,7 +321,7 @@ def assert_close(a, b, what):
 def test_collectives_match_gloo(world):
     res = run(world, collectives_body)
     for case, pair in res[0].items():
-        if case in ("errors", "subgroup", "reduce_nonroot_untouched"):
+        if case in ("errors", "subgroup", "reduce_nonroot_untouched", "recv_any"):
             continue
         ours, theirs = pair
         if theirs is not None and case not in ("gather", "reduce", "scatter"):
@@ -332,10 +366,20 @@ def test_collectives_match_gloo(world):
     for r in range(world):
         errors = res[r]["errors"]
         assert "BXOR" in errors["BXOR"], errors["BXOR"]
-        assert "recv from any source" in errors["recv any"], errors["recv any"]
         if world > 1:
-            for case in ("p2p", "alltoall_uneven"):
-                assert torch.equal(*res[r][case]), (case, r, res[r][case])
+            for case in ("p2p", "alltoall_uneven", "batch_p2p"):
+                if case in res[r]:
+                    assert torch.equal(*res[r][case]), (case, r, res[r][case])
+    if world > 1:
+        # Every message of every sender, each sender's in its order, under the right source.
+        seen = {}
+        for sender, t in res[0]["recv_any"]:
+            k = seen.get(sender, 0)
+            assert torch.equal(t, torch.full((4,), 10.0 * sender + k)), (sender, k, t)
+            seen[sender] = k + 1
+        assert seen == {q: 2 for q in range(1, world)}, seen
+        if int(torch.__version__.split(".")[0]) >= 2:
+            assert "batch_p2p" in res[0]
         assert "Short" in errors["dtype int16"] or "int16" in errors["dtype int16"], \
             errors["dtype int16"]
 

@@ -523,6 +523,16 @@ class ProcessGroupDDP : public BackendBase {
             TORCH_CHECK(false, "libddp backend: creating the group on rank ", rank, " of ", size,
                         " failed: ", ddp_status_string(s), ": ", text);
         }
+        // torch's recv without src (recvAnysource) may come at any time, so every send of the
+        // group announces itself (one store add per send; include/ddp/group.h).
+        s = ddp_group_enable_recv_any(group_);
+        if (s != DDP_OK) {
+            std::string text = ddp_last_error();
+            ddp_group_destroy(group_);
+            ddp_store_destroy(store_);
+            TORCH_CHECK(false, "libddp backend: enabling recv from any source on rank ", rank,
+                        " failed: ", ddp_status_string(s), ": ", text);
+        }
     }
 
     ~ProcessGroupDDP() override { close(); }
@@ -571,11 +581,13 @@ class ProcessGroupDDP : public BackendBase {
         TORCH_CHECK(!coalescing_, "libddp backend: startCoalescing while already coalescing");
         coalescing_ = true;
         coalesced_.clear();
+        deferred_p2p_.clear();
     }
 
     c10::intrusive_ptr<c10d::Work> endCoalescing() override {
         TORCH_CHECK(coalescing_, "libddp backend: endCoalescing without startCoalescing");
         coalescing_ = false;
+        issue_deferred_p2p();
         std::vector<c10::intrusive_ptr<WorkDDP>> works;
         works.swap(coalesced_);
         std::vector<at::Tensor> outs;
@@ -1033,11 +1045,7 @@ class ProcessGroupDDP : public BackendBase {
         auto w = make_work(c10d::OpType::SEND, "send", tensors);
         at::Tensor buf = tensors[0].contiguous();
         w->keep_.push_back(buf);
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, dstRank, tag,
-                                        h);
-        });
-        return launch(w);
+        return issue_p2p(w, buf, dstRank, tag, true);
     }
 
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -1046,22 +1054,84 @@ class ProcessGroupDDP : public BackendBase {
         check_root("recv", srcRank);
         auto w = make_work(c10d::OpType::RECV, "recv", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        return issue_p2p(w, buf, srcRank, tag, false);
+    }
+
+    // recv without src: libddp picks the rank whose next message to this one is waiting (every
+    // send of the group announced itself in the store) and writes it into the Work's source rank
+    // before the Work completes.
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                                 int tag) override {
+        check_single("recv from any source", tensors);
+        auto w = make_work(c10d::OpType::RECVANYSOURCE, "recv from any source", tensors);
+        at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        int* source = &w->source_rank_;
         issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, srcRank, tag,
-                                        h);
+            return ddp_group_recv_any_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, tag,
+                                            source, h);
         });
         return launch(w);
     }
 
-    // ---- missing -----------------------------------------------------------------------------
-
-    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-        TORCH_CHECK(false,
-                    "libddp backend: recv from any source is not supported: libddp pairs each "
-                    "recv with a send from a named rank");
+  private:
+    // A send or recv. Inside a coalescing batch (torch >= 2: batch_isend_irecv) it waits for
+    // endCoalescing, which issues the batch's messages in an order every rank agrees on; outside
+    // one it is issued now (libddp: a collective of the two ranks, in issue order).
+    c10::intrusive_ptr<c10d::Work> issue_p2p(const c10::intrusive_ptr<WorkDDP>& w,
+                                             const at::Tensor& buf, int peer, int tag,
+                                             bool is_send) {
+#if LIBDDP_TORCH2
+        if (coalescing_) {
+            deferred_p2p_.push_back(DeferredP2P{w, buf, peer, tag, is_send});
+            return w;
+        }
+#endif
+        issue(*w, [&](ddp_work_t** h) {
+            return is_send ? ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
+                                                  peer, tag, h)
+                           : ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
+                                                  peer, tag, h);
+        });
+        return launch(w);
     }
 
-  private:
+#if LIBDDP_TORCH2
+    struct DeferredP2P {
+        c10::intrusive_ptr<WorkDDP> work;
+        at::Tensor buf;
+        int peer;
+        int tag;
+        bool is_send;
+    };
+
+    // A batch promises that the order of its sends and recvs does not matter (torch's
+    // batch_isend_irecv: [send to 1, recv from 1] on both ranks of a pair), but libddp matches a
+    // pair's messages in issue order, so each rank issues them sorted: by peer, ascending (every
+    // rank then meets its pairs in one global order, so no two wait on each other), and with
+    // each peer the lower rank's sends before its recvs and the higher rank's recvs before its
+    // sends, each kind in the order given (which the batch keeps significant).
+    void issue_deferred_p2p() {
+        std::vector<DeferredP2P> ops;
+        ops.swap(deferred_p2p_);
+        int me = getRank();
+        std::stable_sort(ops.begin(), ops.end(), [me](const DeferredP2P& a, const DeferredP2P& b) {
+            int pa = a.is_send == (me < a.peer) ? 0 : 1, pb = b.is_send == (me < b.peer) ? 0 : 1;
+            return a.peer != b.peer ? a.peer < b.peer : pa < pb;
+        });
+        for (auto& op : ops) {
+            issue(*op.work, [&](ddp_work_t** h) {
+                return op.is_send ? ddp_group_send_async(group_, op.buf.data_ptr(),
+                                                         bytes_of(op.buf), DDP_U8, op.peer,
+                                                         op.tag, h)
+                                  : ddp_group_recv_async(group_, op.buf.data_ptr(),
+                                                         bytes_of(op.buf), DDP_U8, op.peer,
+                                                         op.tag, h);
+            });
+            launch(op.work);
+        }
+    }
+#endif
+
     static size_t bytes_of(const at::Tensor& t) {
         return (size_t)t.numel() * t.element_size();
     }
@@ -1273,6 +1343,9 @@ class ProcessGroupDDP : public BackendBase {
     std::atomic<int> outstanding_{0};
     bool coalescing_ = false;  // between startCoalescing and endCoalescing (issuing thread only)
     std::vector<c10::intrusive_ptr<WorkDDP>> coalesced_;
+#if LIBDDP_TORCH2
+    std::vector<DeferredP2P> deferred_p2p_;  // a coalescing batch's sends and recvs
+#endif
 };
 
 static c10::intrusive_ptr<BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store,
