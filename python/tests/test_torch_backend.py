@@ -520,6 +520,41 @@ def dead_body(rank, world, victim, how):
     return None
 
 
+def debug_detail_body(rank, world):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps a new group of a third-party backend in its
+    ProcessGroupWrapper (torch >= 2), which asks the backend for sequence numbers and compares
+    each collective's fingerprint across ranks through a gloo helper group first. Before the
+    backend counted sequence numbers, new_group raised "Backend ddp does not yet support sequence
+    numbers" (torch's suite: test_all_gather_object_subgroup)."""
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level_from_env()
+    try:
+        sub = dist.new_group(backend="ddp")
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=sub)
+        objs = [None] * world
+        dist.all_gather_object(objs, {"rank": rank}, group=sub)
+        dist.barrier(group=sub)
+        pg = sub._get_backend(torch.device("cpu")) if hasattr(sub, "_get_backend") else sub
+        seq = pg._get_sequence_number_for_group() if hasattr(
+            pg, "_get_sequence_number_for_group") else None
+    finally:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "OFF"
+        dist.set_debug_level_from_env()
+    return t, objs, seq
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_debug_detail_wraps_new_groups(world):
+    res = run(world, debug_detail_body)
+    want = float(sum(range(1, world + 1)))
+    for t, objs, seq in res:
+        assert torch.equal(t, torch.full((3,), want))
+        assert objs == [{"rank": r} for r in range(world)]
+    # Every rank counted the same collectives (the wrapper's check relies on it).
+    assert len({seq for _, _, seq in res}) == 1, [seq for _, _, seq in res]
+
+
 @pytest.mark.parametrize("how", ["dies", "stalls"])
 def test_dead_or_stalled_rank_raises_on_the_others_naming_it(how):
     world, victim, timeout_s = 3, 2, 8

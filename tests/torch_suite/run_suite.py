@@ -48,13 +48,18 @@ def parse_args(argv):
                    help="seconds one test may take before the harness kills its ranks "
                         "(DISTRIBUTED_TESTS_DEFAULT_TIMEOUT; default %(default)s)")
     p.add_argument("--spawn", action="store_true", help="spawn the ranks instead of forking")
+    p.add_argument("--as-gloo", action="store_true",
+                   help="with --backend ddp: evaluate the suite's decorators as for gloo (tests "
+                        "the suite runs for BACKEND == 'gloo' only, by name), then run on ddp")
     return p.parse_args(argv)
 
 
-def load_suite_class(backend, world_size, spawn):
+def load_suite_class(backend, world_size, spawn, as_gloo=False):
     """Sets the environment the suite reads at import, registers the plug-in, and returns the
-    TestCase class that runs DistributedTest._DistTestBase's tests."""
-    os.environ["BACKEND"] = backend
+    TestCase class that runs DistributedTest._DistTestBase's tests. as_gloo: the suite runs as for
+    gloo (its decorators keep the tests it runs for gloo only, by name, and its bodies take
+    gloo's branches), but each rank's default group is made with `backend`."""
+    os.environ["BACKEND"] = "gloo" if as_gloo else backend
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="torch_suite_"))
     import torch
@@ -76,12 +81,29 @@ def load_suite_class(backend, world_size, spawn):
         TestDistBackend,
     )
 
+
     context = "spawn" if spawn else "fork"
 
     class TestDistBackendRun(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):
             super().setUp()
             self._start_processes(torch.multiprocessing.get_context(context).Process)
+
+        @classmethod
+        def _run(cls, *args, **kwargs):
+            if as_gloo:
+                # In the rank: the default group, which the suite makes with BACKEND, is ddp;
+                # everything else (decorators, branches on BACKEND in the bodies, the gloo
+                # groups a test makes itself) stays as for gloo.
+                init = dist.init_process_group
+
+                def init_on_ddp(*a, **kw):
+                    if kw.get("backend") == "gloo":
+                        kw["backend"] = backend
+                    return init(*a, **kw)
+
+                dist.init_process_group = init_on_ddp
+            return super()._run(*args, **kwargs)
 
     return TestDistBackendRun
 
@@ -185,7 +207,10 @@ def selected_names(cls, args):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(args.timeout)
-    cls = load_suite_class(args.backend, args.world_size, args.spawn)
+    os.environ["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"
+    if args.as_gloo and args.backend != "ddp":
+        raise SystemExit("run_suite: --as-gloo runs backend ddp")
+    cls = load_suite_class(args.backend, args.world_size, args.spawn, args.as_gloo)
     names = selected_names(cls, args)
     if args.list:
         print("\n".join(names))
@@ -202,7 +227,8 @@ def main(argv=None):
     counts = {k: 0 for k in ("passed", "failed", "error", "skipped")}
     for r in result.results.values():
         counts[r["outcome"]] += 1
-    summary = {"torch": torch.__version__, "backend": args.backend,
+    summary = {"torch": torch.__version__,
+               "backend": args.backend + (" (as gloo)" if args.as_gloo else ""),
                "world_size": args.world_size, "seconds": round(elapsed, 1), "counts": counts}
     print("run_suite: %s" % json.dumps(summary), flush=True)
     for kind, items in (("FAILED", result.failures), ("ERROR", result.errors)):

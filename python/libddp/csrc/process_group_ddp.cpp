@@ -453,9 +453,14 @@ static void on_complete(void* arg, ddp_status_t status) {
     if (status != DDP_OK) {
         // Inside the callback ddp_last_error() is the work's own text: which rank, what failed.
         std::string text = ddp_last_error();
+        // A timeout says so in c10d's words too ("Timed out"), which torch's own tests and
+        // tools match on (gloo's and the stores' texts), beside libddp's status name.
+        std::string kind = status == DDP_ERR_TIMEOUT ? std::string("Timed out (") +
+                                                           ddp_status_string(status) + ")"
+                                                     : std::string(ddp_status_string(status));
         error = std::make_exception_ptr(std::runtime_error(
             "libddp backend: " + w.what_ + " failed on rank " + std::to_string(w.rank_in_group_) +
-            ": " + ddp_status_string(status) + ": " + (text.empty() ? "(no detail)" : text)));
+            ": " + kind + ": " + (text.empty() ? "(no detail)" : text)));
     } else {
         try {
             at::NoGradGuard no_grad;
@@ -619,6 +624,12 @@ class ProcessGroupDDP : public BackendBase {
 #endif
 
     const std::string getBackendName() const override { return "ddp"; }
+
+    // Sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares them across ranks before
+    // each collective): as gloo's, every rank starts at 0 and counts the collectives it issued;
+    // sends and recvs, which only two ranks issue, are not counted.
+    void setSequenceNumberForGroup() override { sequence_number_ = 0; }
+    uint64_t getSequenceNumberForGroup() override { return sequence_number_.load(); }
     std::string transport() const { return ddp_group_transport(group_); }
     int timeoutMs() const { return ddp_group_timeout_ms(group_); }
 
@@ -1175,6 +1186,9 @@ class ProcessGroupDDP : public BackendBase {
                     ": the process group was shut down or aborted");
         std::string title = std::string("ddp:") + what;
         auto w = c10::make_intrusive<WorkDDP>(getRank(), type, title.c_str(), outputs);
+        if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
+            type != c10d::OpType::RECVANYSOURCE && std::strcmp(what, "coalesced") != 0)
+            sequence_number_.fetch_add(1);
         w->what_ = what;
         w->rank_in_group_ = getRank();
 #if LIBDDP_TORCH2
@@ -1341,6 +1355,7 @@ class ProcessGroupDDP : public BackendBase {
     ddp_group_t* group_ = nullptr;
     std::mutex close_mu_;
     std::atomic<int> outstanding_{0};
+    std::atomic<uint64_t> sequence_number_{0};  // collectives issued (getSequenceNumberForGroup)
     bool coalescing_ = false;  // between startCoalescing and endCoalescing (issuing thread only)
     std::vector<c10::intrusive_ptr<WorkDDP>> coalesced_;
 #if LIBDDP_TORCH2
