@@ -266,19 +266,19 @@ def collectives_body(rank, world):
             for k in range(2):
                 dist.send(torch.full((4,), 10.0 * rank + k), dst=0)
 
-        # batch_isend_irecv (torch >= 2 coalesces it into one batch): each rank sends to and
-        # receives from both neighbours, sends listed first on every rank, which issued as given
-        # would be two sends meeting in each pair.
-        if int(torch.__version__.split(".")[0]) >= 2:
-            to_next, to_prev = torch.full((5,), rank * 10.0 + 1), torch.full((5,), rank * 10.0 + 2)
-            from_prev, from_next = torch.empty(5), torch.empty(5)
-            ops = [dist.P2POp(dist.isend, to_next, nxt), dist.P2POp(dist.isend, to_prev, prv),
-                   dist.P2POp(dist.irecv, from_prev, prv), dist.P2POp(dist.irecv, from_next, nxt)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-            out["batch_p2p"] = (torch.stack([from_prev, from_next]),
-                                torch.stack([torch.full((5,), prv * 10.0 + 1),
-                                             torch.full((5,), nxt * 10.0 + 2)]))
+        # batch_isend_irecv (torch >= 2 coalesces it into one batch, which the backend orders;
+        # on torch 1.x libddp.torch orders it): each rank sends to and receives from both
+        # neighbours, sends listed first on every rank, which issued as given would be two sends
+        # meeting in each pair.
+        to_next, to_prev = torch.full((5,), rank * 10.0 + 1), torch.full((5,), rank * 10.0 + 2)
+        from_prev, from_next = torch.empty(5), torch.empty(5)
+        ops = [dist.P2POp(dist.isend, to_next, nxt), dist.P2POp(dist.isend, to_prev, prv),
+               dist.P2POp(dist.irecv, from_prev, prv), dist.P2POp(dist.irecv, from_next, nxt)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        out["batch_p2p"] = (torch.stack([from_prev, from_next]),
+                            torch.stack([torch.full((5,), prv * 10.0 + 1),
+                                         torch.full((5,), nxt * 10.0 + 2)]))
 
     # Unsupported: a clear RuntimeError naming the op.
     errors = {}
@@ -378,8 +378,7 @@ def test_collectives_match_gloo(world):
             assert torch.equal(t, torch.full((4,), 10.0 * sender + k)), (sender, k, t)
             seen[sender] = k + 1
         assert seen == {q: 2 for q in range(1, world)}, seen
-        if int(torch.__version__.split(".")[0]) >= 2:
-            assert "batch_p2p" in res[0]
+        assert "batch_p2p" in res[0]
         assert "Short" in errors["dtype int16"] or "int16" in errors["dtype int16"], \
             errors["dtype int16"]
 
@@ -553,6 +552,53 @@ def test_debug_detail_wraps_new_groups(world):
         assert objs == [{"rank": r} for r in range(world)]
     # Every rank counted the same collectives (the wrapper's check relies on it).
     assert len({seq for _, _, seq in res}) == 1, [seq for _, _, seq in res]
+
+
+def sparse_input(rank, world, sparse_dims, dense_dims):
+    """Rank r holds ones at rows 0..r of the first sparse dimension (the others 0), so that every
+    two ranks' indices overlap; a rank with no entries when `empty`."""
+    idx = torch.arange(rank + 1).reshape(1, rank + 1)
+    shape = [world] + [3] * (sparse_dims - 1) + [2] * dense_dims
+    for _ in range(sparse_dims - 1):
+        idx = torch.cat((idx, torch.full((1, rank + 1), rank % 3)))
+    values = torch.full([rank + 1] + [2] * dense_dims, float(rank + 1))
+    return torch.sparse_coo_tensor(idx, values, shape)
+
+
+def sparse_body(rank, world):
+    out = []
+    for sparse_dims, dense_dims in ((1, 0), (2, 0), (1, 1), (2, 1)):
+        t = sparse_input(rank, world, sparse_dims, dense_dims)
+        dist.all_reduce(t)
+        out.append(t.to_dense())
+    # An empty tensor on some ranks, and only SUM.
+    e = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), [world])
+    if rank == 0:
+        e = torch.sparse_coo_tensor(torch.tensor([[world - 1]]), torch.tensor([2.0]), [world])
+    dist.all_reduce(e)
+    out.append(e.to_dense())
+    try:
+        dist.all_reduce(sparse_input(rank, world, 1, 0), op=dist.ReduceOp.MAX)
+        out.append("no error")
+    except RuntimeError as err:
+        out.append(str(err))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparse_allreduce_sum(world):
+    """torch's suite runs its sparse allreduce test for gloo only (by name); "ddp" gathers every
+    rank's indices and values and coalesces them, as gloo does."""
+    res = run(world, sparse_body)
+    cases = ((1, 0), (2, 0), (1, 1), (2, 1))
+    for r in range(world):
+        for k, (sd, dd) in enumerate(cases):
+            want = sum(sparse_input(q, world, sd, dd).to_dense() for q in range(world))
+            assert torch.equal(res[r][k], want), (r, sd, dd, res[r][k], want)
+        want = torch.zeros(world)
+        want[world - 1] = 2.0
+        assert torch.equal(res[r][4], want)
+        assert "SUM only" in res[r][5], res[r][5]
 
 
 @pytest.mark.parametrize("how", ["dies", "stalls"])

@@ -637,6 +637,8 @@ class ProcessGroupDDP : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                              const c10d::AllreduceOptions& opts) override {
+        if (tensors.size() == 1 && tensors[0].is_sparse())
+            return allreduce_sparse(tensors[0], opts);
         check_single("allreduce", tensors);
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
@@ -1085,6 +1087,68 @@ class ProcessGroupDDP : public BackendBase {
     }
 
   private:
+    // SUM of sparse COO tensors, as gloo does it: every rank's (coalesced) indices and values
+    // are gathered to every rank (three allgathers: the counts, then indices and values packed
+    // by rank), and the sum is their concatenation coalesced, written into the caller's tensor.
+    // Blocking (the Work is complete when returned): the gathered sizes decide the next call.
+    c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& t,
+                                                    const c10d::AllreduceOptions& opts) {
+        TORCH_CHECK(t.device().is_cpu(), "libddp backend: allreduce takes CPU tensors, got one on ",
+                    t.device());
+        TORCH_CHECK(t.layout() == at::kSparse, "libddp backend: allreduce of a sparse tensor "
+                    "takes the COO layout, got ", t.layout());
+        auto o = static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp);
+        TORCH_CHECK(o == c10d::ReduceOp::SUM, "libddp backend: allreduce of a sparse tensor "
+                    "supports ReduceOp.SUM only, got ReduceOp.", op_name(o));
+        std::vector<at::Tensor> outs{t};
+        auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce (sparse)", outs);
+        int world = getSize();
+        ddp_status_t s = DDP_OK;
+        {
+            at::NoGradGuard no_grad;
+            at::Tensor in = t.coalesce();
+            // Indices as [nnz, sparse_dim] rows, so that ranks' blocks concatenate.
+            at::Tensor idx = in._indices().t().contiguous().to(at::kLong);
+            at::Tensor val = in._values().contiguous();
+            int64_t nnz = in._nnz();
+            std::vector<int64_t> counts(world);
+            // c10d calls backends with the GIL released; these block like any collective.
+            s = ddp_group_allgather(group_, &nnz, counts.data(), 1, DDP_I64);
+            if (s == DDP_OK) {
+                int64_t total = 0;
+                for (int64_t c : counts)
+                    total += c;
+                int64_t sparse_dim = in.sparse_dim();
+                std::vector<int64_t> dense_sizes(val.sizes().begin() + 1, val.sizes().end());
+                int64_t dense_numel = 1;
+                for (int64_t d : dense_sizes)
+                    dense_numel *= d;
+                at::Tensor all_idx = at::empty({total, sparse_dim}, idx.options());
+                std::vector<int64_t> vshape{total};
+                vshape.insert(vshape.end(), dense_sizes.begin(), dense_sizes.end());
+                at::Tensor all_val = at::empty(vshape, val.options());
+                std::vector<size_t> ic(world), vc(world);
+                for (int r = 0; r < world; r++) {
+                    ic[r] = (size_t)(counts[r] * sparse_dim) * sizeof(int64_t);
+                    vc[r] = (size_t)(counts[r] * dense_numel) * val.element_size();
+                }
+                s = ddp_group_allgatherv(group_, idx.data_ptr(), ic[getRank()], all_idx.data_ptr(),
+                                         ic.data(), nullptr, DDP_U8);
+                if (s == DDP_OK)
+                    s = ddp_group_allgatherv(group_, val.data_ptr(), vc[getRank()],
+                                             all_val.data_ptr(), vc.data(), nullptr, DDP_U8);
+                if (s == DDP_OK) {
+                    at::Tensor sum =
+                        at::sparse_coo_tensor(all_idx.t(), all_val, in.sizes()).coalesce();
+                    t.copy_(sum);
+                }
+            }
+        }
+        outstanding_.fetch_add(1);
+        on_complete(new Completion{w, &outstanding_, group_}, s);
+        return w;
+    }
+
     // A send or recv. Inside a coalescing batch (torch >= 2: batch_isend_irecv) it waits for
     // endCoalescing, which issues the batch's messages in an order every rank agrees on; outside
     // one it is issued now (libddp: a collective of the two ranks, in issue order).
