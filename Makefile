@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 J = $(or $(JOBS),$(patsubst -j%,%,$(filter -j%,$(MAKEFLAGS))),$(NPROC))
 
-.PHONY: all build test test-extra test-setup demo demo-gpt gpt-demo install uninstall python-install clean asan tsan fuzz
+.PHONY: all build test test-extra test-setup torch-suite demo demo-gpt gpt-demo install uninstall python-install clean asan tsan fuzz
 
 all: build
 
@@ -32,6 +32,13 @@ test-extra: build
 
 test-setup:
 	./tools/test_setup.sh
+
+# torch-suite: PyTorch's own distributed test suite against backend "ddp" and, as the baseline,
+# gloo, for every torch the backend is built for, at world sizes 2 and 3 (tests/torch_suite/;
+# results and time in docs/pytorch.md). Logs in $(BUILD)/torch-suite/.
+torch-suite: test-setup
+	$(MAKE) build
+	cmake --build $(BUILD) --target torch-suite
 
 demo:
 	./tools/demo.sh

@@ -37,9 +37,10 @@ endforeach()
 # reachable here: data against float64 references, point to point, mismatches and timeouts.
 ddp_add_test(NAME test_group_coll SOURCES test_group_coll.c ARGS 1 self data TIMEOUT 300 LIBS m)
 ddp_add_test(NAME test_group_coll SOURCES test_group_coll.c ARGS 1 self p2p TIMEOUT 60 LIBS m)
+ddp_add_test(NAME test_group_coll SOURCES test_group_coll.c ARGS 1 self any TIMEOUT 60 LIBS m)
 foreach(world 2 3 4)
   foreach(transport shm tcp hierarchical)
-    foreach(part data p2p errors)
+    foreach(part data p2p any errors)
       ddp_add_test(NAME test_group_coll SOURCES test_group_coll.c ARGS ${world} ${transport} ${part}
                    TIMEOUT 400 LIBS m)
     endforeach()

@@ -66,6 +66,7 @@ if(DDP_HAVE_MPI)
   # test_group_coll's rank bodies under mpirun (pairs for send/recv are MPI communicators of two).
   ddp_add_mpi_test(NAME test_mpi_coll SOURCES test_mpi_coll.c NP 1 2 3 4 TIMEOUT 300 ARGS data)
   ddp_add_mpi_test(NAME test_mpi_coll SOURCES test_mpi_coll.c NP 2 3 4 TIMEOUT 300 ARGS p2p)
+  ddp_add_mpi_test(NAME test_mpi_coll SOURCES test_mpi_coll.c NP 2 3 4 TIMEOUT 120 ARGS any)
   # Every error case in one run: each case's groups follow the previous case's failed ones.
   ddp_add_mpi_test(NAME test_mpi_coll SOURCES test_mpi_coll.c NP 2 3 4 TIMEOUT 120 ARGS errors)
   # The Reducer's equivalence with one process, over the MPI transport (BATCH 24: 1-4 ranks).

@@ -90,3 +90,42 @@ foreach(build ${DDP_TORCH_BUILDS})
                          LABELS "${labels}")
   endif()
 endforeach()
+
+# PyTorch's own distributed suite (torch/testing/_internal/distributed/distributed_test.py)
+# against backend "ddp", tests/torch_suite/. In `make test`: a fast selection (fast.txt, a few
+# dozen representative tests) per torch build at world size 2. `make torch-suite`: the whole
+# suite, every torch build, world sizes 2 and 3, gloo as the baseline (docs/pytorch.md).
+set(ddp_torch_suite_builds "")
+set(ddp_torch_suite_targets ddp)
+foreach(build ${DDP_TORCH_BUILDS})
+  list(APPEND ddp_torch_suite_builds --build "${build}")
+  string(REPLACE "|" ";" build "${build}")
+  list(GET build 0 py)
+  list(GET build 1 version)
+  string(REPLACE "." "_" tag "${version}")
+  list(APPEND ddp_torch_suite_targets ddp_torch_${tag})
+  execute_process(COMMAND ${py} -c "import expecttest"
+                  RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    message(STATUS "torch ${version} suite selection: not registered (${py} lacks expecttest, "
+                   "which torch.testing needs)")
+    continue()
+  endif()
+  add_test(NAME test_python_torch_suite.torch${version}
+           COMMAND ${py} ${CMAKE_CURRENT_SOURCE_DIR}/torch_suite/run_suite.py --backend ddp
+                   --world-size 2 --tests-from ${CMAKE_CURRENT_SOURCE_DIR}/torch_suite/fast.txt)
+  set_tests_properties(test_python_torch_suite.torch${version} PROPERTIES TIMEOUT 600
+                       LABELS python ENVIRONMENT "${ddp_python_test_env}")
+endforeach()
+if(DDP_TORCH_BUILDS)
+  list(GET DDP_TORCH_BUILDS 0 first_torch_build)
+  string(REPLACE "|" ";" first_torch_build "${first_torch_build}")
+  list(GET first_torch_build 0 first_torch_python)
+  add_custom_target(torch-suite
+    COMMAND ${CMAKE_COMMAND} -E env ${ddp_python_test_env}
+            ${first_torch_python} ${CMAKE_CURRENT_SOURCE_DIR}/torch_suite/run_all.py
+            ${ddp_torch_suite_builds} --out ${PROJECT_BINARY_DIR}/torch-suite
+    DEPENDS ${ddp_torch_suite_targets}
+    USES_TERMINAL VERBATIM
+    COMMENT "torch's distributed suite against ddp and gloo (about half an hour)")
+endif()

@@ -4,7 +4,8 @@
  * replicated results are bitwise identical on every rank. The "errors" part: mismatched calls
  * (send/recv count, tag, two sends; gather root; alltoallv counts) are DDP_ERR_MISMATCH on every
  * rank involved, and a rank that never calls is named by the timeout (gather, recv).
- * Usage: test_group_coll <world> <shm|tcp|hierarchical|self> <data|p2p|errors> */
+ * recv from any source ("any"): messages of every sender, mixed with a named recv, async.
+ * Usage: test_group_coll <world> <shm|tcp|hierarchical|self> <data|p2p|any|errors> */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -374,6 +375,87 @@ static int p2p_rank(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+static void after_timeout(ddp_store_t *store, int rank, int world, const char *what);
+
+/* ---- recv from any source ------------------------------------------------------------------ */
+
+/* Rank 0 receives every other rank's messages from any source: the first from the last rank by
+ * name (it must count against that rank's announced sends), the rest from any source; each
+ * sender's messages arrive in its order, with the payload of the reported source. Rank 1 then
+ * receives from any source while rank 0 sends to it async behind a recv (the any-source recv
+ * runs in issue order). Errors: a group not enabled for it, and no sender within the timeout. */
+static int any_rank(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(store, rank, world, "any", 60000);
+    int src = -1;
+    double x = 0;
+    if (world == 1) {
+        CHECK_OK(ddp_group_enable_recv_any(g));
+        CHECK_STATUS(ddp_group_recv_any(g, &x, 1, DDP_F64, 0, &src), DDP_ERR_INVALID_ARGUMENT);
+        ddp_group_destroy(g);
+        return 0;
+    }
+    CHECK_STATUS(ddp_group_recv_any(g, &x, 1, DDP_F64, 0, &src), DDP_ERR_INVALID_USAGE);
+    CHECK(strstr(ddp_last_error(), "ddp_group_enable_recv_any"));
+    CHECK_STATUS(ddp_group_enable_recv_any(NULL), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_OK(ddp_group_enable_recv_any(g));
+    CHECK_OK(ddp_group_barrier(g)); /* every rank enabled before the first send */
+    enum { PER_SENDER = 3 };
+    if (rank == 0) {
+        int next[8] = {0};
+        double v[4];
+        CHECK_OK(ddp_group_recv(g, v, 4, DDP_F64, world - 1, 5));
+        CHECK(v[0] == (world - 1) * 100.0);
+        next[world - 1] = 1;
+        for (int m = 1; m < (world - 1) * PER_SENDER; m++) {
+            memset(v, 0, sizeof v);
+            src = -1;
+            CHECK_OK(ddp_group_recv_any(g, v, 4, DDP_F64, 5, &src));
+            CHECK_MSG(src >= 1 && src < world, "source %d", src);
+            CHECK_MSG(v[0] == src * 100.0 + next[src] && v[3] == src,
+                      "message %d from rank %d holds %g (expected %g)", m, src, v[0],
+                      src * 100.0 + next[src]);
+            next[src]++;
+        }
+        for (int r = 1; r < world; r++) CHECK_MSG(next[r] == PER_SENDER, "rank %d: %d", r, next[r]);
+    } else {
+        for (int k = 0; k < PER_SENDER; k++) {
+            double v[4] = {rank * 100.0 + k, 0, 0, rank};
+            CHECK_OK(ddp_group_send(g, v, 4, DDP_F64, 0, 5));
+        }
+    }
+    /* Async, in issue order: rank 1 receives from any source (rank 0, the only sender). */
+    if (rank == 0) {
+        double v = 42;
+        ddp_work_t *w;
+        CHECK_OK(ddp_group_send_async(g, &v, 1, DDP_F64, 1, 9, &w));
+        CHECK_OK(ddp_work_wait(w));
+        ddp_work_free(w);
+    } else if (rank == 1) {
+        ddp_work_t *w;
+        src = -1;
+        CHECK_OK(ddp_group_recv_any_async(g, &x, 1, DDP_F64, 9, &src, &w));
+        CHECK_OK(ddp_work_wait(w));
+        ddp_work_free(w);
+        CHECK(src == 0 && x == 42);
+    }
+    CHECK_OK(ddp_group_barrier(g));
+    ddp_group_destroy(g);
+
+    /* Nobody sends: rank 0's recv from any source times out naming itself and the tag. */
+    ddp_group_t *t = make_group(store, rank, world, "any-timeout", 1500);
+    CHECK_OK(ddp_group_enable_recv_any(t));
+    if (rank == 0) {
+        CHECK_STATUS(ddp_group_recv_any(t, &x, 1, DDP_F64, 77, &src), DDP_ERR_TIMEOUT);
+        CHECK_MSG(strstr(ddp_last_error(), "any source (tag 77) on rank 0"), "%s",
+                  ddp_last_error());
+    }
+    after_timeout(store, rank, world, "any");
+    ddp_group_destroy(t);
+    return 0;
+}
+
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* The ranks of a timeout case meet again through the store (not the broken group), so the
@@ -505,7 +587,7 @@ static int errors_rank(int rank, int world, ddp_store_t *store, void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s <world> <shm|tcp|hierarchical|self> <data|p2p|errors>\n", argv[0]);
+        fprintf(stderr, "usage: %s <world> <shm|tcp|hierarchical|self> <data|p2p|any|errors>\n", argv[0]);
         return 2;
     }
     int world = atoi(argv[1]);
@@ -513,6 +595,7 @@ int main(int argc, char **argv)
     const char *part = argv[3];
     if (!strcmp(part, "data")) return ddp_test_run_ranks(world, 600, data_rank, NULL);
     if (!strcmp(part, "p2p")) return ddp_test_run_ranks(world, 600, p2p_rank, NULL);
+    if (!strcmp(part, "any")) return ddp_test_run_ranks(world, 120, any_rank, NULL);
     if (!strcmp(part, "errors")) return world < 2 ? 0 : ddp_test_run_ranks(world, 120, errors_rank, NULL);
     return 2;
 }

@@ -1,6 +1,6 @@
 /* test_group_coll's checks over the MPI transport: the same rank bodies (data against float64
  * references, send/recv, mismatches and timeouts), run by mpirun's processes over a shared file
- * store with transport "mpi". Usage: mpirun -np N test_mpi_coll <data|p2p|errors [CASE]>
+ * store with transport "mpi". Usage: mpirun -np N test_mpi_coll <data|p2p|any|errors [CASE]>
  * The error cases run one after the other in one run (CASE picks one): each makes its groups
  * right after the previous case's groups failed, over the same processes, which the transport
  * must keep apart (before it kept a failed group's communicator, the next group timed out in its
@@ -32,6 +32,7 @@ int main(int argc, char **argv)
     int rc = 0;
     if (!strcmp(argv[1], "data")) rc = data_rank(rank, world, store, NULL);
     else if (!strcmp(argv[1], "p2p")) rc = p2p_rank(rank, world, store, NULL);
+    else if (!strcmp(argv[1], "any")) rc = any_rank(rank, world, store, NULL);
     else if (!strcmp(argv[1], "errors")) {
         only_case = argc > 2 ? atoi(argv[2]) : -1;
         rc = world < 2 ? 0 : errors_rank(rank, world, store, NULL);

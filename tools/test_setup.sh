@@ -6,17 +6,19 @@
 #     targets), gnuplot, Debian's python3 with torch 1.13 and its headers (the backend for 1.13).
 #   PyPI (pip, into the python3 on PATH when it is not Debian's own): torch==2.13.0 (always
 #     pinned with ==: a bare or ranged torch makes pip fetch a CUDA build of several GB), numpy,
-#     pytest.
+#     pytest, expecttest (torch.testing imports it: torch's distributed suite, tests/torch_suite/).
+#   expecttest also for Debian's python3 (no Debian package has it; pip --break-system-packages,
+#     as root, puts it in /usr/local).
 # Not root, or offline: it says what is missing and how to install it, and returns 0; the tests
 # that need a missing package skip and say why. DDP_SETUP=0 skips this script.
 set -u
 tag=test-setup
 
 DEBIAN_PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenblas-dev dataset-fashion-mnist
-  libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev gnuplot-nox python3-torch libtorch-dev pybind11-dev
-  python3-dev python3-numpy python3-pytest python3-venv fortunes"
+  libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev gnuplot-nox python3-torch libtorch-dev
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-venv python3-pip fortunes"
 TORCH_PIN="torch==2.13.0"
-PYPI_PACKAGES="$TORCH_PIN numpy pytest"
+PYPI_PACKAGES="$TORCH_PIN numpy pytest expecttest"
 
 [ "${DDP_SETUP:-1}" = 0 ] && exit 0
 
@@ -56,6 +58,7 @@ if [ -n "$py" ] && [ "$(readlink -f "$py")" != "$(readlink -f /usr/bin/python3 2
     "$py" -c "import torch" 2>/dev/null || want="$want $TORCH_PIN"
     "$py" -c "import numpy" 2>/dev/null || want="$want numpy"
     "$py" -c "import pytest" 2>/dev/null || want="$want pytest"
+    "$py" -c "import expecttest" 2>/dev/null || want="$want expecttest"
     if [ -n "$want" ]; then
         # pip installs into this interpreter's own prefix; as root into a root-owned prefix,
         # otherwise where the user can write (a venv, pyenv).
@@ -67,6 +70,19 @@ if [ -n "$py" ] && [ "$(readlink -f "$py")" != "$(readlink -f /usr/bin/python3 2
         else
             echo "$tag: $py lacks$want; install with: $py -m pip install $PYPI_PACKAGES" >&2
         fi
+    fi
+fi
+# Debian's python3 (torch 1.13) for torch's distributed suite: expecttest only, from PyPI.
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import torch" 2>/dev/null &&
+    ! /usr/bin/python3 -c "import expecttest" 2>/dev/null; then
+    if [ $root = 1 ] && /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+        echo "$tag: installing expecttest from PyPI for /usr/bin/python3"
+        /usr/bin/python3 -m pip install -q --break-system-packages expecttest ||
+            echo "$tag: pip failed; the torch 1.13 suite selection is not registered" >&2
+    else
+        echo "$tag: /usr/bin/python3 lacks expecttest (torch 1.13's suite selection is not" \
+             "registered); as root: /usr/bin/python3 -m pip install --break-system-packages" \
+             "expecttest" >&2
     fi
 fi
 exit 0

@@ -254,6 +254,27 @@ DDP_API ddp_status_t ddp_group_send(ddp_group_t *group, const void *buf, size_t 
 DDP_API ddp_status_t ddp_group_recv(ddp_group_t *group, void *buf, size_t count,
                                     ddp_dtype_t dtype, int peer, int tag);
 
+/* Receive from any source (torch's recv without src, MPI_ANY_SOURCE): count elements into buf
+ * from whichever rank's next message to this rank is waiting; its rank goes to *source (valid
+ * once the work completes; *source must stay valid until then). Runs in issue order like recv:
+ * when its turn comes it picks a peer that has started a send to this rank that no recv of this
+ * rank matched yet (round robin among several), and is then that peer's matching recv, with the
+ * same checks (dtype, count and tag must agree, else DDP_ERR_MISMATCH). Needs
+ * ddp_group_enable_recv_any (DDP_ERR_INVALID_USAGE otherwise). No sender within the group's
+ * timeout: DDP_ERR_TIMEOUT naming this rank and the tag, and the group is broken as after any
+ * failed send/recv. */
+DDP_API ddp_status_t ddp_group_recv_any_async(ddp_group_t *group, void *buf, size_t count,
+                                              ddp_dtype_t dtype, int tag, int *source,
+                                              ddp_work_t **work);
+DDP_API ddp_status_t ddp_group_recv_any(ddp_group_t *group, void *buf, size_t count,
+                                        ddp_dtype_t dtype, int tag, int *source);
+
+/* Lets the group receive from any source. Call on every rank before the group's first send (a
+ * send executed before it is not announced, and a recv from any source could miss it). From
+ * then on every send costs one store add (a round trip to a TCP store) that announces it to the
+ * receiver; groups without it pay nothing. DDP_ERR_UNSUPPORTED on a group without a store. */
+DDP_API ddp_status_t ddp_group_enable_recv_any(ddp_group_t *group);
+
 /* ---- tasks: ordered user code on the progress thread --------------------------------------
  * Runs fn(group, arg) on the progress thread, in issue order with the collectives. Inside fn,
  * the blocking collective calls above execute inline (they are the next sequence numbers on

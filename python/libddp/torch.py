@@ -117,6 +117,40 @@ def transport(group: Any = None) -> str:
     return pg.transport
 
 
+def _ordered_batches(original: Any) -> Any:
+    """torch 1.x's batch_isend_irecv, issuing a batch on a "ddp" group in one order every rank
+    agrees on. torch 2.x tells the backend where a batch starts and ends (startCoalescing,
+    endCoalescing) and the backend orders it; torch 1.x does that for NCCL only and issues each
+    op at once, so [send to 1, recv from 1] on both ranks of a pair would meet as two sends
+    (libddp matches a pair's messages in issue order). The order is the backend's: by peer,
+    ascending, and with each peer the lower rank's sends before its recvs, the higher rank's recvs
+    first, each kind in the order given. The works come back in the caller's order; batches on
+    other backends pass through unchanged."""
+
+    def batch_isend_irecv(p2p_op_list):  # type: ignore[no-untyped-def]
+        ops = list(p2p_op_list)
+        if not ops or dist.get_backend(ops[0].group) != BACKEND:
+            return original(p2p_op_list)
+        me = dist.get_rank()
+
+        def key(i: int) -> Any:
+            sending = ops[i].op in (dist.isend, dist.send)
+            return (ops[i].peer, 0 if sending == (me < ops[i].peer) else 1, i)
+
+        order = sorted(range(len(ops)), key=key)
+        works = original([ops[i] for i in order])
+        if len(works) != len(ops):
+            return works
+        out = [None] * len(ops)
+        for i, w in zip(order, works):
+            out[i] = w
+        return out
+
+    batch_isend_irecv.__doc__ = original.__doc__
+    batch_isend_irecv._libddp_ordered = True  # type: ignore[attr-defined]
+    return batch_isend_irecv
+
+
 def _register() -> None:
     if BACKEND.upper() in dist.Backend._plugins:
         return
@@ -125,6 +159,10 @@ def _register() -> None:
         dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
     else:
         dist.Backend.register_backend(BACKEND, _create)
+        if not getattr(dist.batch_isend_irecv, "_libddp_ordered", False):
+            ordered = _ordered_batches(dist.batch_isend_irecv)
+            dist.batch_isend_irecv = ordered
+            dist.distributed_c10d.batch_isend_irecv = ordered
 
 
 _register()

@@ -246,11 +246,45 @@ def collectives_body(rank, world):
         want = torch.cat([torch.full((outs[i], 2), 100.0 * i + rank) for i in range(world)])
         out["alltoall_uneven"] = (dst, want)
 
+        # recv without src (c10d's recvAnysource): rank 0 takes two messages of every other
+        # rank, by recv (returns the sender) and by irecv (Work._source_rank()); the first one by
+        # name from the last rank, which the any-source ones must then not count again.
+        if rank == 0:
+            got_any = []
+            t = torch.empty(4)
+            dist.recv(t, src=world - 1)
+            got_any.append((world - 1, t.clone()))
+            for k in range(2 * (world - 1) - 1):
+                t = torch.empty(4)
+                if k % 2:
+                    sender = dist.recv(t)
+                else:
+                    work = dist.irecv(t)
+                    work.wait()
+                    sender = work._source_rank()
+                got_any.append((sender, t.clone()))
+            out["recv_any"] = got_any
+        else:
+            for k in range(2):
+                dist.send(torch.full((4,), 10.0 * rank + k), dst=0)
+
+        # batch_isend_irecv (torch >= 2 coalesces it into one batch, which the backend orders;
+        # on torch 1.x libddp.torch orders it): each rank sends to and receives from both
+        # neighbours, sends listed first on every rank, which issued as given would be two sends
+        # meeting in each pair.
+        to_next, to_prev = torch.full((5,), rank * 10.0 + 1), torch.full((5,), rank * 10.0 + 2)
+        from_prev, from_next = torch.empty(5), torch.empty(5)
+        ops = [dist.P2POp(dist.isend, to_next, nxt), dist.P2POp(dist.isend, to_prev, prv),
+               dist.P2POp(dist.irecv, from_prev, prv), dist.P2POp(dist.irecv, from_next, nxt)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        out["batch_p2p"] = (torch.stack([from_prev, from_next]),
+                            torch.stack([torch.full((5,), prv * 10.0 + 1),
+                                         torch.full((5,), nxt * 10.0 + 2)]))
+
     # Unsupported: a clear RuntimeError naming the op.
     errors = {}
     for name, call in (
-            # recv with no src is c10d's recv_anysource: libddp pairs a recv with a named rank.
-            ("recv any", lambda: dist.recv(torch.zeros(1))),
             ("BXOR", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int32),
                                              op=dist.ReduceOp.BXOR)),
             ("dtype int16", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.int16)))):
@@ -289,7 +323,7 @@ def assert_close(a, b, what):
 def test_collectives_match_gloo(world):
     res = run(world, collectives_body)
     for case, pair in res[0].items():
-        if case in ("errors", "subgroup", "reduce_nonroot_untouched"):
+        if case in ("errors", "subgroup", "reduce_nonroot_untouched", "recv_any"):
             continue
         ours, theirs = pair
         if theirs is not None and case not in ("gather", "reduce", "scatter"):
@@ -334,10 +368,19 @@ def test_collectives_match_gloo(world):
     for r in range(world):
         errors = res[r]["errors"]
         assert "BXOR" in errors["BXOR"], errors["BXOR"]
-        assert "recv from any source" in errors["recv any"], errors["recv any"]
         if world > 1:
-            for case in ("p2p", "alltoall_uneven"):
-                assert torch.equal(*res[r][case]), (case, r, res[r][case])
+            for case in ("p2p", "alltoall_uneven", "batch_p2p"):
+                if case in res[r]:
+                    assert torch.equal(*res[r][case]), (case, r, res[r][case])
+    if world > 1:
+        # Every message of every sender, each sender's in its order, under the right source.
+        seen = {}
+        for sender, t in res[0]["recv_any"]:
+            k = seen.get(sender, 0)
+            assert torch.equal(t, torch.full((4,), 10.0 * sender + k)), (sender, k, t)
+            seen[sender] = k + 1
+        assert seen == {q: 2 for q in range(1, world)}, seen
+        assert "batch_p2p" in res[0]
         assert "Short" in errors["dtype int16"] or "int16" in errors["dtype int16"], \
             errors["dtype int16"]
 
@@ -614,6 +657,88 @@ def dead_body(rank, world, victim, how):
     except RuntimeError as e:
         return time.monotonic() - start, str(e)
     return None
+
+
+def debug_detail_body(rank, world):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps a new group of a third-party backend in its
+    ProcessGroupWrapper (torch >= 2), which asks the backend for sequence numbers and compares
+    each collective's fingerprint across ranks through a gloo helper group first. Before the
+    backend counted sequence numbers, new_group raised "Backend ddp does not yet support sequence
+    numbers" (torch's suite: test_all_gather_object_subgroup)."""
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level_from_env()
+    try:
+        sub = dist.new_group(backend="ddp")
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=sub)
+        objs = [None] * world
+        dist.all_gather_object(objs, {"rank": rank}, group=sub)
+        dist.barrier(group=sub)
+        pg = sub._get_backend(torch.device("cpu")) if hasattr(sub, "_get_backend") else sub
+        seq = pg._get_sequence_number_for_group() if hasattr(
+            pg, "_get_sequence_number_for_group") else None
+    finally:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "OFF"
+        dist.set_debug_level_from_env()
+    return t, objs, seq
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_debug_detail_wraps_new_groups(world):
+    res = run(world, debug_detail_body)
+    want = float(sum(range(1, world + 1)))
+    for t, objs, seq in res:
+        assert torch.equal(t, torch.full((3,), want))
+        assert objs == [{"rank": r} for r in range(world)]
+    # Every rank counted the same collectives (the wrapper's check relies on it).
+    assert len({seq for _, _, seq in res}) == 1, [seq for _, _, seq in res]
+
+
+def sparse_input(rank, world, sparse_dims, dense_dims):
+    """Rank r holds ones at rows 0..r of the first sparse dimension (the others 0), so that every
+    two ranks' indices overlap; a rank with no entries when `empty`."""
+    idx = torch.arange(rank + 1).reshape(1, rank + 1)
+    shape = [world] + [3] * (sparse_dims - 1) + [2] * dense_dims
+    for _ in range(sparse_dims - 1):
+        idx = torch.cat((idx, torch.full((1, rank + 1), rank % 3)))
+    values = torch.full([rank + 1] + [2] * dense_dims, float(rank + 1))
+    return torch.sparse_coo_tensor(idx, values, shape)
+
+
+def sparse_body(rank, world):
+    out = []
+    for sparse_dims, dense_dims in ((1, 0), (2, 0), (1, 1), (2, 1)):
+        t = sparse_input(rank, world, sparse_dims, dense_dims)
+        dist.all_reduce(t)
+        out.append(t.to_dense())
+    # An empty tensor on some ranks, and only SUM.
+    e = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), [world])
+    if rank == 0:
+        e = torch.sparse_coo_tensor(torch.tensor([[world - 1]]), torch.tensor([2.0]), [world])
+    dist.all_reduce(e)
+    out.append(e.to_dense())
+    try:
+        dist.all_reduce(sparse_input(rank, world, 1, 0), op=dist.ReduceOp.MAX)
+        out.append("no error")
+    except RuntimeError as err:
+        out.append(str(err))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparse_allreduce_sum(world):
+    """torch's suite runs its sparse allreduce test for gloo only (by name); "ddp" gathers every
+    rank's indices and values and coalesces them, as gloo does."""
+    res = run(world, sparse_body)
+    cases = ((1, 0), (2, 0), (1, 1), (2, 1))
+    for r in range(world):
+        for k, (sd, dd) in enumerate(cases):
+            want = sum(sparse_input(q, world, sd, dd).to_dense() for q in range(world))
+            assert torch.equal(res[r][k], want), (r, sd, dd, res[r][k], want)
+        want = torch.zeros(world)
+        want[world - 1] = 2.0
+        assert torch.equal(res[r][4], want)
+        assert "SUM only" in res[r][5], res[r][5]
 
 
 @pytest.mark.parametrize("how", ["dies", "stalls"])

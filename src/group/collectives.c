@@ -99,6 +99,7 @@ typedef struct op_args {
     size_t *displs;      /* v kinds: per rank, elements (alltoallv: send displacements) */
     size_t *rcounts;     /* alltoallv: receive counts */
     size_t *rdispls;     /* alltoallv: receive displacements */
+    int *source;         /* recv from any source (root < 0): where the sender's rank goes */
 } op_args_t;
 
 static void free_args(void *p)
@@ -453,7 +454,14 @@ static ddp_status_t task(ddp_group_t *g, void *arg)
     case K_RECV: {
         int peer = a->root;
         ddp_group_t *pair = NULL;
-        s = ddp__group_pair(g, peer, &pair);
+        /* From any source: the peer whose announced sends to this rank outnumber the recvs from
+         * it has its next message to this rank waiting (group.c); the recv is then a named one. */
+        if (peer < 0) s = ddp__group_p2p_any_source(g, a->tag, &peer);
+        /* Announced before the pair is made: a first message's pair needs the receiver, which
+         * learns of it from the announcement. */
+        if (s == DDP_OK) s = ddp__group_p2p_count(g, peer, a->kind == K_SEND);
+        if (s == DDP_OK) s = ddp__group_pair(g, peer, &pair);
+        if (s == DDP_OK && a->source) *a->source = peer;
         if (s != DDP_OK) {
             char text[DDP_ERROR_TEXT_MAX];
             snprintf(text, sizeof text, "%s", ddp_last_error());
@@ -610,6 +618,45 @@ ddp_status_t ddp_group_recv_async(ddp_group_t *group, void *buf, size_t count, d
 {
     if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "recv_async: work is NULL");
     return do_p2p(group, K_RECV, NULL, buf, count, dtype, peer, tag, work, "recv_async");
+}
+
+static ddp_status_t do_recv_any(ddp_group_t *g, void *recv, size_t count, ddp_dtype_t dtype,
+                                int tag, int *source, ddp_work_t **work, const char *fn)
+{
+    ddp__clear_error();
+    TRY(check_common(g, dtype, fn));
+    TRY(check_size(count, 1, dtype, fn, "count"));
+    TRY(check_buffer(recv, count, fn, "buf"));
+    if (!source) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: source is NULL", fn);
+    if (ddp_group_size(g) < 2)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
+                          "%s: a group of one rank has no other rank to receive from", fn);
+    if (!ddp__group_recv_any_enabled(g))
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "%s (tag %d) on rank %d: the group was not enabled for it "
+                          "(ddp_group_enable_recv_any on every rank before its first send)",
+                          fn, tag, ddp_group_rank(g));
+    op_args_t *a = new_args(K_RECV, dtype);
+    if (!a) return DDP_ERR_NO_MEMORY;
+    a->recv = recv;
+    a->count = count;
+    a->root = -1;
+    a->tag = tag;
+    a->source = source;
+    return launch(g, a, work);
+}
+
+ddp_status_t ddp_group_recv_any_async(ddp_group_t *group, void *buf, size_t count,
+                                      ddp_dtype_t dtype, int tag, int *source, ddp_work_t **work)
+{
+    if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "recv_any_async: work is NULL");
+    return do_recv_any(group, buf, count, dtype, tag, source, work, "recv_any_async");
+}
+
+ddp_status_t ddp_group_recv_any(ddp_group_t *group, void *buf, size_t count, ddp_dtype_t dtype,
+                                int tag, int *source)
+{
+    return do_recv_any(group, buf, count, dtype, tag, source, NULL, "recv_any");
 }
 
 ddp_status_t ddp_group_send(ddp_group_t *group, const void *buf, size_t count, ddp_dtype_t dtype,

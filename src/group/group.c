@@ -86,6 +86,13 @@ struct ddp_group {
     /* Point-to-point: pairs[peer] is the two-rank group this rank shares with `peer`, made on
      * first use (send/recv), touched only by whoever holds `busy`. */
     ddp_group_t **pairs;
+    /* Recv from any source (ddp_group_enable_recv_any): every send announces itself in the
+     * store; received[peer] counts this rank's recvs from `peer` (named or any), so a peer whose
+     * announced sends outnumber them has a message waiting. Touched only by whoever holds
+     * `busy`, except recv_any, set before the first work. */
+    int recv_any;
+    int64_t *received;
+    int any_next; /* the last source picked: the next search starts after it (round robin) */
     fallback_buffer_t *fallback_buffers; /* guarded by mu */
 };
 
@@ -1428,6 +1435,93 @@ ddp_status_t ddp__group_pair(ddp_group_t *g, int peer, ddp_group_t **out)
     return DDP_OK;
 }
 
+ddp_status_t ddp_group_enable_recv_any(ddp_group_t *group)
+{
+    ddp__clear_error();
+    if (!group) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "enable_recv_any: group is NULL");
+    if (!group->store)
+        return ddp__error(DDP_ERR_UNSUPPORTED,
+                          "enable_recv_any on rank %d: group %s has no store (a store-less MPI "
+                          "group), and senders announce themselves through the store",
+                          group->rank, group->prefix);
+    group->recv_any = 1;
+    return DDP_OK;
+}
+
+int ddp__group_recv_any_enabled(const ddp_group_t *g) { return g->recv_any; }
+
+static void sent_key(const ddp_group_t *g, int from, int to, char *key, size_t size)
+{
+    snprintf(key, size, "%s/p2p_sent/%d_%d", g->prefix, from, to);
+}
+
+ddp_status_t ddp__group_p2p_count(ddp_group_t *g, int peer, int is_send)
+{
+    if (is_send) {
+        if (!g->recv_any) return DDP_OK;
+        char key[700];
+        int64_t n = 0;
+        sent_key(g, g->rank, peer, key, sizeof key);
+        ddp_status_t s = ddp_store_add(g->store, key, 1, &n);
+        if (s != DDP_OK)
+            return ddp__error_context(s, "rank %d announcing its send to rank %d in the store",
+                                      g->rank, peer);
+        return DDP_OK;
+    }
+    if (!g->received) {
+        g->received = ddp__calloc((size_t)g->world, sizeof *g->received, "recv counts per peer");
+        if (!g->received) return DDP_ERR_NO_MEMORY;
+    }
+    g->received[peer]++;
+    return DDP_OK;
+}
+
+/* Polls every peer's count of sends to this rank (one store add of 0 each, round robin from the
+ * last source picked) until one exceeds the recvs from it, backing off from 20 us to 2 ms, until
+ * the group's timeout or until the group breaks. */
+ddp_status_t ddp__group_p2p_any_source(ddp_group_t *g, int tag, int *out)
+{
+    if (!g->recv_any)
+        return ddp__error(DDP_ERR_INVALID_USAGE,
+                          "recv from any source (tag %d) on rank %d: group %s was not enabled "
+                          "for it (ddp_group_enable_recv_any on every rank before its first send)",
+                          tag, g->rank, g->prefix);
+    if (!g->received) {
+        g->received = ddp__calloc((size_t)g->world, sizeof *g->received, "recv counts per peer");
+        if (!g->received) return DDP_ERR_NO_MEMORY;
+    }
+    int64_t deadline = ddp__now_ns() + (int64_t)g->timeout_ms * 1000000;
+    int64_t pause_us = 20;
+    for (;;) {
+        for (int i = 1; i <= g->world; i++) {
+            int p = (g->any_next + i) % g->world;
+            if (p == g->rank) continue;
+            char key[700];
+            int64_t sent = 0;
+            sent_key(g, p, g->rank, key, sizeof key);
+            ddp_status_t s = ddp_store_add(g->store, key, 0, &sent);
+            if (s != DDP_OK)
+                return ddp__error_context(s, "recv from any source on rank %d reading the sends "
+                                          "of rank %d", g->rank, p);
+            if (sent > g->received[p]) {
+                g->any_next = p;
+                *out = p;
+                return DDP_OK;
+            }
+        }
+        if (atomic_load(&g->broken))
+            return ddp__error(DDP_ERR_ABORTED,
+                              "recv from any source (tag %d) on rank %d: the group broke while "
+                              "it waited for a sender", tag, g->rank);
+        if (ddp__now_ns() > deadline)
+            return ddp__error(DDP_ERR_TIMEOUT,
+                              "recv from any source (tag %d) on rank %d: no rank of the %d sent "
+                              "to it within %d ms", tag, g->rank, g->world, g->timeout_ms);
+        ddp__sleep_us(pause_us);
+        pause_us = pause_us * 2 > 2000 ? 2000 : pause_us * 2;
+    }
+}
+
 void ddp_group_destroy(ddp_group_t *group)
 {
     if (!group) return;
@@ -1444,6 +1538,8 @@ void ddp_group_destroy(ddp_group_t *group)
         free(group->pairs);
         group->pairs = NULL;
     }
+    free(group->received);
+    group->received = NULL;
     if (group->ops) group->ops->destroy(group->state);
     group->ops = NULL;
     group->state = NULL;

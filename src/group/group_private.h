@@ -26,4 +26,19 @@ void ddp__group_fail(ddp_group_t *group, ddp_status_t status, const char *text, 
  * a group without a store. */
 ddp_status_t ddp__group_pair(ddp_group_t *group, int peer, ddp_group_t **pair);
 
+/* Point-to-point bookkeeping for recv from any source, called while running a send or recv
+ * task: counts a send to `peer` (announced in the store when the group has recv from any
+ * source enabled) or a recv from it. */
+ddp_status_t ddp__group_p2p_count(ddp_group_t *group, int peer, int is_send);
+
+/* The rank whose next message to this one is waiting: a peer that announced more sends to this
+ * rank than this rank has received from it. Polls the store until one does (DDP_ERR_TIMEOUT
+ * after the group's timeout, DDP_ERR_ABORTED when the group breaks meanwhile);
+ * DDP_ERR_INVALID_USAGE when ddp_group_enable_recv_any was not called. */
+ddp_status_t ddp__group_p2p_any_source(ddp_group_t *group, int tag, int *peer);
+
+/* Whether ddp_group_enable_recv_any was called (checked when a recv from any source is issued,
+ * so that a missing call is an error of the call, not a broken group). */
+int ddp__group_recv_any_enabled(const ddp_group_t *group);
+
 #endif

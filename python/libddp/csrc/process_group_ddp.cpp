@@ -453,9 +453,14 @@ static void on_complete(void* arg, ddp_status_t status) {
     if (status != DDP_OK) {
         // Inside the callback ddp_last_error() is the work's own text: which rank, what failed.
         std::string text = ddp_last_error();
+        // A timeout says so in c10d's words too ("Timed out"), which torch's own tests and
+        // tools match on (gloo's and the stores' texts), beside libddp's status name.
+        std::string kind = status == DDP_ERR_TIMEOUT ? std::string("Timed out (") +
+                                                           ddp_status_string(status) + ")"
+                                                     : std::string(ddp_status_string(status));
         error = std::make_exception_ptr(std::runtime_error(
             "libddp backend: " + w.what_ + " failed on rank " + std::to_string(w.rank_in_group_) +
-            ": " + ddp_status_string(status) + ": " + (text.empty() ? "(no detail)" : text)));
+            ": " + kind + ": " + (text.empty() ? "(no detail)" : text)));
     } else {
         try {
             at::NoGradGuard no_grad;
@@ -523,6 +528,16 @@ class ProcessGroupDDP : public BackendBase {
             TORCH_CHECK(false, "libddp backend: creating the group on rank ", rank, " of ", size,
                         " failed: ", ddp_status_string(s), ": ", text);
         }
+        // torch's recv without src (recvAnysource) may come at any time, so every send of the
+        // group announces itself (one store add per send; include/ddp/group.h).
+        s = ddp_group_enable_recv_any(group_);
+        if (s != DDP_OK) {
+            std::string text = ddp_last_error();
+            ddp_group_destroy(group_);
+            ddp_store_destroy(store_);
+            TORCH_CHECK(false, "libddp backend: enabling recv from any source on rank ", rank,
+                        " failed: ", ddp_status_string(s), ": ", text);
+        }
     }
 
     ~ProcessGroupDDP() override { close(); }
@@ -571,11 +586,13 @@ class ProcessGroupDDP : public BackendBase {
         TORCH_CHECK(!coalescing_, "libddp backend: startCoalescing while already coalescing");
         coalescing_ = true;
         coalesced_.clear();
+        deferred_p2p_.clear();
     }
 
     c10::intrusive_ptr<c10d::Work> endCoalescing() override {
         TORCH_CHECK(coalescing_, "libddp backend: endCoalescing without startCoalescing");
         coalescing_ = false;
+        issue_deferred_p2p();
         std::vector<c10::intrusive_ptr<WorkDDP>> works;
         works.swap(coalesced_);
         std::vector<at::Tensor> outs;
@@ -607,6 +624,12 @@ class ProcessGroupDDP : public BackendBase {
 #endif
 
     const std::string getBackendName() const override { return "ddp"; }
+
+    // Sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares them across ranks before
+    // each collective): as gloo's, every rank starts at 0 and counts the collectives it issued;
+    // sends and recvs, which only two ranks issue, are not counted.
+    void setSequenceNumberForGroup() override { sequence_number_ = 0; }
+    uint64_t getSequenceNumberForGroup() override { return sequence_number_.load(); }
     std::string transport() const { return ddp_group_transport(group_); }
     int timeoutMs() const { return ddp_group_timeout_ms(group_); }
 
@@ -614,6 +637,8 @@ class ProcessGroupDDP : public BackendBase {
 
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                              const c10d::AllreduceOptions& opts) override {
+        if (tensors.size() == 1 && tensors[0].is_sparse())
+            return allreduce_sparse(tensors[0], opts);
         check_single("allreduce", tensors);
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
@@ -1033,11 +1058,7 @@ class ProcessGroupDDP : public BackendBase {
         auto w = make_work(c10d::OpType::SEND, "send", tensors);
         at::Tensor buf = tensors[0].contiguous();
         w->keep_.push_back(buf);
-        issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, dstRank, tag,
-                                        h);
-        });
-        return launch(w);
+        return issue_p2p(w, buf, dstRank, tag, true);
     }
 
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -1046,22 +1067,146 @@ class ProcessGroupDDP : public BackendBase {
         check_root("recv", srcRank);
         auto w = make_work(c10d::OpType::RECV, "recv", tensors);
         at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        return issue_p2p(w, buf, srcRank, tag, false);
+    }
+
+    // recv without src: libddp picks the rank whose next message to this one is waiting (every
+    // send of the group announced itself in the store) and writes it into the Work's source rank
+    // before the Work completes.
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                                 int tag) override {
+        check_single("recv from any source", tensors);
+        auto w = make_work(c10d::OpType::RECVANYSOURCE, "recv from any source", tensors);
+        at::Tensor buf = in_place_buffer(*w, tensors[0]);
+        int* source = &w->source_rank_;
         issue(*w, [&](ddp_work_t** h) {
-            return ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, srcRank, tag,
-                                        h);
+            return ddp_group_recv_any_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8, tag,
+                                            source, h);
         });
         return launch(w);
     }
 
-    // ---- missing -----------------------------------------------------------------------------
-
-    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-        TORCH_CHECK(false,
-                    "libddp backend: recv from any source is not supported: libddp pairs each "
-                    "recv with a send from a named rank");
+  private:
+    // SUM of sparse COO tensors, as gloo does it: every rank's (coalesced) indices and values
+    // are gathered to every rank (three allgathers: the counts, then indices and values packed
+    // by rank), and the sum is their concatenation coalesced, written into the caller's tensor.
+    // Blocking (the Work is complete when returned): the gathered sizes decide the next call.
+    c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& t,
+                                                    const c10d::AllreduceOptions& opts) {
+        TORCH_CHECK(t.device().is_cpu(), "libddp backend: allreduce takes CPU tensors, got one on ",
+                    t.device());
+        TORCH_CHECK(t.layout() == at::kSparse, "libddp backend: allreduce of a sparse tensor "
+                    "takes the COO layout, got ", t.layout());
+        auto o = static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp);
+        TORCH_CHECK(o == c10d::ReduceOp::SUM, "libddp backend: allreduce of a sparse tensor "
+                    "supports ReduceOp.SUM only, got ReduceOp.", op_name(o));
+        std::vector<at::Tensor> outs{t};
+        auto w = make_work(c10d::OpType::ALLREDUCE, "allreduce (sparse)", outs);
+        int world = getSize();
+        ddp_status_t s = DDP_OK;
+        {
+            at::NoGradGuard no_grad;
+            at::Tensor in = t.coalesce();
+            // Indices as [nnz, sparse_dim] rows, so that ranks' blocks concatenate.
+            at::Tensor idx = in._indices().t().contiguous().to(at::kLong);
+            at::Tensor val = in._values().contiguous();
+            int64_t nnz = in._nnz();
+            std::vector<int64_t> counts(world);
+            // c10d calls backends with the GIL released; these block like any collective.
+            s = ddp_group_allgather(group_, &nnz, counts.data(), 1, DDP_I64);
+            if (s == DDP_OK) {
+                int64_t total = 0;
+                for (int64_t c : counts)
+                    total += c;
+                int64_t sparse_dim = in.sparse_dim();
+                std::vector<int64_t> dense_sizes(val.sizes().begin() + 1, val.sizes().end());
+                int64_t dense_numel = 1;
+                for (int64_t d : dense_sizes)
+                    dense_numel *= d;
+                at::Tensor all_idx = at::empty({total, sparse_dim}, idx.options());
+                std::vector<int64_t> vshape{total};
+                vshape.insert(vshape.end(), dense_sizes.begin(), dense_sizes.end());
+                at::Tensor all_val = at::empty(vshape, val.options());
+                std::vector<size_t> ic(world), vc(world);
+                for (int r = 0; r < world; r++) {
+                    ic[r] = (size_t)(counts[r] * sparse_dim) * sizeof(int64_t);
+                    vc[r] = (size_t)(counts[r] * dense_numel) * val.element_size();
+                }
+                s = ddp_group_allgatherv(group_, idx.data_ptr(), ic[getRank()], all_idx.data_ptr(),
+                                         ic.data(), nullptr, DDP_U8);
+                if (s == DDP_OK)
+                    s = ddp_group_allgatherv(group_, val.data_ptr(), vc[getRank()],
+                                             all_val.data_ptr(), vc.data(), nullptr, DDP_U8);
+                if (s == DDP_OK) {
+                    at::Tensor sum =
+                        at::sparse_coo_tensor(all_idx.t(), all_val, in.sizes()).coalesce();
+                    t.copy_(sum);
+                }
+            }
+        }
+        outstanding_.fetch_add(1);
+        on_complete(new Completion{w, &outstanding_, group_}, s);
+        return w;
     }
 
-  private:
+    // A send or recv. Inside a coalescing batch (torch >= 2: batch_isend_irecv) it waits for
+    // endCoalescing, which issues the batch's messages in an order every rank agrees on; outside
+    // one it is issued now (libddp: a collective of the two ranks, in issue order).
+    c10::intrusive_ptr<c10d::Work> issue_p2p(const c10::intrusive_ptr<WorkDDP>& w,
+                                             const at::Tensor& buf, int peer, int tag,
+                                             bool is_send) {
+#if LIBDDP_TORCH2
+        if (coalescing_) {
+            deferred_p2p_.push_back(DeferredP2P{w, buf, peer, tag, is_send});
+            return w;
+        }
+#endif
+        issue(*w, [&](ddp_work_t** h) {
+            return is_send ? ddp_group_send_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
+                                                  peer, tag, h)
+                           : ddp_group_recv_async(group_, buf.data_ptr(), bytes_of(buf), DDP_U8,
+                                                  peer, tag, h);
+        });
+        return launch(w);
+    }
+
+#if LIBDDP_TORCH2
+    struct DeferredP2P {
+        c10::intrusive_ptr<WorkDDP> work;
+        at::Tensor buf;
+        int peer;
+        int tag;
+        bool is_send;
+    };
+
+    // A batch promises that the order of its sends and recvs does not matter (torch's
+    // batch_isend_irecv: [send to 1, recv from 1] on both ranks of a pair), but libddp matches a
+    // pair's messages in issue order, so each rank issues them sorted: by peer, ascending (every
+    // rank then meets its pairs in one global order, so no two wait on each other), and with
+    // each peer the lower rank's sends before its recvs and the higher rank's recvs before its
+    // sends, each kind in the order given (which the batch keeps significant).
+    void issue_deferred_p2p() {
+        std::vector<DeferredP2P> ops;
+        ops.swap(deferred_p2p_);
+        int me = getRank();
+        std::stable_sort(ops.begin(), ops.end(), [me](const DeferredP2P& a, const DeferredP2P& b) {
+            int pa = a.is_send == (me < a.peer) ? 0 : 1, pb = b.is_send == (me < b.peer) ? 0 : 1;
+            return a.peer != b.peer ? a.peer < b.peer : pa < pb;
+        });
+        for (auto& op : ops) {
+            issue(*op.work, [&](ddp_work_t** h) {
+                return op.is_send ? ddp_group_send_async(group_, op.buf.data_ptr(),
+                                                         bytes_of(op.buf), DDP_U8, op.peer,
+                                                         op.tag, h)
+                                  : ddp_group_recv_async(group_, op.buf.data_ptr(),
+                                                         bytes_of(op.buf), DDP_U8, op.peer,
+                                                         op.tag, h);
+            });
+            launch(op.work);
+        }
+    }
+#endif
+
     static size_t bytes_of(const at::Tensor& t) {
         return (size_t)t.numel() * t.element_size();
     }
@@ -1105,6 +1250,9 @@ class ProcessGroupDDP : public BackendBase {
                     ": the process group was shut down or aborted");
         std::string title = std::string("ddp:") + what;
         auto w = c10::make_intrusive<WorkDDP>(getRank(), type, title.c_str(), outputs);
+        if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
+            type != c10d::OpType::RECVANYSOURCE && std::strcmp(what, "coalesced") != 0)
+            sequence_number_.fetch_add(1);
         w->what_ = what;
         w->rank_in_group_ = getRank();
 #if LIBDDP_TORCH2
@@ -1271,8 +1419,12 @@ class ProcessGroupDDP : public BackendBase {
     ddp_group_t* group_ = nullptr;
     std::mutex close_mu_;
     std::atomic<int> outstanding_{0};
+    std::atomic<uint64_t> sequence_number_{0};  // collectives issued (getSequenceNumberForGroup)
     bool coalescing_ = false;  // between startCoalescing and endCoalescing (issuing thread only)
     std::vector<c10::intrusive_ptr<WorkDDP>> coalesced_;
+#if LIBDDP_TORCH2
+    std::vector<DeferredP2P> deferred_p2p_;  // a coalescing batch's sends and recvs
+#endif
 };
 
 static c10::intrusive_ptr<BackendBase> create(const c10::intrusive_ptr<c10d::Store>& store,
