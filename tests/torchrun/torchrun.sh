@@ -22,9 +22,10 @@ die() { echo "FAIL: $*"; [ -f "$WORK/out" ] && tail -n 40 "$WORK/out"; exit 1; }
 # The parameter sum printed by every rank: one value, from `want` ranks (run in $(...): it
 # prints the problem and returns 1 instead of exiting).
 one_sum() {
-    n=$(grep -c "train.py: rank .* identical True sum" "$1")
+    lines=$(grep -o "train.py: rank [0-9]* of [0-9]* backend [a-z]* attempt [0-9]* identical True sum -\{0,1\}[0-9]*\.[0-9]\{6\}" "$1")
+    n=$(printf '%s\n' "$lines" | grep -c "identical True")
     [ "$n" = "$2" ] || { echo "$n of $2 ranks reported identical parameters"; return 1; }
-    sums=$(grep "train.py: rank .* identical True sum" "$1" | grep -o "sum [-0-9.]*$" | sort -u)
+    sums=$(printf '%s\n' "$lines" | grep -o "sum [-0-9.]*$" | sort -u)
     [ "$(echo "$sums" | wc -l)" = 1 ] || { echo "ranks differ: $sums"; return 1; }
     echo "$sums"
 }

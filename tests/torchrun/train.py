@@ -14,6 +14,13 @@ if os.environ.get("DDP_TEST_IMPORT", "1") == "1":
     import libddp.torch  # noqa: F401  (where the package is installed, the entry point does this)
 
 
+def say(line):
+    # One write(2) per line: the ranks share torchrun's stdout, and print() may write the text and
+    # its newline separately, so two ranks' lines could interleave into one.
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
+
+
 def main():
     dist.init_process_group("ddp")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -32,7 +39,7 @@ def main():
         start = state["step"]
     for step in range(start, 20):
         if attempt == 0 and step == kill_step and rank == kill_rank:
-            print("train.py: rank %d dies at step %d" % (rank, step), flush=True)
+            say("train.py: rank %d dies at step %d" % (rank, step))
             os._exit(7)
         g = torch.Generator().manual_seed(1000 * step + rank)
         x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
@@ -48,8 +55,8 @@ def main():
     dist.all_gather(every, flat)
     same = all(torch.equal(every[0], t) for t in every)
     backend = dist.get_backend()
-    print("train.py: rank %d of %d backend %s attempt %d identical %s sum %.6f"
-          % (rank, world, backend, attempt, same, float(flat.double().sum())), flush=True)
+    say("train.py: rank %d of %d backend %s attempt %d identical %s sum %.6f"
+        % (rank, world, backend, attempt, same, float(flat.double().sum())))
     dist.destroy_process_group()
     sys.exit(0 if same else 1)
 
