@@ -11,7 +11,13 @@ itself costs. Every repeat times the three back to back in alternating order, so
 machine's speed hits all. Per size and backend: the median over repeats of the
 per-op time (the slowest rank's), algbw = bytes / time; ratio = gloo time / ddp time per repeat,
 quoted as median [min-max] over repeats; likewise ddp/C = the backend's time over the direct
-call's. Needs the backend built (`make`)."""
+call's. Needs the backend built (`make`).
+
+--op picks the collective: all_reduce (default), all_gather_into_tensor, reduce_scatter_tensor,
+broadcast (root 0) or all_to_all_single. SIZE is the whole buffer, as nccl-tests count it: the
+gathered output of all_gather_into_tensor, the input of reduce_scatter_tensor, each rank's
+buffer of all_to_all_single. The direct C anchor exists for the four with a NumPy call
+(all_to_all_single has none: its C column stays empty)."""
 import argparse
 import os
 import socket
@@ -52,6 +58,35 @@ def time_op(op, barrier, agree, min_seconds, max_iters):
     return (time.perf_counter() - start) / iters
 
 
+def ops(op, nbytes, world, direct):
+    """(run(group), direct_call or None) for one collective on SIZE bytes of float32. Zeros
+    stay zeros: no overflow however often they are summed."""
+    n = nbytes // 4
+    n -= n % world
+    if op == "all_reduce":
+        t = torch.zeros(n)
+        a = t.numpy()  # the same memory for the direct calls
+        return (lambda g: dist.all_reduce(t, group=g)), (lambda: direct.allreduce(a))
+    if op == "broadcast":
+        t = torch.zeros(n)
+        a = t.numpy()
+        return (lambda g: dist.broadcast(t, 0, group=g)), (lambda: direct.broadcast(a, 0))
+    if op == "all_gather_into_tensor":
+        out, part = torch.zeros(n), torch.zeros(n // world)
+        o, i = out.numpy(), part.numpy()
+        return ((lambda g: dist.all_gather_into_tensor(out, part, group=g)),
+                (lambda: direct.allgather(i, o)))
+    if op == "reduce_scatter_tensor":
+        inp, part = torch.zeros(n), torch.zeros(n // world)
+        i, o = inp.numpy(), part.numpy()
+        return ((lambda g: dist.reduce_scatter_tensor(part, inp, group=g)),
+                (lambda: direct.reduce_scatter(i, o)))
+    if op == "all_to_all_single":
+        inp, out = torch.zeros(n), torch.zeros(n)
+        return (lambda g: dist.all_to_all_single(out, inp, group=g)), None
+    raise SystemExit("unknown --op %s" % op)
+
+
 def rank_main(rank, world, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -65,13 +100,16 @@ def rank_main(rank, world, port, args, queue):
     rows = []
     nbytes = 8
     while nbytes <= args.max_bytes:
-        t = torch.zeros(nbytes // 4)  # zeros stay zeros: no overflow however often it is summed
-        a = t.numpy()  # the same memory for the direct calls
+        if nbytes < 4 * world:  # every rank's part must hold one element
+            nbytes *= 8
+            continue
+        run, anchor = ops(args.op, nbytes, world, direct)
         calls = {
-            "ddp": (lambda: dist.all_reduce(t), lambda: dist.barrier()),
-            "gloo": (lambda: dist.all_reduce(t, group=gloo), lambda: dist.barrier(group=gloo)),
-            "C": (lambda: direct.allreduce(a), direct.barrier),
+            "ddp": (lambda: run(None), lambda: dist.barrier()),
+            "gloo": (lambda: run(gloo), lambda: dist.barrier(group=gloo)),
         }
+        if anchor is not None:
+            calls["C"] = (anchor, direct.barrier)
         times = {name: [] for name in calls}
         for rep in range(args.repeats):
             order = list(calls) if rep % 2 == 0 else list(reversed(list(calls)))
@@ -103,6 +141,9 @@ def main():
     ap.add_argument("--min-seconds", type=float, default=0.25,
                     help="time each measurement for at least this long")
     ap.add_argument("--max-iters", type=int, default=2000)
+    ap.add_argument("--op", default="all_reduce",
+                    choices=["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                             "broadcast", "all_to_all_single"])
     args = ap.parse_args()
     args.load = " ".join(open("/proc/loadavg").read().split()[:3])
     with socket.socket() as s:
@@ -121,8 +162,8 @@ def main():
         p.join()
     os.unlink(args.store)
     os.rmdir(tmp)
-    print("# torch %s, %d ranks, float32 sum, ddp transport %s, %d repeats interleaved, %s" %
-          (torch.__version__, args.ranks, transport, args.repeats,
+    print("# %s, torch %s, %d ranks, float32 sum, ddp transport %s, %d repeats interleaved, %s" %
+          (args.op, torch.__version__, args.ranks, transport, args.repeats,
            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
     print("# load average before: %s" % args.load)
     print("%10s %10s %9s %10s %9s %10s %9s %19s %17s" % (
@@ -131,12 +172,18 @@ def main():
     for nbytes, times in rows:
         med = {k: statistics.median(v) for k, v in times.items()}
         vs_gloo = [g / d for g, d in zip(times["gloo"], times["ddp"])]
-        vs_c = [d / c for d, c in zip(times["ddp"], times["C"])]
-        print("%10s %10.1f %9.3f %10.1f %9.3f %10.1f %9.3f %7.1fx [%.1f-%.1f] %6.2fx [%.2f-%.2f]" %
-              (human(nbytes), med["ddp"] * 1e6, nbytes / med["ddp"] / 1e9,
-               med["gloo"] * 1e6, nbytes / med["gloo"] / 1e9, med["C"] * 1e6,
-               nbytes / med["C"] / 1e9, statistics.median(vs_gloo), min(vs_gloo),
-               max(vs_gloo), statistics.median(vs_c), min(vs_c), max(vs_c)))
+        line = "%10s %10.1f %9.3f %10.1f %9.3f" % (
+            human(nbytes), med["ddp"] * 1e6, nbytes / med["ddp"] / 1e9,
+            med["gloo"] * 1e6, nbytes / med["gloo"] / 1e9)
+        if "C" in times:
+            vs_c = [d / c for d, c in zip(times["ddp"], times["C"])]
+            line += " %10.1f %9.3f %7.1fx [%.1f-%.1f] %6.2fx [%.2f-%.2f]" % (
+                med["C"] * 1e6, nbytes / med["C"] / 1e9, statistics.median(vs_gloo),
+                min(vs_gloo), max(vs_gloo), statistics.median(vs_c), min(vs_c), max(vs_c))
+        else:
+            line += " %10s %9s %7.1fx [%.1f-%.1f] %17s" % (
+                "-", "-", statistics.median(vs_gloo), min(vs_gloo), max(vs_gloo), "-")
+        print(line)
 
 if __name__ == "__main__":
     main()
