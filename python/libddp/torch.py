@@ -151,18 +151,51 @@ def _ordered_batches(original: Any) -> Any:
     return batch_isend_irecv
 
 
-def _register() -> None:
-    if BACKEND.upper() in dist.Backend._plugins:
-        return
-    if int(torch.__version__.split(".")[0]) >= 2:
-        # A list: some 2.x releases split a bare string into characters.
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
-    else:
-        dist.Backend.register_backend(BACKEND, _create)
-        if not getattr(dist.batch_isend_irecv, "_libddp_ordered", False):
-            ordered = _ordered_batches(dist.batch_isend_irecv)
-            dist.batch_isend_irecv = ordered
-            dist.distributed_c10d.batch_isend_irecv = ordered
+def _monitored_barriers(original: Any) -> Any:
+    """torch.distributed.monitored_barrier for "ddp" groups too. torch's Python refuses every
+    backend but gloo before it calls the backend ("monitored_barrier is only implemented for GLOO
+    backend"), while its C++ dispatches to the backend's monitoredBarrier, which "ddp" implements
+    (rank 0 names the ranks that did not arrive; over torch's store, so the group stays usable).
+    This passes "ddp" groups to it with torch's own argument handling; every other group goes to
+    torch's function unchanged."""
+    c10d = dist.distributed_c10d
 
+    def monitored_barrier(group=dist.GroupMember.WORLD, timeout=None,  # type: ignore[no-untyped-def]
+                          wait_all_ranks=False):
+        if c10d._rank_not_in_group(group) or dist.get_backend(group) != BACKEND:
+            return original(group, timeout, wait_all_ranks)
+        if timeout is None:
+            if hasattr(c10d, "_get_default_timeout"):
+                timeout = c10d._get_default_timeout(BACKEND)
+            else:
+                timeout = c10d.default_pg_timeout
+        elif isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        pg = c10d._get_default_group() if group is None else group
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier.__doc__ = original.__doc__
+    monitored_barrier._libddp = True  # type: ignore[attr-defined]
+    return monitored_barrier
+
+
+def _register() -> None:
+    # "ddp" may be registered already by the entry point (libddp._autoload), which imports this
+    # module when the first "ddp" group is created: the patches below are applied either way.
+    if BACKEND.upper() not in dist.Backend._plugins:
+        if int(torch.__version__.split(".")[0]) >= 2:
+            # A list: some 2.x releases split a bare string into characters.
+            dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        else:
+            dist.Backend.register_backend(BACKEND, _create)
+    if int(torch.__version__.split(".")[0]) < 2 and not getattr(dist.batch_isend_irecv,
+                                                                  "_libddp_ordered", False):
+        ordered = _ordered_batches(dist.batch_isend_irecv)
+        dist.batch_isend_irecv = ordered
+        dist.distributed_c10d.batch_isend_irecv = ordered
+    if not getattr(dist.monitored_barrier, "_libddp", False):
+        monitored = _monitored_barriers(dist.monitored_barrier)
+        dist.monitored_barrier = monitored
+        dist.distributed_c10d.monitored_barrier = monitored
 
 _register()

@@ -639,6 +639,43 @@ def test_abort_reaches_the_peers_at_once():
     assert "aborted the group" in text and "rank 1" in text, text
 
 
+def monitored_body(rank, world):
+    from datetime import timedelta
+    got = []
+    dist.monitored_barrier(timeout=timedelta(seconds=30))  # everyone comes: passes
+    dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    if rank != world - 1:  # the last rank stays away
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=1))
+            got.append("passed")
+        except RuntimeError as e:
+            got.append(str(e))
+    if rank == 0:  # only rank 0 comes: every other rank is named
+        try:
+            dist.monitored_barrier(timeout=timedelta(milliseconds=300), wait_all_ranks=True)
+            got.append("passed")
+        except RuntimeError as e:
+            got.append(str(e))
+    t = torch.full((4,), float(rank))
+    dist.all_reduce(t)  # the group is still whole: the barrier went over torch's store
+    return got, t.tolist()
+
+
+def test_monitored_barrier_names_the_missing_ranks():
+    # torch refuses monitored_barrier for any backend but gloo in Python; libddp.torch passes
+    # "ddp" groups to the backend's monitoredBarrier (rank 0 names who did not arrive).
+    world = 3
+    res = run(world, monitored_body)
+    want = float(sum(range(world)))
+    for got, t in res:
+        assert t == [want] * 4, t
+    assert "Rank 2 failed to pass monitoredBarrier" in res[0][0][0], res[0]
+    assert "Ranks 1, 2 failed to pass monitoredBarrier" in res[0][0][1], res[0]
+    assert "Rank 1 successfully reached monitoredBarrier" in res[1][0][0], res[1]
+    assert "rank 0" in res[1][0][0], res[1]
+    assert res[2][0] == [], res[2]
+
+
 # ---- a dead rank ------------------------------------------------------------------------------
 
 def dead_body(rank, world, victim, how):

@@ -499,6 +499,7 @@ class ProcessGroupDDP : public BackendBase {
     ProcessGroupDDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout)
         : BackendBase(rank, size) {
+        torch_store_ = store;
         ddp_store_callbacks_t cb{};
         cb.ctx = new c10::intrusive_ptr<c10d::Store>(store);
         cb.set = store_set;
@@ -868,6 +869,74 @@ class ProcessGroupDDP : public BackendBase {
         return launch(w);
     }
 
+    // torch.distributed.monitored_barrier: rank 0 waits for every other rank in rank order
+    // until the timeout and raises naming the first rank that did not arrive (every such rank,
+    // with wait_all_ranks); the others raise when rank 0 does. Carried by torch's store, not by
+    // the group, so a rank that never comes poisons nothing: the group stays usable, and the
+    // diagnosis does not depend on the transport. Keys are per call (a counter every rank of
+    // the group advances alike); rank 0 removes the arrival keys once it has seen them.
+    void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+        using clock = std::chrono::steady_clock;
+        auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts.timeout);
+        auto deadline = clock::now() + timeout;
+        std::string base = "libddp/monitored_barrier/" + std::to_string(monitored_seq_++) + "/";
+        c10d::Store& store = *torch_store_;
+        auto left = [&] {
+            return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        };
+        // True if key exists before the deadline. Polled with check() (1 to 10 ms apart): the
+        // store's own wait() prints a warning on every timeout, and a missing rank is the case
+        // this call is for.
+        auto arrives = [&](const std::string& key) {
+            auto nap = std::chrono::milliseconds(1);
+            for (;;) {
+                if (store.check({key}))
+                    return true;
+                auto ms = left();
+                if (ms.count() <= 0)
+                    return false;
+                std::this_thread::sleep_for(std::min(nap, ms));
+                nap = std::min(nap * 2, std::chrono::milliseconds(10));
+            }
+        };
+        const std::vector<uint8_t> ok{'o', 'k'}, failed{'n', 'o'};
+        int rank = getRank();
+        if (rank != 0) {
+            store.set(base + "arrive/" + std::to_string(rank), std::vector<uint8_t>(1, 1));
+            bool released = arrives(base + "release") && store.get(base + "release") == ok;
+            TORCH_CHECK(released,
+                        "Rank ", rank, " successfully reached monitoredBarrier, but received "
+                        "errors while waiting for send/recv from rank 0. Please check rank 0's "
+                        "error for the rank that did not arrive.");
+            return;
+        }
+        TORCH_CHECK(timeout.count() > 0 || getSize() == 1, "Rank 0 timed out in monitoredBarrier "
+                    "after ", timeout.count(), " ms: the timeout leaves no time to wait for rank 1");
+        std::vector<int> missing;
+        for (int r = 1; r < getSize(); r++) {
+            std::string key = base + "arrive/" + std::to_string(r);
+            if (arrives(key)) {
+                store.deleteKey(key);
+                continue;
+            }
+            missing.push_back(r);
+            if (!wait_all_ranks)
+                break;
+        }
+        if (missing.empty()) {
+            store.set(base + "release", ok);
+            return;
+        }
+        store.set(base + "release", failed);
+        std::string ranks;
+        for (size_t i = 0; i < missing.size(); i++)
+            ranks += (i ? ", " : "") + std::to_string(missing[i]);
+        TORCH_CHECK(false, wait_all_ranks ? "Ranks " : "Rank ", ranks,
+                    " failed to pass monitoredBarrier in ", timeout.count(), " ms (rank 0 waited "
+                    "for every rank of the group in rank order", wait_all_ranks ? "" :
+                    "; the first missing one is named, wait_all_ranks=True names every one", ")");
+    }
+
     c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                           const c10d::ReduceOptions& opts) override {
         check_single("reduce", tensors);
@@ -1087,6 +1156,9 @@ class ProcessGroupDDP : public BackendBase {
     }
 
   private:
+    c10::intrusive_ptr<c10d::Store> torch_store_;  // for monitoredBarrier
+    uint64_t monitored_seq_ = 0;
+
     // SUM of sparse COO tensors, as gloo does it: every rank's (coalesced) indices and values
     // are gathered to every rank (three allgathers: the counts, then indices and values packed
     // by rank), and the sum is their concatenation coalesced, written into the caller's tensor.
