@@ -10,7 +10,8 @@
 #           batch B/2 stepping only its ZeRO-1 chunk of the parameters (--bench-optim-share i/2):
 #           the same model, the same arithmetic per core and both cores' shared memory bus and
 #           cache, without any exchange. Its samples/s is the sum of the two processes'; its step,
-#           phases and CPU time the mean of the two (CPU time: the larger).
+#           phases and CPU time the mean of the two (CPU time: the larger). (One that ends first
+#           leaves the other its last steps alone, which can only raise the bound.)
 # then prints per repeat the ratios 2ranks/1rank, bound = pair/1rank and 2ranks/bound, and at the
 # end the medians over the repeats of every run and phase (the trainer's --json phase_ms, rank 0
 # for 2ranks), the per-repeat ratios (median [min-max]), by samples/s and by CPU time per step
