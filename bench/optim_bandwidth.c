@@ -9,6 +9,9 @@
  *   libddp       libddp's vectorised Adam (ddp_optim_step; double arithmetic, float storage)
  *   libddp-half  the same on the 1.06 M elements the larger ZeRO-1 shard holds at world 2
  *                (fc2.weight, fc2.bias, fc3.weight, fc3.bias)
+ *   libddp-share the same on process q's chunk q of P of every parameter (P = --procs; one
+ *                process alone: chunk 0): what ZeRO-1 in chunks, the trainer's default, gives
+ *                each of P ranks to step, without its exchange
  *
  *   build/optim-bandwidth [--procs P] [--reps R] [--steps S] [--hidden H]
  *
@@ -16,7 +19,9 @@
  * S steps, each repetition's slowest process) and the traffic it implies (28 bytes per element
  * per step / time), then the same from the processes' CPU time (a process descheduled by other
  * work on a shared machine does not count it; one stalled on memory does). Repetitions alternate
- * one process and all of them. */
+ * one process and all of them. Last, the optimizer phase's bound at P ranks: libddp on the whole
+ * model, one process, against libddp-share on P processes at once (each its 1/P): how much
+ * faster P ranks can step at best, before any exchange, with the memory bus shared. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -55,8 +60,23 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-enum { CASE_STREAM, CASE_TRAINER, CASE_LIBDDP, CASE_LIBDDP_HALF, NCASES };
-static const char *const case_names[NCASES] = {"stream", "trainer", "libddp", "libddp-half"};
+enum { CASE_STREAM, CASE_TRAINER, CASE_LIBDDP, CASE_LIBDDP_HALF, CASE_LIBDDP_SHARE, NCASES };
+static const char *const case_names[NCASES] = {"stream", "trainer", "libddp", "libddp-half",
+                                               "libddp-share"};
+
+/* Where chunk q of P of a parameter of n elements starts and how long it is: ZeRO's cut
+ * (ceil(n / P) elements per chunk, the last ones shorter or empty). */
+static size_t share_start(size_t n, int q, int parts)
+{
+    size_t chunk = (n + (size_t)parts - 1) / (size_t)parts, lo = (size_t)q * chunk;
+    return lo < n ? lo : n;
+}
+
+static size_t share_numel(size_t n, int q, int parts)
+{
+    size_t lo = share_start(n, q, parts), chunk = (n + (size_t)parts - 1) / (size_t)parts;
+    return n - lo < chunk ? n - lo : chunk;
+}
 
 #define MAX_PROCS 8
 #define MAX_REPS 64
@@ -91,7 +111,7 @@ static void stream_step(float *restrict p, const float *restrict g, float *restr
 }
 
 /* One repetition r of every case in process `proc`. */
-static void run_process(int proc, int r, int steps, size_t hidden, shared_t *sh)
+static void run_process(int proc, int parts, int r, int steps, size_t hidden, shared_t *sh)
 {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -125,9 +145,19 @@ static void run_process(int proc, int r, int steps, size_t hidden, shared_t *sh)
     ddp_optim_config_t oc = DDP_OPTIM_CONFIG_INIT;
     oc.kind = DDP_OPTIM_ADAM;
     oc.lr = 1e-3;
-    ddp_optim_t *lib = NULL, *lib_half = NULL;
+    ddp_param_t share[FM_NPARAMS];
+    float *share_grads[FM_NPARAMS];
+    for (int k = 0; k < FM_NPARAMS; k++) {
+        size_t lo = share_start(numel[k], proc, parts);
+        share[k] = dp[k];
+        share[k].data = params[k] + lo;
+        share[k].numel = share_numel(numel[k], proc, parts);
+        share_grads[k] = grads[k] + lo;
+    }
+    ddp_optim_t *lib = NULL, *lib_half = NULL, *lib_share = NULL;
     if (ddp_optim_create(dp, FM_NPARAMS, &oc, &lib) != DDP_OK ||
-        ddp_optim_create(dp + 2, 4, &oc, &lib_half) != DDP_OK) {
+        ddp_optim_create(dp + 2, 4, &oc, &lib_half) != DDP_OK ||
+        ddp_optim_create(share, FM_NPARAMS, &oc, &lib_share) != DDP_OK) {
         fprintf(stderr, "optim-bandwidth: ddp_optim_create: %s\n", ddp_last_error());
         exit(1);
     }
@@ -145,7 +175,10 @@ static void run_process(int proc, int r, int steps, size_t hidden, shared_t *sh)
                 case CASE_STREAM: stream_step(sp, sg, sm, sv, total); break;
                 case CASE_TRAINER: fm_optim_step(&opt, params, grads); break;
                 case CASE_LIBDDP: (void)ddp_optim_step(lib, (void *const *)grads); break;
-                default: (void)ddp_optim_step(lib_half, (void *const *)(grads + 2)); break;
+                case CASE_LIBDDP_HALF:
+                    (void)ddp_optim_step(lib_half, (void *const *)(grads + 2));
+                    break;
+                default: (void)ddp_optim_step(lib_share, (void *const *)share_grads); break;
                 }
             }
             sh->ms[c][r][proc] = (now() - sh->ms[c][r][proc]) * 1e3 / steps;
@@ -154,6 +187,7 @@ static void run_process(int proc, int r, int steps, size_t hidden, shared_t *sh)
     }
     ddp_optim_destroy(lib);
     ddp_optim_destroy(lib_half);
+    ddp_optim_destroy(lib_share);
     fm_optim_destroy(&opt);
     for (int k = 0; k < FM_NPARAMS; k++) {
         free(params[k]);
@@ -191,6 +225,11 @@ int main(int argc, char **argv)
     size_t total = hidden * FM_PIXELS + hidden * hidden + hidden * FM_CLASSES + 2 * hidden +
                    FM_CLASSES;
     size_t half = hidden * hidden + hidden * FM_CLASSES + hidden + FM_CLASSES;
+    size_t numel[FM_NPARAMS] = {hidden * FM_PIXELS, hidden,     hidden * hidden,
+                                hidden,             FM_CLASSES * hidden, FM_CLASSES};
+    size_t share = 0; /* process 0's chunks, the largest share */
+    for (int k = 0; k < FM_NPARAMS; k++) share += share_numel(numel[k], 0, procs);
+    double med_of[NCASES][2], cmed_of[NCASES][2];
     printf("# optim-bandwidth: MLP 784-%zu-%zu-10 (%zu parameters; the larger ZeRO-1 shard at "
            "world 2: %zu), %d rep(s) of %d steps\n", hidden, hidden, total, half, reps, steps);
     printf("%-12s %6s %12s %12s %12s %10s %12s %10s\n", "case", "procs", "ms/step min", "median",
@@ -221,7 +260,7 @@ int main(int argc, char **argv)
                     return 1;
                 }
                 if (pids[q] == 0) {
-                    run_process(q, r, steps, hidden, sh[k]);
+                    run_process(q, procs, r, steps, hidden, sh[k]);
                     _exit(0);
                 }
             }
@@ -253,11 +292,20 @@ int main(int argc, char **argv)
             qsort(cpu, (size_t)reps, sizeof cpu[0], cmp);
             double med = reps % 2 ? v[reps / 2] : 0.5 * (v[reps / 2 - 1] + v[reps / 2]);
             double cmed = reps % 2 ? cpu[reps / 2] : 0.5 * (cpu[reps / 2 - 1] + cpu[reps / 2]);
-            size_t n = c == CASE_LIBDDP_HALF ? half : total;
+            size_t n = c == CASE_LIBDDP_HALF ? half : c == CASE_LIBDDP_SHARE ? share : total;
+            med_of[c][k] = med;
+            cmed_of[c][k] = cmed;
             printf("%-12s %6d %12.3f %12.3f %12.3f %10.1f %12.3f %10.1f\n", case_names[c], p,
                    v[0], med, v[reps - 1], 28.0 * (double)n / (med * 1e-3) / 1e9, cmed,
                    28.0 * (double)n / (cmed * 1e-3) / 1e9);
         }
     }
+    if (procs > 1)
+        printf("# the optimizer phase's bound at %d ranks: the whole update on 1 process %.3f ms, "
+               "each process's 1/%d share on %d at once %.3f ms: at most %.2fx faster (by CPU "
+               "time %.3f / %.3f ms: %.2fx), before any exchange\n",
+               procs, med_of[CASE_LIBDDP][0], procs, procs, med_of[CASE_LIBDDP_SHARE][1],
+               med_of[CASE_LIBDDP][0] / med_of[CASE_LIBDDP_SHARE][1], cmed_of[CASE_LIBDDP][0],
+               cmed_of[CASE_LIBDDP_SHARE][1], cmed_of[CASE_LIBDDP][0] / cmed_of[CASE_LIBDDP_SHARE][1]);
     return 0;
 }

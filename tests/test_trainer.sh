@@ -12,7 +12,9 @@
 #               over ranks, stage 1 and overlap bitwise equal to the unsharded optimizer
 #               (--zero 0: the same libddp kernels on every element), stage 2 within 1e-4; the
 #               default is ZeRO-1 on several ranks (the same bits again) and unsharded on one
-#               rank or with an option ZeRO refuses; refusals
+#               rank or with an option ZeRO refuses; refusals; --bench-optim-share R/N (one
+#               rank stepping ZeRO-1's chunk R of N): 0/1 bitwise the whole update, the shares'
+#               states tile the whole state, refusals
 #   blocks      --grad-blocks K (row blocks handed to the Reducer as computed, tiny pieces): the
 #               same bits for K = 1, 3, 8 on 1-3 ranks, with --accumulate, --hook fp16, --zero 1
 #               and --sync legacy too; K = 9 is refused
@@ -395,6 +397,38 @@ zero)
         run 2 $COMMON --batch 48 --max-steps 3 --json $other
         [ "$RC" = 0 ] || fail "2 ranks $other: exit $RC"
         [ "$(json_field zero)" = 0 ] || fail "2 ranks $other: the default is ZeRO $(json_field zero)"
+    done
+    # --bench-optim-share R/N (bench/demo_scaling.sh's independent processes): 0/1 is the whole
+    # update, bitwise; the N shares' optimizer states tile the whole state; each share steps
+    # less than the whole (other parameters); refusals name the conflict
+    share="$COMMON --optim adam --batch 48 --max-steps 5 --json"
+    run 1 $share
+    whole_sum=$(checksums)
+    whole_state=$(json_field optimizer_state_bytes)
+    run 1 $share --bench-optim-share 0/1
+    [ "$RC" = 0 ] && [ "$(checksums)" = "$whole_sum" ] ||
+        fail "--bench-optim-share 0/1 ends at $(checksums), the whole update at $whole_sum"
+    for parts in 2 3; do
+        total=0 r=0
+        while [ "$r" -lt "$parts" ]; do
+            run 1 $share --bench-optim-share "$r/$parts"
+            [ "$RC" = 0 ] || fail "--bench-optim-share $r/$parts: exit $RC"
+            [ "$(checksums)" != "$whole_sum" ] || fail "--bench-optim-share $r/$parts stepped everything"
+            total=$((total + $(json_field optimizer_state_bytes)))
+            r=$((r + 1))
+        done
+        [ "$total" = "$whole_state" ] ||
+            fail "--bench-optim-share */$parts: the shares' states sum to $total bytes, the whole is $whole_state"
+    done
+    run 2 $COMMON --batch 48 --max-steps 3 --bench-optim-share 0/2
+    [ "$RC" = 1 ] && grep -q -- '--bench-optim-share' "$WORK/err" ||
+        fail "--bench-optim-share on 2 ranks: exit $RC, expected 1 naming the option"
+    for bad in "--bench-optim-share 2/2" "--bench-optim-share 1" "--bench-optim-share 0/0" \
+               "--bench-optim-share 0/2 --zero 1" "--bench-optim-share 0/2 --clip-grad 1" \
+               "--bench-optim-share 0/2 --param-dtype bf16"; do
+        run 1 --subset 100 $bad
+        [ "$RC" = 2 ] && grep -q -- '--bench-optim-share' "$WORK/err" ||
+            fail "'$bad': exit $RC, expected 2 naming --bench-optim-share"
     done
     # what ZeRO cannot honour: exit 2 naming the conflict
     for bad in "--zero 1 --sync legacy" "--clip-grad 1 --zero-overlap" \

@@ -62,6 +62,10 @@ typedef struct options {
     size_t warmup_steps;
     double clip_grad;       /* > 0: the global gradient norm is clipped to it */
     int param_bf16;         /* --param-dtype bf16: the optimizer updates bf16 parameters */
+    /* --bench-optim-share R/N (timing only, one rank): the optimizer steps only chunk R of N of
+     * every parameter, the share ZeRO-1 in chunks gives rank R of N, without any exchange.
+     * share_count 0: off. */
+    size_t share_index, share_count;
 } options_t;
 
 /* What --metrics records of a step until its global loss is known (flush_losses). */
@@ -100,6 +104,7 @@ typedef struct trainer {
      * updates half_params (bf16 copies of the model's values, which the model then takes) from
      * half_grads (the gradients rounded to bf16). */
     ddp_optim_t *lib_opt;
+    size_t share_offset[FM_NPARAMS]; /* --bench-optim-share: where the stepped chunk starts */
     uint16_t *half_params[FM_NPARAMS], *half_grads[FM_NPARAMS];
     fm_extra_t resume_extra; /* --resume: optimizer and hook state, loaded once they exist */
     const char *resumed_from; /* the checkpoint this run continued from, or NULL */
@@ -247,6 +252,10 @@ static void usage(FILE *out)
         "  --bench-nosync      timing only: every other step skips communication (no_sync),\n"
         "                      so the JSON's nosync_step_ms_median is the local step measured\n"
         "                      in the same run (parameters then differ across ranks)\n"
+        "  --bench-optim-share R/N   timing only, one rank: the optimizer steps chunk R of N\n"
+        "                      of every parameter (what ZeRO-1 in chunks gives rank R of N)\n"
+        "                      and leaves the rest; N such processes at batch B/N at once are\n"
+        "                      N ranks' work without communication (bench/demo_scaling.sh)\n"
         "  --help              this text\n"
         "exit status: 0 success, 1 runtime error, 2 bad option\n",
         prog, prog);
@@ -378,7 +387,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             "--trace",  "--trace-steps", "--log-every",  "--warmup",     "--hook",
             "--zero",   "--grad-blocks", "--piece-mb",   "--lr-schedule", "--warmup-steps",
             "--clip-grad", "--param-dtype", "--save-every", "--metrics", "--drop-last",
-            "--zero-partition"};
+            "--zero-partition", "--bench-optim-share"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(name, valued[k]);
@@ -487,6 +496,20 @@ static void parse_options(int argc, char **argv, options_t *o)
                 o->zero_whole = 1;
             else
                 die_usage("--zero-partition: '%s' is neither chunks nor params", val);
+        } else if (!strcmp(name, "--bench-optim-share")) {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long r = strtoull(val, &end, 10), n = 0;
+            int ok = !errno && end != val && *end == '/' && val[0] != '-';
+            if (ok) {
+                const char *nv = end + 1;
+                n = strtoull(nv, &end, 10);
+                ok = !errno && end != nv && !*end && nv[0] != '-' && n >= 1 && n <= 4096 && r < n;
+            }
+            if (!ok)
+                die_usage("--bench-optim-share: '%s' is not R/N with 0 <= R < N <= 4096", val);
+            o->share_index = (size_t)r;
+            o->share_count = (size_t)n;
         } else if (!strcmp(name, "--sync")) {
             if (!strcmp(val, "reducer"))
                 o->legacy = 0;
@@ -519,6 +542,19 @@ static void parse_options(int argc, char **argv, options_t *o)
                            : o->param_bf16                ? "--param-dtype bf16"
                                                           : NULL;
         if (what) die_usage("--drop-last 0 cannot be combined with %s", what);
+    }
+    if (o->share_count) {
+        /* A share of the update is a timing device: it needs the whole gradient and state of
+         * its chunk and nothing else, so no ZeRO, no global norm, no bf16 copies, no
+         * checkpoint of a state that covers part of the model. */
+        const char *what = o->zero && !o->zero_auto ? "--zero"
+                           : o->zero_overlap      ? "--zero-overlap"
+                           : o->clip_grad > 0     ? "--clip-grad"
+                           : o->param_bf16        ? "--param-dtype bf16"
+                           : o->checkpoint        ? "--checkpoint"
+                           : o->resume            ? "--resume"
+                                                  : NULL;
+        if (what) die_usage("--bench-optim-share cannot be combined with %s", what);
     }
     if (o->legacy && o->hook != FM_HOOK_ALLREDUCE)
         die_usage("--hook %s needs --sync reducer", fm_hook_names[o->hook]);
@@ -1233,6 +1269,16 @@ static void setup_data_parallel(trainer_t *t)
             optim_params[k].data = t->half_params[k];
             optim_params[k].dtype = DDP_BF16;
         }
+    if (o->share_count) /* --bench-optim-share: chunk R of N of every parameter, as ZeRO cuts */
+        for (int k = 0; k < FM_NPARAMS; k++) {
+            size_t n = optim_params[k].numel;
+            size_t chunk = (n + o->share_count - 1) / o->share_count;
+            size_t lo = o->share_index * chunk < n ? o->share_index * chunk : n;
+            size_t hi = n - lo < chunk ? n : lo + chunk;
+            t->share_offset[k] = lo;
+            optim_params[k].data = (float *)optim_params[k].data + lo;
+            optim_params[k].numel = hi - lo;
+        }
     ddp_optim_group_t groups[2];
     if (o->zero) {
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
@@ -1404,6 +1450,10 @@ static void optimizer_step(trainer_t *t)
     if (t->zero) { /* stage 2 and overlap: every gradient is with ZeRO already */
         check(ddp_zero_step(t->zero, o->zero == 1 && !o->zero_overlap ? grads : NULL),
               "ddp_zero_step");
+    } else if (o->share_count) { /* --bench-optim-share: this process's chunks only */
+        void *share[FM_NPARAMS];
+        for (int k = 0; k < FM_NPARAMS; k++) share[k] = t->grads[k] + t->share_offset[k];
+        check(ddp_optim_step(t->lib_opt, share), "ddp_optim_step");
     } else {
         check(ddp_optim_step(t->lib_opt, grads), "ddp_optim_step");
     }
@@ -1817,6 +1867,9 @@ int main(int argc, char **argv)
 #endif
     setup_group(t);
     resolve_zero_default(t);
+    if (t->o.share_count && t->world > 1)
+        fail("--bench-optim-share R/N runs one rank (it is one of N independent processes), "
+             "not %d", t->world);
     if (t->o.batch % (size_t)t->world)
         fail("--batch %zu is not divisible by the world size %d: the global batch is split "
              "evenly over ranks",
