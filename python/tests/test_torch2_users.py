@@ -450,3 +450,81 @@ def test_subgroup_cost():
         if backend == "ddp":
             assert t1 - t0 <= n, (t0, t1)
             assert shm1[0] - shm0[0] <= n, (shm0, shm1)  # at most one segment per group
+
+
+# ---- a rank killed or stopped in the middle of an FSDP2 step ---------------------------------------
+
+def fsdp_victim_body(rank, world, victim, how):
+    """FSDP2 steps until, in step 2, the victim's forward reaches its second block (block 1's
+    parameters all-gathered, block 2's prefetch in flight) and kills or stops itself there. The
+    others carry on into that step's collectives and must raise."""
+    import signal
+    import time
+    from torch.distributed.device_mesh import DeviceMesh
+    torch.manual_seed(0)
+    model = shard(Net(), DeviceMesh.from_group(dist.group.WORLD, "cpu"), True, "f32")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"step": 0}
+    if rank == victim:
+        def die(module, args):
+            if state["step"] == 2:
+                os.kill(os.getpid(), signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        model.blocks[1].register_forward_pre_hook(die)
+    start = None
+    try:
+        for step in range(6):
+            state["step"] = step
+            if step == 2:
+                start = time.monotonic()
+            fsdp_step(model, opt, rank, step)
+    except Exception as e:  # RuntimeError from the backend, possibly re-raised by autograd
+        return time.monotonic() - start, "%s: %s" % (type(e).__name__, e)
+    return None
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_fsdp2_rank_killed_mid_step_raises_on_the_others(how):
+    """SIGKILL and SIGSTOP of rank 2 of 3 inside an FSDP2 forward: ranks 0 and 1 raise within the
+    group's timeout, the error naming rank 2, and then exit (destroy_process_group included)
+    within a bound: nothing hangs."""
+    import io
+    import time
+    world, victim, timeout_s = 3, 2, 8
+    queue = harness.CTX.Queue()
+    port = harness.free_port()
+    procs = [harness.CTX.Process(target=harness._main,
+                                 args=(fsdp_victim_body, r, world, port, queue, timeout_s,
+                                       (victim, how)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(world - 1):
+            rank, kind, value = queue.get(timeout=120)
+            assert kind == "ok", value
+            got[rank] = torch.load(io.BytesIO(value))
+        # The survivors leave by themselves (their group is destroyed after the error).
+        deadline = time.monotonic() + 30
+        for r in range(world):
+            if r != victim:
+                procs[r].join(timeout=max(0.1, deadline - time.monotonic()))
+                assert procs[r].exitcode is not None, "rank %d still running after its error" % r
+        if how == "killed":
+            procs[victim].join(timeout=10)
+            assert procs[victim].exitcode == -9, procs[victim].exitcode
+    finally:
+        procs[victim].kill()  # a stopped victim would stay stopped
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    for r in range(world):
+        if r == victim:
+            continue
+        assert got[r] is not None, "rank %d finished its steps without an error" % r
+        elapsed, text = got[r]
+        assert elapsed < timeout_s + 10, "rank %d waited %.1f s" % (r, elapsed)
+        assert "rank %d" % victim in text, text
+        assert "libddp backend" in text, text
+        print("rank %d (%s victim) after %.1f s: %s" % (r, how, elapsed, text[:300]))
