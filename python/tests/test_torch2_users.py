@@ -6,7 +6,8 @@ Replicate, redistribute, tensor-parallel Colwise/Rowwise linears with FSDP2 over
 dimension); torch.distributed.checkpoint of a sharded FSDP2
 model and optimizer, resumed at 2 ranks and resharded to 1 and 4; ZeroRedundancyOptimizer
 overlapped with DDP through hook_with_zero_step; torch.compile (inductor) of a DDP model; what a
-sub-group costs."""
+sub-group costs; a rank SIGKILLed or SIGSTOPped inside an FSDP2 step (the others raise, naming it,
+and exit). Lightning and DeepSpeed: test_torch2_lightning.py, test_torch2_deepspeed.py."""
 import os
 
 import pytest
