@@ -70,12 +70,12 @@ foreach(build ${DDP_TORCH_BUILDS})
                      ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_users.py)
     set_tests_properties(test_python_torch2_users.torch${version} PROPERTIES TIMEOUT 900
                          LABELS python ENVIRONMENT "${ddp_python_test_env}")
-    # FSDP2 at 4 ranks in all four pairings of reshard_after_forward and precision (make test
-    # runs two of them).
-    add_test(NAME test_python_torch2_users_fsdp4.torch${version}
+    # FSDP2 at 2 and 4 ranks in all four pairings of reshard_after_forward and precision (make
+    # test runs two of them at each size).
+    add_test(NAME test_python_torch2_users_fsdp_all.torch${version}
              COMMAND ${py} -m pytest -q -p no:cacheprovider -p no:warnings
-                     ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_users.py -k "fsdp2_matches_gloo and 4")
-    set_tests_properties(test_python_torch2_users_fsdp4.torch${version} PROPERTIES TIMEOUT 900
+                     ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_users.py -k fsdp2_matches_gloo)
+    set_tests_properties(test_python_torch2_users_fsdp_all.torch${version} PROPERTIES TIMEOUT 1200
                          LABELS "python;extra"
                          ENVIRONMENT "${ddp_python_test_env};LIBDDP_TEST_EXTRA=1")
     # Lightning (Trainer and Fabric) and DeepSpeed (ZeRO 1-3) against gloo: these need their

@@ -127,12 +127,13 @@ def fsdp_body(rank, world, configs, steps):
 
 
 # Each world size runs its configurations in one set of processes (starting ranks costs seconds).
-# Every pairing of reshard_after_forward and precision at 2 ranks; at 4 the two that flip both
-# (LIBDDP_TEST_EXTRA=1, ctest label "extra": all four at 4 ranks too).
+# make test: two pairings of reshard_after_forward and precision per world size, the four
+# between them; LIBDDP_TEST_EXTRA=1 (ctest label "extra"): all four at both sizes.
 ALL_CONFIGS = [(True, "f32"), (False, "f32"), (True, "bf16"), (False, "bf16")]
-FSDP_CASES = {2: ALL_CONFIGS,
-              4: ALL_CONFIGS if os.environ.get("LIBDDP_TEST_EXTRA") == "1"
-              else [(False, "f32"), (True, "bf16")]}
+if os.environ.get("LIBDDP_TEST_EXTRA") == "1":
+    FSDP_CASES = {2: ALL_CONFIGS, 4: ALL_CONFIGS}
+else:
+    FSDP_CASES = {2: [(True, "f32"), (False, "bf16")], 4: [(False, "f32"), (True, "bf16")]}
 FSDP_STEPS = 20
 
 
