@@ -476,9 +476,9 @@ def test_subgroup_cost():
 # ---- a rank killed or stopped in the middle of an FSDP2 step ---------------------------------------
 
 def fsdp_victim_body(rank, world, victim, how):
-    """FSDP2 steps until, in step 2, the victim's forward reaches its second block (block 1's
-    parameters all-gathered, block 2's prefetch in flight) and kills or stops itself there. The
-    others carry on into that step's collectives and must raise."""
+    """FSDP2 steps until, in step 2, the victim's forward reaches its second block (FSDP2's own
+    pre-hook, registered before this one, has all-gathered block 1's parameters) and kills or
+    stops itself there. The others carry on into that step's next all-gather and must raise."""
     import signal
     import time
     from torch.distributed.device_mesh import DeviceMesh
