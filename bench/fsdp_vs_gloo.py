@@ -1,21 +1,31 @@
 #!/usr/bin/env python3
-"""FSDP2 training step over libddp's "ddp" backend against gloo (issue #26): a GPT-like model
-(attention-free blocks LayerNorm -> Linear -> GELU -> Linear, embedding, head) sharded per block
-with torch.distributed.fsdp.fully_shard, AdamW, clip_grad_norm_. Both backends run in the same
+"""FSDP2 training step over libddp's "ddp" backend against gloo (issue #26): a GPT model
+(pre-norm blocks: causal single-head self-attention, then LayerNorm -> Linear -> GELU -> Linear;
+embedding, head) sharded per block with torch.distributed.fsdp.fully_shard, AdamW,
+clip_grad_norm_, for each of `--layers` (default 4 and 8) and `--precision` (f32; bf16 =
+MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)). Both backends run in the same
 `--world` processes, interleaved per repeat (a gloo group beside the default "ddp" group, each
 wrapped as a DeviceMesh), so machine load hits both alike. A world-1 run of the same per-rank step
-(no communication at all) is the compute anchor:
+(no communication at all; for bf16 the model's parameters cast to bfloat16) is the compute anchor:
 
   tokens_per_sec      global tokens per step / median step time (slowest rank)
   exposed_ms          median step time - the world-1 median step time: the communication
                       FSDP's prefetching did not hide (and the cost of sharding itself)
   vmrss_mib           VmRSS of each rank after the backend's last step (both backends live in
                       one process: the second one's figure includes the first's)
-  peak_rss_mib        ru_maxrss of each rank at the end (the interpreter and torch included)
+  peak_rss_mib        ru_maxrss of each rank at the end (the interpreter and torch included;
+                      a high-water mark over every configuration run before it)
+  torch_state_mib     torch's own sizes of what each rank keeps between steps: its parameter
+                      shards, their gradients and AdamW's state (nbytes of the local tensors)
+  torch_peak_mib      torch's CPU allocator accounting over one profiled step
+                      (torch.profiler, profile_memory=True): the highest sum of live bytes
+                      allocated during the step above those held before it (all-gathered
+                      parameters, activations, gradients before reduce-scatter)
 
-One JSON line per backend (and one for the world-1 anchor).
+One JSON line per configuration and backend (and one for each world-1 anchor).
 
   PYTHONPATH=python LIBDDP_BUILD_DIR=build python3 bench/fsdp_vs_gloo.py --steps 10 --repeats 3
+  (a quick check that it runs: --dim 64 --context 16 --steps 2 --warmup 1 --repeats 1)
 """
 import argparse
 import json
@@ -35,11 +45,17 @@ import torch.nn as nn
 class Block(nn.Module):
     def __init__(self, dim):
         super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim)
         self.up = nn.Linear(dim, 4 * dim)
         self.down = nn.Linear(4 * dim, dim)
 
     def forward(self, x):
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        x = x + self.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                           is_causal=True))
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
@@ -66,32 +82,80 @@ def vmrss_mib():
     return 0.0
 
 
-def step_times(args, rank, mesh):
-    """Median-ready list of step times (s) of fresh FSDP2 model over mesh (None: unsharded)."""
-    from torch.distributed.fsdp import fully_shard
+def local_bytes(t):
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
+def torch_state_mib(model, opt):
+    total = 0
+    for p in model.parameters():
+        total += local_bytes(p)
+        if p.grad is not None:
+            total += local_bytes(p.grad)
+    for state in opt.state.values():
+        total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total / 2**20
+
+
+def profiled_peak_mib(step):
+    """Runs step() under torch.profiler with memory profiling; the highest sum of bytes torch's
+    CPU allocator had handed out and not yet freed during it, counted from 0 at its start."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def step_times(args, rank, mesh, precision, layers):
+    """Step times (s) of a fresh FSDP2 model over mesh (None: unsharded, world 1), then torch's
+    memory figures of this rank: (times, torch_state_mib, torch_peak_mib)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(0)
-    model = GPTLike(args.dim, args.layers, 256)
+    model = GPTLike(args.dim, layers, 256)
     if mesh is not None:
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if precision == "bf16" else MixedPrecisionPolicy())
         for b in model.blocks:
-            fully_shard(b, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(b, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+    elif precision == "bf16":
+        model = model.to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 256, (args.batch, args.context), generator=g)
     y = torch.roll(x, -1, dims=1)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
     times = []
     for i in range(args.warmup + args.steps):
         if mesh is not None:
             dist.barrier(group=mesh.get_group())
         t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
+        step()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    return times
+    if mesh is not None:
+        dist.barrier(group=mesh.get_group())
+    peak = profiled_peak_mib(step)
+    return times, torch_state_mib(model, opt), peak
+
+
+def configs(args):
+    return [(layers, precision) for layers in args.layers for precision in args.precision]
 
 
 def worker(rank, args, port, queue):
@@ -102,15 +166,20 @@ def worker(rank, args, port, queue):
     dist.init_process_group("ddp", rank=rank, world_size=args.world)
     groups = {"ddp": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     meshes = {name: DeviceMesh.from_group(g, "cpu") for name, g in groups.items()}
-    times = {name: [] for name in groups}
-    rss = {}
-    for _ in range(args.repeats):
-        for name in groups:
-            times[name] += step_times(args, rank, meshes[name])
-            rss[name] = vmrss_mib()
-    med = {name: statistics.median(t) for name, t in times.items()}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    queue.put((rank, med, rss, peak))
+    out = {}
+    for config in configs(args):
+        times = {name: [] for name in groups}
+        rss, state, peak = {}, {}, {}
+        for _ in range(args.repeats):
+            for name in groups:
+                t, state[name], peak[name] = step_times(args, rank, meshes[name], config[1],
+                                                        config[0])
+                times[name] += t
+                rss[name] = vmrss_mib()
+        med = {name: statistics.median(t) for name, t in times.items()}
+        out[config] = (med, rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                       state, peak)
+    queue.put((rank, out))
     dist.destroy_process_group()
 
 
@@ -124,20 +193,32 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--layers", default="4,8", help="comma-separated block counts")
+    p.add_argument("--precision", default="f32,bf16", help="comma-separated: f32, bf16")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    args.layers = [int(x) for x in args.layers.split(",")]
+    args.precision = args.precision.split(",")
+    if not set(args.precision) <= {"f32", "bf16"}:
+        p.error("--precision takes f32 and/or bf16, not %s" % ",".join(args.precision))
 
-    # The world-1 anchor: the same per-rank step, unsharded, no communication.
+    # The world-1 anchors: the same per-rank step, unsharded, no communication.
     torch.set_num_threads(1)
-    anchor = statistics.median(sum((step_times(args, 0, None) for _ in range(args.repeats)), []))
     tokens = args.batch * args.context
-    print(json.dumps({"backend": "none (world 1)", "world": 1, "step_ms": round(anchor * 1e3, 2),
-                      "tokens_per_sec": round(tokens / anchor)}))
+    anchors = {}
+    for layers, precision in configs(args):
+        runs = [step_times(args, 0, None, precision, layers) for _ in range(args.repeats)]
+        anchors[layers, precision] = anchor = statistics.median(sum((r[0] for r in runs), []))
+        print(json.dumps({"backend": "none (world 1)", "world": 1, "layers": layers,
+                          "precision": precision, "step_ms": round(anchor * 1e3, 2),
+                          "tokens_per_sec": round(tokens / anchor),
+                          "torch_state_mib": round(runs[-1][1], 1),
+                          "torch_peak_mib": round(runs[-1][2], 1)}))
+    sys.stdout.flush()
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -145,18 +226,23 @@ def main():
     procs = [ctx.Process(target=worker, args=(r, args, port, queue)) for r in range(args.world)]
     for pr in procs:
         pr.start()
-    results = [queue.get(timeout=1800) for _ in procs]
+    results = [queue.get(timeout=3600) for _ in procs]
     for pr in procs:
         pr.join()
-    results.sort()
-    for name in ("ddp", "gloo"):
-        step = max(r[1][name] for r in results)
-        print(json.dumps({
-            "backend": name, "world": args.world, "step_ms": round(step * 1e3, 2),
-            "tokens_per_sec": round(tokens * args.world / step),
-            "exposed_ms": round((step - anchor) * 1e3, 2),
-            "vmrss_mib": [round(r[2][name], 1) for r in results],
-            "peak_rss_mib": [round(r[3], 1) for r in results]}))
+    results = [out for _, out in sorted(results, key=lambda r: r[0])]
+    for config in configs(args):
+        anchor = anchors[config]
+        for name in ("ddp", "gloo"):
+            step = max(r[config][0][name] for r in results)
+            print(json.dumps({
+                "backend": name, "world": args.world, "layers": config[0],
+                "precision": config[1], "step_ms": round(step * 1e3, 2),
+                "tokens_per_sec": round(tokens * args.world / step),
+                "exposed_ms": round((step - anchor) * 1e3, 2),
+                "vmrss_mib": [round(r[config][1][name], 1) for r in results],
+                "peak_rss_mib": [round(r[config][2], 1) for r in results],
+                "torch_state_mib": [round(r[config][3][name], 2) for r in results],
+                "torch_peak_mib": [round(r[config][4][name], 2) for r in results]}))
     sys.stdout.flush()
 
 

@@ -70,6 +70,29 @@ foreach(build ${DDP_TORCH_BUILDS})
                      ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_users.py)
     set_tests_properties(test_python_torch2_users.torch${version} PROPERTIES TIMEOUT 900
                          LABELS python ENVIRONMENT "${ddp_python_test_env}")
+    # FSDP2 at 2 and 4 ranks in all four pairings of reshard_after_forward and precision (make
+    # test runs two of them at each size).
+    add_test(NAME test_python_torch2_users_fsdp_all.torch${version}
+             COMMAND ${py} -m pytest -q -p no:cacheprovider -p no:warnings
+                     ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_users.py -k fsdp2_matches_gloo)
+    set_tests_properties(test_python_torch2_users_fsdp_all.torch${version} PROPERTIES TIMEOUT 1200
+                         LABELS "python;extra"
+                         ENVIRONMENT "${ddp_python_test_env};LIBDDP_TEST_EXTRA=1")
+    # Lightning (Trainer and Fabric) and DeepSpeed (ZeRO 1-3) against gloo: these need their
+    # PyPI packages (tools/test_setup.sh), and skip (77) naming what to install without them.
+    foreach(user "lightning|pytorch_lightning|pytorch-lightning==2.6.6"
+                 "deepspeed|deepspeed|deepspeed==0.19.8")
+      string(REPLACE "|" ";" user "${user}")
+      list(GET user 0 name)
+      list(GET user 1 module)
+      list(GET user 2 requirement)
+      add_test(NAME test_python_torch2_${name}.torch${version}
+               COMMAND sh ${PROJECT_SOURCE_DIR}/python/tests/run_if_importable.sh ${py} ${module}
+                       ${requirement} ${PROJECT_SOURCE_DIR}/python/tests/test_torch2_${name}.py)
+      set_tests_properties(test_python_torch2_${name}.torch${version} PROPERTIES TIMEOUT 600
+                           LABELS python SKIP_RETURN_CODE 77
+                           ENVIRONMENT "${ddp_python_test_env}")
+    endforeach()
   endif()
   # pip install ./python into a fresh venv, then the installed copy runs (compiles the backend:
   # a few minutes on a loaded machine). Not in sanitized builds: it checks the packaging, which

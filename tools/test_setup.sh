@@ -6,7 +6,9 @@
 #     targets), gnuplot, Debian's python3 with torch 1.13 and its headers (the backend for 1.13).
 #   PyPI (pip, into the python3 on PATH when it is not Debian's own): torch==2.13.0 (always
 #     pinned with ==: a bare or ranged torch makes pip fetch a CUDA build of several GB), numpy,
-#     pytest, expecttest (torch.testing imports it: torch's distributed suite, tests/torch_suite/).
+#     pytest, expecttest (torch.testing imports it: torch's distributed suite, tests/torch_suite/),
+#     pytorch-lightning and deepspeed (python/tests/test_torch2_lightning.py, _deepspeed.py),
+#     pinned, in the same pip command as torch so that pip never swaps torch for a CUDA build.
 #   expecttest also for Debian's python3 (no Debian package has it; pip --break-system-packages,
 #     as root, puts it in /usr/local).
 # Not root, or offline: it says what is missing and how to install it, and returns 0; the tests
@@ -18,7 +20,9 @@ DEBIAN_PACKAGES="build-essential cmake pkg-config zlib1g-dev libopenblas-dev dat
   libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev gnuplot-nox python3-torch libtorch-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-venv python3-pip fortunes"
 TORCH_PIN="torch==2.13.0"
-PYPI_PACKAGES="$TORCH_PIN numpy pytest expecttest"
+LIGHTNING_PIN="pytorch-lightning==2.6.6"
+DEEPSPEED_PIN="deepspeed==0.19.8"
+PYPI_PACKAGES="$TORCH_PIN numpy pytest expecttest $LIGHTNING_PIN $DEEPSPEED_PIN"
 
 [ "${DDP_SETUP:-1}" = 0 ] && exit 0
 
@@ -59,6 +63,8 @@ if [ -n "$py" ] && [ "$(readlink -f "$py")" != "$(readlink -f /usr/bin/python3 2
     "$py" -c "import numpy" 2>/dev/null || want="$want numpy"
     "$py" -c "import pytest" 2>/dev/null || want="$want pytest"
     "$py" -c "import expecttest" 2>/dev/null || want="$want expecttest"
+    "$py" -c "import pytorch_lightning" 2>/dev/null || want="$want $LIGHTNING_PIN"
+    DS_ACCELERATOR=cpu "$py" -c "import deepspeed" 2>/dev/null || want="$want $DEEPSPEED_PIN"
     if [ -n "$want" ]; then
         # pip installs into this interpreter's own prefix; as root into a root-owned prefix,
         # otherwise where the user can write (a venv, pyenv).

@@ -6,7 +6,8 @@ Replicate, redistribute, tensor-parallel Colwise/Rowwise linears with FSDP2 over
 dimension); torch.distributed.checkpoint of a sharded FSDP2
 model and optimizer, resumed at 2 ranks and resharded to 1 and 4; ZeroRedundancyOptimizer
 overlapped with DDP through hook_with_zero_step; torch.compile (inductor) of a DDP model; what a
-sub-group costs."""
+sub-group costs; a rank SIGKILLed or SIGSTOPped inside an FSDP2 step (the others raise, naming it,
+and exit). Lightning and DeepSpeed: test_torch2_lightning.py, test_torch2_deepspeed.py."""
 import os
 
 import pytest
@@ -34,15 +35,25 @@ harness.CTX.set_forkserver_preload(
 # ---- a small transformer-like model ---------------------------------------------------------------
 
 class Block(nn.Module):
-    """Attention-free residual block: LayerNorm -> Linear -> GELU -> Linear."""
+    """A pre-norm transformer block: causal self-attention (one head: qkv and output
+    projections), then LayerNorm -> Linear -> GELU -> Linear, each residual. The qkv projection
+    has no bias: a key bias has a zero gradient (softmax ignores a shift shared by all keys), so
+    its gradient would be rounding noise, which AdamW scales up to full steps; the 4-rank run,
+    whose sum order differs from gloo's, then drifted 1e-3 apart in it alone."""
 
     def __init__(self, dim):
         super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim)
         self.up = nn.Linear(dim, 2 * dim)
         self.down = nn.Linear(2 * dim, dim)
 
     def forward(self, x):
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a)
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
@@ -116,12 +127,19 @@ def fsdp_body(rank, world, configs, steps):
 
 
 # Each world size runs its configurations in one set of processes (starting ranks costs seconds).
-FSDP_CASES = {2: [(True, "f32"), (False, "bf16")], 4: [(False, "f32"), (True, "bf16")]}
+# make test: two pairings of reshard_after_forward and precision per world size, the four
+# between them; LIBDDP_TEST_EXTRA=1 (ctest label "extra"): all four at both sizes.
+ALL_CONFIGS = [(True, "f32"), (False, "f32"), (True, "bf16"), (False, "bf16")]
+if os.environ.get("LIBDDP_TEST_EXTRA") == "1":
+    FSDP_CASES = {2: ALL_CONFIGS, 4: ALL_CONFIGS}
+else:
+    FSDP_CASES = {2: [(True, "f32"), (False, "bf16")], 4: [(False, "f32"), (True, "bf16")]}
+FSDP_STEPS = 20
 
 
 @pytest.mark.parametrize("world", sorted(FSDP_CASES))
 def test_fsdp2_matches_gloo(world):
-    res = run(world, fsdp_body, FSDP_CASES[world], 12)
+    res = run(world, fsdp_body, FSDP_CASES[world], FSDP_STEPS)
     for c, config in enumerate(FSDP_CASES[world]):
         for r in range(world):
             (l1, n1, p1), (l2, n2, p2) = res[r][c]
@@ -132,14 +150,17 @@ def test_fsdp2_matches_gloo(world):
                 for a, b in zip(p1, p2):
                     assert torch.equal(a, b), (config, r)
             else:
-                # Four: the reduction order may differ from gloo's (last bits).
+                # Four: the reduction order may differ from gloo's (last bits, grown over 20
+                # AdamW steps); the losses still agree to f32 rounding.
                 torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
                 torch.testing.assert_close(n1, n2, rtol=1e-5, atol=1e-6)
                 for a, b in zip(p1, p2):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-            # The gathered parameters are the same bits on every rank.
+            # The gathered parameters, the losses' mean and the gradient norm are the same bits
+            # on every rank (the norm is a sum over the DTensor gradients' shards).
             for a, b in zip(p1, res[0][c][0][2]):
                 assert torch.equal(a, b), (config, r)
+            assert torch.equal(n1, res[0][c][0][1]), (config, r)
         # Training did something: the loss fell.
         losses = res[0][c][0][0]
         assert losses[-1] < losses[0] - 0.1, (config, losses)
@@ -450,3 +471,81 @@ def test_subgroup_cost():
         if backend == "ddp":
             assert t1 - t0 <= n, (t0, t1)
             assert shm1[0] - shm0[0] <= n, (shm0, shm1)  # at most one segment per group
+
+
+# ---- a rank killed or stopped in the middle of an FSDP2 step ---------------------------------------
+
+def fsdp_victim_body(rank, world, victim, how):
+    """FSDP2 steps until, in step 2, the victim's forward reaches its second block (FSDP2's own
+    pre-hook, registered before this one, has all-gathered block 1's parameters) and kills or
+    stops itself there. The others carry on into that step's next all-gather and must raise."""
+    import signal
+    import time
+    from torch.distributed.device_mesh import DeviceMesh
+    torch.manual_seed(0)
+    model = shard(Net(), DeviceMesh.from_group(dist.group.WORLD, "cpu"), True, "f32")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"step": 0}
+    if rank == victim:
+        def die(module, args):
+            if state["step"] == 2:
+                os.kill(os.getpid(), signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        model.blocks[1].register_forward_pre_hook(die)
+    start = None
+    try:
+        for step in range(6):
+            state["step"] = step
+            if step == 2:
+                start = time.monotonic()
+            fsdp_step(model, opt, rank, step)
+    except Exception as e:  # RuntimeError from the backend, possibly re-raised by autograd
+        return time.monotonic() - start, "%s: %s" % (type(e).__name__, e)
+    return None
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_fsdp2_rank_killed_mid_step_raises_on_the_others(how):
+    """SIGKILL and SIGSTOP of rank 2 of 3 inside an FSDP2 forward: ranks 0 and 1 raise within the
+    group's timeout, the error naming rank 2, and then exit (destroy_process_group included)
+    within a bound: nothing hangs."""
+    import io
+    import time
+    world, victim, timeout_s = 3, 2, 8
+    queue = harness.CTX.Queue()
+    port = harness.free_port()
+    procs = [harness.CTX.Process(target=harness._main,
+                                 args=(fsdp_victim_body, r, world, port, queue, timeout_s,
+                                       (victim, how)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(world - 1):
+            rank, kind, value = queue.get(timeout=120)
+            assert kind == "ok", value
+            got[rank] = torch.load(io.BytesIO(value))
+        # The survivors leave by themselves (their group is destroyed after the error).
+        deadline = time.monotonic() + 30
+        for r in range(world):
+            if r != victim:
+                procs[r].join(timeout=max(0.1, deadline - time.monotonic()))
+                assert procs[r].exitcode is not None, "rank %d still running after its error" % r
+        if how == "killed":
+            procs[victim].join(timeout=10)
+            assert procs[victim].exitcode == -9, procs[victim].exitcode
+    finally:
+        procs[victim].kill()  # a stopped victim would stay stopped
+        for p in procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+    for r in range(world):
+        if r == victim:
+            continue
+        assert got[r] is not None, "rank %d finished its steps without an error" % r
+        elapsed, text = got[r]
+        assert elapsed < timeout_s + 10, "rank %d waited %.1f s" % (r, elapsed)
+        assert "rank %d" % victim in text, text
+        assert "libddp backend" in text, text
+        print("rank %d (%s victim) after %.1f s: %s" % (r, how, elapsed, text[:300]))
