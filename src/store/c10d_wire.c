@@ -70,7 +70,7 @@ ddp_status_t ddp__c10d_recv_all(const char *host, int port, int fd, uint8_t *dat
 }
 
 /* One TCP connection to host:port, retrying with backoff while nothing listens, until the
- * deadline. Shared with the probe. */
+ * deadline: the probe's connections and the c10d client's (c10d.h). */
 ddp_status_t ddp__c10d_dial(const char *host, int port, int64_t deadline_ns, int *out_fd)
 {
     int64_t backoff_ms = 10;
