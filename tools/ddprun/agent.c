@@ -153,7 +153,7 @@ static void wait_for_events(job_t *job, loop_t *l)
         return;
     }
     l->fds[l->nfds++] = (struct pollfd){signal_fd(), POLLIN, 0};
-    l->fds[l->nfds++] = (struct pollfd){job->notify_pipe[0], POLLIN, 0};
+    l->fds[l->nfds++] = (struct pollfd){job->watch.notify_pipe[0], POLLIN, 0};
     for (int i = 0; i < job->nworkers; i++) {
         stream_t *ss[2] = {&job->workers[i].out, &job->workers[i].err};
         for (int k = 0; k < 2; k++) {
@@ -199,7 +199,7 @@ static void forward_signals(job_t *job)
         }
     }
     /* The watcher's wake-ups carry no data: what it learnt is read with watcher_view. */
-    while ((got = read(job->notify_pipe[0], sigs, sizeof sigs)) > 0) {
+    while ((got = read(job->watch.notify_pipe[0], sigs, sizeof sigs)) > 0) {
     }
 }
 
@@ -269,7 +269,7 @@ static int other_nodes_done(job_t *job, loop_t *l, remote_view_t *v, double now)
     if (v->exited >= o->nnodes) return 1;
     if (v->failure[0] && l->linger_until == 0) l->linger_until = now + o->grace_s + 5.0;
     if (l->linger_until > 0 && now > l->linger_until) return 1;
-    return v->watcher_done || !job->watcher_running;
+    return v->watcher_done || !job->watch.running;
 }
 
 /* Monitors one attempt until its workers are reaped, their output drained and (node 0) the

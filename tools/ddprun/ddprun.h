@@ -84,12 +84,31 @@ typedef struct worker {
     stream_t err;
 } worker_t;
 
+/* The store watcher's state (multinode.c): the thread, the pipe it wakes the agent through, and
+ * what it learnt, under its lock; the agent reads the latter with watcher_view. */
+typedef struct watcher_state {
+    pthread_t thread;
+    int running;        /* the thread was started and not joined yet */
+    int notify_pipe[2]; /* a byte: the watcher learnt something (the agent polls [0]) */
+    pthread_mutex_t lock;
+    char remote_failure[FAILURE_TEXT_MAX]; /* guarded by lock */
+    int stop;                              /* guarded by lock: asked to end */
+    int done;                              /* guarded by lock: ended (asked, or the store lost) */
+    int64_t nodes_exited;                  /* guarded by lock */
+    int nodes_dead;                        /* guarded by lock: node 0 gave up on them */
+} watcher_state_t;
+
 typedef struct job {
     options_t opt;
+    /* the rendezvous (multinode.c's setup_store) */
     const char *master_addr;
     int master_port;  /* our store's (DDP_STORE_PORT) */
     int torch_port;   /* free for torch's own store (MASTER_PORT), as torchrun leaves it */
     char token[128];
+    ddp_store_t *store;         /* multi-node only: this node's client of the store */
+    ddp_store_server_t *server; /* node 0: the store it hosts */
+    watcher_state_t watch;      /* multi-node only */
+    /* the workers (spawn.c, output.c) */
     worker_t *workers;
     int nworkers;
     int *cpus; /* worker i runs on cpus[i % ncpus]; NULL: not bound */
@@ -98,27 +117,16 @@ typedef struct job {
     int stdout_tty;       /* ddprun's stdout is a terminal: rank 0 gets it (writes_directly) */
     int stderr_tty;       /* the same for stderr */
     int reaped;           /* workers reaped so far */
+    /* how an attempt ends (agent.c) */
     double blame_until;   /* > 0: a worker failed; name the culprit by then at the latest */
-    /* how the job ends */
     int stopping;         /* teardown started */
     int killed;           /* SIGKILL already sent */
     double kill_at;       /* when to escalate to SIGKILL */
     int exit_code;
     int final;            /* stopped by a signal to ddprun or --timeout: never restarted */
+    /* restarts (agent.c) */
     int attempt;          /* 0, then 1.. after each --max-restarts restart */
     double deadline;      /* --timeout: when the whole job (every attempt) must end; 0: never */
-    /* multi-node */
-    ddp_store_t *store;
-    ddp_store_server_t *server;
-    pthread_t watcher;
-    int watcher_running;
-    int notify_pipe[2];
-    pthread_mutex_t lock;
-    char remote_failure[FAILURE_TEXT_MAX]; /* guarded by lock */
-    int watcher_stop;                      /* guarded by lock */
-    int watcher_done;                      /* guarded by lock: the store is unreachable */
-    int64_t nodes_exited;                  /* guarded by lock */
-    int nodes_dead;                        /* guarded by lock: node 0 gave up on them */
 } job_t;
 
 /* ---- util.c -------------------------------------------------------------------------------- */

@@ -12,8 +12,8 @@ int main(int argc, char **argv)
 {
     job_t job;
     memset(&job, 0, sizeof job);
-    job.notify_pipe[0] = job.notify_pipe[1] = -1;
-    pthread_mutex_init(&job.lock, NULL);
+    job.watch.notify_pipe[0] = job.watch.notify_pipe[1] = -1;
+    pthread_mutex_init(&job.watch.lock, NULL);
     parse_options(argc, argv, &job.opt);
     /* A bad DDP_* value would fail every worker's group creation (and ddprun's own reads of
      * DDP_TIMEOUT below): refuse once, before anything starts. */

@@ -18,9 +18,9 @@
 int store_usable(job_t *job)
 {
     if (!job->store) return 0;
-    pthread_mutex_lock(&job->lock);
-    int lost = job->watcher_done && !job->watcher_stop;
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_lock(&job->watch.lock);
+    int lost = job->watch.done && !job->watch.stop;
+    pthread_mutex_unlock(&job->watch.lock);
     return !lost;
 }
 
@@ -40,7 +40,7 @@ void publish_failure(job_t *job, const char *text)
 
 static void set_remote_failure(job_t *job, const char *text);
 
-/* Reads job/failed into job->remote_failure when some node has set it. */
+/* Reads job/failed into job->watch.remote_failure when some node has set it. */
 ddp_status_t fetch_failure(job_t *job)
 {
     const char *failed_key = "job/failed";
@@ -70,23 +70,24 @@ int64_t mark_exited(job_t *job)
 static void notify_main(job_t *job)
 {
     unsigned char b = 1;
-    ssize_t ignored = write(job->notify_pipe[1], &b, 1);
+    ssize_t ignored = write(job->watch.notify_pipe[1], &b, 1);
     (void)ignored;
 }
 
 static int watcher_should_stop(job_t *job)
 {
-    pthread_mutex_lock(&job->lock);
-    int stop = job->watcher_stop;
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_lock(&job->watch.lock);
+    int stop = job->watch.stop;
+    pthread_mutex_unlock(&job->watch.lock);
     return stop;
 }
 
 static void set_remote_failure(job_t *job, const char *text)
 {
-    pthread_mutex_lock(&job->lock);
-    if (!job->remote_failure[0]) snprintf(job->remote_failure, sizeof job->remote_failure, "%s", text);
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_lock(&job->watch.lock);
+    if (!job->watch.remote_failure[0])
+        snprintf(job->watch.remote_failure, sizeof job->watch.remote_failure, "%s", text);
+    pthread_mutex_unlock(&job->watch.lock);
     notify_main(job);
 }
 
@@ -120,9 +121,9 @@ static void *watcher_main(void *arg)
         if (s == DDP_OK) s = ddp_store_add(job->store, "job/exited", 0, &value);
         if (s == DDP_OK) s = fetch_failure(job);
         if (s == DDP_OK) {
-            pthread_mutex_lock(&job->lock);
-            job->nodes_exited = value;
-            pthread_mutex_unlock(&job->lock);
+            pthread_mutex_lock(&job->watch.lock);
+            job->watch.nodes_exited = value;
+            pthread_mutex_unlock(&job->watch.lock);
             notify_main(job);
         }
         if (s != DDP_OK) {
@@ -161,9 +162,9 @@ static void *watcher_main(void *arg)
                 /* Written here, seen by every node (this one included) on the next check. */
                 publish_failure(job, text);
                 dead[k] = 1;
-                pthread_mutex_lock(&job->lock);
-                job->nodes_dead++;
-                pthread_mutex_unlock(&job->lock);
+                pthread_mutex_lock(&job->watch.lock);
+                job->watch.nodes_dead++;
+                pthread_mutex_unlock(&job->watch.lock);
             }
         }
         sleep_ms(WATCH_INTERVAL_MS);
@@ -171,9 +172,9 @@ static void *watcher_main(void *arg)
     free(last_beat);
     free(last_change);
     free(dead);
-    pthread_mutex_lock(&job->lock);
-    job->watcher_done = 1;
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_lock(&job->watch.lock);
+    job->watch.done = 1;
+    pthread_mutex_unlock(&job->watch.lock);
     notify_main(job);
     return NULL;
 }
@@ -313,47 +314,47 @@ int setup_store(job_t *job)
 
 int start_watcher(job_t *job)
 {
-    if (pipe2(job->notify_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    if (pipe2(job->watch.notify_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         perror("ddprun: pipe");
         return -1;
     }
     if (!job->store) return 0;
     sigset_t old;
     block_forwarded_signals(1, &old);
-    int rc = pthread_create(&job->watcher, NULL, watcher_main, job);
+    int rc = pthread_create(&job->watch.thread, NULL, watcher_main, job);
     block_forwarded_signals(0, &old);
     if (rc != 0) {
         fprintf(stderr, "ddprun: cannot start the store watcher: %s\n", strerror(rc));
         return -1;
     }
-    job->watcher_running = 1;
+    job->watch.running = 1;
     return 0;
 }
 
 void stop_watcher(job_t *job)
 {
-    if (!job->watcher_running) return;
-    pthread_mutex_lock(&job->lock);
-    job->watcher_stop = 1;
-    pthread_mutex_unlock(&job->lock);
-    pthread_join(job->watcher, NULL);
-    job->watcher_running = 0;
+    if (!job->watch.running) return;
+    pthread_mutex_lock(&job->watch.lock);
+    job->watch.stop = 1;
+    pthread_mutex_unlock(&job->watch.lock);
+    pthread_join(job->watch.thread, NULL);
+    job->watch.running = 0;
 }
 
 void watcher_view(job_t *job, remote_view_t *v)
 {
-    pthread_mutex_lock(&job->lock);
-    snprintf(v->failure, sizeof v->failure, "%s", job->remote_failure);
-    v->exited = job->nodes_exited + job->nodes_dead;
-    v->watcher_done = job->watcher_done;
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_lock(&job->watch.lock);
+    snprintf(v->failure, sizeof v->failure, "%s", job->watch.remote_failure);
+    v->exited = job->watch.nodes_exited + job->watch.nodes_dead;
+    v->watcher_done = job->watch.done;
+    pthread_mutex_unlock(&job->watch.lock);
 }
 
 int64_t watcher_count_exited(job_t *job, int64_t count)
 {
-    pthread_mutex_lock(&job->lock);
-    if (count > job->nodes_exited) job->nodes_exited = count;
-    int64_t exited = job->nodes_exited + job->nodes_dead;
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_lock(&job->watch.lock);
+    if (count > job->watch.nodes_exited) job->watch.nodes_exited = count;
+    int64_t exited = job->watch.nodes_exited + job->watch.nodes_dead;
+    pthread_mutex_unlock(&job->watch.lock);
     return exited;
 }
