@@ -1,6 +1,6 @@
-/* Socket setup shared by the TCP store (server and client) and the TCP transport (socket.h).
- * Only the mechanics live here; each caller keeps its own protocol (retries, backoff,
- * authentication) and its own error texts. */
+/* Socket setup and whole-buffer transfers with deadlines, shared by the TCP store (server and
+ * clients) and the TCP transport (socket.h). Only the mechanics live here; each caller keeps its
+ * own protocol (retries, backoff, authentication) and its own error texts. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -113,4 +113,69 @@ int ddp__socket_nonblocking(int fd)
     int flags = fcntl(fd, F_GETFL, 0);
     if (flags < 0) return -1;
     return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+ddp__socket_io_t ddp__socket_send_all(int fd, const void *data, size_t len, int64_t deadline_ns,
+                                      int *err)
+{
+    const uint8_t *p = data;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int r = ddp__socket_wait(fd, POLLOUT, deadline_ns);
+            if (r == 0) return DDP__SOCKET_IO_TIMEOUT;
+            if (r < 0) {
+                if (err) *err = errno;
+                return DDP__SOCKET_IO_POLL_ERROR;
+            }
+            continue;
+        }
+        if (err) *err = n < 0 ? errno : EPIPE;
+        return DDP__SOCKET_IO_ERROR;
+    }
+    return DDP__SOCKET_IO_DONE;
+}
+
+ddp__socket_io_t ddp__socket_recv_all(int fd, void *data, size_t len, int64_t deadline_ns,
+                                      size_t *got, int *err)
+{
+    uint8_t *p = data;
+    size_t done = 0;
+    ddp__socket_io_t result = DDP__SOCKET_IO_DONE;
+    while (done < len) {
+        ssize_t n = recv(fd, p + done, len - done, MSG_DONTWAIT);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            result = DDP__SOCKET_IO_CLOSED;
+            break;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int r = ddp__socket_wait(fd, POLLIN, deadline_ns);
+            if (r == 0) {
+                result = DDP__SOCKET_IO_TIMEOUT;
+                break;
+            }
+            if (r < 0) {
+                if (err) *err = errno;
+                result = DDP__SOCKET_IO_POLL_ERROR;
+                break;
+            }
+            continue;
+        }
+        if (err) *err = errno;
+        result = DDP__SOCKET_IO_ERROR;
+        break;
+    }
+    if (got) *got = done;
+    return result;
 }

@@ -1,5 +1,6 @@
-/* Socket setup shared by the TCP store's server and client and the TCP transport: resolving,
- * listening, connecting before a deadline, accepting, and the options every libddp TCP socket
+/* Socket setup and blocking-with-deadline transfers shared by the TCP store's server and clients
+ * and the TCP transport: resolving, listening, connecting before a deadline, accepting, sending
+ * and receiving whole buffers before a deadline, and the options every libddp TCP socket
  * carries (non-blocking, close-on-exec, TCP_NODELAY). Errors come back as errno values or
  * getaddrinfo codes, not as ddp_status_t: each caller words the message for its own context
  * ("TCP store: ...", "tcp rendezvous: ...") and tests match those texts. */
@@ -7,6 +8,7 @@
 #define DDP_CORE_SOCKET_H
 
 #include <netdb.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -45,5 +47,27 @@ int ddp__socket_nonblocking(int fd);
 /* Polls fd for `events` until the deadline, retrying on EINTR. Returns 1 ready, 0 when the
  * deadline passed, -1 on a poll error (errno). */
 int ddp__socket_wait(int fd, short events, int64_t deadline_ns);
+
+/* How a whole-buffer transfer ended. The caller turns all but DONE into its own message and
+ * status (a store client says "TCP store host:port: ...", the transport "tcp rendezvous: ..."). */
+typedef enum {
+    DDP__SOCKET_IO_DONE = 0,   /* every byte moved */
+    DDP__SOCKET_IO_TIMEOUT,    /* the deadline passed first */
+    DDP__SOCKET_IO_CLOSED,     /* recv: the peer closed the connection (read 0) */
+    DDP__SOCKET_IO_POLL_ERROR, /* poll failed (errno in *err) */
+    DDP__SOCKET_IO_ERROR       /* send/recv failed (errno in *err; EPIPE for a send of 0) */
+} ddp__socket_io_t;
+
+/* Sends `len` bytes of `data` on the non-blocking socket fd, waiting in poll whenever the socket
+ * is full, until the deadline (ddp__now_ns clock). MSG_NOSIGNAL: a closed peer is an error, never
+ * SIGPIPE. On POLL_ERROR and ERROR, *err holds the errno value (err may be NULL). */
+ddp__socket_io_t ddp__socket_send_all(int fd, const void *data, size_t len, int64_t deadline_ns,
+                                      int *err);
+
+/* Receives exactly `len` bytes into data, as ddp__socket_send_all sends. *got (may be NULL) is
+ * how many bytes arrived before it returned, so a caller can tell "closed before the first byte"
+ * (a server's refusal) from "closed mid-message". */
+ddp__socket_io_t ddp__socket_recv_all(int fd, void *data, size_t len, int64_t deadline_ns,
+                                      size_t *got, int *err);
 
 #endif

@@ -4,7 +4,6 @@
  * bounded by a deadline through poll(). */
 #include <errno.h>
 #include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,65 +34,45 @@ static struct tcp_client *impl_of(ddp_store_t *store) { return store->impl; }
 
 static int ms_left(int64_t deadline_ns) { return ddp__ms_left(deadline_ns, 1000000000); }
 
+/* The socket helpers' outcome as this client words it. */
+static ddp_status_t io_status(struct tcp_client *tc, ddp__socket_io_t r, int err, int sending)
+{
+    switch (r) {
+    case DDP__SOCKET_IO_DONE:
+        return DDP_OK;
+    case DDP__SOCKET_IO_TIMEOUT:
+        return ddp__error(DDP_ERR_TIMEOUT, "TCP store %s:%d: timed out %s", tc->host, tc->port,
+                          sending ? "sending a request" : "waiting for the server's reply");
+    case DDP__SOCKET_IO_POLL_ERROR:
+        return ddp__error_errno(DDP_ERR_SYSTEM, err, "TCP store %s:%d: poll", tc->host, tc->port);
+    case DDP__SOCKET_IO_CLOSED:
+        return ddp__error(DDP_ERR_REMOTE,
+                          "TCP store %s:%d: the server closed the connection (stopped, or it "
+                          "rejected the request)",
+                          tc->host, tc->port);
+    case DDP__SOCKET_IO_ERROR:
+        break;
+    }
+    if (sending)
+        return ddp__error_errno(DDP_ERR_REMOTE, err,
+                                "TCP store %s:%d: sending a request failed (server gone?)",
+                                tc->host, tc->port);
+    return ddp__error_errno(DDP_ERR_REMOTE, err, "TCP store %s:%d: receiving a reply", tc->host,
+                            tc->port);
+}
+
 static ddp_status_t send_all(struct tcp_client *tc, int fd, const uint8_t *data, size_t len,
                              int64_t deadline_ns)
 {
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = send(fd, data + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            done += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = ddp__socket_wait(fd, POLLOUT, deadline_ns);
-            if (r == 0)
-                return ddp__error(DDP_ERR_TIMEOUT, "TCP store %s:%d: timed out sending a request",
-                                  tc->host, tc->port);
-            if (r < 0)
-                return ddp__error_errno(DDP_ERR_SYSTEM, errno, "TCP store %s:%d: poll", tc->host,
-                                        tc->port);
-            continue;
-        }
-        return ddp__error_errno(DDP_ERR_REMOTE, n < 0 ? errno : EPIPE,
-                                "TCP store %s:%d: sending a request failed (server gone?)",
-                                tc->host, tc->port);
-    }
-    return DDP_OK;
+    int err = 0;
+    return io_status(tc, ddp__socket_send_all(fd, data, len, deadline_ns, &err), err, 1);
 }
 
 static ddp_status_t recv_all(struct tcp_client *tc, int fd, uint8_t *data, size_t len,
                              int64_t deadline_ns)
 {
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = recv(fd, data + done, len - done, MSG_DONTWAIT);
-        if (n > 0) {
-            done += (size_t)n;
-            continue;
-        }
-        if (n == 0)
-            return ddp__error(DDP_ERR_REMOTE,
-                              "TCP store %s:%d: the server closed the connection (stopped, or it "
-                              "rejected the request)",
-                              tc->host, tc->port);
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int r = ddp__socket_wait(fd, POLLIN, deadline_ns);
-            if (r == 0)
-                return ddp__error(DDP_ERR_TIMEOUT,
-                                  "TCP store %s:%d: timed out waiting for the server's reply",
-                                  tc->host, tc->port);
-            if (r < 0)
-                return ddp__error_errno(DDP_ERR_SYSTEM, errno, "TCP store %s:%d: poll", tc->host,
-                                        tc->port);
-            continue;
-        }
-        return ddp__error_errno(DDP_ERR_REMOTE, errno, "TCP store %s:%d: receiving a reply",
-                                tc->host, tc->port);
-    }
-    return DDP_OK;
+    int err = 0;
+    return io_status(tc, ddp__socket_recv_all(fd, data, len, deadline_ns, NULL, &err), err, 0);
 }
 
 /* Sends one request frame and reads the reply. On DDP_OK, *body (malloc'd, one spare byte at the

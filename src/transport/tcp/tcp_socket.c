@@ -133,28 +133,20 @@ ddp_status_t ddp__tcp_listen(int *listen_fd, char *published, size_t size)
 static ddp_status_t send_all(int fd, const void *buf, size_t bytes, int64_t deadline_ns,
                              int peer)
 {
-    const char *p = buf;
-    while (bytes > 0) {
-        ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
-        if (n > 0) {
-            p += n;
-            bytes -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pfd = {fd, POLLOUT, 0};
-            int ms = remaining_ms(deadline_ns);
-            if (ms == 0)
-                return ddp__error(DDP_ERR_TIMEOUT,
-                                  "tcp rendezvous: timed out sending the hello to rank %d", peer);
-            poll(&pfd, 1, ms);
-            continue;
-        }
-        return ddp__error_errno(DDP_ERR_REMOTE, errno,
+    int err = 0;
+    switch (ddp__socket_send_all(fd, buf, bytes, deadline_ns, &err)) {
+    case DDP__SOCKET_IO_DONE:
+        return DDP_OK;
+    case DDP__SOCKET_IO_TIMEOUT:
+        return ddp__error(DDP_ERR_TIMEOUT,
+                          "tcp rendezvous: timed out sending the hello to rank %d", peer);
+    case DDP__SOCKET_IO_POLL_ERROR:
+        return ddp__error_errno(DDP_ERR_SYSTEM, err,
+                                "tcp rendezvous: poll while sending the hello to rank %d", peer);
+    default:
+        return ddp__error_errno(DDP_ERR_REMOTE, err,
                                 "tcp rendezvous: sending the hello to rank %d", peer);
     }
-    return DDP_OK;
 }
 
 /* Connects (non-blocking, retrying while refused) to "host port" before the deadline. */
@@ -419,25 +411,20 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
     /* 3. The acknowledgements from the higher ranks: a refusal shows as a closed connection. */
     for (int peer = rank + 1; peer < world; peer++) {
         uint32_t ack[2];
-        size_t have = 0;
-        while (have < sizeof ack) {
-            ssize_t n = recv(conns[peer].fd, (char *)ack + have, sizeof ack - have, 0);
-            if (n > 0) {
-                have += (size_t)n;
-                continue;
-            }
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-                struct pollfd pfd = {conns[peer].fd, POLLIN, 0};
-                int ms = remaining_ms(deadline);
-                if (ms == 0) {
-                    s = ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d "
-                                   "timed out waiting for rank %d to accept its connection",
-                                   group_name, rank, peer);
-                    goto fail;
-                }
-                poll(&pfd, 1, ms);
-                continue;
-            }
+        int err = 0;
+        ddp__socket_io_t r = ddp__socket_recv_all(conns[peer].fd, ack, sizeof ack, deadline, NULL,
+                                                  &err);
+        if (r == DDP__SOCKET_IO_TIMEOUT) {
+            s = ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d "
+                           "timed out waiting for rank %d to accept its connection",
+                           group_name, rank, peer);
+            goto fail;
+        }
+        if (r == DDP__SOCKET_IO_POLL_ERROR) {
+            s = ddp__error_errno(DDP_ERR_SYSTEM, err, "tcp rendezvous: poll");
+            goto fail;
+        }
+        if (r != DDP__SOCKET_IO_DONE) {
             s = ddp__error(DDP_ERR_REMOTE, "tcp rendezvous of group '%s': rank %d refused the "
                            "connection of rank %d (different DDP_STORE_TOKEN, group or world "
                            "size?)", group_name, peer, rank);
