@@ -82,7 +82,7 @@ ddp_status_t ddp__shm_first_sync_data(shm_state_t *S, const ddp__collective_t *c
 }
 
 ddp_status_t ddp__shm_first_sync(shm_state_t *S, const ddp__collective_t *c,
-                               const shm_fingerprint_t *mine)
+                                 const shm_fingerprint_t *mine)
 {
     unsigned q;
     return ddp__shm_first_sync_data(S, c, mine, NULL, 0, 0, &q);

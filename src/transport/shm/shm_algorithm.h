@@ -10,15 +10,18 @@
  * tuned: four algorithms. Long rounds are DDP_SHM_ALLREDUCE_ROUND_BYTES (1 MiB), short ones
  * DDP_SHM_ROUND_BYTES (256 KiB). The names in quotes are what ddp_group_algorithm says. */
 typedef enum {
-    DDP__SHM_ALG_STAGED_NT,         /* "staged:nt": stage written with non-temporal stores, long rounds */
-    DDP__SHM_ALG_STAGED_PLAIN,      /* "staged:plain": plain stores, short (L2-sized) rounds */
-    DDP__SHM_ALG_ONESHOT,           /* "one-shot": every rank stages everything, reduces everything */
-    DDP__SHM_ALG_CMA,               /* "single-copy": peers' buffers read with process_vm_readv */
-    DDP__SHM_ALG_ROUNDS,            /* "rounds": broadcast, allgather, reduce_scatter through the stage */
+    /* "staged:nt": the stage written with non-temporal stores, long rounds */
+    DDP__SHM_ALG_STAGED_NT,
+    DDP__SHM_ALG_STAGED_PLAIN, /* "staged:plain": plain stores, short (L2-sized) rounds */
+    DDP__SHM_ALG_ONESHOT,      /* "one-shot": every rank stages everything, reduces everything */
+    DDP__SHM_ALG_CMA,          /* "single-copy": peers' buffers read with process_vm_readv */
+    /* "rounds": broadcast, allgather, reduce_scatter through the stage */
+    DDP__SHM_ALG_ROUNDS,
     DDP__SHM_ALG_STAGED_NT_SHORT,   /* "staged:nt:short": non-temporal stores, short rounds */
     DDP__SHM_ALG_STAGED_PLAIN_LONG, /* "staged:plain:long": plain stores, long rounds */
     DDP__SHM_VARIANTS,              /* the tuner's candidates are the values below this */
-    DDP__SHM_ALG_MAILBOX = DDP__SHM_VARIANTS, /* "mailbox": the data rides in the fingerprint's line */
+    /* "mailbox": the data rides in the first phase's line with the fingerprint */
+    DDP__SHM_ALG_MAILBOX = DDP__SHM_VARIANTS,
     DDP__SHM_ALG_ZERO_COPY, /* "zero-copy": segment buffers at the same offsets on every rank */
     DDP__SHM_ALG_MAPPED,    /* "mapped": registered memory on every rank, views of it agreed */
     DDP__SHM_ALG_BARRIER,   /* "barrier" */

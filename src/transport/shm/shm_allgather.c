@@ -58,7 +58,8 @@ ddp_status_t ddp__shm_allgather_cma(shm_state_t *S, const ddp__collective_t *c)
         int err;
         s = ddp__shm_cma_read(pid_of(S, j), recv + (size_t)j * bytes,
                               (uintptr_t)S->ranks[j].cma_send, bytes, "a peer's send buffer", &err);
-        if (s != DDP_OK) return ddp__shm_cma_failed(S, c, ddp__error_context(s, "rank %d's block", j));
+        if (s != DDP_OK)
+            return ddp__shm_cma_failed(S, c, ddp__error_context(s, "rank %d's block", j));
     }
     if (c->send != recv + (size_t)me * bytes) memcpy(recv + (size_t)me * bytes, c->send, bytes);
     return ddp__shm_sync_all(S, c, c->deadline_ns);

@@ -123,7 +123,7 @@ ddp_status_t ddp__shm_allreduce_staged(shm_state_t *S, const ddp__collective_t *
             size_t n2 = c->count - next < chunk ? c->count - next : chunk;
             next_q = (unsigned)(S->use++ & 1);
             ddp__shm_copy_in_others(S, stage_of(S, me, next_q), send + next * esize, n2, esize,
-                           stream_stage);
+                                    stream_stage);
         }
         s = ddp__shm_wait_all(S, reduced, c, c->deadline_ns);
         if (s != DDP_OK) return s;
@@ -212,7 +212,8 @@ ddp_status_t ddp__shm_allreduce_cma(shm_state_t *S, const ddp__collective_t *c)
         int err;
         s = ddp__shm_cma_read(pids[j], (char *)c->recv + jlo * esize, recvs[j] + jlo * esize,
                               (jhi - jlo) * esize, "a peer's result", &err);
-        if (s != DDP_OK) return ddp__shm_cma_failed(S, c, ddp__error_context(s, "rank %d's slice", j));
+        if (s != DDP_OK)
+            return ddp__shm_cma_failed(S, c, ddp__error_context(s, "rank %d's slice", j));
     }
     if (profile) t[3] = ddp__now_ns();
     s = ddp__shm_sync_all(S, c, c->deadline_ns);

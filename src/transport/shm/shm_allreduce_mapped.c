@@ -62,7 +62,7 @@ static int map_lookup(shm_state_t *S, const void *p, size_t bytes, ddp__shm_map_
 /* This rank's hints for c's buffers in fp->map (publishing its live registrations first), or
  * slot -1 in both; returns whether both are registered. */
 int ddp__shm_map_buffers(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
-                       shm_fingerprint_t *fp)
+                         shm_fingerprint_t *fp)
 {
     if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return 0;
     publish_live(S);
@@ -90,7 +90,7 @@ int ddp__shm_all_registered(const shm_state_t *S, unsigned q)
 /* map_buffers, and the edges of send for the peers that reduce them (written at the parity the
  * collective uses if it is mapped; if it is not, the staged path overwrites them). */
 void ddp__shm_map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
-                         shm_fingerprint_t *fp)
+                           shm_fingerprint_t *fp)
 {
     if (!ddp__shm_map_buffers(S, c, bytes, fp)) return;
     const size_t esize = ddp_dtype_size(c->dtype);
@@ -105,7 +105,7 @@ void ddp__shm_map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t by
  * let the mapped path run now, mapping what is missing (one more phase, where every rank says
  * whether it could). The same answer on every rank. */
 int ddp__shm_decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
-                         ddp__shm_map_hint_t *hints, ddp_status_t *status)
+                           ddp__shm_map_hint_t *hints, ddp_status_t *status)
 {
     const int p = S->world;
     *status = DDP_OK;

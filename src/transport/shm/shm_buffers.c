@@ -209,7 +209,8 @@ ddp_status_t ddp__shm_alloc_buffer(void *state, size_t bytes, void **out)
     b->id = S->next_buffer_id++;
     char key[700];
     snprintf(key, sizeof key, "%s/buffer/%lld", S->prefix, (long long)b->id);
-    ddp_status_t s = S->rank == 0 ? publish_buffer(S, b, bytes, key) : attach_buffer(S, b, bytes, key);
+    ddp_status_t s =
+        S->rank == 0 ? publish_buffer(S, b, bytes, key) : attach_buffer(S, b, bytes, key);
     if (s != DDP_OK) goto fail;
     pthread_mutex_lock(&S->buffers_mu);
     b->next = S->buffers;

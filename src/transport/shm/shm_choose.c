@@ -251,9 +251,11 @@ static ddp_status_t run_allreduce(shm_state_t *S, const ddp__collective_t *c)
 /* Broadcast, allgather, reduce_scatter: rounds through the stage or single copy, chosen by the
  * tuner like the allreduce's variants (kind: the tuner's collective index; bytes: the size
  * ddp-bench calls SIZE). */
-static ddp_status_t run_rounds_or_single(shm_state_t *S, const ddp__collective_t *c, int kind, size_t bytes,
-                              ddp_status_t (*rounds)(shm_state_t *, const ddp__collective_t *),
-                              ddp_status_t (*single)(shm_state_t *, const ddp__collective_t *))
+typedef ddp_status_t (*shm_collective_fn)(shm_state_t *, const ddp__collective_t *);
+
+static ddp_status_t run_rounds_or_single(shm_state_t *S, const ddp__collective_t *c, int kind,
+                                         size_t bytes, shm_collective_fn rounds,
+                                         shm_collective_fn single)
 {
     unsigned candidates = 1u << DDP__SHM_ALG_ROUNDS;
     if (S->cma_enabled && bytes) {
@@ -281,15 +283,16 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
     switch (c->kind) {
     case DDP__ALLREDUCE: s = run_allreduce(S, c); break;
     case DDP__BROADCAST:
-        s = run_rounds_or_single(S, c, 1, c->count * esize, ddp__shm_broadcast_rounds, ddp__shm_broadcast_cma);
+        s = run_rounds_or_single(S, c, 1, c->count * esize, ddp__shm_broadcast_rounds,
+                                 ddp__shm_broadcast_cma);
         break;
     case DDP__ALLGATHER:
-        s = run_rounds_or_single(S, c, 2, c->count * esize * (size_t)S->world, ddp__shm_allgather_rounds,
-                      ddp__shm_allgather_cma);
+        s = run_rounds_or_single(S, c, 2, c->count * esize * (size_t)S->world,
+                                 ddp__shm_allgather_rounds, ddp__shm_allgather_cma);
         break;
     case DDP__REDUCE_SCATTER:
-        s = run_rounds_or_single(S, c, 3, c->count * esize * (size_t)S->world, ddp__shm_reduce_scatter_rounds,
-                      ddp__shm_reduce_scatter_cma);
+        s = run_rounds_or_single(S, c, 3, c->count * esize * (size_t)S->world,
+                                 ddp__shm_reduce_scatter_rounds, ddp__shm_reduce_scatter_cma);
         break;
     case DDP__BARRIER: {
         set_algorithm(S, DDP__SHM_ALG_BARRIER);
@@ -298,7 +301,8 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
         s = ddp__shm_first_sync(S, c, &fp);
         break;
     }
-    default: s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "shm: unknown collective kind %d", (int)c->kind);
+    default:
+        s = ddp__error(DDP_ERR_INVALID_ARGUMENT, "shm: unknown collective kind %d", (int)c->kind);
     }
     if (s != DDP_OK) S->last_status = s;
     return s;

@@ -138,7 +138,7 @@ static int published(shm_state_t *S, int j, uint64_t target, int mailbox)
  * publishes its reason right after the swap: wait briefly for it so that the text names the
  * cause, not only the rank. */
 ddp_status_t ddp__shm_poisoned_error(shm_state_t *S, int j, uint64_t poison,
-                                   const ddp__collective_t *c)
+                                     const ddp__collective_t *c)
 {
     int q = poisoner_of(poison);
     if (q < 0 || q >= S->world) q = j;
@@ -402,7 +402,7 @@ static ddp_status_t sleep_until(shm_state_t *S, uint64_t target, int mailbox,
 /* Waits until every rank reached `target` (polling the stamps of mailbox parity `mailbox` for a
  * first phase, the steps otherwise). */
 ddp_status_t ddp__shm_wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
-                                const ddp__collective_t *c, int64_t deadline_ns)
+                                  const ddp__collective_t *c, int64_t deadline_ns)
 {
     ddp_status_t s = wait_all_body(S, target, mailbox, c, deadline_ns);
     ddp__shm_settle_arrival(S);
@@ -410,7 +410,7 @@ ddp_status_t ddp__shm_wait_all_on(shm_state_t *S, uint64_t target, int mailbox,
 }
 
 ddp_status_t ddp__shm_wait_all(shm_state_t *S, uint64_t target, const ddp__collective_t *c,
-                             int64_t deadline_ns)
+                               int64_t deadline_ns)
 {
     return ddp__shm_wait_all_on(S, target, -1, c, deadline_ns);
 }

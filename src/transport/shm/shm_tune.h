@@ -1,8 +1,8 @@
 /* The shared-memory transport's self-tuning: per size class of allreduce, several ways to move
- * the data (variants: the first DDP__SHM_VARIANTS algorithms of shm_algorithm.h), chosen by
- * measurement, the same way on every rank. shm_choose.c asks which
- * variant a call uses, times the call and carries rank 0's decisions in its mailbox; this file
- * keeps the tables and decides. docs/shm-transport.md ("Self-tuning") has the reasons. */
+ * the data (variants: the algorithms of shm_algorithm.h below DDP__SHM_VARIANTS), chosen by
+ * measurement, the same way on every rank. shm_choose.c asks which variant a call uses and
+ * times the call, shm_agree.c carries rank 0's decisions in its mailbox; this file keeps the
+ * tables and decides. docs/shm-transport.md ("Self-tuning") has the reasons. */
 #ifndef DDP_TRANSPORT_SHM_TUNE_H
 #define DDP_TRANSPORT_SHM_TUNE_H
 
