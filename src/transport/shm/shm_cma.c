@@ -1,7 +1,7 @@
 /* Single-copy transfers of the shared-memory transport (cross-memory attach): the kernel calls,
  * the ptrace permission a peer needs, and the registration cache that backs reused buffers with
- * huge pages. The protocol that makes these reads safe is in shm.c (run_allreduce_cma) and
- * docs/shm-transport.md ("Single-copy allreduce"). */
+ * huge pages. The protocol that makes these reads safe is in shm_allreduce.c
+ * (ddp__shm_allreduce_cma) and docs/shm-transport.md ("Single-copy allreduce"). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,8 @@
 /* Single-copy transfers for the shared-memory transport: a rank reads its peers' own (malloc)
  * buffers directly with Linux cross-memory attach (process_vm_readv) instead of staging them
- * through the segment. shm.c owns the protocol (phases, agreement); this file owns the kernel
- * calls, the permission set-up and the huge-page registration cache. Not installed. */
+ * through the segment. shm_allreduce.c and the collectives' files own the protocol (phases,
+ * agreement); this file owns the kernel calls, the permission set-up and the huge-page
+ * registration cache. Not installed. */
 #ifndef DDP_TRANSPORT_SHM_CMA_H
 #define DDP_TRANSPORT_SHM_CMA_H
 

@@ -1,7 +1,6 @@
 /* Registered memory of the shared-memory transport: moving a caller's pages onto a memfd in
  * place, checking that they are still there, and mapping peers' exports. Why and how the
- * allreduce uses them: shm.c (run_allreduce_mapped) and docs/shm-transport.md ("Registered
- * memory").
+ * allreduce uses them: shm_allreduce_mapped.c and docs/shm-transport.md ("Registered memory").
  *
  * Moving pages in place: the memfd is mapped somewhere, the pages' bytes are copied into it, and
  * mremap moves that mapping over the caller's range in one step (the old pages are released). The

@@ -2,9 +2,9 @@
  * measurement. Agreement without a message of its own: the variant of a call is a function of
  * data every rank holds identically (the class's call count, its incumbent, the mode), and the
  * incumbent changes only when rank 0 publishes an update in the mailbox line of a collective's
- * first phase, which every rank applies at that same collective (shm.c). So every rank runs the
- * same variant for the same call, whatever its own clock says; results are bitwise identical
- * across variants anyway (same kernel, same rank order). */
+ * first phase, which every rank applies at that same collective (shm_agree.c). So every rank
+ * runs the same variant for the same call, whatever its own clock says; results are bitwise
+ * identical across variants anyway (same kernel, same rank order). */
 #include <stdio.h>
 #include <string.h>
 
@@ -27,16 +27,8 @@
  * machine jitter by 10 % from call to call. */
 #define SWITCH_MARGIN 0.9
 
-static const char *const variant_names[DDP__SHM_VARIANTS] = {
-    "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds", "staged:nt:short",
-    "staged:plain:long"};
 static const char *const kind_names[DDP__SHM_TUNE_KINDS] = {"allreduce", "broadcast", "allgather",
                                                             "reduce_scatter"};
-
-const char *ddp__shm_variant_name(int variant)
-{
-    return variant >= 0 && variant < DDP__SHM_VARIANTS ? variant_names[variant] : "none";
-}
 
 int ddp__shm_tune_key(int kind, size_t bytes)
 {
@@ -148,7 +140,8 @@ int ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update, ddp_trace_t *trace)
     t->current[cls] = (uint8_t)(variant + 1);
     const int size_class = cls % DDP__SHM_TUNE_CLASSES;
     const char *kind = kind_names[cls / DDP__SHM_TUNE_CLASSES];
-    const char *old_name = before >= 0 ? variant_names[before] : "the default";
+    const char *new_name = ddp__shm_algorithm_name(variant);
+    const char *old_name = before >= 0 ? ddp__shm_algorithm_name(before) : "the default";
     /* Only rank 0's estimates decided; the other ranks' are their own clocks' and say nothing. */
     char new_cost[32] = "", old_cost[32] = "";
     if (t->rank == 0) {
@@ -160,21 +153,20 @@ int ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update, ddp_trace_t *trace)
         DDP_LOG(DDP_LOG_INFO,
                 "shm tune: %s %zu-%zu bytes: %s (%s ns/B on rank 0) replaces %s%s%s%s", kind,
                 (size_t)64 << size_class, ((size_t)128 << size_class) - 1,
-                variant_names[variant], new_cost, old_name, before >= 0 ? " (" : "", old_cost,
+                new_name, new_cost, old_name, before >= 0 ? " (" : "", old_cost,
                 before >= 0 ? " ns/B)" : "");
     }
     if (trace) {
         char lo[32], hi[32], name[160], calls[16];
         power_text((size_t)64 << size_class, lo, sizeof lo);
         power_text((size_t)128 << size_class, hi, sizeof hi);
-        snprintf(name, sizeof name, "shm tune: %s [%s, %s): %s", kind, lo, hi,
-                 variant_names[variant]);
+        snprintf(name, sizeof name, "shm tune: %s [%s, %s): %s", kind, lo, hi, new_name);
         snprintf(calls, sizeof calls, "%u", (unsigned)t->calls[cls]);
         char bytes_text[48];
         snprintf(bytes_text, sizeof bytes_text, "%zu-%zu", (size_t)64 << size_class,
                  ((size_t)128 << size_class) - 1);
         const char *args[16] = {"collective", kind,     "bytes",      bytes_text,
-                                "variant",    variant_names[variant], "replaces", old_name,
+                                "variant",    new_name, "replaces", old_name,
                                 "calls of the class", calls};
         int nargs = 5;
         if (t->rank == 0) {

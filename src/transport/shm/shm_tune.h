@@ -1,7 +1,8 @@
 /* The shared-memory transport's self-tuning: per size class of allreduce, several ways to move
- * the data (variants), chosen by measurement, the same way on every rank. shm.c asks which
- * variant a call uses, times the call and carries rank 0's decisions in its mailbox; this file
- * keeps the tables and decides. docs/shm-transport.md ("Self-tuning") has the reasons. */
+ * the data (variants: the algorithms of shm_algorithm.h below DDP__SHM_VARIANTS), chosen by
+ * measurement, the same way on every rank. shm_choose.c asks which variant a call uses and
+ * times the call, shm_agree.c carries rank 0's decisions in its mailbox; this file keeps the
+ * tables and decides. docs/shm-transport.md ("Self-tuning") has the reasons. */
 #ifndef DDP_TRANSPORT_SHM_TUNE_H
 #define DDP_TRANSPORT_SHM_TUNE_H
 
@@ -9,31 +10,7 @@
 #include <stdint.h>
 
 #include "ddp/trace.h"
-
-/* Variants: of an allreduce larger than the one-shot threshold (all but ROUNDS), of a broadcast,
- * allgather or reduce_scatter (rounds or single copy). The staged allreduce has two knobs, the
- * stores that write the stage and the round size, each tuned: four variants. Long rounds are
- * DDP_SHM_ALLREDUCE_ROUND_BYTES (1 MiB), short ones DDP_SHM_ROUND_BYTES (256 KiB). */
-typedef enum {
-    DDP__SHM_V_STAGED_NT,    /* staged, stage written with non-temporal stores, long rounds */
-    DDP__SHM_V_STAGED_PLAIN, /* staged, plain stores, short (L2-sized) rounds */
-    DDP__SHM_V_ONESHOT,      /* every rank stages everything, reduces everything (<= 256 KiB) */
-    DDP__SHM_V_CMA,          /* single copy: peers' buffers read with process_vm_readv */
-    DDP__SHM_V_ROUNDS,       /* broadcast, allgather, reduce_scatter: rounds through the stage */
-    DDP__SHM_V_STAGED_NT_SHORT,  /* staged, non-temporal stores, short rounds */
-    DDP__SHM_V_STAGED_PLAIN_LONG, /* staged, plain stores, long rounds */
-    DDP__SHM_VARIANTS
-} ddp__shm_variant_t;
-
-/* Whether a staged variant writes its stage with non-temporal stores, and uses long rounds. */
-static inline int ddp__shm_variant_streams(int v)
-{
-    return v == DDP__SHM_V_STAGED_NT || v == DDP__SHM_V_STAGED_NT_SHORT;
-}
-static inline int ddp__shm_variant_long_rounds(int v)
-{
-    return v == DDP__SHM_V_STAGED_NT || v == DDP__SHM_V_STAGED_PLAIN_LONG;
-}
+#include "transport/shm/shm_algorithm.h"
 
 #define DDP__SHM_TUNE_CLASSES 40 /* class = floor(log2(bytes)) - 6, clamped */
 #define DDP__SHM_TUNE_KINDS 4     /* allreduce, broadcast, allgather, reduce_scatter */
@@ -82,8 +59,5 @@ uint16_t ddp__shm_tune_take_update(ddp__shm_tune_t *t);
  * 0's adds its estimates). Returns 1 when the incumbent changed. */
 int ddp__shm_tune_apply(ddp__shm_tune_t *t, uint16_t update, ddp_trace_t *trace);
 
-/* "staged:nt", "staged:plain", "one-shot", "single-copy", "rounds", "staged:nt:short",
- * "staged:plain:long". */
-const char *ddp__shm_variant_name(int variant);
 
 #endif
