@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "group/checks.h"
 #include "group/group_internal.h"
 #include "group/rendezvous.h"
 #include "group/group_private.h"
@@ -380,155 +381,73 @@ static ddp_status_t run_blocking(ddp_group_t *g, ddp__collective_t *c)
     return s;
 }
 
-/* ---- argument checks ---------------------------------------------------------------------- */
+/* ---- argument checks (checks.h) ----------------------------------------------------------- */
 
-static ddp_status_t check_group(const ddp_group_t *g, const char *fn)
+/* What each of the transports' five kinds takes, so that one function checks and builds them
+ * all. A per-rank kind has one buffer of world blocks of `count` (reduce_scatter's send,
+ * allgather's recv) and one of a block; in place is the block at this rank's position. */
+typedef struct kind_rules {
+    const char *fn;         /* the name errors start with */
+    const char *count_name; /* the count argument's name; NULL: none (barrier) */
+    int has_op;
+    int has_root;            /* one buffer, `buf`, and a root (broadcast) */
+    int send_is_per_rank;    /* send holds world blocks (reduce_scatter) */
+    int recv_is_per_rank;    /* recv holds world blocks (allgather) */
+    const char *overlap_text; /* why overlapping buffers that are not in place are refused */
+} kind_rules_t;
+
+static const kind_rules_t kind_rules[] = {
+    [DDP__ALLREDUCE] = {"allreduce", "count", 1, 0, 0, 0,
+                        "send and recv overlap without being equal (in place needs send == recv)"},
+    [DDP__BROADCAST] = {"broadcast", "count", 0, 1, 0, 0, NULL},
+    [DDP__REDUCE_SCATTER] = {"reduce_scatter", "recv_count", 1, 0, 1, 0,
+                             "recv overlaps send but is not send + rank * recv_count elements "
+                             "(the in-place position)"},
+    [DDP__ALLGATHER] = {"allgather", "send_count", 0, 0, 0, 1,
+                        "send overlaps recv but is not recv + rank * send_count elements (the "
+                        "in-place position)"},
+    [DDP__BARRIER] = {"barrier", NULL, 0, 0, 0, 0, NULL},
+};
+
+/* Checks the arguments of one of the five kinds and fills *c with them. broadcast passes its
+ * buffer as both send and recv. */
+static ddp_status_t build(ddp_group_t *g, ddp__collective_kind_t kind, const void *send,
+                          void *recv, size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                          int root, ddp__collective_t *c)
 {
-    if (!g) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: group is NULL", fn);
-    return DDP_OK;
-}
-
-static ddp_status_t check_dtype(ddp_dtype_t dtype, const char *fn)
-{
-    if ((unsigned)dtype >= DDP_DTYPE_COUNT)
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: dtype %d is not a valid ddp_dtype_t", fn,
-                          (int)dtype);
-    return DDP_OK;
-}
-
-static ddp_status_t check_op(ddp_reduce_op_t op, const char *fn)
-{
-    if ((unsigned)op >= DDP_OP_COUNT)
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: op %d is not a valid ddp_reduce_op_t", fn,
-                          (int)op);
-    return DDP_OK;
-}
-
-/* count * elements must fit in memory: refuse sizes whose byte count overflows. */
-static ddp_status_t check_count(size_t count, size_t multiplier, ddp_dtype_t dtype, const char *fn,
-                                const char *name)
-{
-    size_t esize = ddp_dtype_size(dtype);
-    if (multiplier == 0) multiplier = 1;
-    if (count > (SIZE_MAX / 2) / esize / multiplier)
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: %s %zu is too large", fn, name, count);
-    return DDP_OK;
-}
-
-static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes)
-{
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return abytes > 0 && bbytes > 0 && pa < pb + bbytes && pb < pa + abytes;
-}
-
-#define TRY(expr)                                                                                 \
-    do {                                                                                          \
-        ddp_status_t try_status_ = (expr);                                                        \
-        if (try_status_ != DDP_OK) return try_status_;                                            \
-    } while (0)
-
-static ddp_status_t build_allreduce(ddp_group_t *g, const void *send, void *recv, size_t count,
-                                    ddp_dtype_t dtype, ddp_reduce_op_t op, ddp__collective_t *c)
-{
-    const char *fn = "allreduce";
-    TRY(check_group(g, fn));
-    TRY(check_dtype(dtype, fn));
-    TRY(check_op(op, fn));
-    TRY(check_count(count, 1, dtype, fn, "count"));
-    if (count > 0 && !send) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send is NULL with count %zu", fn, count);
-    if (count > 0 && !recv) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: recv is NULL with count %zu", fn, count);
-    size_t bytes = count * ddp_dtype_size(dtype);
-    if (send != recv && overlaps(send, bytes, recv, bytes))
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                          "%s: send and recv overlap without being equal (in place needs send == recv)", fn);
+    const kind_rules_t *k = &kind_rules[kind];
+    TRY(ddp__check_group(g, k->fn));
     memset(c, 0, sizeof *c);
-    c->kind = DDP__ALLREDUCE;
+    c->kind = kind;
+    if (!k->count_name) {
+        c->dtype = DDP_U8;
+        return DDP_OK;
+    }
+    int per_rank = k->send_is_per_rank || k->recv_is_per_rank;
+    TRY(ddp__check_dtype(dtype, k->fn));
+    if (k->has_op) TRY(ddp__check_op(op, k->fn));
+    TRY(ddp__check_count(count, per_rank ? (size_t)g->world : 1, dtype, k->fn, k->count_name));
+    if (k->has_root) {
+        TRY(ddp__check_buffer(recv, count, k->fn, "buf", k->count_name));
+        TRY(ddp__check_rank(g, root, k->fn, "root"));
+    } else {
+        TRY(ddp__check_buffer(send, count, k->fn, "send", k->count_name));
+        TRY(ddp__check_buffer(recv, count, k->fn, "recv", k->count_name));
+        size_t block = count * ddp_dtype_size(dtype);
+        size_t blocks = per_rank ? (size_t)g->world : 1;
+        uintptr_t whole = (uintptr_t)(k->recv_is_per_rank ? (const void *)recv : send);
+        uintptr_t part = (uintptr_t)(k->recv_is_per_rank ? (const void *)send : recv);
+        uintptr_t in_place = whole + (per_rank ? (size_t)g->rank * block : 0);
+        if (in_place != part && ddp__overlaps((const void *)whole, block * blocks,
+                                              (const void *)part, block))
+            return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: %s", k->fn, k->overlap_text);
+    }
     c->send = send;
     c->recv = recv;
     c->count = count;
     c->dtype = dtype;
-    c->op = op;
-    return DDP_OK;
-}
-
-static ddp_status_t build_broadcast(ddp_group_t *g, void *buf, size_t count, ddp_dtype_t dtype,
-                                    int root, ddp__collective_t *c)
-{
-    const char *fn = "broadcast";
-    TRY(check_group(g, fn));
-    TRY(check_dtype(dtype, fn));
-    TRY(check_count(count, 1, dtype, fn, "count"));
-    if (count > 0 && !buf) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", fn, count);
-    if (root < 0 || root >= g->world)
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: root %d is out of range [0, %d)", fn, root, g->world);
-    memset(c, 0, sizeof *c);
-    c->kind = DDP__BROADCAST;
-    c->send = buf;
-    c->recv = buf;
-    c->count = count;
-    c->dtype = dtype;
-    c->root = root;
-    return DDP_OK;
-}
-
-static ddp_status_t build_reduce_scatter(ddp_group_t *g, const void *send, void *recv,
-                                         size_t recv_count, ddp_dtype_t dtype, ddp_reduce_op_t op,
-                                         ddp__collective_t *c)
-{
-    const char *fn = "reduce_scatter";
-    TRY(check_group(g, fn));
-    TRY(check_dtype(dtype, fn));
-    TRY(check_op(op, fn));
-    TRY(check_count(recv_count, (size_t)g->world, dtype, fn, "recv_count"));
-    if (recv_count > 0 && !send) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send is NULL with recv_count %zu", fn, recv_count);
-    if (recv_count > 0 && !recv) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: recv is NULL with recv_count %zu", fn, recv_count);
-    size_t esize = ddp_dtype_size(dtype);
-    size_t rbytes = recv_count * esize;
-    const char *in_place = (const char *)send + (size_t)g->rank * rbytes;
-    if (recv_count > 0 && (const void *)in_place != recv &&
-        overlaps(send, rbytes * (size_t)g->world, recv, rbytes))
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                          "%s: recv overlaps send but is not send + rank * recv_count elements (the in-place position)", fn);
-    memset(c, 0, sizeof *c);
-    c->kind = DDP__REDUCE_SCATTER;
-    c->send = send;
-    c->recv = recv;
-    c->count = recv_count;
-    c->dtype = dtype;
-    c->op = op;
-    return DDP_OK;
-}
-
-static ddp_status_t build_allgather(ddp_group_t *g, const void *send, void *recv,
-                                    size_t send_count, ddp_dtype_t dtype, ddp__collective_t *c)
-{
-    const char *fn = "allgather";
-    TRY(check_group(g, fn));
-    TRY(check_dtype(dtype, fn));
-    TRY(check_count(send_count, (size_t)g->world, dtype, fn, "send_count"));
-    if (send_count > 0 && !send) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send is NULL with send_count %zu", fn, send_count);
-    if (send_count > 0 && !recv) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: recv is NULL with send_count %zu", fn, send_count);
-    size_t sbytes = send_count * ddp_dtype_size(dtype);
-    const char *in_place = (const char *)recv + (size_t)g->rank * sbytes;
-    if (send_count > 0 && (const void *)in_place != send &&
-        overlaps(send, sbytes, recv, sbytes * (size_t)g->world))
-        return ddp__error(DDP_ERR_INVALID_ARGUMENT,
-                          "%s: send overlaps recv but is not recv + rank * send_count elements (the in-place position)", fn);
-    memset(c, 0, sizeof *c);
-    c->kind = DDP__ALLGATHER;
-    c->send = send;
-    c->recv = recv;
-    c->count = send_count;
-    c->dtype = dtype;
-    return DDP_OK;
-}
-
-static ddp_status_t build_barrier(ddp_group_t *g, ddp__collective_t *c)
-{
-    TRY(check_group(g, "barrier"));
-    memset(c, 0, sizeof *c);
-    c->kind = DDP__BARRIER;
-    c->dtype = DDP_U8;
+    if (k->has_op) c->op = op;
+    if (k->has_root) c->root = root;
     return DDP_OK;
 }
 
@@ -547,7 +466,7 @@ ddp_status_t ddp_group_allreduce_async(ddp_group_t *group, const void *send, voi
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_allreduce(group, send, recv, count, dtype, op, &c));
+    TRY(build(group, DDP__ALLREDUCE, send, recv, count, dtype, op, 0, &c));
     return issue(group, &c, work, "allreduce_async");
 }
 
@@ -556,7 +475,7 @@ ddp_status_t ddp_group_broadcast_async(ddp_group_t *group, void *buf, size_t cou
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_broadcast(group, buf, count, dtype, root, &c));
+    TRY(build(group, DDP__BROADCAST, buf, buf, count, dtype, 0, root, &c));
     return issue(group, &c, work, "broadcast_async");
 }
 
@@ -566,7 +485,7 @@ ddp_status_t ddp_group_reduce_scatter_async(ddp_group_t *group, const void *send
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_reduce_scatter(group, send, recv, recv_count, dtype, op, &c));
+    TRY(build(group, DDP__REDUCE_SCATTER, send, recv, recv_count, dtype, op, 0, &c));
     return issue(group, &c, work, "reduce_scatter_async");
 }
 
@@ -575,7 +494,7 @@ ddp_status_t ddp_group_allgather_async(ddp_group_t *group, const void *send, voi
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_allgather(group, send, recv, send_count, dtype, &c));
+    TRY(build(group, DDP__ALLGATHER, send, recv, send_count, dtype, 0, 0, &c));
     return issue(group, &c, work, "allgather_async");
 }
 
@@ -583,7 +502,7 @@ ddp_status_t ddp_group_barrier_async(ddp_group_t *group, ddp_work_t **work)
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_barrier(group, &c));
+    TRY(build(group, DDP__BARRIER, NULL, NULL, 0, DDP_U8, 0, 0, &c));
     return issue(group, &c, work, "barrier_async");
 }
 
@@ -592,7 +511,7 @@ ddp_status_t ddp_group_allreduce(ddp_group_t *group, const void *send, void *rec
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_allreduce(group, send, recv, count, dtype, op, &c));
+    TRY(build(group, DDP__ALLREDUCE, send, recv, count, dtype, op, 0, &c));
     return run_blocking(group, &c);
 }
 
@@ -601,7 +520,7 @@ ddp_status_t ddp_group_broadcast(ddp_group_t *group, void *buf, size_t count, dd
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_broadcast(group, buf, count, dtype, root, &c));
+    TRY(build(group, DDP__BROADCAST, buf, buf, count, dtype, 0, root, &c));
     return run_blocking(group, &c);
 }
 
@@ -610,7 +529,7 @@ ddp_status_t ddp_group_reduce_scatter(ddp_group_t *group, const void *send, void
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_reduce_scatter(group, send, recv, recv_count, dtype, op, &c));
+    TRY(build(group, DDP__REDUCE_SCATTER, send, recv, recv_count, dtype, op, 0, &c));
     return run_blocking(group, &c);
 }
 
@@ -619,7 +538,7 @@ ddp_status_t ddp_group_allgather(ddp_group_t *group, const void *send, void *rec
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_allgather(group, send, recv, send_count, dtype, &c));
+    TRY(build(group, DDP__ALLGATHER, send, recv, send_count, dtype, 0, 0, &c));
     return run_blocking(group, &c);
 }
 
@@ -627,14 +546,14 @@ ddp_status_t ddp_group_barrier(ddp_group_t *group)
 {
     ddp__clear_error();
     ddp__collective_t c;
-    TRY(build_barrier(group, &c));
+    TRY(build(group, DDP__BARRIER, NULL, NULL, 0, DDP_U8, 0, 0, &c));
     return run_blocking(group, &c);
 }
 
 ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)
 {
     ddp__clear_error();
-    TRY(check_group(group, "submit"));
+    TRY(ddp__check_group(group, "submit"));
     if (!fn) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "submit: fn is NULL");
     if (!work) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "submit: work is NULL");
     return enqueue(group, NULL, fn, arg, work);
@@ -705,7 +624,7 @@ void ddp_work_free(ddp_work_t *work)
 ddp_status_t ddp_group_alloc_buffer(ddp_group_t *group, size_t bytes, void **out)
 {
     ddp__clear_error();
-    TRY(check_group(group, "alloc_buffer"));
+    TRY(ddp__check_group(group, "alloc_buffer"));
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "alloc_buffer: out is NULL");
     if (bytes > SIZE_MAX / 4)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "alloc_buffer: bytes %zu is too large", bytes);
@@ -766,7 +685,7 @@ void ddp__group_advise_cold_results(ddp_group_t *group, void *buffer)
 ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer)
 {
     ddp__clear_error();
-    TRY(check_group(group, "free_buffer"));
+    TRY(ddp__check_group(group, "free_buffer"));
     if (!buffer) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "free_buffer: buffer is NULL");
     if (group->ops->free_buffer) return group->ops->free_buffer(group->state, buffer);
     pthread_mutex_lock(&group->mu);
@@ -787,7 +706,7 @@ ddp_status_t ddp_group_free_buffer(ddp_group_t *group, void *buffer)
 ddp_status_t ddp_group_register_memory(ddp_group_t *group, void *ptr, size_t bytes)
 {
     ddp__clear_error();
-    TRY(check_group(group, "register_memory"));
+    TRY(ddp__check_group(group, "register_memory"));
     if (!ptr || bytes == 0)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "register_memory: %s",
                           ptr ? "bytes is 0" : "ptr is NULL");
@@ -803,7 +722,7 @@ ddp_status_t ddp_group_register_memory(ddp_group_t *group, void *ptr, size_t byt
 ddp_status_t ddp_group_unregister_memory(ddp_group_t *group, void *ptr)
 {
     ddp__clear_error();
-    TRY(check_group(group, "unregister_memory"));
+    TRY(ddp__check_group(group, "unregister_memory"));
     if (!ptr) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "unregister_memory: ptr is NULL");
     /* Also on a broken group: the pages must go back to ordinary memory whatever happened. */
     return group->ops->unregister_memory ? group->ops->unregister_memory(group->state, ptr)
