@@ -211,13 +211,17 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
              * DDP_HIERARCHICAL=0 asks for flat TCP. */
             chosen = same_host ? "shm"
                                : (strcmp(hierarchical, "0") != 0 ? "hierarchical" : "tcp");
-        } else if (strcmp(asked, "shm") == 0 && !same_host) {
-            s = ddp__error(DDP_ERR_UNSUPPORTED,
-                           "group_create: transport shm needs every rank on one host, but rank "
-                           "%d is on '%s' and rank %d on '%s'",
-                           rank, ident, other, other_host);
-            goto fail;
         } else {
+            /* What the transport declares (transport.h), not its name, says whether it can
+             * span hosts; an unknown one fails below with the text naming the known ones. */
+            const ddp__transport_ops_t *ops = ddp__transport_find(asked, &s);
+            if (ops && !ops->multi_host && !same_host) {
+                s = ddp__error(DDP_ERR_UNSUPPORTED,
+                               "group_create: transport %s needs every rank on one host, but "
+                               "rank %d is on '%s' and rank %d on '%s'",
+                               ops->name, rank, ident, other, other_host);
+                goto fail;
+            }
             chosen = asked;
         }
     }
@@ -532,16 +536,14 @@ ddp_status_t ddp__group_pair(ddp_group_t *g, int peer, ddp_group_t **out)
                           g->rank, g->prefix);
     /* The pair is a group of two on the parent's store, named after the parent instance and
      * the two ranks: both sides make it at their first send/recv with each other, in issue
-     * order, so it is made exactly once per pair. Its transport follows the parent's: shm and
-     * mpi as the parent (an MPI pair is made by its two members only), tcp for tcp and
-     * hierarchical (two ranks need no hierarchy). */
+     * order, so it is made exactly once per pair. Its transport is the one the parent's declares
+     * (pair_transport in transport.h): the parent's own, or tcp for hierarchical. */
     int lo = g->rank < peer ? g->rank : peer, hi = g->rank < peer ? peer : g->rank;
     char name[600];
     snprintf(name, sizeof name, "%s/p2p%d_%d", g->prefix + strlen("ddp/group/"), lo, hi);
     ddp_group_options_t options = DDP_GROUP_OPTIONS_INIT;
     options.timeout_ms = g->timeout_ms;
-    options.transport = !strcmp(g->ops->name, "shm") || !strcmp(g->ops->name, "mpi")
-                            ? g->ops->name : "tcp";
+    options.transport = g->ops->pair_transport ? g->ops->pair_transport : g->ops->name;
     ddp_group_t *pair = NULL;
     ddp_status_t s = create_internal(g->store, 0, g->rank == lo ? 0 : 1, 2, &options, name,
                                      g->timeout_ms, NULL, &pair);

@@ -464,4 +464,6 @@ const ddp__transport_ops_t ddp__transport_hierarchical = {
     .unregister_memory = hier_unregister_memory,
     .abort = hier_abort,
     .destroy = hier_destroy,
+    .pair_transport = "tcp", /* two ranks need no hierarchy */
+    .multi_host = 1,
 };

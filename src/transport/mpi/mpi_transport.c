@@ -1560,6 +1560,10 @@ static ddp_status_t mpi_bootstrap_bcast(void *buf, size_t len, int timeout_ms, i
     return wait_setup(&req, timeout_ms, "MPI bootstrap: the broadcast of rank 0's store address");
 }
 
+static const ddp__bootstrap_ops_t mpi_bootstrap = {
+    .bcast = mpi_bootstrap_bcast,
+};
+
 /* Exported from libddp_mpi.so: src/transport/registry.c finds the table by this name. */
 DDP_MODULE_API const ddp__transport_ops_t ddp__transport_mpi = {
     .name = "mpi",
@@ -1571,7 +1575,8 @@ DDP_MODULE_API const ddp__transport_ops_t ddp__transport_mpi = {
     .destroy = mpi_destroy,
     .split = ddp__mpi_split,
     .storeless = 1,
-    .bootstrap_bcast = mpi_bootstrap_bcast,
+    .multi_host = 1,
+    .bootstrap = &mpi_bootstrap,
 };
 
 ddp_status_t ddp_mpi_register(void)

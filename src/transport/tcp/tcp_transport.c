@@ -1334,4 +1334,5 @@ const ddp__transport_ops_t ddp__transport_tcp = {
     .free_buffer = NULL,
     .abort = tcp_abort,
     .destroy = tcp_destroy,
+    .multi_host = 1,
 };
