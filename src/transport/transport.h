@@ -62,9 +62,10 @@ typedef struct ddp__transport_ops {
     const char *name; /* its name in src/core/transports.h's list, or "self" */
 
     /* Collective over `world` ranks: rendezvous through `store` (keys under `group_name`), set up
-     * connections or segments. timeout_ms bounds the rendezvous. A transport with `storeless`
-     * set also accepts store == NULL: it then connects through its own runtime (MPI_COMM_WORLD
-     * in rank order for mpi). */
+     * connections or segments. timeout_ms bounds the rendezvous and is the group's timeout,
+     * resolved by the group (a transport reads no configuration of its own). A transport with
+     * `storeless` set also accepts store == NULL: it then connects through its own runtime
+     * (MPI_COMM_WORLD in rank order for mpi). */
     ddp_status_t (*create)(ddp_store_t *store, const char *group_name, int rank, int world,
                            int timeout_ms, void **state);
 

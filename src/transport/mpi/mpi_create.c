@@ -210,10 +210,11 @@ ddp_status_t ddp__mpi_create(ddp_store_t *store, const char *group_name, int ran
     if (rank < 0 || rank >= world)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: rank %d outside 0..%d", rank,
                           world - 1);
-    if (timeout_ms <= 0) {
-        ddp_status_t timeout_status = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
-        if (timeout_status != DDP_OK) return ddp__error_context(timeout_status, "MPI transport");
-    }
+    /* The group resolves its timeout (its options, else DDP_TIMEOUT) and hands it down: a
+     * transport reads no configuration of its own. */
+    if (timeout_ms < 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "MPI transport: timeout_ms %d is negative",
+                          timeout_ms);
     if (!group_name) group_name = "default";
 
     ddp_status_t status = ddp__mpi_ensure_mpi();

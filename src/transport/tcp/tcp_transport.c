@@ -55,10 +55,11 @@ static ddp_status_t tcp_create(ddp_store_t *store, const char *group_name, int r
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "tcp transport: rank %d outside [0, %d)",
                           rank, world);
     if (!state) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "tcp transport: state is NULL");
-    if (timeout_ms <= 0) {
-        ddp_status_t timeout_status = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
-        if (timeout_status != DDP_OK) return ddp__error_context(timeout_status, "tcp transport");
-    }
+    /* The group resolves its timeout (its options, else DDP_TIMEOUT) and hands it down: a
+     * transport reads no configuration of its own. */
+    if (timeout_ms < 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "tcp transport: timeout_ms %d is negative",
+                          timeout_ms);
 
     tcp_state_t *t = calloc(1, sizeof *t);
     if (!t) return ddp__error(DDP_ERR_NO_MEMORY, "tcp transport: state");
