@@ -84,6 +84,94 @@ static void release_split(split_state_t *made)
     if (made && made->state) made->ops->destroy(made->state);
 }
 
+/* Numbers this instance of group `name` on the store (setting g->prefix), exchanges the
+ * transport each rank asked for and its host identity, and chooses: auto picks shm on one host,
+ * else hierarchical (or tcp when DDP_HIERARCHICAL=0); a transport asked for by name must agree
+ * on every rank and, unless it declares multi_host, have every rank on one host. */
+static ddp_status_t choose_over_store(ddp_group_t *g, ddp_store_t *store, const char *name,
+                                      int rank, int world, int timeout_ms, const char *asked,
+                                      const char *hierarchical, const char **chosen)
+{
+    ddp_status_t s;
+    /* Instances of one name on one store are numbered: the k-th creation on every rank gets
+     * instance k (every rank's add for instance k precedes any for k+1, since creation is
+     * collective and completes only after every rank has added). */
+    char key[600];
+    snprintf(key, sizeof key, "ddp/group/%s/instances", name);
+    int64_t v = 0;
+    s = ddp_store_add(store, key, 1, &v);
+    if (s != DDP_OK) {
+        ddp__error_context(s, "group_create: counting instances of group '%s'", name);
+        return s;
+    }
+    snprintf(g->prefix, sizeof g->prefix, "ddp/group/%s/%lld", name,
+             (long long)((v - 1) / world));
+
+    char mine[512];
+    char ident[400];
+    ddp__host_identity(ident, sizeof ident);
+    snprintf(mine, sizeof mine, "%s|%s", asked, ident);
+    char **values = ddp__calloc((size_t)world, sizeof *values, "host identities");
+    if (!values) {
+        s = DDP_ERR_NO_MEMORY;
+        return s;
+    }
+    s = exchange(store, g->prefix, "host", rank, world, timeout_ms, mine, values);
+    if (s != DDP_OK) {
+        free(values);
+        return s;
+    }
+    int same_host = 1;
+    int bad = -1;
+    for (int r = 0; r < world; r++) {
+        const char *bar = strchr(values[r], '|');
+        size_t alen = bar ? (size_t)(bar - values[r]) : strlen(values[r]);
+        if (alen != strlen(asked) || strncmp(values[r], asked, alen) != 0) bad = r;
+        if (!bar || strcmp(bar + 1, ident) != 0) same_host = 0;
+    }
+    if (bad >= 0) {
+        s = ddp__error(DDP_ERR_MISMATCH,
+                       "group_create: ranks ask for different transports: rank %d asks for "
+                       "'%s' but rank %d asks for '%.*s'",
+                       rank, asked, bad, (int)strcspn(values[bad], "|"), values[bad]);
+        free_values(values, world);
+        free(values);
+        return s;
+    }
+    int other = 0;
+    for (int r = 0; r < world; r++) {
+        const char *bar = strchr(values[r], '|');
+        if (!bar || strcmp(bar + 1, ident) != 0) {
+            other = r;
+            break;
+        }
+    }
+    char other_host[256];
+    snprintf(other_host, sizeof other_host, "%s", strchr(values[other], '|') ? strchr(values[other], '|') + 1 : "?");
+    free_values(values, world);
+    free(values);
+
+    if (strcmp(asked, "auto") == 0) {
+        /* Several hosts: shared memory inside each, TCP between them, unless
+         * DDP_HIERARCHICAL=0 asks for flat TCP. */
+        *chosen = same_host ? "shm"
+                           : (strcmp(hierarchical, "0") != 0 ? "hierarchical" : "tcp");
+    } else {
+        /* What the transport declares (transport.h), not its name, says whether it can
+         * span hosts; an unknown one fails below with the text naming the known ones. */
+        const ddp__transport_ops_t *ops = ddp__transport_find(asked, &s);
+        if (ops && !ops->multi_host && !same_host) {
+            s = ddp__error(DDP_ERR_UNSUPPORTED,
+                           "group_create: transport %s needs every rank on one host, but "
+                           "rank %d is on '%s' and rank %d on '%s'",
+                           ops->name, rank, ident, other, other_host);
+            return s;
+        }
+        *chosen = asked;
+    }
+    return DDP_OK;
+}
+
 /* made: NULL, or the state of a store-less subgroup already made by its transport's split op
  * (the group takes it over, also on failure). */
 static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank, int world,
@@ -148,82 +236,9 @@ static ddp_status_t create_internal(ddp_store_t *store, int owns_store, int rank
             }
         }
     } else {
-        /* Instances of one name on one store are numbered: the k-th creation on every rank gets
-         * instance k (every rank's add for instance k precedes any for k+1, since creation is
-         * collective and completes only after every rank has added). */
-        char key[600];
-        snprintf(key, sizeof key, "ddp/group/%s/instances", name);
-        int64_t v = 0;
-        s = ddp_store_add(store, key, 1, &v);
-        if (s != DDP_OK) {
-            ddp__error_context(s, "group_create: counting instances of group '%s'", name);
-            goto fail;
-        }
-        snprintf(g->prefix, sizeof g->prefix, "ddp/group/%s/%lld", name,
-                 (long long)((v - 1) / world));
-
-        char mine[512];
-        char ident[400];
-        ddp__host_identity(ident, sizeof ident);
-        snprintf(mine, sizeof mine, "%s|%s", asked, ident);
-        char **values = ddp__calloc((size_t)world, sizeof *values, "host identities");
-        if (!values) {
-            s = DDP_ERR_NO_MEMORY;
-            goto fail;
-        }
-        s = exchange(store, g->prefix, "host", rank, world, timeout_ms, mine, values);
-        if (s != DDP_OK) {
-            free(values);
-            goto fail;
-        }
-        int same_host = 1;
-        int bad = -1;
-        for (int r = 0; r < world; r++) {
-            const char *bar = strchr(values[r], '|');
-            size_t alen = bar ? (size_t)(bar - values[r]) : strlen(values[r]);
-            if (alen != strlen(asked) || strncmp(values[r], asked, alen) != 0) bad = r;
-            if (!bar || strcmp(bar + 1, ident) != 0) same_host = 0;
-        }
-        if (bad >= 0) {
-            s = ddp__error(DDP_ERR_MISMATCH,
-                           "group_create: ranks ask for different transports: rank %d asks for "
-                           "'%s' but rank %d asks for '%.*s'",
-                           rank, asked, bad, (int)strcspn(values[bad], "|"), values[bad]);
-            free_values(values, world);
-            free(values);
-            goto fail;
-        }
-        int other = 0;
-        for (int r = 0; r < world; r++) {
-            const char *bar = strchr(values[r], '|');
-            if (!bar || strcmp(bar + 1, ident) != 0) {
-                other = r;
-                break;
-            }
-        }
-        char other_host[256];
-        snprintf(other_host, sizeof other_host, "%s", strchr(values[other], '|') ? strchr(values[other], '|') + 1 : "?");
-        free_values(values, world);
-        free(values);
-
-        if (strcmp(asked, "auto") == 0) {
-            /* Several hosts: shared memory inside each, TCP between them, unless
-             * DDP_HIERARCHICAL=0 asks for flat TCP. */
-            chosen = same_host ? "shm"
-                               : (strcmp(hierarchical, "0") != 0 ? "hierarchical" : "tcp");
-        } else {
-            /* What the transport declares (transport.h), not its name, says whether it can
-             * span hosts; an unknown one fails below with the text naming the known ones. */
-            const ddp__transport_ops_t *ops = ddp__transport_find(asked, &s);
-            if (ops && !ops->multi_host && !same_host) {
-                s = ddp__error(DDP_ERR_UNSUPPORTED,
-                               "group_create: transport %s needs every rank on one host, but "
-                               "rank %d is on '%s' and rank %d on '%s'",
-                               ops->name, rank, ident, other, other_host);
-                goto fail;
-            }
-            chosen = asked;
-        }
+        s = choose_over_store(g, store, name, rank, world, timeout_ms, asked, hierarchical,
+                              &chosen);
+        if (s != DDP_OK) goto fail;
     }
     g->ops = storeless ? storeless : ddp__transport_find(chosen, &s);
     if (!g->ops) {
@@ -393,10 +408,11 @@ static void leave_hosted_store(ddp_group_t *g)
     free(keys);
 }
 
-ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
-                             const ddp_group_options_t *options, ddp_group_t **out)
+/* group_split's arguments; *my_index is this rank's position in `ranks`, or -1. */
+static ddp_status_t check_split(const ddp_group_t *parent, const int *ranks, int nranks,
+                                const ddp_group_options_t *options, ddp_group_t **out,
+                                int *my_index)
 {
-    ddp__clear_error();
     if (!parent) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: parent is NULL");
     if (!out) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: out is NULL");
     if (!ranks) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: ranks is NULL");
@@ -404,7 +420,7 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_split: nranks %d is out of range [1, %d]",
                           nranks, parent->world);
     TRY(check_options(options, "group_split"));
-    int my_index = -1;
+    *my_index = -1;
     for (int i = 0; i < nranks; i++) {
         if (ranks[i] < 0 || ranks[i] >= parent->world)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
@@ -415,8 +431,17 @@ ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
                 return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                                   "group_split: rank %d is listed twice (ranks[%d] and ranks[%d])",
                                   ranks[i], j, i);
-        if (ranks[i] == parent->rank) my_index = i;
+        if (ranks[i] == parent->rank) *my_index = i;
     }
+    return DDP_OK;
+}
+
+ddp_status_t ddp_group_split(ddp_group_t *parent, const int *ranks, int nranks,
+                             const ddp_group_options_t *options, ddp_group_t **out)
+{
+    ddp__clear_error();
+    int my_index = -1;
+    TRY(check_split(parent, ranks, nranks, options, out, &my_index));
     /* A broken parent fails at once, quoting its cause, on every rank (its failure reached every
      * rank). A parent that is not broken here may still have lost a rank: a barrier on it finds
      * a dead or missing peer within the transport's liveness checks, where the member lists'

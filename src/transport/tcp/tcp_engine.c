@@ -489,6 +489,9 @@ typedef struct fp_peer {
     } in;
 } fp_peer_t;
 
+/* Long because it is one poll loop over every peer's partial send and receive of its frame,
+ * with the deadline, abort frames and the verdict on the gathered fingerprints handled in the
+ * loop's own state; moved here unchanged from tcp_transport.c (issue #29 leaves it whole). */
 ddp_status_t ddp__tcp_check_fingerprints(tcp_state_t *t, const ddp__collective_t *c, int commit)
 {
     int n = t->world, r = t->rank;
