@@ -30,9 +30,8 @@ ddp_status_t ddp__check_op(ddp_reduce_op_t op, const char *fn)
     return DDP_OK;
 }
 
-ddp_status_t ddp__check_rank(const ddp_group_t *g, int rank, const char *fn, const char *what)
+ddp_status_t ddp__check_rank(int world, int rank, const char *fn, const char *what)
 {
-    int world = ddp_group_size(g);
     if (rank < 0 || rank >= world)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: %s %d is out of range [0, %d)", fn, what,
                           rank, world);

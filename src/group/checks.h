@@ -21,7 +21,7 @@ ddp_status_t ddp__check_group(const ddp_group_t *g, const char *fn);
 ddp_status_t ddp__check_dtype(ddp_dtype_t dtype, const char *fn);
 ddp_status_t ddp__check_op(ddp_reduce_op_t op, const char *fn);
 /* rank (a root or a peer, called `what`) in [0, world). */
-ddp_status_t ddp__check_rank(const ddp_group_t *g, int rank, const char *fn, const char *what);
+ddp_status_t ddp__check_rank(int world, int rank, const char *fn, const char *what);
 
 /* count elements of dtype, times `multiplier` (0 counts as 1), must make a byte count of at
  * most SIZE_MAX / 2 (PTRDIFF_MAX): no object can be larger, and the buffers' offsets are then

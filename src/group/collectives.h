@@ -1,7 +1,8 @@
 /* What the files of the derived collectives share (collectives.c and coll_*.c): the operation
- * record a task carries, the header ranks agree on, and the table of kinds. Each kind is one
- * function in the table (gloo gives each collective its file; here each family has one:
- * coll_rooted.c, coll_vector.c, coll_coalesced.c, coll_p2p.c). Group-private. */
+ * record a task carries, the header ranks agree on, and the rows of the kinds. Each kind is one
+ * function in collectives.c's table (gloo gives each collective its file; here each family has
+ * one: coll_rooted.c, coll_vector.c, coll_coalesced.c, coll_p2p.c); coll_issue.c holds the
+ * public calls. Group-private. */
 #ifndef DDP_GROUP_COLLECTIVES_H
 #define DDP_GROUP_COLLECTIVES_H
 
@@ -59,13 +60,13 @@ typedef struct coll_args {
  * kind's runner agrees on it first, with any extra it needs). */
 typedef ddp_status_t (*coll_run_fn)(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h);
 
-/* One row per kind, indexed by coll_kind_t. */
+/* What the header and its description need of a kind: one row per kind, indexed by
+ * coll_kind_t (coll_common.c). The kinds' functions are a table of their own (collectives.c). */
 typedef struct coll_kind_info {
     const char *name;
     int has_op;
     int has_root;
     int hashes_counts; /* counts_hash covers a->counts: per buffer (coalesced) or per rank */
-    coll_run_fn run;
 } coll_kind_info_t;
 
 extern const coll_kind_info_t ddp__coll_kinds[K_COUNT];
@@ -83,7 +84,10 @@ ddp_status_t ddp__coll_run_alltoallv(ddp_group_t *g, const coll_args_t *a, const
 ddp_status_t ddp__coll_run_coalesced(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h);
 ddp_status_t ddp__coll_run_p2p(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h);
 
-/* ---- shared (collectives.c) ---- */
+/* ---- shared (coll_common.c) ---- */
+
+/* This rank's header for `a`. */
+coll_header_t ddp__coll_header_of(ddp_group_t *g, const coll_args_t *a);
 
 /* "rank 0 called allreduce f32 ..." style text of a header. */
 void ddp__coll_describe(const coll_header_t *h, char *buf, size_t size);
@@ -103,7 +107,8 @@ void ddp__coll_free_args(void *args);
 /* A malloc'd copy of n sizes (at least one element), or NULL. */
 size_t *ddp__coll_copy_sizes(const size_t *v, size_t n);
 
-/* Issues (work != NULL) or runs (work == NULL) `a` as a task of the group; frees it either way. */
+/* (collectives.c) Issues (work != NULL) or runs (work == NULL) `a` as a task of the group;
+ * frees it either way. */
 ddp_status_t ddp__coll_launch(ddp_group_t *g, coll_args_t *a, ddp_work_t **work);
 
 #endif

@@ -64,7 +64,7 @@ static ddp_status_t build(ddp_group_t *g, ddp__collective_kind_t kind, const voi
     TRY(ddp__check_count(count, per_rank ? (size_t)g->world : 1, dtype, k->fn, k->count_name));
     if (k->has_root) {
         TRY(ddp__check_buffer(recv, count, k->fn, "buf", k->count_name));
-        TRY(ddp__check_rank(g, root, k->fn, "root"));
+        TRY(ddp__check_rank(ddp_group_size(g), root, k->fn, "root"));
     } else {
         TRY(ddp__check_buffer(send, count, k->fn, "send", k->count_name));
         TRY(ddp__check_buffer(recv, count, k->fn, "recv", k->count_name));
