@@ -219,6 +219,13 @@ ddp_status_t ddp__mpi_create(ddp_store_t *store, const char *group_name, int ran
 
     ddp_status_t status = ddp__mpi_ensure_mpi();
     if (status != DDP_OK) return status;
+    /* The fused record's MPI type and op, made once under the same lock as MPI's initialisation
+     * (here rather than in ddp__mpi_ensure_mpi, so that the runtime does not call back into the
+     * record exchange; every state is made here or split from one made here). */
+    pthread_mutex_lock(&ddp__mpi_init_lock);
+    status = ddp__mpi_ensure_fused();
+    pthread_mutex_unlock(&ddp__mpi_init_lock);
+    if (status != DDP_OK) return status;
     int world_rank = 0, world_size = 0;
     ddp__mpi_enter_mpi();
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);

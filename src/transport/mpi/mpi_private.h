@@ -139,6 +139,7 @@ void *ddp__mpi_scratch(mpi_state_t *s, size_t bytes);
 
 /* ---- mpi_fused.c: the record exchange every collective starts with ---- */
 
+/* The fused record's MPI type and op, made once; call with ddp__mpi_init_lock held. */
 ddp_status_t ddp__mpi_ensure_fused(void);
 ddp_status_t ddp__mpi_exchange_p2p(mpi_state_t *s, const ddp__collective_t *c);
 /* *done: the collective completed inside the exchange (barrier, count 0, inline allreduce). */

@@ -106,7 +106,6 @@ ddp_status_t ddp__mpi_ensure_mpi(void)
     }
     ddp__mpi_provided_level = level;
     serialize_calls = level < MPI_THREAD_MULTIPLE;
-    status = ddp__mpi_ensure_fused();
 out:
     pthread_mutex_unlock(&ddp__mpi_init_lock);
     return status;
