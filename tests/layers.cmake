@@ -22,3 +22,8 @@ ddp_layers_violation(transport_calls_group transport/tcp/tcp_socket.c
   "static int f(void *g) { return ddp_group_size(g) }" "FAIL: transports call the group layer")
 ddp_layers_violation(core_declares_upper core/reduce.h "void ddp__tcp_listen(void)"
   "FAIL: core declares functions of layers above")
+ddp_layers_violation(transport_names_sibling transport/tcp/tcp_ring.c
+  "static const void *planted = &ddp__transport_shm;" "FAIL: a transport names another transport")
+ddp_layers_violation(transport_reads_env transport/mpi/mpi_create.c
+  "static const char *planted(void) { return getenv(\"DDP_TIMEOUT\"); }"
+  "FAIL: configuration read below the group")

@@ -78,10 +78,15 @@ static ddp_status_t advertise_address(char *out, size_t size)
 static ddp_status_t through_mpi(const ddp_env_t *env, int timeout_ms, ddp__rendezvous_t *out)
 {
     ddp_status_t s;
-    const ddp__transport_ops_t *mpi = ddp__transport_find("mpi", &s);
-    if (!mpi || !mpi->bootstrap_bcast) {
+    /* The launcher's runtime is reached through the storeless transport that declares a
+     * bootstrap (transport.h), not by a name. */
+    const ddp__transport_ops_t *runtime = ddp__transport_storeless(&s);
+    if (!runtime || !runtime->bootstrap) {
         char why[DDP_ERROR_TEXT_MAX];
-        snprintf(why, sizeof why, "%s", mpi ? "its MPI module has no bootstrap" : ddp_last_error());
+        if (runtime)
+            snprintf(why, sizeof why, "transport %s declares no bootstrap", runtime->name);
+        else
+            snprintf(why, sizeof why, "%s", ddp_last_error());
         return ddp__error(DDP_ERR_UNSUPPORTED,
                           "%d ranks started by %s with no store address meet through MPI, but "
                           "%s; or export DDP_STORE_ADDR and DDP_STORE_PORT naming a libddp store "
@@ -107,7 +112,7 @@ static ddp_status_t through_mpi(const ddp_env_t *env, int timeout_ms, ddp__rende
             snprintf(msg, sizeof msg, "E rank 0 could not host the store: %s", ddp_last_error());
     }
     int mpi_rank = -1, mpi_world = -1;
-    s = mpi->bootstrap_bcast(msg, sizeof msg, timeout_ms, &mpi_rank, &mpi_world);
+    s = runtime->bootstrap->bcast(msg, sizeof msg, timeout_ms, &mpi_rank, &mpi_world);
     if (s != DDP_OK) return ddp__error_context(s, "the rendezvous through MPI");
     msg[sizeof msg - 1] = '\0';
     if (mpi_rank != env->rank || mpi_world != env->world_size)

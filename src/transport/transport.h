@@ -47,13 +47,25 @@ typedef struct ddp__collective {
                            ddp_group_set_trace. Not part of the fingerprint. */
 } ddp__collective_t;
 
+/* A launcher runtime's way to meet without a store (transport_ops.bootstrap). */
+typedef struct ddp__bootstrap_ops {
+    /* Broadcasts len bytes from rank 0 of the launcher's world to every rank through the
+     * runtime (MPI_Ibcast over MPI_COMM_WORLD), without a store, and gives this process's rank
+     * and the world's size there. Collective over the launcher's world; DDP_ERR_TIMEOUT when not
+     * every rank joined within timeout_ms. ddp_group_create_from_env uses it under mpirun to
+     * hand out the address of a store rank 0 hosts, so the group can use shared memory and TCP
+     * like ddprun's. */
+    ddp_status_t (*bcast)(void *buf, size_t len, int timeout_ms, int *rank, int *world);
+} ddp__bootstrap_ops_t;
+
 typedef struct ddp__transport_ops {
     const char *name; /* its name in src/core/transports.h's list, or "self" */
 
     /* Collective over `world` ranks: rendezvous through `store` (keys under `group_name`), set up
-     * connections or segments. timeout_ms bounds the rendezvous. A transport with `storeless`
-     * set also accepts store == NULL: it then connects through its own runtime (MPI_COMM_WORLD
-     * in rank order for mpi). */
+     * connections or segments. timeout_ms bounds the rendezvous and is the group's timeout,
+     * resolved by the group (a transport reads no configuration of its own). A transport with
+     * `storeless` set also accepts store == NULL: it then connects through its own runtime
+     * (MPI_COMM_WORLD in rank order for mpi). */
     ddp_status_t (*create)(ddp_store_t *store, const char *group_name, int rank, int world,
                            int timeout_ms, void **state);
 
@@ -96,14 +108,26 @@ typedef struct ddp__transport_ops {
     ddp_status_t (*split)(void *parent, const int *ranks, int nranks, const char *name,
                           void **state);
 
+    /* ---- what the group needs to know of a transport, declared here instead of the group
+     * testing its name (as NCCL's transports answer canConnect). Zero is the default of each. */
+
     int storeless; /* 1: create accepts store == NULL (see create) */
 
-    /* Optional, storeless transports: broadcasts len bytes from rank 0 of the launcher's world
-     * to every rank through the transport's runtime (MPI_Ibcast over MPI_COMM_WORLD), without a
-     * store, and gives this process's rank and the world's size there. Collective over the
-     * launcher's world; DDP_ERR_TIMEOUT when not every rank joined within timeout_ms. ddp_group_create_from_env uses it under mpirun to hand out the address
-     * of a store rank 0 hosts, so the group can use shared memory and TCP like ddprun's. */
-    ddp_status_t (*bootstrap_bcast)(void *buf, size_t len, int timeout_ms, int *rank, int *world);
+    /* 1: its ranks may be on different hosts. 0 (the default, so that a transport that says
+     * nothing is taken for the narrower kind): every rank must share one kernel (shared memory);
+     * the group refuses it, naming two ranks on different hosts, when they do not. */
+    int multi_host;
+
+    /* The transport (a name of the list) of the two-rank groups that carry point-to-point
+     * messages between ranks of a group of this transport; NULL: this transport itself. A
+     * composite transport names the one that connects any two of its ranks (hierarchical: tcp,
+     * as two ranks need no hierarchy). */
+    const char *pair_transport;
+
+    /* Optional: how the launcher's runtime hands out a store's address when there is none yet
+     * (under mpirun). Not a transport operation: the rendezvous uses it before any group
+     * exists, so it lives in a table of its own that a storeless transport points to. */
+    const struct ddp__bootstrap_ops *bootstrap;
 } ddp__transport_ops_t;
 
 /* ---- shared by transports (src/transport/common.c) ------------------------------------------ */

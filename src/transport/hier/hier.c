@@ -281,11 +281,11 @@ static ddp_status_t hier_create(ddp_store_t *store, const char *group_name, int 
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "hierarchical transport: rank %d of world "
                           "%d", rank, world);
     if (!state) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "hierarchical transport: state is NULL");
-    if (timeout_ms <= 0) {
-        ddp_status_t timeout_status = ddp__env_seconds_ms("DDP_TIMEOUT", &timeout_ms);
-        if (timeout_status != DDP_OK)
-            return ddp__error_context(timeout_status, "hierarchical transport");
-    }
+    /* The group resolves its timeout (its options, else DDP_TIMEOUT) and hands it down: a
+     * transport reads no configuration of its own. */
+    if (timeout_ms < 0)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "hierarchical transport: timeout_ms %d is negative",
+                          timeout_ms);
     int64_t deadline = ddp__now_ns() + (int64_t)timeout_ms * 1000000LL;
 
     hier_t *h = calloc(1, sizeof *h);
@@ -464,4 +464,6 @@ const ddp__transport_ops_t ddp__transport_hierarchical = {
     .unregister_memory = hier_unregister_memory,
     .abort = hier_abort,
     .destroy = hier_destroy,
+    .pair_transport = "tcp", /* two ranks need no hierarchy */
+    .multi_host = 1,
 };
