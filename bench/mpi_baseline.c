@@ -31,7 +31,7 @@ static const char *const redop_names[] = {"sum", "avg", "min", "max", "prod"};
 typedef struct options {
     int op, type, redop;
     size_t min_bytes, max_bytes, factor;
-    int iters, warmup, rounds, check, inplace, json, root;
+    int iters, warmup, rounds, check, inplace, json, root, corrupt;
     double min_round_ms;
 } options_t;
 
@@ -48,7 +48,8 @@ static void usage(void)
            "  -r sum|avg|min|max|prod  reduction (default sum; avg = MPI_SUM then divide)\n"
            "  -n N  -w N               iterations per round (>=, default 10), warmup (default 3)\n"
            "  --rounds N  --min-ms MS  rounds per size (median shown, default 5), min round time\n"
-           "  -c 0|1  --inplace 0|1  --root R  --json\n");
+           "  -c 0|1  --inplace 0|1  --root R  --json\n"
+           "  --test-corrupt 0|1       rank 0 spoils one output element before the check\n");
 }
 
 static int fail_usage(const char *fmt, const char *arg)
@@ -108,7 +109,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         }
         static const char *const with_value[] = {"-o", "-b", "-e", "-f", "-d", "-r", "-n", "-w",
                                                  "--rounds", "--min-ms", "-c", "--inplace",
-                                                 "--root"};
+                                                 "--root", "--test-corrupt"};
         if (lookup(a, with_value, (int)(sizeof with_value / sizeof with_value[0])) < 0)
             return fail_usage("unknown option '%s'", a);
         if (i + 1 >= argc) return fail_usage("option %s needs a value", a);
@@ -131,6 +132,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--rounds")) bad = parse_int(v, 1, 1000, &o->rounds);
         else if (!strcmp(a, "-c")) bad = parse_int(v, 0, 1, &o->check);
         else if (!strcmp(a, "--inplace")) bad = parse_int(v, 0, 1, &o->inplace);
+        else if (!strcmp(a, "--test-corrupt")) bad = parse_int(v, 0, 1, &o->corrupt);
         else if (!strcmp(a, "--root")) bad = parse_int(v, 0, world - 1, &o->root);
         else if (!strcmp(a, "--min-ms")) {
             char *end = NULL;
@@ -429,6 +431,8 @@ static int measure_and_print(size_t bytes, double *busbw_out)
     if (opt.check) {
         fill(&p, 1);
         if (run_once(&p)) return -1;
+        if (opt.corrupt && rank == 0 && p.total > 0) /* proves the check catches a wrong result */
+            store(p.recv, 0, load(p.recv, 0) + 1.0);
         wrong = count_wrong(&p);
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
         fill(&p, 0);

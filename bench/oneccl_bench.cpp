@@ -30,7 +30,7 @@ struct options {
     int op = OP_ALLREDUCE;
     bool bf16 = false;
     size_t min_bytes = 8, max_bytes = 256u << 20, factor = 4;
-    int iters = 10, warmup = 3, rounds = 5, check = 1;
+    int iters = 10, warmup = 3, rounds = 5, check = 1, corrupt = 0;
     double min_round_ms = 10;
 };
 
@@ -70,7 +70,8 @@ int parse_options(int argc, char **argv)
             if (rank_ == 0)
                 printf("usage: mpirun -np N oneccl-bench [-o allreduce|broadcast|reduce_scatter|"
                        "allgather|alltoall]\n  [-d f32|bf16] [-b SIZE] [-e SIZE] [-f N] [-n ITERS] "
-                       "[-w WARMUP] [--rounds N] [--min-ms MS] [-c 0|1] [--json]\n"
+                       "[-w WARMUP] [--rounds N] [--min-ms MS] [-c 0|1] [--json]\n  [--test-corrupt 1: rank 0 "
+                       "spoils one output element before the check]\n"
                        "SIZE is the whole buffer as in ddp-bench (alltoall: each rank's send "
                        "buffer); output is JSON lines, as ddp-bench --json.\n");
             return 1;
@@ -99,6 +100,7 @@ int parse_options(int argc, char **argv)
         else if (a == "-w") ok = parse_int(v, 0, 100000000, &opt.warmup);
         else if (a == "--rounds") ok = parse_int(v, 1, 1000, &opt.rounds);
         else if (a == "-c") ok = parse_int(v, 0, 1, &opt.check);
+        else if (a == "--test-corrupt") ok = parse_int(v, 0, 1, &opt.corrupt);
         else if (a == "--min-ms") {
             char *end = nullptr;
             opt.min_round_ms = strtod(v, &end);
@@ -253,6 +255,7 @@ long long measure_and_print(size_t bytes, const ccl::communicator &comm)
     if (opt.check) {
         fill(p);
         run_once(p, comm);
+        if (opt.corrupt && rank_ == 0) store(recv_buf, 0, load(recv_buf, 0) + 1.0); // proves the check
         wrong = count_wrong(p);
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     }

@@ -8,7 +8,7 @@
 # (memcpy-probe) and two cores copying at once (cma-probe's "memcpy x2"). Every benchmark program
 # checks one call on known data before timing; a wrong result is reported as WRONG, never as time.
 #
-#   bench/peers.sh                                  # the full run (about 30 minutes when quiet)
+#   bench/peers.sh                                  # the full run: <= 3 repeats within 30 min
 #   REPEATS=1 RANKS=2 OPS=allreduce DTYPES=f32 MAX=64K bench/peers.sh        # a smoke test
 #   PEERS="libddp openmpi" SETTINGS=default bench/peers.sh
 #
@@ -23,8 +23,9 @@
 # Environment: BUILD (<repo>/build; built if a program is missing), PEERS_DIR, PEERS ("libddp
 # openmpi impi mpich oneccl gloo"), SETTINGS ("default best"), OPS ("allreduce broadcast allgather
 # reduce_scatter alltoall"), DTYPES ("f32 bf16"), RANKS ("2 4"), MIN (8), MAX (128M), FACTOR (8),
-# REPEATS (2), ITERS (3), WARMUP (5), ROUNDS (3), MIN_MS (5), X2_MIN (32M: smallest size of the
-# two-core copy bound), RUN_TIMEOUT (seconds one program may take, 900), ONECCL_SPEC and
+# REPEATS (3 at most), DURATION (1800 s: a repeat starts only if, lasting as long as the one
+# before, it ends by then; the first always runs), ITERS (3), WARMUP (5), ROUNDS (3), MIN_MS (5),
+# X2_MIN (32M: smallest size of the two-core copy bound), RUN_TIMEOUT (seconds one program may take, 900), ONECCL_SPEC and
 # IMPI_SPEC and MPICH_SPEC (the pip requirements), OUT (the report,
 # bench/results/<UTC date-time>-peers.txt; raw JSON in the folder of the same name without .txt,
 # the plot next to it as .png).
@@ -41,7 +42,8 @@ RANKS=${RANKS:-2 4}
 MIN=${MIN:-8}
 MAX=${MAX:-128M}
 FACTOR=${FACTOR:-8}
-REPEATS=${REPEATS:-2}
+REPEATS=${REPEATS:-3}
+DURATION=${DURATION:-1800}
 ITERS=${ITERS:-3}
 WARMUP=${WARMUP:-5}
 ROUNDS=${ROUNDS:-3}
@@ -190,10 +192,10 @@ nlabels=$(echo $LABELS | wc -w)
 
 {
     echo "# peers: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, $(uname -r), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
-    echo "# ops: $OPS; dtypes: $DTYPES; ranks: $RANKS; sizes $MIN..$MAX x$FACTOR; $REPEATS repeats, interleaved"
+    echo "# ops: $OPS; dtypes: $DTYPES; ranks: $RANKS; sizes $MIN..$MAX x$FACTOR; up to $REPEATS repeats (within ${DURATION}s), interleaved"
     echo "# per size: >= $ITERS iterations and >= $MIN_MS ms per round, median of $ROUNDS rounds, $WARMUP warm-up calls"
     echo "# runs: $LABELS"
-    echo "# $(($(echo $RANKS | wc -w) * $(echo $OPS | wc -w) * $(echo $DTYPES | wc -w) * nlabels * REPEATS)) program runs; each one's seconds go to $RAW/seconds.txt"
+    echo "# $(($(echo $RANKS | wc -w) * $(echo $OPS | wc -w) * $(echo $DTYPES | wc -w) * nlabels)) program runs per repeat; each one's seconds go to $RAW/seconds.txt"
     [ -s "$MISSING" ] && sed 's/^/# missing: /' "$MISSING"
     echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$OUT"
@@ -202,6 +204,12 @@ start=$(date +%s)
 rep=1
 json_only() { grep '^{' || true; }
 while [ "$rep" -le "$REPEATS" ]; do
+    now=$(date +%s)
+    if [ "$rep" -gt 1 ] && [ $((now - start + now - rep_start)) -gt "$DURATION" ]; then
+        echo "# stopping after $((rep - 1)) repeats: another would end after DURATION (${DURATION}s)" | tee -a "$OUT"
+        break
+    fi
+    rep_start=$now
     "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" --json \
         | json_only >"$RAW/memcpy.$rep.json"
     if [ -x "$BUILD/cma-probe" ]; then

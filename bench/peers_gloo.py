@@ -132,6 +132,9 @@ def rank_main(rank, args, port, queue):
                                    or case.block > 0):
                 case.fill()
                 case.run()
+                if args.test_corrupt and rank == 0:  # proves the check catches a wrong result
+                    out = case.buf if args.op in ("allreduce", "broadcast") else case.out
+                    out[0] += 1
                 t = torch.tensor([case.wrong()], dtype=torch.int64)
                 dist.all_reduce(t)
                 wrong = int(t.item())
@@ -184,6 +187,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--min-ms", type=float, default=10.0)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--test-corrupt", type=int, choices=(0, 1), default=0,
+                    help="rank 0 spoils one output element before the check")
     args = ap.parse_args()
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes or args.factor < 2 or args.rounds < 1:
         sys.exit("peers_gloo: need 1 <= min-bytes <= max-bytes, factor >= 2, rounds >= 1")
