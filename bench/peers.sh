@@ -174,7 +174,7 @@ run() {
         [ "$label" = gloo-best ] && export GLOO_SOCKET_IFNAME=lo
         $T "$PYTHON" "$ROOT/bench/peers_gloo.py" --world "$n" --op "$op" --dtype "$dt" --min-bytes "$MIN" \
             --max-bytes "$MAX" --factor "$FACTOR" --iters "$ITERS" --warmup "$WARMUP" --rounds "$ROUNDS" \
-            --min-ms "$MIN_MS" --timeout "$RUN_TIMEOUT" 2>/dev/null
+            --min-ms "$MIN_MS" --timeout "$RUN_TIMEOUT"
         unset GLOO_SOCKET_IFNAME ;;
     esac
 }

@@ -143,14 +143,14 @@ def plot(series, memcpy, x2, png, title):
         print("peers_summary: nothing to plot", file=sys.stderr)
         return
     tmp = tempfile.mkdtemp(prefix="peers_plot.")
-    colours = {"libddp": "#08519c", "oneccl": "#756bb1", "impi": "#de2d26", "mpich": "#fd8d3c",
-               "openmpi": "#e6550d", "gloo": "#31a354"}
+    colours = {"libddp": "#1f4e9c", "oneccl": "#9467bd", "impi": "#d62728", "mpich": "#8c564b",
+               "openmpi": "#ff7f0e", "gloo": "#2ca02c"}
     lines = ["set terminal pngcairo size %d,%d font 'DejaVu Sans,10' noenhanced" %
-             (420 * len(ops), 360 * len(cases)),
+             (420 * len(ops), 430 * len(cases)),
              "set output '%s'" % png,
              "set multiplot layout %d,%d title \"%s\" font ',13'" % (len(cases), len(ops), title),
              "set logscale xy", "set format y '%g'", "set grid lc rgb '#dddddd'",
-             "set key top left font ',8'", "set xlabel 'size'", "set ylabel 'algbw, GB/s'",
+             "set key below maxrows 3 font ',8'", "set xlabel 'size'", "set ylabel 'algbw, GB/s'",
              "set xtics ('8' 8, '512' 512, '32K' 32768, '2M' 2097152, '128M' 134217728)"]
     with open(os.path.join(tmp, "memcpy.dat"), "w") as f:
         for b in sorted(memcpy):
