@@ -14,7 +14,6 @@ median round is printed. A collective the backend refuses (gloo lacks some, depe
 version) prints one line {"op":..., "unsupported": "<error>"} and the program exits 3."""
 import argparse
 import json
-import os
 import socket
 import sys
 import time

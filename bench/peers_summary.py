@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -185,6 +186,7 @@ def plot(series, memcpy, x2, png, title):
     try:
         subprocess.run(["gnuplot", gp], check=True)
         print("# plot: %s" % png)
+        shutil.rmtree(tmp)
     except (OSError, subprocess.CalledProcessError) as e:
         print("peers_summary: gnuplot failed (%s); its script is %s" % (e, gp), file=sys.stderr)
 
