@@ -1,6 +1,7 @@
 // oneccl-bench: oneCCL's anchor for bench/peers.sh (issue #27). The same sweep, timing method and
 // JSON lines as ddp-bench and mpi-baseline, calling oneCCL's host API (ccl::allreduce, broadcast,
-// allgather, reduce_scatter, alltoall on host memory). C++ because oneCCL has no C API. MPI (the
+// allgather, reduce_scatter, alltoall on host memory). C++: the wheel's C header (oneapi/ccl.h, its
+// v2 API) itself includes C++ headers and marks parts not implemented; ccl.hpp is the API. MPI (the
 // Intel MPI that oneCCL's wheel depends on) only starts the ranks and passes the key-value store
 // address; every timed call is oneCCL's. bench/peers.sh builds it with that MPI's mpicxx:
 //   mpicxx -O2 -std=c++17 bench/oneccl_bench.cpp -lccl ...; mpirun -np 2 oneccl-bench -o allreduce
