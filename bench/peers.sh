@@ -91,9 +91,18 @@ venv_install() {
     shift
     dir=$PEERS_DIR/$name
     [ "$INSTALL" = force ] && rm -rf "$dir" "$dir.ok"
-    [ -f "$dir.ok" ] && [ "$(cat "$dir.ok")" = "$*" ] && return 0
+    # installed already when every requirement asked for is one the .ok file lists (so a venv made
+    # for more peers serves fewer without going back to the network)
+    if [ -f "$dir.ok" ]; then
+        have=1
+        for want in "$@"; do
+            tr ' ' '\n' <"$dir.ok" | grep -qxF -- "$want" || have=0
+        done
+        [ "$have" = 1 ] && return 0
+    fi
     [ "$INSTALL" = 0 ] && { echo "INSTALL=0 and $dir is not installed"; return 1; }
     echo "# peers: installing $* into $dir" >&2
+    [ -f "$dir.ok" ] && set -- $(cat "$dir.ok") "$@" # keep what was there in the record
     rm -f "$dir.ok"
     [ -x "$dir/bin/pip" ] || "$PYTHON" -m venv "$dir" >"$PEERS_DIR/$name.log" 2>&1 || {
         echo "python3 -m venv failed ($PEERS_DIR/$name.log)"; return 1; }
