@@ -45,6 +45,10 @@ FACTOR=${FACTOR:-8}
 REPEATS=${REPEATS:-3}
 DURATION=${DURATION:-1800}
 ITERS=${ITERS:-3}
+# 5 warm-up calls + the check + 3 calibration calls come before the timed rounds: libddp's shm
+# tuner probes its variants for up to 12 calls of a size class (docs/shm-transport.md), so at
+# most the first of the 3 rounds can hold probes and the median round is past them
+# (bench/shm_states.sh uses 16 for the same reason with 1 round of its own).
 WARMUP=${WARMUP:-5}
 ROUNDS=${ROUNDS:-3}
 MIN_MS=${MIN_MS:-5}
