@@ -1,6 +1,9 @@
 /* mpi-baseline: the anchor for ddp-bench. The same sweeps, timing method, columns and JSON as
  * ddp-bench, but calling MPI directly (MPI_Allreduce, MPI_Bcast, MPI_Reduce_scatter_block,
- * MPI_Allgather, MPI_Barrier), so `ddp-bench` and `mpi-baseline` rows can be divided.
+ * MPI_Allgather, MPI_Alltoall, MPI_Barrier), so `ddp-bench` and `mpi-baseline` rows can be divided.
+ * It uses only the MPI standard, so bench/peers.sh also builds it with Intel MPI's and MPICH's mpicc.
+ * bf16: MPI has no bfloat16 type; it is moved as 16-bit words and reduced by a user-defined
+ * MPI_Op (round to nearest even through float), as a user of MPI would have to write it.
  * Run: mpirun --allow-run-as-root --oversubscribe -np 2 build/mpi-baseline -o allreduce -b 8 -e 256M
  * Time per size: each rank's time per iteration, max over ranks, median over --rounds rounds;
  * iterations are raised so a round lasts >= --min-ms. AVG is MPI_SUM followed by a local divide
@@ -14,19 +17,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BARRIER };
+enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BARRIER, OP_ALLTOALL };
 static const char *const op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
-                                       "barrier"};
-enum { T_F32, T_F64, T_I32, T_I64 };
-static const char *const type_names[] = {"f32", "f64", "i32", "i64"};
-static const size_t type_sizes[] = {4, 8, 4, 8};
+                                       "barrier", "alltoall"};
+enum { N_OPS = 6 };
+enum { T_F32, T_F64, T_I32, T_I64, T_BF16 };
+static const char *const type_names[] = {"f32", "f64", "i32", "i64", "bf16"};
+static const size_t type_sizes[] = {4, 8, 4, 8, 2};
+enum { N_TYPES = 5 };
 enum { R_SUM, R_AVG, R_MIN, R_MAX, R_PROD };
 static const char *const redop_names[] = {"sum", "avg", "min", "max", "prod"};
 
 typedef struct options {
     int op, type, redop;
     size_t min_bytes, max_bytes, factor;
-    int iters, warmup, rounds, check, inplace, json, root;
+    int iters, warmup, rounds, check, inplace, json, root, corrupt;
     double min_round_ms;
 } options_t;
 
@@ -35,14 +40,16 @@ static int rank, world;
 static void usage(void)
 {
     printf("usage: mpirun -np N mpi-baseline [options]\n"
-           "  -o allreduce|broadcast|reduce_scatter|allgather|barrier   (default allreduce)\n"
+           "  -o allreduce|broadcast|reduce_scatter|allgather|alltoall|barrier (default allreduce)\n"
            "  -b SIZE, -e SIZE, -f N   sizes from -b to -e times N each step (K/M/G suffixes;\n"
            "                           defaults 8, 256M, 4); SIZE is the whole buffer as in ddp-bench\n"
-           "  -d f32|f64|i32|i64       element type (default f32)\n"
+           "                           (alltoall: each rank's send buffer)\n"
+           "  -d f32|f64|i32|i64|bf16  element type (default f32; bf16 reduces by a user MPI_Op)\n"
            "  -r sum|avg|min|max|prod  reduction (default sum; avg = MPI_SUM then divide)\n"
            "  -n N  -w N               iterations per round (>=, default 10), warmup (default 3)\n"
            "  --rounds N  --min-ms MS  rounds per size (median shown, default 5), min round time\n"
-           "  -c 0|1  --inplace 0|1  --root R  --json\n");
+           "  -c 0|1  --inplace 0|1  --root R  --json\n"
+           "  --test-corrupt 0|1       rank 0 spoils one output element before the check\n");
 }
 
 static int fail_usage(const char *fmt, const char *arg)
@@ -102,17 +109,17 @@ static int parse_options(int argc, char **argv, options_t *o)
         }
         static const char *const with_value[] = {"-o", "-b", "-e", "-f", "-d", "-r", "-n", "-w",
                                                  "--rounds", "--min-ms", "-c", "--inplace",
-                                                 "--root"};
+                                                 "--root", "--test-corrupt"};
         if (lookup(a, with_value, (int)(sizeof with_value / sizeof with_value[0])) < 0)
             return fail_usage("unknown option '%s'", a);
         if (i + 1 >= argc) return fail_usage("option %s needs a value", a);
         const char *v = argv[++i];
         int bad = 0;
-        if (!strcmp(a, "-o")) bad = (o->op = lookup(v, op_names, 5)) < 0;
+        if (!strcmp(a, "-o")) bad = (o->op = lookup(v, op_names, N_OPS)) < 0;
         else if (!strcmp(a, "-d")) {
-            if (!strcmp(v, "f16") || !strcmp(v, "bf16"))
+            if (!strcmp(v, "f16"))
                 return fail_usage("-d %s: MPI has no half-precision type to reduce", v);
-            bad = (o->type = lookup(v, type_names, 4)) < 0;
+            bad = (o->type = lookup(v, type_names, N_TYPES)) < 0;
         } else if (!strcmp(a, "-r")) bad = (o->redop = lookup(v, redop_names, 5)) < 0;
         else if (!strcmp(a, "-b")) bad = parse_size(v, &o->min_bytes);
         else if (!strcmp(a, "-e")) bad = parse_size(v, &o->max_bytes);
@@ -125,6 +132,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         else if (!strcmp(a, "--rounds")) bad = parse_int(v, 1, 1000, &o->rounds);
         else if (!strcmp(a, "-c")) bad = parse_int(v, 0, 1, &o->check);
         else if (!strcmp(a, "--inplace")) bad = parse_int(v, 0, 1, &o->inplace);
+        else if (!strcmp(a, "--test-corrupt")) bad = parse_int(v, 0, 1, &o->corrupt);
         else if (!strcmp(a, "--root")) bad = parse_int(v, 0, world - 1, &o->root);
         else if (!strcmp(a, "--min-ms")) {
             char *end = NULL;
@@ -137,6 +145,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         }
     }
     if (o->min_bytes > o->max_bytes) return fail_usage("-b is larger than -e%s", "");
+    if (o->op == OP_ALLTOALL && o->inplace) return fail_usage("alltoall runs out of place only%s", "");
     return 0;
 }
 
@@ -144,9 +153,48 @@ static int parse_options(int argc, char **argv, options_t *o)
 
 static options_t opt;
 
+/* bfloat16 is the top half of a float; rounding to nearest even keeps sums of the small
+ * integers below exact. */
+static float bf16_to_float(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static int bf16_redop; /* which reduction the user-defined bf16 MPI_Op applies */
+
+static void bf16_reduce(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) {
+        float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]), r;
+        if (bf16_redop == R_MIN) r = x < y ? x : y;
+        else if (bf16_redop == R_MAX) r = x > y ? x : y;
+        else if (bf16_redop == R_PROD) r = x * y;
+        else r = x + y;
+        b[i] = float_to_bf16(r);
+    }
+}
+
+static MPI_Op bf16_op = MPI_OP_NULL;
+
 static MPI_Datatype mpi_type(void)
 {
     switch (opt.type) {
+    case T_BF16: return MPI_UINT16_T;
     case T_F32: return MPI_FLOAT;
     case T_F64: return MPI_DOUBLE;
     case T_I32: return MPI_INT32_T;
@@ -156,6 +204,7 @@ static MPI_Datatype mpi_type(void)
 
 static MPI_Op mpi_op(void)
 {
+    if (opt.type == T_BF16) return bf16_op;
     switch (opt.redop) {
     case R_MIN: return MPI_MIN;
     case R_MAX: return MPI_MAX;
@@ -167,6 +216,7 @@ static MPI_Op mpi_op(void)
 static double load(const void *buf, size_t i)
 {
     switch (opt.type) {
+    case T_BF16: return bf16_to_float(((const uint16_t *)buf)[i]);
     case T_F32: return ((const float *)buf)[i];
     case T_F64: return ((const double *)buf)[i];
     case T_I32: return ((const int32_t *)buf)[i];
@@ -177,6 +227,7 @@ static double load(const void *buf, size_t i)
 static void store(void *buf, size_t i, double v)
 {
     switch (opt.type) {
+    case T_BF16: ((uint16_t *)buf)[i] = float_to_bf16((float)v); break;
     case T_F32: ((float *)buf)[i] = (float)v; break;
     case T_F64: ((double *)buf)[i] = v; break;
     case T_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
@@ -204,7 +255,7 @@ static double expected_reduction(size_t i)
         else acc *= v;
     }
     if (opt.redop == R_AVG)
-        acc = (opt.type == T_F32 || opt.type == T_F64) ? acc / world
+        acc = (opt.type == T_F32 || opt.type == T_F64 || opt.type == T_BF16) ? acc / world
                                                         : (double)((long long)acc / world);
     unsigned char tmp[8];
     store(tmp, 0, acc);
@@ -214,8 +265,9 @@ static double expected_reduction(size_t i)
 static int same(double got, double want)
 {
     if (got == want) return 1;
-    if (opt.redop != R_AVG || opt.type >= T_I32) return 0;
-    return fabs(got - want) <= fabs(want) * (opt.type == T_F32 ? 0x1p-23 : 0x1p-52);
+    if (opt.redop != R_AVG || opt.type == T_I32 || opt.type == T_I64) return 0;
+    double ulp = opt.type == T_BF16 ? 0x1p-8 : opt.type == T_F32 ? 0x1p-23 : 0x1p-52;
+    return fabs(got - want) <= fabs(want) * ulp;
 }
 
 /* ---- one size ------------------------------------------------------------------------------ */
@@ -231,8 +283,8 @@ static size_t elem;
 static plan_t plan_size(size_t bytes)
 {
     plan_t p = {bytes / elem, bytes / elem, send_buf, recv_buf};
-    if (opt.op == OP_REDUCE_SCATTER || opt.op == OP_ALLGATHER) {
-        p.count = bytes / elem / (size_t)world;
+    if (opt.op == OP_REDUCE_SCATTER || opt.op == OP_ALLGATHER || opt.op == OP_ALLTOALL) {
+        p.count = bytes / elem / (size_t)world; /* alltoall: one block, to or from one rank */
         p.total = p.count * (size_t)world;
     }
     if (opt.op == OP_BARRIER) p.count = p.total = 0;
@@ -250,6 +302,9 @@ static void divide_for_avg(char *buf, size_t n)
         double *d = (double *)buf;
         double s = 1.0 / world;
         for (size_t i = 0; i < n; i++) d[i] *= s;
+    } else if (opt.type == T_BF16) {
+        uint16_t *h = (uint16_t *)buf;
+        for (size_t i = 0; i < n; i++) h[i] = float_to_bf16(bf16_to_float(h[i]) / (float)world);
     } else if (opt.type == T_I32) {
         int32_t *x = (int32_t *)buf;
         for (size_t i = 0; i < n; i++) x[i] /= world;
@@ -282,6 +337,9 @@ static int run_once(const plan_t *p)
         rc = MPI_Allgather(in_place ? MPI_IN_PLACE : p->send, count, t, p->recv, count, t,
                            MPI_COMM_WORLD);
         break;
+    case OP_ALLTOALL:
+        rc = MPI_Alltoall(p->send, count, t, p->recv, count, t, MPI_COMM_WORLD);
+        break;
     case OP_BARRIER: rc = MPI_Barrier(MPI_COMM_WORLD); break;
     }
     return rc == MPI_SUCCESS ? 0 : -1;
@@ -311,6 +369,10 @@ static void fill(const plan_t *p, int check)
             store(mine, j, input_value(rank, (size_t)rank * p->count + j));
         break;
     }
+    case OP_ALLTOALL: /* block j of the send buffer goes to rank j */
+        for (size_t i = 0; i < p->total; i++) store(p->send, i, input_value(rank, i));
+        memset(p->recv, 0xff, p->total * elem);
+        break;
     }
 }
 
@@ -331,6 +393,11 @@ static long long count_wrong(const plan_t *p)
     case OP_ALLGATHER:
         for (size_t i = 0; i < p->total; i++)
             wrong += load(p->recv, i) != input_value((int)(i / p->count), i);
+        break;
+    case OP_ALLTOALL: /* block j came from rank j: its block number `rank` */
+        for (size_t i = 0; i < p->total; i++)
+            wrong += load(p->recv, i) !=
+                     input_value((int)(i / p->count), (size_t)rank * p->count + i % p->count);
         break;
     }
     return wrong;
@@ -364,6 +431,8 @@ static int measure_and_print(size_t bytes, double *busbw_out)
     if (opt.check) {
         fill(&p, 1);
         if (run_once(&p)) return -1;
+        if (opt.corrupt && rank == 0 && p.total > 0) /* proves the check catches a wrong result */
+            store(p.recv, 0, load(p.recv, 0) + 1.0);
         wrong = count_wrong(&p);
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
         fill(&p, 0);
@@ -428,6 +497,10 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return rc < 0 ? 0 : rc;
     }
+    if (opt.type == T_BF16) {
+        bf16_redop = opt.redop;
+        MPI_Op_create(bf16_reduce, 1, &bf16_op); /* commutative, as MPI_SUM */
+    }
     elem = type_sizes[opt.type];
     size_t cap = opt.op == OP_BARRIER ? 4096 : (opt.max_bytes + 4095) / 4096 * 4096;
     if (cap == 0) cap = 4096;
@@ -481,6 +554,7 @@ int main(int argc, char **argv)
     if (rank == 0 && !opt.json) printf("# Avg bus bandwidth    : %.3f GB/s\n", rows ? sum / rows : 0);
     free(send_buf);
     free(recv_buf);
+    if (bf16_op != MPI_OP_NULL) MPI_Op_free(&bf16_op);
     MPI_Finalize();
     return status;
 }
