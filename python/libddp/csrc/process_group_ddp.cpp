@@ -733,12 +733,23 @@ class ProcessGroupDDP : public BackendBase {
     }
 
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::AllgatherOptions&) override {
+                                                   const c10d::AllgatherOptions& opts) override {
         check_allgather_pair("_allgather_base", output, input);
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", outs);
-        issue_allgather(*w, output, input);
-        return launch(w);
+        at::Tensor in = input.contiguous();
+        w->keep_.push_back(in);
+        at::Tensor out = in_place_buffer(*w, output);
+        return run_or_issue(
+            w, bytes_of(out), is_async(opts),
+            [&] {
+                return ddp_group_allgather(group_, in.data_ptr(), out.data_ptr(), bytes_of(in),
+                                           DDP_U8);
+            },
+            [&](ddp_work_t** h) {
+                return ddp_group_allgather_async(group_, in.data_ptr(), out.data_ptr(),
+                                                 bytes_of(in), DDP_U8, h);
+            });
     }
 
     c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -844,8 +855,20 @@ class ProcessGroupDDP : public BackendBase {
         check_reduce_scatter_pair("_reduce_scatter_base", output, input);
         std::vector<at::Tensor> outs{output};
         auto w = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", outs);
-        issue_reduce_scatter(*w, output, input, opts);
-        return launch(w);
+        ddp_dtype_t dt;
+        ddp_reduce_op_t op;
+        at::Tensor in = reduce_scatter_input(*w, input, opts, &dt, &op);
+        at::Tensor out = in_place_buffer(*w, output);
+        return run_or_issue(
+            w, bytes_of(in), is_async(opts),
+            [&] {
+                return ddp_group_reduce_scatter(group_, in.data_ptr(), out.data_ptr(),
+                                                count_of(out), dt, op);
+            },
+            [&](ddp_work_t** h) {
+                return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
+                                                      count_of(out), dt, op, h);
+            });
     }
 
     c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -1041,7 +1064,7 @@ class ProcessGroupDDP : public BackendBase {
     c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                  std::vector<int64_t>& outputSplitSizes,
                                                  std::vector<int64_t>& inputSplitSizes,
-                                                 const c10d::AllToAllOptions&) override {
+                                                 const c10d::AllToAllOptions& opts) override {
         check_cpu("alltoall_base", output);
         check_cpu("alltoall_base", input);
         check_same_dtype("alltoall_base", input, output);
@@ -1055,11 +1078,16 @@ class ProcessGroupDDP : public BackendBase {
             TORCH_CHECK(input.numel() == output.numel() && input.numel() % world == 0,
                         "libddp backend: alltoall_base: input (", input.numel(), ") and output (",
                         output.numel(), ") must have equal sizes divisible by ", world);
-            issue(*w, [&](ddp_work_t** h) {
-                return ddp_group_alltoall_async(group_, in.data_ptr(), out.data_ptr(),
-                                                bytes_of(in) / world, DDP_U8, h);
-            });
-            return launch(w);
+            return run_or_issue(
+                w, bytes_of(in), is_async(opts),
+                [&] {
+                    return ddp_group_alltoall(group_, in.data_ptr(), out.data_ptr(),
+                                              bytes_of(in) / world, DDP_U8);
+                },
+                [&](ddp_work_t** h) {
+                    return ddp_group_alltoall_async(group_, in.data_ptr(), out.data_ptr(),
+                                                    bytes_of(in) / world, DDP_U8, h);
+                });
         }
         // Splits count rows of the first dimension; libddp counts bytes here.
         auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
@@ -1388,15 +1416,24 @@ class ProcessGroupDDP : public BackendBase {
                               const c10d::ReduceScatterOptions& opts) {
         ddp_dtype_t dt;
         ddp_reduce_op_t op;
-        double premul;
-        reduction_of(w.what_.c_str(), input, opts.reduceOp, &dt, &op, &premul);
-        at::Tensor in = premul != 1.0 ? input * premul : input.contiguous();
-        w.keep_.push_back(in);
+        at::Tensor in = reduce_scatter_input(w, input, opts, &dt, &op);
         at::Tensor out = in_place_buffer(w, output);
         issue(w, [&](ddp_work_t** h) {
             return ddp_group_reduce_scatter_async(group_, in.data_ptr(), out.data_ptr(),
                                                   count_of(out), dt, op, h);
         });
+    }
+
+    // The contiguous input of a reduce_scatter, kept alive by the Work (a scaled copy for
+    // PREMUL_SUM), and libddp's dtype and op for it.
+    at::Tensor reduce_scatter_input(WorkDDP& w, const at::Tensor& input,
+                                    const c10d::ReduceScatterOptions& opts, ddp_dtype_t* dt,
+                                    ddp_reduce_op_t* op) {
+        double premul;
+        reduction_of(w.what_.c_str(), input, opts.reduceOp, dt, op, &premul);
+        at::Tensor in = premul != 1.0 ? input * premul : input.contiguous();
+        w.keep_.push_back(in);
+        return in;
     }
 
     // allgather of `input` into a world-sized temporary; block j is copied out to outs[j].
@@ -1478,6 +1515,18 @@ class ProcessGroupDDP : public BackendBase {
 
     // This thread runs a callback of one of this group's completing Works (see completing_group).
     bool in_completion() const { return completing_group == group_; }
+
+    // The blocking call now, on this thread, when can_run_inline allows it; otherwise the
+    // asynchronous one through the progress thread. Either way the Work torch gets back.
+    template <typename Sync, typename Async>
+    c10::intrusive_ptr<c10d::Work> run_or_issue(const c10::intrusive_ptr<WorkDDP>& w,
+                                                size_t bytes, bool async, Sync sync,
+                                                Async issue_async) {
+        if (can_run_inline(bytes, async))
+            return run_inline(w, sync);
+        issue(*w, issue_async);
+        return launch(w);
+    }
 
     template <typename Run>
     c10::intrusive_ptr<c10d::Work> run_inline(const c10::intrusive_ptr<WorkDDP>& w, Run run) {
