@@ -10,8 +10,9 @@
  *   fallback  one rank sets DDP_SHM_CMA=off: no rank may read another's memory, so every rank
  *             runs the staged path, with the same results.
  *   collectives  broadcast (two roots), allgather and reduce_scatter (f32 sum against a
- *             reference, f16 sum, i32 avg), in place and not: rounds and single copy give the
- *             same bytes on every rank, and the variant asked for ran.
+ *             reference, f16 sum, i32 avg), in place and not, and alltoall (apart, one buffer,
+ *             overlapping): rounds and single copy give the same bytes on every rank (each
+ *             rank's own, for alltoall), and the variant asked for ran.
  *   agree     online tuning with each rank's measurements skewed so that every rank believes a
  *             different variant is fastest: after every call all ranks report the same variant,
  *             and it is rank 0's favourite once the probe is over.
@@ -225,6 +226,38 @@ static int rank_fallback(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* One alltoall case, f32 or another dtype: send and recv apart (overlap 0), one buffer
+ * (overlap 1, as torch passes a tensor as both), or recv 64 bytes past send (overlap 2). Every
+ * block must be the one its sender meant for this rank; returns the hash of the result. */
+static uint64_t run_alltoall(ddp_group_t *g, ddp_dtype_t dt, size_t n, int overlap, int k,
+                             const char *expect)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(dt), total = n * (size_t)world;
+    char *mem = malloc(2 * total * es + 256), *want = malloc(total * es + 1);
+    CHECK(mem && want);
+    memset(mem, 0xA5, 2 * total * es + 256);
+    char *send = mem, *recv = overlap == 0 ? mem + total * es + 64 : overlap == 1 ? mem : mem + 64;
+    ddp_test_fill(send, dt, rank, total, k);
+    CHECK_OK(ddp_group_alltoall(g, send, recv, n, dt));
+    for (int i = 0; i < world; i++) {
+        ddp_test_fill(want, dt, i, total, k);
+        CHECK_MSG(memcmp(recv + (size_t)i * n * es, want + (size_t)rank * n * es, n * es) == 0,
+                  "alltoall case %d (overlap %d, %zu elements): block from rank %d differs", k,
+                  overlap, n, i);
+    }
+    for (size_t i = total * es; i < total * es + 64; i++)
+        CHECK_MSG((unsigned char)recv[i] == 0xA5, "alltoall case %d wrote past its end", k);
+    const char *ran = ddp_group_algorithm(g);
+    if (world > 1 && n > 0)
+        CHECK_MSG(strcmp(ran, expect) == 0, "alltoall case %d (%zu elements) ran %s, not %s", k, n,
+                  ran, expect);
+    uint64_t h = hash_bytes(recv, total * es);
+    free(mem);
+    free(want);
+    return h;
+}
+
 /* One broadcast, allgather or reduce_scatter case; returns the hash of this rank's result. */
 static uint64_t run_other(ddp_group_t *g, int kind, ddp_dtype_t dt, ddp_reduce_op_t op, size_t n,
                           int inplace, int root, int k, const char *expect)
@@ -321,6 +354,9 @@ static int rank_collectives(int rank, int world, ddp_store_t *store, void *arg)
                 for (int inplace = 0; inplace < 2; inplace++, k++)
                     hashes[v][k] = run_other(g, 3, types[t].dt, types[t].op, n, inplace, 0, k,
                                              names[v]);
+            for (int overlap = 0; overlap < 3; overlap++, k++)
+                hashes[v][k] = run_alltoall(g, overlap == 2 ? DDP_F16 : DDP_F32, n, overlap, k,
+                                            names[v]);
         }
         for (int i = 0; i < k; i++)
             if (same_everywhere[i]) check_same_everywhere(g, hashes[v][i], "the result", i);

@@ -99,4 +99,11 @@ DDP_MODULE_API void *ddp__malloc(size_t bytes, const char *what);
 DDP_MODULE_API void *ddp__calloc(size_t n, size_t size, const char *what);
 DDP_MODULE_API char *ddp__strdup(const char *s, const char *what);
 
+/* Whether [a, a + abytes) and [b, b + bbytes) share a byte. */
+static inline int ddp__overlaps(const void *a, size_t abytes, const void *b, size_t bbytes)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return abytes > 0 && bbytes > 0 && pa < pb + bbytes && pb < pa + abytes;
+}
+
 #endif

@@ -58,12 +58,6 @@ ddp_status_t ddp__check_buffer(const void *p, size_t count, const char *fn, cons
                       count);
 }
 
-int ddp__overlaps(const void *a, size_t abytes, const void *b, size_t bbytes)
-{
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return abytes > 0 && bbytes > 0 && pa < pb + bbytes && pb < pa + abytes;
-}
-
 void *ddp__scratch(size_t a, size_t b, size_t c)
 {
     if ((b && a > MAX_BYTES / b) || (c && a * b > MAX_BYTES / c)) {

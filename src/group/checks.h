@@ -34,8 +34,6 @@ ddp_status_t ddp__check_count(size_t count, size_t multiplier, ddp_dtype_t dtype
 ddp_status_t ddp__check_buffer(const void *p, size_t count, const char *fn, const char *name,
                                const char *count_name);
 
-/* Whether [a, a + abytes) and [b, b + bbytes) share a byte. */
-int ddp__overlaps(const void *a, size_t abytes, const void *b, size_t bbytes);
 
 /* malloc(a * b * c) (at least one byte), or NULL with DDP_ERR_NO_MEMORY recorded when the
  * product is more than SIZE_MAX / 2: scratch sizes derived from checked counts (a block per rank

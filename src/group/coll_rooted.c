@@ -1,6 +1,7 @@
 /* The rooted derived collectives and alltoall (collectives.h): reduce, gather, scatter and
  * alltoall, each one agreement then one of the transports' kinds (allreduce, allgather,
- * broadcast) into the caller's buffer or a scratch one. */
+ * broadcast) into the caller's buffer or a scratch one; alltoall is the transport's own where it
+ * has one. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,12 +59,38 @@ ddp_status_t ddp__coll_run_scatter(ddp_group_t *g, const coll_args_t *a, const c
     return s;
 }
 
-/* Every rank's whole send buffer reaches every rank (world * world * count elements): simple
- * and right on every transport; each rank keeps its column. */
+/* Two ranks: one allgather of the block each rank sends the other, straight into recv, then this
+ * rank's own block over what it contributed; the bytes of a pairwise exchange and no temporary
+ * (unless send overlaps recv). */
+static ddp_status_t alltoall_of_two(ddp_group_t *g, const coll_args_t *a)
+{
+    const int rank = ddp_group_rank(g);
+    const size_t block = a->count * ddp_dtype_size(a->dtype);
+    const char *send = a->send;
+    char *recv = a->recv, *copy = NULL;
+    if (ddp__overlaps(send, 2 * block, recv, 2 * block)) {
+        send = copy = ddp__malloc(2 * block, "a copy of alltoall's send (it overlaps recv)");
+        if (!copy) return DDP_ERR_NO_MEMORY;
+        memcpy(copy, a->send, 2 * block);
+    }
+    ddp_status_t s = ddp_group_allgather(g, send + (size_t)(1 - rank) * block, recv, a->count,
+                                         a->dtype);
+    if (s == DDP_OK) memcpy(recv + (size_t)rank * block, send + (size_t)rank * block, block);
+    free(copy);
+    return s;
+}
+
+/* One collective of the transport when it has alltoall (shm, self). Otherwise built from
+ * allgather: at two ranks exactly (above); at more, every rank's whole send buffer reaches every
+ * rank (world * world * count elements) and each rank keeps its column: right on every
+ * transport, and world times the bytes a pairwise exchange would move. */
 ddp_status_t ddp__coll_run_alltoall(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h)
 {
+    if (ddp__group_has_alltoall(g))
+        return ddp__group_alltoall(g, a->send, a->recv, a->count, a->dtype);
     TRY(ddp__coll_agree(g, h, NULL, 0, NULL));
     int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    if (world == 2 && a->count) return alltoall_of_two(g, a);
     size_t es = ddp_dtype_size(a->dtype);
     size_t row = a->count * es * (size_t)world;
     void *tmp = ddp__scratch(row, (size_t)world, 1);

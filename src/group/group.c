@@ -185,6 +185,21 @@ ddp_status_t ddp_group_barrier(ddp_group_t *group)
     return ddp__group_run_blocking(group, &c);
 }
 
+int ddp__group_has_alltoall(const ddp_group_t *group) { return group->ops->alltoall; }
+
+ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *recv, size_t count,
+                                 ddp_dtype_t dtype)
+{
+    ddp__collective_t c;
+    memset(&c, 0, sizeof c);
+    c.kind = DDP__ALLTOALL;
+    c.send = send;
+    c.recv = recv;
+    c.count = count;
+    c.dtype = dtype;
+    return ddp__group_run_blocking(group, &c);
+}
+
 ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)
 {
     ddp__clear_error();

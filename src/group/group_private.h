@@ -41,4 +41,11 @@ ddp_status_t ddp__group_p2p_any_source(ddp_group_t *group, int tag, int *peer);
  * so that a missing call is an error of the call, not a broken group). */
 int ddp__group_recv_any_enabled(const ddp_group_t *group);
 
+/* Alltoall as one collective of the group's transport, when its table says it has one
+ * (transport.h, `alltoall`); ddp__group_has_alltoall says whether it does. Every rank of a group
+ * answers the same. The arguments were checked by the caller; send and recv may overlap. */
+int ddp__group_has_alltoall(const ddp_group_t *group);
+ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *recv, size_t count,
+                                 ddp_dtype_t dtype);
+
 #endif

@@ -15,6 +15,7 @@ const char *ddp__collective_kind_name(ddp__collective_kind_t kind)
     case DDP__REDUCE_SCATTER: return "reduce_scatter";
     case DDP__ALLGATHER: return "allgather";
     case DDP__BARRIER: return "barrier";
+    case DDP__ALLTOALL: return "alltoall";
     }
     return "unknown";
 }

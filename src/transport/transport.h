@@ -22,6 +22,7 @@ typedef enum ddp__collective_kind {
     DDP__REDUCE_SCATTER,
     DDP__ALLGATHER,
     DDP__BARRIER,
+    DDP__ALLTOALL, /* only to a transport whose table sets `alltoall` */
 } ddp__collective_kind_t;
 
 /* One collective as every rank must agree on it. The fingerprint is (seq, kind, dtype, op,
@@ -33,7 +34,9 @@ typedef struct ddp__collective {
     const void *send;   /* input; may equal recv (in place) */
     void *recv;         /* output */
     size_t count;       /* allreduce/broadcast: elements; reduce_scatter: elements per rank
-                           (recv count); allgather: elements each rank sends; barrier: 0 */
+                           (recv count); allgather: elements each rank sends; alltoall: elements
+                           each rank sends to each rank (send and recv hold world blocks of
+                           count; they may overlap in any way); barrier: 0 */
     ddp_dtype_t dtype;
     ddp_reduce_op_t op; /* allreduce and reduce_scatter only; 0 otherwise */
     int root;           /* broadcast only; 0 otherwise */
@@ -124,6 +127,10 @@ typedef struct ddp__transport_ops {
      * as two ranks need no hierarchy). */
     const char *pair_transport;
 
+    /* 1: run() takes DDP__ALLTOALL (block j of send goes to rank j, block i of recv comes from
+     * rank i). 0: the group builds alltoall from the other kinds. */
+    int alltoall;
+
     /* Optional: how the launcher's runtime hands out a store's address when there is none yet
      * (under mpirun). Not a transport operation: the rendezvous uses it before any group
      * exists, so it lives in a table of its own that a storeless transport points to. */
@@ -132,7 +139,7 @@ typedef struct ddp__transport_ops {
 
 /* ---- shared by transports (src/transport/common.c) ------------------------------------------ */
 
-/* "allreduce", "broadcast", "reduce_scatter", "allgather", "barrier". */
+/* "allreduce", "broadcast", "reduce_scatter", "allgather", "barrier", "alltoall". */
 const char *ddp__collective_kind_name(ddp__collective_kind_t kind);
 
 /* The fields every rank must agree on, in a fixed 32-byte layout that transports send as is

@@ -339,4 +339,5 @@ const ddp__transport_ops_t ddp__transport_shm = {
     .unregister_memory = ddp__shm_unregister_memory,
     .abort = shm_abort,
     .destroy = shm_destroy,
+    .alltoall = 1,
 };

@@ -294,6 +294,10 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
         s = run_rounds_or_single(S, c, 3, c->count * esize * (size_t)S->world,
                                  ddp__shm_reduce_scatter_rounds, ddp__shm_reduce_scatter_cma);
         break;
+    case DDP__ALLTOALL:
+        s = run_rounds_or_single(S, c, 4, c->count * esize * (size_t)S->world,
+                                 ddp__shm_alltoall_rounds, ddp__shm_alltoall_cma);
+        break;
     case DDP__BARRIER: {
         set_algorithm(S, DDP__SHM_ALG_BARRIER);
         shm_fingerprint_t fp;

@@ -376,7 +376,7 @@ int ddp__shm_all_registered(const shm_state_t *S, unsigned q);
 int ddp__shm_decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
                            ddp__shm_map_hint_t *hints, ddp_status_t *status);
 
-/* ---- shm_broadcast.c, shm_allgather.c, shm_reduce_scatter.c ---------------------------------- */
+/* ---- shm_broadcast.c, shm_allgather.c, shm_reduce_scatter.c, shm_alltoall.c ------------------- */
 
 /* Rounds through the stage, or single copy (process_vm_readv); each runs its own first phase. */
 ddp_status_t ddp__shm_broadcast_rounds(shm_state_t *S, const ddp__collective_t *c);
@@ -385,6 +385,8 @@ ddp_status_t ddp__shm_allgather_rounds(shm_state_t *S, const ddp__collective_t *
 ddp_status_t ddp__shm_allgather_cma(shm_state_t *S, const ddp__collective_t *c);
 ddp_status_t ddp__shm_reduce_scatter_rounds(shm_state_t *S, const ddp__collective_t *c);
 ddp_status_t ddp__shm_reduce_scatter_cma(shm_state_t *S, const ddp__collective_t *c);
+ddp_status_t ddp__shm_alltoall_rounds(shm_state_t *S, const ddp__collective_t *c);
+ddp_status_t ddp__shm_alltoall_cma(shm_state_t *S, const ddp__collective_t *c);
 
 /* ---- shm_choose.c ---------------------------------------------------------------------------- */
 

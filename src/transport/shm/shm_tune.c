@@ -28,7 +28,7 @@
 #define SWITCH_MARGIN 0.9
 
 static const char *const kind_names[DDP__SHM_TUNE_KINDS] = {"allreduce", "broadcast", "allgather",
-                                                            "reduce_scatter"};
+                                                            "reduce_scatter", "alltoall"};
 
 int ddp__shm_tune_key(int kind, size_t bytes)
 {

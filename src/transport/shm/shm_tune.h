@@ -13,8 +13,8 @@
 #include "transport/shm/shm_algorithm.h"
 
 #define DDP__SHM_TUNE_CLASSES 40 /* class = floor(log2(bytes)) - 6, clamped */
-#define DDP__SHM_TUNE_KINDS 4     /* allreduce, broadcast, allgather, reduce_scatter */
-/* What the tuner keeps a choice for: a collective kind (0..3) and a size class. */
+#define DDP__SHM_TUNE_KINDS 5 /* allreduce, broadcast, allgather, reduce_scatter, alltoall */
+/* What the tuner keeps a choice for: a collective kind (0..4) and a size class. */
 #define DDP__SHM_TUNE_KEYS (DDP__SHM_TUNE_KINDS * DDP__SHM_TUNE_CLASSES)
 #define DDP__SHM_TUNE_WINDOW 3
 
@@ -38,7 +38,7 @@ typedef struct ddp__shm_tune {
 } ddp__shm_tune_t;
 
 /* The key of a collective of kind `kind` (0 allreduce, 1 broadcast, 2 allgather, 3
- * reduce_scatter) moving `bytes` bytes. */
+ * reduce_scatter, 4 alltoall) moving `bytes` bytes. */
 int ddp__shm_tune_key(int kind, size_t bytes);
 
 /* The variant the next call of key `cls` uses, among the bits of `candidates` (1 << variant),
