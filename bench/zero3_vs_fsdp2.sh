@@ -23,7 +23,8 @@
 # side has no counterpart.
 # Environment: BUILD (build), PY (python3: a torch >= 2.4 interpreter), WORLD (2), WARM (5),
 # MODEL (none: build/gpt's defaults), MEM_MODEL ("--layers 8 --heads 8 --channels 256"),
-# CHECK_STEPS (8; 0 skips part 0).
+# CHECK_STEPS (8; 0 skips part 0), BIND (auto: ddprun pins each rank to a CPU and gpt_pytorch.py
+# does the same when the ranks fit the CPUs; none: both leave placement to the kernel).
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -35,6 +36,8 @@ MODEL=${MODEL:-}
 MEM_MODEL=${MEM_MODEL:---layers 8 --heads 8 --channels 256}
 CHECK_STEPS=${CHECK_STEPS:-8}
 PY=${PY:-python3}
+BIND=${BIND:-auto}
+case $BIND in auto | none) ;; *) echo "bench: BIND=$BIND is not auto or none" >&2; exit 2 ;; esac
 case $BUILD in /*) BUILD_ABS=$BUILD ;; *) BUILD_ABS=$PWD/$BUILD ;; esac
 for f in "$BUILD/gpt" "$BUILD/ddprun"; do
     [ -x "$f" ] || { echo "bench: $f missing: build first (make)" >&2; exit 1; }
@@ -75,6 +78,7 @@ PY_MEM_MODEL=$(pyflags $MEM_MODEL)
 
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/zero3_vs_fsdp2.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
+trap 'exit 130' INT TERM HUP  # through the EXIT trap: no temporary directory left behind
 export OPENBLAS_NUM_THREADS=1
 common="--eval-every 0 --eval-batches 1 --samples 0 --no-progress --json"
 
@@ -83,7 +87,7 @@ gpt() {
     tag=$1 n=$2
     shift 2
     # shellcheck disable=SC2086
-    if "$BUILD/ddprun" -n "$n" "$BUILD/gpt" $common "$@" >"$OUT/out" 2>"$OUT/err"; then
+    if "$BUILD/ddprun" -n "$n" --bind "$BIND" "$BUILD/gpt" $common "$@" >"$OUT/out" 2>"$OUT/err"; then
         line=$(sed -n 's/^\(\[0\] \)\{0,1\}\({.*}\)$/\2/p' "$OUT/out" | tail -1)
     else
         line=""
@@ -97,7 +101,7 @@ fsdp2() {
     shift
     rc=0
     PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} LIBDDP_BUILD_DIR=$BUILD_ABS \
-        "$PY" bench/gpt_pytorch.py "$@" >"$OUT/out" 2>"$OUT/err" || rc=$?
+        "$PY" bench/gpt_pytorch.py --bind "$BIND" "$@" >"$OUT/out" 2>"$OUT/err" || rc=$?
     # one line per backend and world size: those before a failure still count
     line=$(grep '^{' "$OUT/out" || true)
     if [ "$rc" -ne 0 ] && [ -n "$line" ]; then
@@ -120,7 +124,7 @@ record() {
 }
 : >"$OUT/runs"
 
-echo "# bench/zero3_vs_fsdp2.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs, $("$PY" -c 'import torch; print("torch", torch.__version__)'), FSDP2 over: $backends"
+echo "# bench/zero3_vs_fsdp2.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs, $("$PY" -c 'import torch; print("torch", torch.__version__)'), FSDP2 over: $backends, BIND=$BIND"
 start=$(date +%s)
 
 if [ "$CHECK_STEPS" -gt 0 ]; then
