@@ -23,7 +23,31 @@ synchronised and model.no_sync() (no gradient allreduce, no loss allreduce), and
 one JSON line per backend and world size. --profile prints rank 0's top operators (self CPU
 time per step, torch.autograd.profiler) to stderr, for the comparison of compute.
 
+--fsdp2 (torch >= 2.4; issue #28): FSDP2 instead of DDP, the counterpart of build/gpt --zero 3.
+torch.distributed.fsdp.fully_shard on each transformer block, then on the root (which keeps the
+tied embedding/LM head, the position embedding and the final LayerNorm: build/gpt's root unit),
+reshard_after_forward=True, f32, FSDP2's defaults otherwise (on a CPU, its all-gathers and
+reduce-scatters are issued synchronously: the implicit prefetching overlaps through CUDA streams
+only); the same AdamW (over the DTensor shards), clip_grad_norm_ and schedule. no_sync does not
+apply (FSDP2's counterpart keeps the whole unsharded gradients), so every step is synchronised
+and the timing is build/gpt's own without --bench-nosync: --warmup steps, then --steps timed
+steps; step_ms_median is the slowest rank's median step and tokens_per_sec = global tokens per
+step / step_ms_median. Both modes report the model state of every rank after the last step,
+counted from the tensors themselves (like build/gpt's ledger):
+  state_mib            {params, grads, optimizer, total}: the bytes of each rank's local shards
+                       (DTensor.to_local(); under DDP the whole tensors), AdamW's exp_avg,
+                       exp_avg_sq and step tensors included
+  state_held_mib       the bytes of the distinct storages those tensors keep alive: FSDP2 pads
+                       each tensor's dim 0 to a multiple of the world size, and its parameter
+                       and gradient shards are views of padded buffers (build/gpt's ledger
+                       counts its padding too); DDP's bucket buffers are not counted
+
+--print-losses prints every step's global loss ("step N loss X", as build/gpt --print-losses) to
+stdout; under DDP every step is then synchronised (no no_sync steps), so the two modes' losses
+can be compared step for step.
+
   /usr/bin/python3 bench/gpt_pytorch.py --backend gloo ddp --world 1 2 --steps 20
+  python3 bench/gpt_pytorch.py --fsdp2 --backend gloo ddp --world 2 --steps 20   (torch 2)
 """
 import argparse
 import json
@@ -153,6 +177,62 @@ def median(values):
     return v[mid] if len(v) % 2 else 0.5 * (v[mid - 1] + v[mid])
 
 
+def fully_shard_api():
+    """FSDP2's fully_shard (public in torch.distributed.fsdp since 2.6, in
+    torch.distributed._composable.fsdp from 2.4), or None below 2.4 (whose torch.distributed.fsdp
+    is FSDP1 and, for torch 1.13 on Python 3.11, fails to import at all)."""
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 4):
+        return None
+    try:
+        from torch.distributed.fsdp import fully_shard
+        return fully_shard
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._composable.fsdp import fully_shard
+        return fully_shard
+    except ImportError:
+        return None
+
+
+def shard_fsdp2(model):
+    """FSDP2 as build/gpt --zero 3 shards: one unit per block, then the root (wte, wpe, lnf)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    fully_shard = fully_shard_api()
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+
+
+def local_tensor(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def model_state(model, opt):
+    """This rank's parameters, gradients and optimizer state in bytes, twice: the local shards'
+    own bytes, and the bytes of the distinct storages they keep alive (padding included)."""
+    kinds = {"params": [p for p in model.parameters()],
+             "grads": [p.grad for p in model.parameters() if p.grad is not None],
+             "optimizer": [v for state in opt.state.values() for v in state.values()
+                           if isinstance(v, torch.Tensor)]}
+    own, held, seen = {}, {}, set()
+    for kind, tensors in kinds.items():
+        own[kind] = held[kind] = 0
+        for t in tensors:
+            t = local_tensor(t)
+            own[kind] += t.numel() * t.element_size()
+            # torch 1.13 has no untyped_storage(); its storage() answers the same questions
+            storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                held[kind] += storage.nbytes()
+    own["total"] = sum(own.values())
+    held["total"] = sum(held.values())
+    return own, held
+
+
 def worker(rank, world, port, backend, args, queue):
     # one core per rank, pinned as ddprun pins build/gpt's ranks
     cpus = sorted(os.sched_getaffinity(0))
@@ -173,7 +253,12 @@ def worker(rank, world, port, backend, args, queue):
 
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.heads, args.channels, T)
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    if args.fsdp2:
+        shard_fsdp2(model)
+        forward = model
+    else:
+        forward = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    # under FSDP2 the parameters are DTensors: dim() is the whole tensor's, as under DDP
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -182,7 +267,10 @@ def worker(rank, world, port, backend, args, queue):
 
     per_epoch = nwindows // args.batch
     perm, perm_epoch = None, -1
-    total = args.warmup + 2 * args.steps
+    # DDP alternates synchronised and no_sync steps after the warm-up (for the exposed
+    # communication); FSDP2 and --print-losses synchronise every step
+    alternate = not args.fsdp2 and not args.print_losses
+    total = args.warmup + (2 if alternate else 1) * args.steps
     synced, nosync, losses = [], [], []
     profiler = None
     dist.barrier()  # one rank's start-up is not the other's communication
@@ -194,25 +282,25 @@ def worker(rank, world, port, backend, args, queue):
         base = in_epoch * args.batch + rank * local
         windows = data[(perm[base:base + local] * T).unsqueeze(1) + offsets].long()
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-        skip = step >= args.warmup and (step - args.warmup) % 2 == 1
+        skip = alternate and step >= args.warmup and (step - args.warmup) % 2 == 1
         if args.profile and rank == 0 and step == args.warmup:
             profiler = torch.autograd.profiler.profile()
             profiler.__enter__()
         start = time.perf_counter()
         for g in opt.param_groups:
-            g["lr"] = args.lr * lr_factor(step, 20, total, 0.1)
+            g["lr"] = args.lr * lr_factor(step, args.lr_warmup, total, args.min_lr_ratio)
         if skip:
-            with ddp.no_sync():
-                loss = ddp(x, y)
+            with forward.no_sync():
+                loss = forward(x, y)
                 loss.backward()
         else:
-            loss = ddp(x, y)
+            loss = forward(x, y)
             loss.backward()
         value = loss.detach().clone()
         if not skip:  # build/gpt averages the step's loss over ranks for its log
             dist.all_reduce(value)
             value /= world
-        if args.clip > 0:
+        if args.clip > 0:  # FSDP2: the global norm over the DTensor gradients' shards
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -231,12 +319,15 @@ def worker(rank, world, port, backend, args, queue):
         for e in rows:
             print(f"#   {e.key:40s} {e.self_cpu_time_total / 1000.0 / timed:8.3f} ms "
                   f"({e.count // timed} calls)", file=sys.stderr)
+    own, held = model_state(model, opt)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    mine = torch.tensor([median(synced), median(nosync), rss], dtype=torch.float64)
-    every = [torch.zeros(3, dtype=torch.float64) for _ in range(world)]
+    mine = torch.tensor([median(synced), median(nosync), rss, own["params"], own["grads"],
+                         own["optimizer"], held["params"], held["grads"], held["optimizer"]],
+                        dtype=torch.float64)
+    every = [torch.zeros(len(mine), dtype=torch.float64) for _ in range(world)]
     dist.all_gather(every, mine)
     if rank == 0:
-        queue.put(([v.tolist() for v in every], losses[0], losses[-1]))
+        queue.put(([v.tolist() for v in every], losses))
     dist.destroy_process_group()
 
 
@@ -255,14 +346,22 @@ def main():
     ap.add_argument("--channels", type=int, default=128)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16, help="GLOBAL sequences per step")
+    ap.add_argument("--fsdp2", action="store_true",
+                    help="FSDP2 (fully_shard per block and the root) instead of DDP; torch >= 2.4")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr-warmup", type=int, default=20,
+                    help="learning-rate warmup steps (build/gpt's --warmup)")
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bucket-mb", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=20,
-                    help="timed steps of each kind (synchronised, no_sync)")
-    ap.add_argument("--warmup", type=int, default=5)
+                    help="timed steps (of each kind, synchronised and no_sync, under DDP)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="steps before the timed ones (build/gpt's --bench-warmup)")
+    ap.add_argument("--print-losses", action="store_true",
+                    help="print every step's global loss (DDP: no no_sync steps then)")
     ap.add_argument("--data", default="/usr/share/games/fortunes")
     ap.add_argument("--bind", choices=["auto", "none"], default="auto",
                     help="auto: pin rank i to the i-th CPU when 2 <= world <= CPUs (like ddprun)")
@@ -271,6 +370,10 @@ def main():
     args = ap.parse_args()
     if args.channels % args.heads:
         sys.exit(f"gpt_pytorch: --channels {args.channels} is not a multiple of --heads {args.heads}")
+    if args.fsdp2 and fully_shard_api() is None:
+        sys.exit(f"gpt_pytorch: --fsdp2 needs PyTorch >= 2.4 (FSDP2's fully_shard); {sys.executable} "
+                 f"has torch {torch.__version__}: run it with a torch 2 interpreter (python3 on PATH "
+                 "here has torch 2.13)")
     ctx = mp.get_context("spawn")
     for backend in args.backend:
         for world in args.world:
@@ -279,23 +382,42 @@ def main():
             queue = ctx.SimpleQueue()
             mp.start_processes(worker, args=(world, free_port(), backend, args, queue),
                                nprocs=world, join=True, start_method="spawn")
-            every, first_loss, final_loss = queue.get()
+            every, losses = queue.get()
+            if args.print_losses:
+                for step, value in enumerate(losses):
+                    print(f"step {step} loss {value:.9g}")
             slowest = max(range(world), key=lambda r: every[r][1])
             step_ms = max(v[0] for v in every)
             tokens = args.batch * args.context
-            print(json.dumps({
-                "impl": "pytorch", "backend": backend, "torch": torch.__version__,
-                "world_size": world, "layers": args.layers, "heads": args.heads,
-                "channels": args.channels, "context": args.context, "global_batch": args.batch,
-                "bucket_mb": args.bucket_mb, "timed_steps": args.steps,
+            mib = 1.0 / 2**20
+            result = {
+                "impl": "pytorch-fsdp2" if args.fsdp2 else "pytorch", "backend": backend,
+                "torch": torch.__version__, "world_size": world, "layers": args.layers,
+                "heads": args.heads, "channels": args.channels, "context": args.context,
+                "global_batch": args.batch, "timed_steps": args.steps,
                 "tokens_per_sec": round(tokens * 1000.0 / step_ms, 1) if step_ms else 0,
-                "step_ms_median": round(step_ms, 3),
-                "nosync_step_ms_median": round(every[slowest][1], 3),
-                "nosync_exposed_ms": round(every[slowest][0] - every[slowest][1], 3),
-                "slowest_rank": slowest,
-                "peak_rss_mib": [round(v[2], 1) for v in every],
-                "first_loss": round(first_loss, 6), "final_loss": round(final_loss, 6)}),
-                  flush=True)
+                "step_ms_median": round(step_ms, 3)}
+            if args.fsdp2:
+                result["reshard_after_forward"] = True
+            else:
+                result["bucket_mb"] = args.bucket_mb
+                if not args.print_losses:
+                    result.update({
+                        "nosync_step_ms_median": round(every[slowest][1], 3),
+                        "nosync_exposed_ms": round(every[slowest][0] - every[slowest][1], 3),
+                        "slowest_rank": slowest})
+            result["peak_rss_mib"] = [round(v[2], 1) for v in every]
+            result["state_mib"] = [
+                {"params": round(v[3] * mib, 3), "grads": round(v[4] * mib, 3),
+                 "optimizer": round(v[5] * mib, 3), "total": round((v[3] + v[4] + v[5]) * mib, 3)}
+                for v in every]
+            result["state_held_mib"] = [
+                {"params": round(v[6] * mib, 3), "grads": round(v[7] * mib, 3),
+                 "optimizer": round(v[8] * mib, 3), "total": round((v[6] + v[7] + v[8]) * mib, 3)}
+                for v in every]
+            result["first_loss"] = round(losses[0], 6)
+            result["final_loss"] = round(losses[-1], 6)
+            print(json.dumps(result), flush=True)
     return 0
 
 

@@ -28,6 +28,12 @@
 #   compare     bench/gpt_vs_pytorch.sh on a tiny model (1 repeat, 2 timed steps): its table has
 #               a row per implementation and world size with numbers, and the targets' ratios;
 #               without torch only build/gpt's rows (the script says why)
+#   fsdp2       bench/zero3_vs_fsdp2.sh on a tiny model (1 repeat, 2 timed steps; python3 on PATH
+#               with torch >= 2.4, else skipped): FSDP2's losses equal PyTorch DDP's to 1e-6
+#               relative over 4 steps; a tokens/s row for build/gpt --zero 3 and FSDP2 with their
+#               ratios; model state rows at 1, 2 and 4 ranks for both, the two sides' parameter,
+#               gradient and optimizer bytes equal at 1 rank (the same model), each side's sharded
+#               sum x ranks equal at 1, 2 and 4 ranks (it falls as 1/N), no failed run
 #   zero3       --zero 3 (FSDP) on 1-4 ranks and --zero 2 on 3 ranks give plain training's
 #               losses (1e-5), one checksum over ranks; --zero 3 --accumulate 2; bf16 under
 #               --zero 2 equals --zero 1's; memory per rank at 4 ranks is a quarter of 1 rank's
@@ -383,6 +389,59 @@ compare)
             fail "gpt_vs_pytorch.sh: no ratios against PyTorch" ;;
     esac
     ! grep -q "failed" "$WORK/cmp.err" || fail "gpt_vs_pytorch.sh: a run failed: $(cat "$WORK/cmp.err")"
+    ;;
+fsdp2)
+    SRC=$(cd "$(dirname "$0")/.." && pwd)
+    BUILD=$(cd "$(dirname "$GPT")" && pwd)
+    PY=${PY:-python3}
+    if ! "$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0].split("."); sys.exit((int(v[0]), int(v[1])) < (2, 4))' 2>/dev/null; then
+        echo "SKIP: $PY has no torch >= 2.4 (FSDP2)" >&2
+        exit 77
+    fi
+    tiny="--heads 2 --channels 32 --context 16 --batch 4"
+    PY=$PY BUILD=$BUILD WARM=1 CHECK_STEPS=4 MODEL="--layers 1 $tiny" MEM_MODEL="--layers 2 $tiny" \
+        sh "$SRC/bench/zero3_vs_fsdp2.sh" 1 2 >"$WORK/cmp" 2>"$WORK/cmp.err" ||
+        fail "zero3_vs_fsdp2.sh: exit $?: $(cat "$WORK/cmp.err")"
+    backends="gloo"
+    . "$SRC/bench/common.sh"
+    bench_ddp_extension "$PY" "$BUILD" && backends="gloo ddp"
+    for b in $backends; do
+        rel=$(sed -n "s/^- FSDP2 $b - DDP gloo: largest |difference| [^ ]* (relative \([^)]*\)).*/\1/p" "$WORK/cmp")
+        [ -n "$rel" ] && awk -v r="$rel" 'BEGIN { exit !(r <= 1e-6) }' ||
+            fail "zero3_vs_fsdp2.sh: FSDP2 over $b's losses are not DDP's (relative '$rel'): $(cat "$WORK/cmp")"
+        grep -q "^- gpt / FSDP2 $b tokens/s: min [0-9.]*, median [0-9.]*, max [0-9.]* (1 repeats)" "$WORK/cmp" ||
+            fail "zero3_vs_fsdp2.sh: no gpt / FSDP2 $b ratio: $(cat "$WORK/cmp")"
+    done
+    grep -q '^| 1 | [0-9][0-9]* | [0-9][0-9]* |' "$WORK/cmp" || fail "zero3_vs_fsdp2.sh: no tokens/s row"
+    # B's rows: | ranks | impl | params | grads | optimizer | sum | ...
+    awk -F' [|] ' -v backends="$backends" '
+        /^[|] [124] [|] (build\/gpt --zero 3|FSDP2 [a-z]*) [|] [0-9]/ {
+            n = substr($1, 3) + 0; impl = $2
+            seen[impl, n] = 1
+            if (n == 1) { p[impl] = $3; g[impl] = $4; o[impl] = $5 }
+            total[impl, n] = $6 * n
+        }
+        function near(a, b, tol) { return a - b <= tol && b - a <= tol }
+        END {
+            nb = split(backends, bs, " ")
+            impls[1] = "build/gpt --zero 3"
+            for (i = 1; i <= nb; i++) impls[i + 1] = "FSDP2 " bs[i]
+            for (i = 1; i <= nb + 1; i++) {
+                for (n = 1; n <= 4; n *= 2) {
+                    if (!seen[impls[i], n]) { print "no row for " impls[i] " on " n " rank(s)"; bad = 1 }
+                    # the tiny model'"'"'s tensors divide by 4: no padding on either side;
+                    # 0.01 MiB covers the printed rounding (0.0005 x 4)
+                    else if (!near(total[impls[i], n], total[impls[i], 1], 0.01)) {
+                        print impls[i] ": sharded sum x " n " ranks " total[impls[i], n] " is not 1 rank'"'"'s " total[impls[i], 1]; bad = 1
+                    }
+                }
+                if (i > 1 && !(near(p[impls[i]], p[impls[1]], 0.002) && near(g[impls[i]], g[impls[1]], 0.002) && near(o[impls[i]], o[impls[1]], 0.002))) {
+                    print impls[i] " at 1 rank holds " p[impls[i]] "/" g[impls[i]] "/" o[impls[i]] " MiB, build/gpt " p[impls[1]] "/" g[impls[1]] "/" o[impls[1]]; bad = 1
+                }
+            }
+            exit bad
+        }' "$WORK/cmp" >"$WORK/why" || fail "zero3_vs_fsdp2.sh's model state: $(cat "$WORK/why" "$WORK/cmp")"
+    ! grep -q "failed" "$WORK/cmp.err" || fail "zero3_vs_fsdp2.sh: a run failed: $(cat "$WORK/cmp.err")"
     ;;
 progress)
     if ! command -v script >/dev/null; then
