@@ -42,8 +42,9 @@ if(TARGET gpt AND TARGET ddprun)
     set_tests_properties(test_gpt.compare PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
       LABELS python ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
     # bench/zero3_vs_fsdp2.sh end to end on a tiny model (11 PyTorch runs, 2 of them at 4 ranks:
-    # 4-8 minutes on the loaded 2-core machine, hence the timeout), once per
-    # interpreter whose torch (>= 2.4: FSDP2) the backend is built for (python/python.cmake).
+    # 4-8 minutes on the loaded 2-core machine, hence the timeout and the label "extra": make
+    # test-extra, which .ci/run runs, not make test), once per interpreter whose torch (>= 2.4:
+    # FSDP2) the backend is built for (python/python.cmake).
     foreach(build ${DDP_TORCH_BUILDS})
       string(REPLACE "|" ";" build "${build}")
       list(GET build 0 py)
@@ -53,7 +54,7 @@ if(TARGET gpt AND TARGET ddprun)
           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt.sh fsdp2 $<TARGET_FILE:gpt>
                   $<TARGET_FILE:ddprun>)
         set_tests_properties(test_gpt.fsdp2.torch${version} PROPERTIES TIMEOUT 1500
-          SKIP_RETURN_CODE 77 LABELS python ENVIRONMENT "OPENBLAS_NUM_THREADS=1;PY=${py}")
+          SKIP_RETURN_CODE 77 LABELS "python;extra" ENVIRONMENT "OPENBLAS_NUM_THREADS=1;PY=${py}")
       endif()
     endforeach()
   endif()
