@@ -13,7 +13,10 @@ foreach(build ${DDP_TORCH_BUILDS})
     add_test(NAME test_torchrun.${case}.torch${version}
              COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/torchrun/torchrun.sh ${py}
                      ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR} ${case})
+    # ddp_python_test_env (tests/python.cmake): in a sanitized build the interpreters torchrun
+    # starts must preload the sanitizer's runtime, as every Python test does.
     set_tests_properties(test_torchrun.${case}.torch${version} PROPERTIES TIMEOUT 400
-                         LABELS python SKIP_RETURN_CODE 77)
+                         LABELS python SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${ddp_python_test_env}")
   endforeach()
 endforeach()
