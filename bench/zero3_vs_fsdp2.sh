@@ -23,7 +23,9 @@
 # side has no counterpart.
 # Environment: BUILD (build), PY (python3: a torch >= 2.4 interpreter), WORLD (2), WARM (5),
 # MODEL (none: build/gpt's defaults), MEM_MODEL ("--layers 8 --heads 8 --channels 256"),
-# CHECK_STEPS (8; 0 skips part 0), BIND (auto: ddprun pins each rank to a CPU and gpt_pytorch.py
+# CHECK_STEPS (8; 0 skips part 0), MEM_RANKS (the rank counts of part B, "1 2 4"; empty skips
+# it: its figures are exact byte counts that a loaded machine does not change, part A's are
+# not, so the two can run apart; REPEATS 0 skips part A), BIND (auto: ddprun pins each rank to a CPU and gpt_pytorch.py
 # does the same when the ranks fit the CPUs; none: both leave placement to the kernel).
 set -eu
 cd "$(dirname "$0")/.."
@@ -35,6 +37,7 @@ WORLD=${WORLD:-2}
 MODEL=${MODEL:-}
 MEM_MODEL=${MEM_MODEL:---layers 8 --heads 8 --channels 256}
 CHECK_STEPS=${CHECK_STEPS:-8}
+MEM_RANKS=${MEM_RANKS-1 2 4}
 PY=${PY:-python3}
 BIND=${BIND:-auto}
 case $BIND in auto | none) ;; *) echo "bench: BIND=$BIND is not auto or none" >&2; exit 2 ;; esac
@@ -184,12 +187,14 @@ while [ "$r" -le "$REPEATS" ]; do
     r=$((r + 1))
 done
 
-echo
-echo "## B. model state per rank, $MEM_MODEL (other flags: defaults), after 2 steps"
-# shellcheck disable=SC2086
-for n in 1 2 4; do gpt "b" "$n" $MEM_MODEL --zero 3 --steps 2 --bench-warmup 0; done
-# shellcheck disable=SC2086
-fsdp2 "b" --fsdp2 --backend $backends --world 1 2 4 $PY_MEM_MODEL --warmup 0 --steps 2
+if [ -n "$MEM_RANKS" ]; then
+    echo
+    echo "## B. model state per rank, $MEM_MODEL (other flags: defaults), after 2 steps"
+    # shellcheck disable=SC2086
+    for n in $MEM_RANKS; do gpt "b" "$n" $MEM_MODEL --zero 3 --steps 2 --bench-warmup 0; done
+    # shellcheck disable=SC2086
+    fsdp2 "b" --fsdp2 --backend $backends --world $MEM_RANKS $PY_MEM_MODEL --warmup 0 --steps 2
+fi
 
 echo
 "$PY" - "$OUT/runs" "$REPEATS" "$backends" <<'PY'
