@@ -130,6 +130,115 @@ void ddp_zero_config_init(ddp_zero_config_t *config)
     *config = defaults;
 }
 
+/* Keeps each parameter's pointers, size, dtype and name, and allocates the per-parameter arrays
+ * (every parameter's owner unknown yet). */
+static ddp_status_t keep_params(ddp_zero_t *z, const ddp_param_t *params)
+{
+    size_t nparams = z->nparams, n1 = nparams ? nparams : 1;
+    z->data = ddp__calloc(n1, sizeof *z->data, "zero");
+    z->grads = ddp__calloc(n1, sizeof *z->grads, "zero");
+    z->numel = ddp__calloc(n1, sizeof *z->numel, "zero");
+    z->dtype = ddp__calloc(n1, sizeof *z->dtype, "zero");
+    z->names = ddp__calloc(n1, sizeof *z->names, "zero");
+    z->owner = ddp__calloc(n1, sizeof *z->owner, "zero");
+    z->runs = ddp__calloc(n1, sizeof *z->runs, "zero");
+    z->works = ddp__calloc(n1, sizeof *z->works, "zero");
+    z->load = ddp__calloc((size_t)z->world, sizeof *z->load, "zero");
+    z->shadow = ddp__calloc(n1, sizeof *z->shadow, "zero");
+    if (!z->data || !z->grads || !z->numel || !z->dtype || !z->names || !z->owner || !z->runs ||
+        !z->works || !z->load || !z->shadow)
+        return DDP_ERR_NO_MEMORY;
+    for (size_t i = 0; i < nparams; i++) {
+        z->data[i] = params[i].data;
+        z->grads[i] = params[i].grad;
+        z->numel[i] = params[i].numel;
+        z->dtype[i] = params[i].dtype;
+        z->owner[i] = -1;
+        if (params[i].name) {
+            z->names[i] = ddp__strdup(params[i].name, "zero parameter name");
+            if (!z->names[i]) return DDP_ERR_NO_MEMORY;
+        }
+    }
+    return DDP_OK;
+}
+
+/* Stage 1 with whole parameters: the greedy partition, and state for the parameters this rank
+ * owns. */
+static ddp_status_t own_whole_params(ddp_zero_t *z)
+{
+    greedy_partition(z);
+    for (size_t i = 0; i < z->nparams; i++) {
+        if (z->owner[i] < 0)
+            return ddp__error(DDP_ERR_NO_MEMORY, "zero create: out of memory partitioning");
+        if (z->owner[i] != z->rank) continue;
+        z->runs[i].count = z->numel[i];
+        if (z->numel[i] == 0) continue;
+        ddp_status_t s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i),
+                                              z->dtype[i], z->data[i]);
+        if (s != DDP_OK) return s;
+    }
+    return DDP_OK;
+}
+
+/* Stage 2: the reduce-scatter's buffers (each parameter's callback context, this rank's shard of
+ * every averaged gradient, the padded chunks) and the bucketer. max_chunk: bytes of the largest
+ * chunk. */
+static ddp_status_t stage2_buffers(ddp_zero_t *z, size_t max_chunk, size_t bucket_cap_bytes)
+{
+    size_t nparams = z->nparams, n1 = nparams ? nparams : 1;
+    z->chunks = ddp__calloc(n1, sizeof *z->chunks, "zero");
+    z->submitted = ddp__calloc(n1, 1, "zero");
+    z->arrived = ddp__calloc(n1, 1, "zero");
+    z->gshard = ddp__calloc(n1, sizeof *z->gshard, "zero");
+    /* Each shard starts 8-byte aligned: parameters of different dtypes (an odd number of
+     * bf16 elements before an f32 shard) would otherwise misalign the next. */
+    size_t owned_bytes = 0;
+    for (size_t i = 0; i < nparams; i++)
+        owned_bytes += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
+    z->gshard_mem = ddp__malloc(owned_bytes ? owned_bytes : 1, "zero gradient shard");
+    if (!z->submitted || !z->arrived || !z->gshard || !z->gshard_mem) return DDP_ERR_NO_MEMORY;
+    for (size_t i = 0, off = 0; i < nparams; i++) {
+        z->gshard[i] = z->gshard_mem + off;
+        off += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
+    }
+    z->blocks = ddp__calloc((size_t)z->world, sizeof *z->blocks, "zero");
+    z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
+    z->zeros = ddp__calloc(max_chunk, 1, "zero padded chunk");
+    if (!z->chunks || !z->blocks || !z->tail || !z->zeros) return DDP_ERR_NO_MEMORY;
+    for (size_t i = 0; i < nparams; i++) z->chunks[i] = (zero_chunk_t){z, i};
+    return ddp_rs_bucketer_create(bucket_cap_bytes, &z->bucketer);
+}
+
+/* Chunked (stage 2, or stage 1 with chunks): this rank's chunk of every parameter and its state,
+ * the allgather's staging buffer, and the buffers of chunked stage 1 or of stage 2. */
+static ddp_status_t own_chunks(ddp_zero_t *z, size_t bucket_cap_bytes)
+{
+    size_t nparams = z->nparams, n1 = nparams ? nparams : 1, world = (size_t)z->world;
+    size_t max_chunk = 1, max_stage = 0;
+    for (size_t i = 0; i < nparams; i++) {
+        size_t c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
+        size_t first = (size_t)z->rank * c;
+        z->runs[i].first = first;
+        z->runs[i].count = first < z->numel[i] ? (z->numel[i] - first < c ? z->numel[i] - first
+                                                                          : c)
+                                               : 0;
+        if (c * es > max_chunk) max_chunk = c * es;
+        if (z->numel[i] % world != 0 && c * es * world > max_stage) max_stage = c * es * world;
+        if (z->runs[i].count == 0) continue;
+        unsigned char *run_data = (unsigned char *)z->data[i] + first * es;
+        ddp_status_t s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i),
+                                              z->dtype[i], run_data);
+        if (s != DDP_OK) return s;
+    }
+    z->stage_buf = ddp__calloc(max_stage ? max_stage : 1, 1, "zero allgather staging");
+    if (!z->stage_buf) return DDP_ERR_NO_MEMORY;
+    if (z->stage == 1) { /* chunked stage 1: no reduce-scatter, only the allgathers */
+        z->own_grads = ddp__calloc(n1, sizeof *z->own_grads, "zero");
+        return z->own_grads ? DDP_OK : DDP_ERR_NO_MEMORY;
+    }
+    return stage2_buffers(z, max_chunk, bucket_cap_bytes);
+}
+
 ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                              const ddp_zero_config_t *config, ddp_zero_t **out)
 {
@@ -157,111 +266,11 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
         free(z);
         return s;
     }
-    size_t n1 = nparams ? nparams : 1;
-    z->data = ddp__calloc(n1, sizeof *z->data, "zero");
-    z->grads = ddp__calloc(n1, sizeof *z->grads, "zero");
-    z->numel = ddp__calloc(n1, sizeof *z->numel, "zero");
-    z->dtype = ddp__calloc(n1, sizeof *z->dtype, "zero");
-    z->names = ddp__calloc(n1, sizeof *z->names, "zero");
-    z->owner = ddp__calloc(n1, sizeof *z->owner, "zero");
-    z->runs = ddp__calloc(n1, sizeof *z->runs, "zero");
-    z->works = ddp__calloc(n1, sizeof *z->works, "zero");
-    z->load = ddp__calloc((size_t)world, sizeof *z->load, "zero");
-    z->shadow = ddp__calloc(n1, sizeof *z->shadow, "zero");
-    if (!z->data || !z->grads || !z->numel || !z->dtype || !z->names || !z->owner || !z->runs ||
-        !z->works || !z->load || !z->shadow) {
-        s = DDP_ERR_NO_MEMORY;
-        goto fail;
-    }
-    for (size_t i = 0; i < nparams; i++) {
-        z->data[i] = params[i].data;
-        z->grads[i] = params[i].grad;
-        z->numel[i] = params[i].numel;
-        z->dtype[i] = params[i].dtype;
-        z->owner[i] = -1;
-        if (params[i].name) {
-            z->names[i] = ddp__strdup(params[i].name, "zero parameter name");
-            if (!z->names[i]) {
-                s = DDP_ERR_NO_MEMORY;
-                goto fail;
-            }
-        }
-    }
-
-    if (z->stage == 1 && !z->overlap && !z->chunked) {
-        greedy_partition(z);
-        for (size_t i = 0; i < nparams; i++) {
-            if (z->owner[i] < 0) {
-                s = ddp__error(DDP_ERR_NO_MEMORY, "zero create: out of memory partitioning");
-                goto fail;
-            }
-            if (z->owner[i] != z->rank) continue;
-            z->runs[i].count = z->numel[i];
-            if (z->numel[i] == 0) continue;
-            s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
-                                     z->data[i]);
-            if (s != DDP_OK) goto fail;
-        }
-    } else if (z->chunked) {
-        size_t max_chunk = 1, max_stage = 0;
-        for (size_t i = 0; i < nparams; i++) {
-            size_t c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
-            size_t first = (size_t)z->rank * c;
-            z->runs[i].first = first;
-            z->runs[i].count = first < z->numel[i] ? (z->numel[i] - first < c ? z->numel[i] - first
-                                                                              : c)
-                                                   : 0;
-            if (c * es > max_chunk) max_chunk = c * es;
-            if (z->numel[i] % (size_t)world != 0 && c * es * (size_t)world > max_stage)
-                max_stage = c * es * (size_t)world;
-            if (z->runs[i].count == 0) continue;
-            s = ddp__optim_run_alloc(&z->runs[i], ddp__optim_hp(&z->setup, i), z->dtype[i],
-                                     (unsigned char *)z->data[i] + first * es);
-            if (s != DDP_OK) goto fail;
-        }
-        z->stage_buf = ddp__calloc(max_stage ? max_stage : 1, 1, "zero allgather staging");
-        if (!z->stage_buf) {
-            s = DDP_ERR_NO_MEMORY;
-            goto fail;
-        }
-        if (z->stage == 1) { /* chunked stage 1: no reduce-scatter, only the allgathers */
-            z->own_grads = ddp__calloc(n1, sizeof *z->own_grads, "zero");
-            if (!z->own_grads) {
-                s = DDP_ERR_NO_MEMORY;
-                goto fail;
-            }
-            *out = z;
-            return DDP_OK;
-        }
-        z->chunks = ddp__calloc(n1, sizeof *z->chunks, "zero");
-        z->submitted = ddp__calloc(n1, 1, "zero");
-        z->arrived = ddp__calloc(n1, 1, "zero");
-        z->gshard = ddp__calloc(n1, sizeof *z->gshard, "zero");
-        /* Each shard starts 8-byte aligned: parameters of different dtypes (an odd number of
-         * bf16 elements before an f32 shard) would otherwise misalign the next. */
-        size_t owned_bytes = 0;
-        for (size_t i = 0; i < nparams; i++)
-            owned_bytes += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
-        z->gshard_mem = ddp__malloc(owned_bytes ? owned_bytes : 1, "zero gradient shard");
-        if (!z->submitted || !z->arrived || !z->gshard || !z->gshard_mem) {
-            s = DDP_ERR_NO_MEMORY;
-            goto fail;
-        }
-        for (size_t i = 0, off = 0; i < nparams; i++) {
-            z->gshard[i] = z->gshard_mem + off;
-            off += (z->runs[i].count * ddp_dtype_size(z->dtype[i]) + 7) & ~(size_t)7;
-        }
-        z->blocks = ddp__calloc((size_t)world, sizeof *z->blocks, "zero");
-        z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
-        z->zeros = ddp__calloc(max_chunk, 1, "zero padded chunk");
-        if (!z->chunks || !z->blocks || !z->tail || !z->zeros) {
-            s = DDP_ERR_NO_MEMORY;
-            goto fail;
-        }
-        for (size_t i = 0; i < nparams; i++) z->chunks[i] = (zero_chunk_t){z, i};
-        s = ddp_rs_bucketer_create(config->bucket_cap_bytes, &z->bucketer);
-        if (s != DDP_OK) goto fail;
-    }
+    s = keep_params(z, params);
+    if (s != DDP_OK) goto fail;
+    if (z->stage == 1 && !z->overlap && !z->chunked) s = own_whole_params(z);
+    else if (z->chunked) s = own_chunks(z, config->bucket_cap_bytes);
+    if (s != DDP_OK) goto fail;
     *out = z;
     return DDP_OK;
 fail:
