@@ -24,6 +24,11 @@ ddp_layers_violation(core_declares_upper core/reduce.h "void ddp__tcp_listen(voi
   "FAIL: core declares functions of layers above")
 ddp_layers_violation(transport_names_sibling transport/tcp/tcp_ring.c
   "static const void *planted = &ddp__transport_shm;" "FAIL: a transport names another transport")
+ddp_layers_violation(call_circle core/dtype.c
+  "void ddp__planted_up(void) { ddp__reducer_rebuild(0); }"
+  "FAIL: two files in src/ call each other")
+ddp_layers_violation(include_circle core/internal.h "#include \"core/reduce.h\""
+  "FAIL: two headers in src/ include each other")
 ddp_layers_violation(transport_reads_env transport/mpi/mpi_create.c
   "static const char *planted(void) { return getenv(\"DDP_TIMEOUT\"); }"
   "FAIL: configuration read below the group")

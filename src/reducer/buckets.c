@@ -2,11 +2,20 @@
  * at create in config.bucket_layout's order and once after the first synchronised iteration in
  * the order rank 0 saw gradients arrive (the rebuild), and their memory (allocated collectively,
  * or runs of the gradient block in the block modes). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "reducer/reducer_internal.h"
+
+/* Completion callbacks run on the progress thread; before bucket memory or descriptors are
+ * freed or statistics read, wait for every one of them (bounded by the group's timeout). */
+void ddp__reducer_wait_callbacks(ddp_reducer_t *r)
+{
+    double deadline = ddp__now_us() + (double)ddp_group_timeout_ms(r->group) * 1000.0;
+    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) ddp__sleep_us(20);
+}
 
 static void free_bucket_arrays(bucket_t *buckets, size_t n)
 {

@@ -10,14 +10,6 @@
 
 #include "reducer/reducer_internal.h"
 
-/* Completion callbacks run on the progress thread; before bucket memory or descriptors are
- * freed or statistics read, wait for every one of them (bounded by the group's timeout). */
-void ddp__reducer_wait_callbacks(ddp_reducer_t *r)
-{
-    double deadline = ddp__now_us() + (double)ddp_group_timeout_ms(r->group) * 1000.0;
-    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) ddp__sleep_us(20);
-}
-
 /* Completion callbacks (progress thread): the done time is kept as the bits of a double, read
  * by finalize's statistics after the wait. */
 static double stamp_done(_Atomic uint64_t *done_bits, _Atomic int *done_set)

@@ -353,7 +353,8 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                                        size_t piece_bytes, int bucket_layout, int grad_memory,
                                        int join);
 
-/* iteration.c: waits (bounded by the group's timeout) for every completion callback. */
+/* buckets.c: waits (bounded by the group's timeout) for every completion callback (iteration.c's
+ * on_bucket_done and on_piece_done), before bucket memory is freed or statistics are read. */
 void ddp__reducer_wait_callbacks(ddp_reducer_t *r);
 
 /* iteration.c: the collectives that start every iteration, in prepare and in a joined rank's
