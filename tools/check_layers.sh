@@ -1,5 +1,6 @@
 #!/bin/sh
-# Lists the #include edges between the folders of src/ and fails on any that goes up a layer.
+# Lists the #include edges between the folders of src/ and fails on any that goes up a layer, and
+# on two files of src/ in a circle (headers that include each other, .c files that call each other).
 # The layers, lowest first: core < store < transport < group < reducer, hooks, shard (the top
 # three do not include one another). Within a layer, a transport may use a sibling transport
 # (hierarchical builds on shm and tcp), and no other transport includes a sibling's header.
@@ -73,5 +74,58 @@ fi
 # Nothing in core names a function of a layer above.
 up=$(grep -rnE '\bddp_{1,2}(group|store|reducer|transport|mpi|tcp|shm|hier)_[a-z_]+ *\(' src/core/*.h || true)
 if [ -n "$up" ]; then echo "FAIL: core declares functions of layers above:"; echo "$up"; bad=1; fi
+# No two files in src/ in a circle: no header that includes a header which includes it back, and
+# no two .c files that each call a function the other defines (a circle between files is a seam
+# in the wrong place: move the shared piece down, docs/architecture.md). Functions are found as
+# the project writes them: a ddp_/ddp__ name on a line at column 0 that is not static, followed
+# by a body opening with `{` at column 0; calls through function pointers are not seen.
+incs=$(for h in $(find src -name '*.h' | sort); do
+    grep -o '^#include "[a-z_/]*\.h"' "$h" | sed "s|^#include \"\(.*\)\"|${h#src/} \1|"
+done)
+inc_circles=$(echo "$incs" | awk 'NF == 2 { e[$1 " " $2] = 1 } END {
+    for (k in e) { split(k, p, " "); if (p[1] < p[2] && ((p[2] " " p[1]) in e)) print "  " p[1] " <-> " p[2] } }' | sort)
+defs=$(find src -name '*.c' | sort | xargs awk '
+    FNR == 1 { cand = "" }
+    /^[A-Za-z_]/ && !/^static/ && !/^typedef/ && !/^#/ {
+        if (match($0, /ddp_[a-z0-9_]+ *\(/)) { cand = substr($0, RSTART, RLENGTH); sub(/ *\($/, "", cand) }
+        if ($0 ~ /;[ \t]*$/) cand = ""
+    }
+    /^\{/ && cand != "" { print cand, FILENAME; cand = "" }')
+# Calls: each ddp_ name followed by "(" outside comments and string literals.
+calls=$(find src -name '*.c' | sort | xargs awk '
+    FNR == 1 { incomment = 0 }
+    {
+        line = $0; out = ""
+        while (line != "") {
+            if (incomment) {
+                i = index(line, "*/"); if (!i) { line = ""; break }
+                line = substr(line, i + 2); incomment = 0; continue
+            }
+            if (match(line, /\/\*|\/\/|"([^"\\]|\\.)*"|\047([^\047\\]|\\.)*\047/)) {
+                tok = substr(line, RSTART, RLENGTH); out = out substr(line, 1, RSTART - 1) " "
+                line = substr(line, RSTART + RLENGTH)
+                if (tok == "//") line = ""
+                else if (tok == "/*") incomment = 1
+            } else { out = out line; line = "" }
+        }
+        while (match(out, /(^|[^A-Za-z0-9_])ddp_[a-z0-9_]+ *\(/)) {
+            name = substr(out, RSTART, RLENGTH); sub(/^[^d]/, "", name); sub(/ *\($/, "", name)
+            print FILENAME ":" name
+            out = substr(out, RSTART + RLENGTH)
+        }
+    }')
+call_circles=$(echo "$calls" | awk -v defs="$defs" '
+    BEGIN { n = split(defs, d, "\n"); for (i = 1; i <= n; i++) { split(d[i], f, " "); where[f[1]] = f[2] } }
+    { i = index($0, ":"); file = substr($0, 1, i - 1); name = substr($0, i + 1)
+      if ((name in where) && where[name] != file) { e[file " " where[name]] = name } }
+    END { for (k in e) { split(k, p, " "); r = p[2] " " p[1]
+          if (p[1] < p[2] && (r in e)) print "  " p[1] " -> " p[2] " (" e[k] ") and back (" e[r] ")" } }' | sort)
+if [ -n "$inc_circles$call_circles" ]; then
+    [ -n "$inc_circles" ] && { echo "FAIL: two headers in src/ include each other:"; echo "$inc_circles"; }
+    [ -n "$call_circles" ] && { echo "FAIL: two files in src/ call each other:"; echo "$call_circles"; }
+    bad=1
+else
+    echo "no two files in src/ include or call each other in a circle"
+fi
 [ $bad -eq 0 ] && echo "OK: every include and call goes down"
 exit $bad

@@ -133,13 +133,10 @@ ddp_status_t ddp__coll_agree(ddp_group_t *g, const coll_header_t *mine, const vo
     return DDP_OK;
 }
 
-coll_args_t *ddp__coll_new_args(coll_kind_t kind, ddp_dtype_t dtype)
+coll_args_t *ddp__coll_new_args(coll_args_t fields)
 {
-    coll_args_t *a = ddp__calloc(1, sizeof *a, "a collective's arguments");
-    if (a) {
-        a->kind = kind;
-        a->dtype = dtype;
-    }
+    coll_args_t *a = ddp__malloc(sizeof *a, "a collective's arguments");
+    if (a) *a = fields;
     return a;
 }
 

@@ -28,13 +28,10 @@ static ddp_status_t do_p2p(ddp_group_t *g, coll_kind_t kind, const void *send, v
         return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                           "%s: peer %d is this rank (a message to itself would wait for its own "
                           "matching call, which issue order puts after it)", fn, peer);
-    coll_args_t *a = ddp__coll_new_args(kind, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = kind, .dtype = dtype, .send = send,
+                                                      .recv = recv, .count = count, .root = peer,
+                                                      .tag = tag});
     if (!a) return DDP_ERR_NO_MEMORY;
-    a->send = send;
-    a->recv = recv;
-    a->count = count;
-    a->root = peer;
-    a->tag = tag;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -69,13 +66,10 @@ static ddp_status_t do_recv_any(ddp_group_t *g, void *recv, size_t count, ddp_dt
                           "%s (tag %d) on rank %d: the group was not enabled for it "
                           "(ddp_group_enable_recv_any on every rank before its first send)",
                           fn, tag, ddp_group_rank(g));
-    coll_args_t *a = ddp__coll_new_args(K_RECV, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = K_RECV, .dtype = dtype, .recv = recv,
+                                                      .count = count, .root = -1, .tag = tag,
+                                                      .source = source});
     if (!a) return DDP_ERR_NO_MEMORY;
-    a->recv = recv;
-    a->count = count;
-    a->root = -1;
-    a->tag = tag;
-    a->source = source;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -120,13 +114,10 @@ static ddp_status_t do_reduce(ddp_group_t *g, const void *send, void *recv, size
     TRY(ddp__check_rank(ddp_group_size(g), root, fn, "root"));
     TRY(ddp__check_buffer(send, count, fn, "send", NULL));
     if (ddp_group_rank(g) == root) TRY(ddp__check_buffer(recv, count, fn, "recv (on the root)", NULL));
-    coll_args_t *a = ddp__coll_new_args(K_REDUCE, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = K_REDUCE, .dtype = dtype,
+                                                      .send = send, .recv = recv, .count = count,
+                                                      .op = op, .root = root});
     if (!a) return DDP_ERR_NO_MEMORY;
-    a->send = send;
-    a->recv = recv;
-    a->count = count;
-    a->op = op;
-    a->root = root;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -162,12 +153,9 @@ static ddp_status_t do_rooted(ddp_group_t *g, coll_kind_t kind, const void *send
         TRY(ddp__check_buffer(recv, count, fn, "recv", NULL));
         if (is_root) TRY(ddp__check_buffer(send, count * world, fn, "send (on the root)", NULL));
     }
-    coll_args_t *a = ddp__coll_new_args(kind, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = kind, .dtype = dtype, .send = send,
+                                                      .recv = recv, .count = count, .root = root});
     if (!a) return DDP_ERR_NO_MEMORY;
-    a->send = send;
-    a->recv = recv;
-    a->count = count;
-    a->root = root;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -209,11 +197,9 @@ static ddp_status_t do_alltoall(ddp_group_t *g, const void *send, void *recv, si
     TRY(ddp__check_count(count, world * world, dtype, fn, "count"));
     TRY(ddp__check_buffer(send, count * world, fn, "send", NULL));
     TRY(ddp__check_buffer(recv, count * world, fn, "recv", NULL));
-    coll_args_t *a = ddp__coll_new_args(K_ALLTOALL, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = K_ALLTOALL, .dtype = dtype,
+                                                      .send = send, .recv = recv, .count = count});
     if (!a) return DDP_ERR_NO_MEMORY;
-    a->send = send;
-    a->recv = recv;
-    a->count = count;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -278,7 +264,8 @@ static ddp_status_t do_allgatherv(ddp_group_t *g, const void *send, size_t send_
     ddp__clear_error();
     TRY(ddp__check_group(g, fn));
     TRY(ddp__check_dtype(dtype, fn));
-    coll_args_t *a = ddp__coll_new_args(K_ALLGATHERV, dtype);
+    coll_args_t *a = ddp__coll_new_args(
+        (coll_args_t){.kind = K_ALLGATHERV, .dtype = dtype, .send = send, .recv = recv});
     if (!a) return DDP_ERR_NO_MEMORY;
     size_t total = 0;
     ddp_status_t s = copy_v(g, recv_counts, displs, dtype, fn, "recv_counts", &a->counts,
@@ -293,8 +280,6 @@ static ddp_status_t do_allgatherv(ddp_group_t *g, const void *send, size_t send_
         ddp__coll_free_args(a);
         return s;
     }
-    a->send = send;
-    a->recv = recv;
     a->count = total;
     return ddp__coll_launch(g, a, work);
 }
@@ -325,7 +310,8 @@ static ddp_status_t do_reduce_scatterv(ddp_group_t *g, const void *send, void *r
     TRY(ddp__check_group(g, fn));
     TRY(ddp__check_dtype(dtype, fn));
     TRY(ddp__check_op(op, fn));
-    coll_args_t *a = ddp__coll_new_args(K_REDUCE_SCATTERV, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = K_REDUCE_SCATTERV, .dtype = dtype,
+                                                      .send = send, .recv = recv, .op = op});
     if (!a) return DDP_ERR_NO_MEMORY;
     size_t total = 0;
     ddp_status_t s = copy_v(g, recv_counts, NULL, dtype, fn, "recv_counts", &a->counts,
@@ -336,10 +322,7 @@ static ddp_status_t do_reduce_scatterv(ddp_group_t *g, const void *send, void *r
         ddp__coll_free_args(a);
         return s;
     }
-    a->send = send;
-    a->recv = recv;
     a->count = total;
-    a->op = op;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -367,7 +350,8 @@ static ddp_status_t do_alltoallv(ddp_group_t *g, const void *send, const size_t 
     ddp__clear_error();
     TRY(ddp__check_group(g, fn));
     TRY(ddp__check_dtype(dtype, fn));
-    coll_args_t *a = ddp__coll_new_args(K_ALLTOALLV, dtype);
+    coll_args_t *a = ddp__coll_new_args(
+        (coll_args_t){.kind = K_ALLTOALLV, .dtype = dtype, .send = send, .recv = recv});
     if (!a) return DDP_ERR_NO_MEMORY;
     size_t stotal = 0, rtotal = 0;
     ddp_status_t s = copy_v(g, send_counts, send_displs, dtype, fn, "send_counts", &a->counts,
@@ -383,8 +367,6 @@ static ddp_status_t do_alltoallv(ddp_group_t *g, const void *send, const size_t 
         ddp__coll_free_args(a);
         return s;
     }
-    a->send = send;
-    a->recv = recv;
     return ddp__coll_launch(g, a, work);
 }
 
@@ -432,7 +414,8 @@ static ddp_status_t do_coalesced(ddp_group_t *g, coll_kind_t kind, void *const *
         total += counts[i];
         TRY(ddp__check_count(total, 1, dtype, fn, "the sum of counts"));
     }
-    coll_args_t *a = ddp__coll_new_args(kind, dtype);
+    coll_args_t *a = ddp__coll_new_args((coll_args_t){.kind = kind, .dtype = dtype, .nbufs = nbufs,
+                                                      .count = total, .op = op, .root = root});
     if (!a) return DDP_ERR_NO_MEMORY;
     a->bufs = ddp__malloc((nbufs ? nbufs : 1) * sizeof *a->bufs, "a copy of the buffer list");
     a->counts = ddp__coll_copy_sizes(counts, nbufs);
@@ -441,10 +424,6 @@ static ddp_status_t do_coalesced(ddp_group_t *g, coll_kind_t kind, void *const *
         return DDP_ERR_NO_MEMORY;
     }
     if (nbufs) memcpy(a->bufs, bufs, nbufs * sizeof *a->bufs);
-    a->nbufs = nbufs;
-    a->count = total;
-    a->op = op;
-    a->root = root;
     return ddp__coll_launch(g, a, work);
 }
 

@@ -11,6 +11,20 @@
 #include "group/collectives.h"
 #include "group/group_private.h"
 
+/* The per-rank counts of a variable-count collective: sets *max to the largest, and says whether
+ * every rank's count is rank 0's (with at_even_displs, also at displacement r * count: the plain
+ * collective's layout), so that the plain collective can move them unpadded. */
+static int uniform_counts(const coll_args_t *a, int world, int at_even_displs, size_t *max)
+{
+    int uniform = 1;
+    for (int r = 0; r < world; r++) {
+        if (a->counts[r] > *max) *max = a->counts[r];
+        if (a->counts[r] != a->counts[0]) uniform = 0;
+        if (at_even_displs && a->displs[r] != (size_t)r * a->counts[0]) uniform = 0;
+    }
+    return uniform;
+}
+
 ddp_status_t ddp__coll_run_allgatherv(ddp_group_t *g, const coll_args_t *a,
                                       const coll_header_t *h)
 {
@@ -18,12 +32,8 @@ ddp_status_t ddp__coll_run_allgatherv(ddp_group_t *g, const coll_args_t *a,
     int rank = ddp_group_rank(g), world = ddp_group_size(g);
     size_t es = ddp_dtype_size(a->dtype);
     size_t max = 0;
-    int uniform = 1;
-    for (int r = 0; r < world; r++) {
-        if (a->counts[r] > max) max = a->counts[r];
-        if (a->counts[r] != a->counts[0] || a->displs[r] != (size_t)r * a->counts[0]) uniform = 0;
-    }
-    if (uniform) return ddp_group_allgather(g, a->send, a->recv, a->counts[0], a->dtype);
+    if (uniform_counts(a, world, 1, &max))
+        return ddp_group_allgather(g, a->send, a->recv, a->counts[0], a->dtype);
     /* Unequal counts: every block padded to the largest, one allgather, then unpacked. */
     ddp_status_t s = DDP_ERR_NO_MEMORY;
     void *tmp = ddp__scratch(max, es, 1);
@@ -50,12 +60,7 @@ ddp_status_t ddp__coll_run_reduce_scatterv(ddp_group_t *g, const coll_args_t *a,
     int rank = ddp_group_rank(g), world = ddp_group_size(g);
     size_t es = ddp_dtype_size(a->dtype);
     size_t max = 0;
-    int uniform = 1;
-    for (int r = 0; r < world; r++) {
-        if (a->counts[r] > max) max = a->counts[r];
-        if (a->counts[r] != a->counts[0]) uniform = 0;
-    }
-    if (uniform)
+    if (uniform_counts(a, world, 0, &max))
         return ddp_group_reduce_scatter(g, a->send, a->recv, a->counts[0], a->dtype, a->op);
     /* Unequal counts: every rank's block padded to the largest, one reduce_scatter. */
     ddp_status_t s = DDP_ERR_NO_MEMORY;

@@ -101,8 +101,9 @@ ddp_status_t ddp__coll_fail_mismatch(ddp_group_t *g, const char *text);
 ddp_status_t ddp__coll_agree(ddp_group_t *g, const coll_header_t *mine, const void *extra,
                              size_t extra_bytes, unsigned char **all_out);
 
-/* A zeroed record for `kind`, or NULL (DDP_ERR_NO_MEMORY recorded). */
-coll_args_t *ddp__coll_new_args(coll_kind_t kind, ddp_dtype_t dtype);
+/* A record holding `fields` (the issuing call names the ones its kind uses with a compound
+ * literal; the rest are zero), or NULL (DDP_ERR_NO_MEMORY recorded). */
+coll_args_t *ddp__coll_new_args(coll_args_t fields);
 void ddp__coll_free_args(void *args);
 /* A malloc'd copy of n sizes (at least one element), or NULL. */
 size_t *ddp__coll_copy_sizes(const size_t *v, size_t n);

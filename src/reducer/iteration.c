@@ -10,23 +10,23 @@
 
 #include "reducer/reducer_internal.h"
 
-/* Completion callbacks run on the progress thread; before bucket memory or descriptors are
- * freed or statistics read, wait for every one of them (bounded by the group's timeout). */
-void ddp__reducer_wait_callbacks(ddp_reducer_t *r)
+/* Completion callbacks (progress thread): the done time is kept as the bits of a double, read
+ * by finalize's statistics after the wait. */
+static double stamp_done(_Atomic uint64_t *done_bits, _Atomic int *done_set)
 {
-    double deadline = ddp__now_us() + (double)ddp_group_timeout_ms(r->group) * 1000.0;
-    while (atomic_load(&r->callbacks_pending) > 0 && ddp__now_us() < deadline) ddp__sleep_us(20);
+    double t = ddp__now_us();
+    uint64_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    atomic_store(done_bits, bits);
+    atomic_store(done_set, 1);
+    return t;
 }
 
 static void on_bucket_done(void *arg, ddp_status_t status)
 {
     (void)status;
     bucket_t *b = arg;
-    double t = ddp__now_us();
-    uint64_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    atomic_store(&b->done_bits, bits);
-    atomic_store(&b->done_set, 1);
+    double t = stamp_done(&b->done_bits, &b->done_set);
     if (b->owner->config.trace)
         ddp_trace_span(b->owner->config.trace, b->trace_name, "comm", DDP__COMM_LANE,
                        b->launch_us, t);
@@ -38,11 +38,7 @@ static void on_piece_done(void *arg, ddp_status_t status)
     (void)status;
     piece_t *q = arg;
     bucket_t *b = q->bucket;
-    double t = ddp__now_us();
-    uint64_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    atomic_store(&q->done_bits, bits);
-    atomic_store(&q->done_set, 1);
+    double t = stamp_done(&q->done_bits, &q->done_set);
     if (b->owner->config.trace) {
         char name[64];
         snprintf(name, sizeof name, "%s piece %zu/%zu", b->trace_name, q->index, b->npieces);
@@ -192,11 +188,31 @@ static void log_launch(ddp_reducer_t *r, const bucket_t *b, size_t piece)
     r->launches++;
 }
 
+/* The start of a launch of bucket b's piece (or the whole bucket): the bucket's launch time is
+ * that of its first piece. Returns the launch time. */
+static double begin_launch(ddp_reducer_t *r, bucket_t *b, size_t piece)
+{
+    double now = ddp__now_us();
+    if (!b->launched || piece == DDP__WHOLE) {
+        b->launched = 1;
+        b->launch_us = now;
+    }
+    log_launch(r, b, piece);
+    return now;
+}
+
+/* The end of a launch: counts the completion callback the wait waits for (if the work cannot
+ * take one, the done time is taken at the wait). */
+static void follow_work(ddp_reducer_t *r, ddp_work_t *work, ddp_work_callback_fn on_done, void *arg)
+{
+    atomic_fetch_add(&r->callbacks_pending, 1);
+    if (ddp_work_on_complete(work, on_done, arg) != DDP_OK)
+        atomic_fetch_sub(&r->callbacks_pending, 1);
+}
+
 static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
 {
-    b->launched = 1;
-    b->launch_us = ddp__now_us();
-    log_launch(r, b, DDP__WHOLE);
+    begin_launch(r, b, DDP__WHOLE);
     ddp_work_t *work = NULL;
     ddp_status_t s;
     if (b->sparse) {
@@ -234,21 +250,14 @@ static ddp_status_t launch(ddp_reducer_t *r, bucket_t *b)
                                   b->index, (unsigned long long)r->iteration);
     }
     b->work = work;
-    atomic_fetch_add(&r->callbacks_pending, 1);
-    if (ddp_work_on_complete(work, on_bucket_done, b) != DDP_OK)
-        atomic_fetch_sub(&r->callbacks_pending, 1); /* done time is then taken at the wait */
+    follow_work(r, work, on_bucket_done, b);
     return DDP_OK;
 }
 
 /* One piece: the default hook's allreduce on a sub-range of the bucket memory. */
 static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
 {
-    q->launch_us = ddp__now_us();
-    if (!b->launched) {
-        b->launched = 1;
-        b->launch_us = q->launch_us;
-    }
-    log_launch(r, b, q->index);
+    q->launch_us = begin_launch(r, b, q->index);
     size_t esize = ddp_dtype_size(b->dtype);
     unsigned char *data = (unsigned char *)b->data + q->begin * esize;
     ddp_work_t *work = NULL;
@@ -262,9 +271,7 @@ static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
                                   b->index, q->index, b->npieces, (unsigned long long)r->iteration);
     }
     q->work = work;
-    atomic_fetch_add(&r->callbacks_pending, 1);
-    if (ddp_work_on_complete(work, on_piece_done, q) != DDP_OK)
-        atomic_fetch_sub(&r->callbacks_pending, 1);
+    follow_work(r, work, on_piece_done, q);
     return DDP_OK;
 }
 
@@ -272,7 +279,7 @@ static ddp_status_t launch_piece(ddp_reducer_t *r, bucket_t *b, piece_t *q)
  * order, and nothing of bucket b + 1 before every piece of bucket b. */
 ddp_status_t ddp__reducer_launch_in_order(ddp_reducer_t *r)
 {
-    /* After the rebuild with pieces: one schedule across buckets (buckets.c, "stacked
+    /* After the rebuild with pieces: one schedule across buckets (piece_schedule.c, "stacked
      * tensors"), still strictly in order. */
     while (r->schedule && r->next_unit < r->nschedule) {
         launch_unit_t u = r->schedule[r->next_unit];

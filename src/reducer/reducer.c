@@ -346,6 +346,103 @@ void ddp_reducer_config_init(ddp_reducer_config_t *config)
     *config = defaults;
 }
 
+/* The reducer's identity, configuration and the arrays dedup fills (parameters, their kept
+ * index, the buffers). */
+static ddp_status_t init_reducer(ddp_reducer_t *r, ddp_group_t *group,
+                                 const ddp_reducer_config_t *c, size_t nparams, size_t nbuffers)
+{
+    r->group = group;
+    r->rank = ddp_group_rank(group);
+    r->world = ddp_group_size(group);
+    r->config = *c;
+    if (r->config.bucket_layout == DDP_BUCKET_LAYOUT_DEFAULT)
+        r->config.bucket_layout = DDP__DEFAULT_BUCKET_LAYOUT;
+    r->sync_enabled = 1;
+    r->nregistered = nparams;
+    r->kept_of = ddp__malloc(nparams * sizeof(size_t), "reducer");
+    r->params = ddp__calloc(nparams, sizeof(rparam_t), "reducer");
+    r->buffers = ddp__calloc(nbuffers ? nbuffers : 1, sizeof(ddp__tensor_ref_t), "reducer");
+    if (!r->kept_of || !r->params || !r->buffers) return DDP_ERR_NO_MEMORY;
+    return DDP_OK;
+}
+
+/* After dedup: the buffers, each kept parameter's first row, and what an iteration keeps (the
+ * marks, rank 0's arrival record, the status vector, join's flags). */
+static ddp_status_t init_iteration_state(ddp_reducer_t *r, const ddp_buffer_t *buffers,
+                                         size_t nbuffers)
+{
+    ddp_status_t status = DDP_OK;
+    r->nbuffers = nbuffers;
+    for (size_t i = 0; i < nbuffers; i++) {
+        r->buffers[i].data = buffers[i].data;
+        r->buffers[i].numel = buffers[i].numel;
+        r->buffers[i].dtype = buffers[i].dtype;
+    }
+    size_t n = r->nparams;
+    r->marked = ddp__calloc(n, 1, "reducer");
+    r->used_since_sync = ddp__calloc(n, 1, "reducer");
+    r->arrival = ddp__malloc(n * sizeof(size_t), "reducer");
+    r->status_vector = ddp__malloc((n + (size_t)r->world) * sizeof(int64_t), "reducer");
+    for (size_t i = 0; i < n; i++) {
+        r->params[i].row_base = r->total_rows;
+        if (!r->params[i].sparse) r->total_rows += ready_rows(&r->params[i]);
+    }
+    if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector)
+        status = DDP_ERR_NO_MEMORY;
+    r->contributors = r->world;
+    if (r->config.join && status == DDP_OK) {
+        r->join_flags = ddp__malloc(((size_t)r->world + 1) * sizeof(int64_t), "reducer");
+        r->join_prev = ddp__calloc((size_t)r->world, 1, "reducer");
+        if (!r->join_flags || !r->join_prev) status = DDP_ERR_NO_MEMORY;
+    }
+    return status;
+}
+
+/* sync_at_create: parameters and buffers broadcast from rank 0, coalesced. */
+static ddp_status_t broadcast_model(ddp_reducer_t *r)
+{
+    size_t nt = r->nparams + r->nbuffers;
+    ddp__tensor_ref_t *t = ddp__malloc((nt ? nt : 1) * sizeof *t, "reducer");
+    if (!t) return DDP_ERR_NO_MEMORY;
+    for (size_t i = 0; i < r->nparams; i++) {
+        t[i].data = r->params[i].data;
+        t[i].numel = r->params[i].numel;
+        t[i].dtype = r->params[i].dtype;
+    }
+    memcpy(t + r->nparams, r->buffers, r->nbuffers * sizeof *t);
+    ddp_status_t status =
+        ddp__broadcast_coalesced(r->group, t, nt, r->config.broadcast_bucket_bytes);
+    free(t);
+    return status;
+}
+
+/* After the buckets: the copy find_unused_parameters keeps, the buckets' statistics, and the
+ * trace's comm lane (the group's trace too, unless the user gave it one). */
+static ddp_status_t init_after_buckets(ddp_reducer_t *r)
+{
+    const ddp_reducer_config_t *c = &r->config;
+    size_t saved_bytes = 0;
+    for (size_t i = 0; i < r->nparams; i++) saved_bytes += param_bytes(&r->params[i]);
+    if (c->find_unused_parameters && !c->user_grads) {
+        r->saved = ddp__malloc(saved_bytes ? saved_bytes : 1, "reducer");
+        if (!r->saved) return DDP_ERR_NO_MEMORY;
+    }
+    r->bucket_stats = ddp__calloc(r->nbuckets ? r->nbuckets : 1, sizeof(ddp_bucket_stats_t),
+                                  "reducer");
+    if (!r->bucket_stats) return DDP_ERR_NO_MEMORY;
+    if (c->trace) {
+        ddp_trace_name_lane(c->trace, DDP__COMM_LANE, "comm");
+        /* The transport's decisions (the shm tuner's) go into the same trace, unless the user
+         * gave the group a trace of its own. */
+        if (!ddp_group_trace(r->group)) {
+            ddp_group_set_trace(r->group, c->trace);
+            r->set_group_trace = 1;
+        }
+    }
+    r->recording = c->rebuild_buckets && !c->find_unused_parameters;
+    return DDP_OK;
+}
+
 ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, size_t nparams,
                                 const ddp_buffer_t *buffers, size_t nbuffers,
                                 const ddp_reducer_config_t *config, ddp_reducer_t **out)
@@ -366,48 +463,11 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
         r = ddp__calloc(1, sizeof *r, "reducer");
         if (!r) status = DDP_ERR_NO_MEMORY;
     }
-    if (status == DDP_OK) {
-        r->group = group;
-        r->rank = ddp_group_rank(group);
-        r->world = ddp_group_size(group);
-        r->config = *c;
-        if (r->config.bucket_layout == DDP_BUCKET_LAYOUT_DEFAULT)
-            r->config.bucket_layout = DDP__DEFAULT_BUCKET_LAYOUT;
-        r->sync_enabled = 1;
-        r->nregistered = nparams;
-        r->kept_of = ddp__malloc(nparams * sizeof(size_t), "reducer");
-        r->params = ddp__calloc(nparams, sizeof(rparam_t), "reducer");
-        r->buffers = ddp__calloc(nbuffers ? nbuffers : 1, sizeof(ddp__tensor_ref_t), "reducer");
-        if (!r->kept_of || !r->params || !r->buffers) status = DDP_ERR_NO_MEMORY;
-    }
+    if (status == DDP_OK) status = init_reducer(r, group, c, nparams, nbuffers);
     if (status == DDP_OK) status = dedup(r, params, nparams);
     if (status == DDP_OK && c->grad_memory == DDP_GRAD_MEMORY_USER_BLOCK)
         status = check_block_overlaps(r);
-    if (status == DDP_OK) {
-        r->nbuffers = nbuffers;
-        for (size_t i = 0; i < nbuffers; i++) {
-            r->buffers[i].data = buffers[i].data;
-            r->buffers[i].numel = buffers[i].numel;
-            r->buffers[i].dtype = buffers[i].dtype;
-        }
-        size_t n = r->nparams;
-        r->marked = ddp__calloc(n, 1, "reducer");
-        r->used_since_sync = ddp__calloc(n, 1, "reducer");
-        r->arrival = ddp__malloc(n * sizeof(size_t), "reducer");
-        r->status_vector = ddp__malloc((n + (size_t)r->world) * sizeof(int64_t), "reducer");
-        for (size_t i = 0; i < n; i++) {
-            r->params[i].row_base = r->total_rows;
-            if (!r->params[i].sparse) r->total_rows += ready_rows(&r->params[i]);
-        }
-        if (!r->marked || !r->used_since_sync || !r->arrival || !r->status_vector)
-            status = DDP_ERR_NO_MEMORY;
-        r->contributors = r->world;
-        if (c->join && status == DDP_OK) {
-            r->join_flags = ddp__malloc(((size_t)r->world + 1) * sizeof(int64_t), "reducer");
-            r->join_prev = ddp__calloc((size_t)r->world, 1, "reducer");
-            if (!r->join_flags || !r->join_prev) status = DDP_ERR_NO_MEMORY;
-        }
-    }
+    if (status == DDP_OK) status = init_iteration_state(r, buffers, nbuffers);
 
     if (verify) {
         ddp_status_t v = ddp__reducer_verify_model(
@@ -416,56 +476,11 @@ ddp_status_t ddp_reducer_create(ddp_group_t *group, const ddp_param_t *params, s
             c->join);
         if (status == DDP_OK) status = v;
     }
-    if (status != DDP_OK) goto fail;
-
-    if (verify) {
-        /* Broadcast parameters and buffers from rank 0, coalesced. */
-        size_t nt = r->nparams + r->nbuffers;
-        ddp__tensor_ref_t *t = ddp__malloc((nt ? nt : 1) * sizeof *t, "reducer");
-        if (!t) {
-            status = DDP_ERR_NO_MEMORY;
-            goto fail;
-        }
-        for (size_t i = 0; i < r->nparams; i++) {
-            t[i].data = r->params[i].data;
-            t[i].numel = r->params[i].numel;
-            t[i].dtype = r->params[i].dtype;
-        }
-        memcpy(t + r->nparams, r->buffers, r->nbuffers * sizeof *t);
-        status = ddp__broadcast_coalesced(group, t, nt, c->broadcast_bucket_bytes);
-        free(t);
-        if (status != DDP_OK) goto fail;
-    }
-
-    status = ddp__reducer_initial_buckets(r);
+    if (status == DDP_OK && verify) status = broadcast_model(r);
+    if (status == DDP_OK) status = ddp__reducer_initial_buckets(r);
     if (status == DDP_OK) status = ddp__reducer_size_launch_log(r);
+    if (status == DDP_OK) status = init_after_buckets(r);
     if (status != DDP_OK) goto fail;
-
-    size_t saved_bytes = 0;
-    for (size_t i = 0; i < r->nparams; i++) saved_bytes += param_bytes(&r->params[i]);
-    if (c->find_unused_parameters && !c->user_grads) {
-        r->saved = ddp__malloc(saved_bytes ? saved_bytes : 1, "reducer");
-        if (!r->saved) {
-            status = DDP_ERR_NO_MEMORY;
-            goto fail;
-        }
-    }
-    r->bucket_stats = ddp__calloc(r->nbuckets ? r->nbuckets : 1, sizeof(ddp_bucket_stats_t),
-                                  "reducer");
-    if (!r->bucket_stats) {
-        status = DDP_ERR_NO_MEMORY;
-        goto fail;
-    }
-    if (c->trace) {
-        ddp_trace_name_lane(c->trace, DDP__COMM_LANE, "comm");
-        /* The transport's decisions (the shm tuner's) go into the same trace, unless the user
-         * gave the group a trace of its own. */
-        if (!ddp_group_trace(group)) {
-            ddp_group_set_trace(group, c->trace);
-            r->set_group_trace = 1;
-        }
-    }
-    r->recording = c->rebuild_buckets && !c->find_unused_parameters;
     DDP_LOG(DDP_LOG_INFO, "reducer: rank %d, %zu parameters (%zu registered), %zu buckets", r->rank,
             r->nparams, nparams, r->nbuckets);
     *out = r;

@@ -40,8 +40,8 @@ ddp_status_t ddp__broadcast_coalesced(ddp_group_t *group, const ddp__tensor_ref_
                                       size_t ntensors, size_t bucket_bytes);
 
 /* ---- the Reducer's state, shared by its files ----------------------------------------------
- * reducer.c creates, destroys and answers queries; buckets.c lays out and rebuilds buckets;
- * verify.c checks that every rank registers the same model; iteration.c runs prepare, the
+ * reducer.c creates, destroys and answers queries; buckets.c makes and rebuilds buckets, from
+ * the layouts of bucket_layout.c and with the piece order of piece_schedule.c; verify.c checks that every rank registers the same model; iteration.c runs prepare, the
  * launches and grad_ready; sparse.c reduces sparse gradients; finalize.c ends an iteration. */
 
 #define DDP__COMM_LANE 2 /* trace lane ("tid") of bucket reductions */
@@ -314,6 +314,37 @@ size_t ddp__reducer_check_stale(ddp_reducer_t *r);
 /* buckets.c: frees the old memory kept after a rebuild (collectively), without checking. */
 void ddp__reducer_free_stale(ddp_reducer_t *r);
 
+/* bucket_layout.c: the assignment over kept parameters; `order` NULL means the initial one of
+ * config.bucket_layout, otherwise arrival order (sorted by arrival position). */
+ddp_status_t ddp__reducer_assign(ddp_reducer_t *r, const size_t *order,
+                                 ddp_bucket_assignment_t *out);
+
+/* bucket_layout.c, block modes: buckets as runs of the gradient block, parameters visited in
+ * `order`; reverse_list reverses the list of runs (c10d's initial rule). */
+ddp_status_t ddp__reducer_block_assign(ddp_reducer_t *r, const size_t *order, int reverse_list,
+                                       ddp_bucket_assignment_t *out);
+
+/* bucket_layout.c: the initial visiting order of config.bucket_layout over kept parameters. */
+void ddp__reducer_initial_order(const ddp_reducer_t *r, size_t *order, int *reverse_list);
+
+/* bucket_layout.c, DDP_GRAD_MEMORY_BLOCK: places every parameter in the block in the order of
+ * assignment `a` and allocates the block collectively. */
+ddp_status_t ddp__reducer_layout_block(ddp_reducer_t *r, const ddp_bucket_assignment_t *a);
+
+/* bucket_layout.c, block modes: kept parameters in block address order (sparse ones last). */
+ddp_status_t ddp__reducer_address_order(const ddp_reducer_t *r, size_t *order);
+
+/* piece_schedule.c: whether the rebuild plans pieces and one schedule from rank 0's record. */
+int ddp__reducer_schedules_pieces(const ddp_reducer_t *r);
+
+/* piece_schedule.c, collective, at the rebuild: the stacked-tensor schedule (pieces cut along
+ * rank 0's row ranges, one launch order across buckets). */
+ddp_status_t ddp__reducer_schedule_pieces(ddp_reducer_t *r);
+
+/* piece_schedule.c, collective, at the rebuild: each bucket's piece order, rank 0's completion
+ * order. */
+ddp_status_t ddp__reducer_order_pieces(ddp_reducer_t *r);
+
 /* verify.c, collective: every rank's creation status, counts, config and parameter signatures
  * are compared with rank 0's; `local` is this rank's status so far (a failure is reported on
  * every rank). */
@@ -322,7 +353,8 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                                        size_t piece_bytes, int bucket_layout, int grad_memory,
                                        int join);
 
-/* iteration.c: waits (bounded by the group's timeout) for every completion callback. */
+/* buckets.c: waits (bounded by the group's timeout) for every completion callback (iteration.c's
+ * on_bucket_done and on_piece_done), before bucket memory is freed or statistics are read. */
 void ddp__reducer_wait_callbacks(ddp_reducer_t *r);
 
 /* iteration.c: the collectives that start every iteration, in prepare and in a joined rank's
@@ -359,7 +391,7 @@ static inline size_t ddp__piece_at(const bucket_t *b, size_t e)
     return lo;
 }
 
-/* buckets.c: sizes the launch log and its statistics for the current buckets and pieces. */
+/* piece_schedule.c: sizes the launch log and its statistics for the current buckets and pieces. */
 ddp_status_t ddp__reducer_size_launch_log(ddp_reducer_t *r);
 
 /* sparse.c: the progress-thread task reducing a sparse bucket (arg is the bucket_t). */

@@ -50,38 +50,19 @@ static int same_signature(const signature_t *a, const signature_t *b)
            memcmp(a->name, b->name, SIG_NAME) == 0;
 }
 
-/* Collective. Every rank states whether it could build its reducer and how many parameters and
- * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
- * 0's on every rank, so all ranks report the same first difference. */
+/* Every rank's header: (status, nparams, nbuffers, piece_bytes, bucket_layout, grad_memory,
+ * join). */
 #define HEADER_FIELDS 7
 
-ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
-                                       const rparam_t *params, size_t nparams, size_t nbuffers,
-                                       size_t piece_bytes, int bucket_layout, int grad_memory,
-                                       int join)
+/* The headers every rank gathered: the first rank that failed to create its reducer (this rank's
+ * own error text, local_text, when it is this one), then the fields every rank must share with
+ * rank 0. Sets *maxn to the most parameters any rank has. */
+static ddp_status_t check_headers(const int64_t *headers, int world, int rank,
+                                  const char *local_text, size_t *maxn)
 {
-    int world = ddp_group_size(group), rank = ddp_group_rank(group);
-    char local_text[DDP_ERROR_TEXT_MAX];
-    snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
-    int64_t header[HEADER_FIELDS] = {local, (int64_t)nparams, (int64_t)nbuffers,
-                                     (int64_t)piece_bytes, bucket_layout, grad_memory, join};
-    int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
-    if (!headers) return DDP_ERR_NO_MEMORY;
-    ddp_status_t status = ddp_group_allgather(group, header, headers, HEADER_FIELDS, DDP_I64);
-    if (status != DDP_OK) {
-        free(headers);
-        return ddp__error_context(status, "verifying the model across ranks");
-    }
-    size_t maxn = 0;
-    if (local != DDP_OK) {
-        free(headers);
-        ddp__set_error_text(local_text);
-        return local;
-    }
     for (int q = 0; q < world; q++) {
         if (headers[HEADER_FIELDS * q] != DDP_OK) {
             ddp_status_t s = (ddp_status_t)headers[HEADER_FIELDS * q];
-            free(headers);
             if (q == rank) {
                 ddp__set_error_text(local_text);
                 return s;
@@ -90,7 +71,8 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
                               "rank %d failed to create its reducer (%s); see that rank's error",
                               q, ddp_status_string(s));
         }
-        if ((size_t)headers[HEADER_FIELDS * q + 1] > maxn) maxn = (size_t)headers[HEADER_FIELDS * q + 1];
+        size_t nq = (size_t)headers[HEADER_FIELDS * q + 1];
+        if (nq > *maxn) *maxn = nq;
     }
     /* Header fields every rank must share, each with the text that names it. */
     static const struct {
@@ -112,20 +94,16 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
             int f = same_everywhere[k].field;
             if (headers[HEADER_FIELDS * q + f] == headers[f]) continue;
             long long a = headers[f], b = headers[HEADER_FIELDS * q + f];
-            free(headers);
             return ddp__error(DDP_ERR_MISMATCH, same_everywhere[k].text, a, q, b);
         }
     }
+    return DDP_OK;
+}
 
-    size_t rec = sizeof(signature_t);
-    unsigned char *mine = ddp__calloc(maxn ? maxn : 1, rec, "model verification");
-    unsigned char *all = ddp__calloc((size_t)world * (maxn ? maxn : 1), rec, "model verification");
-    if (!mine || !all) {
-        free(mine);
-        free(all);
-        free(headers);
-        return DDP_ERR_NO_MEMORY;
-    }
+/* This rank's signature records, one per parameter, into `mine`. */
+static void fill_signatures(const rparam_t *params, size_t nparams, int grad_memory,
+                            unsigned char *mine)
+{
     for (size_t i = 0; i < nparams; i++) {
         signature_t s;
         memset(&s, 0, sizeof s);
@@ -138,15 +116,18 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
         int in_block = grad_memory == DDP_GRAD_MEMORY_USER_BLOCK && !params[i].sparse &&
                        params[i].numel > 0;
         s.grad_offset = in_block ? (uint64_t)params[i].block_offset : UINT64_MAX;
-        memcpy(mine + i * rec, &s, rec);
+        memcpy(mine + i * sizeof s, &s, sizeof s);
     }
-    status = ddp_group_allgather(group, mine, all, maxn * rec, DDP_U8);
-    if (status != DDP_OK) {
-        ddp__error_context(status, "verifying the model across ranks");
-        goto done;
-    }
-    for (size_t i = 0; i < maxn && status == DDP_OK; i++) {
-        size_t n0 = (size_t)headers[1];
+}
+
+/* Every rank's signatures (maxn records each, in `all`) against rank 0's: the first parameter
+ * where a rank differs, or has none where the other has one. */
+static ddp_status_t compare_signatures(const unsigned char *all, const int64_t *headers,
+                                       int world, size_t maxn)
+{
+    size_t rec = sizeof(signature_t);
+    size_t n0 = (size_t)headers[1];
+    for (size_t i = 0; i < maxn; i++) {
         for (int q = 1; q < world; q++) {
             size_t nq = (size_t)headers[HEADER_FIELDS * q + 1];
             if (i >= n0 && i >= nq) continue;
@@ -156,24 +137,67 @@ ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
             char da[200], db[200];
             describe(&a, da, sizeof da);
             describe(&b, db, sizeof db);
-            if (i >= n0 || i >= nq) {
-                status = ddp__error(
+            if (i >= n0 || i >= nq)
+                return ddp__error(
                     DDP_ERR_MISMATCH,
                     "model mismatch at parameter %zu: rank 0 registers %zu parameters, rank %d "
                     "registers %zu (rank %d has %s there)",
                     i, n0, q, nq, i >= n0 ? q : 0, i >= n0 ? db : da);
-                break;
-            }
-            if (!same_signature(&a, &b)) {
-                status = ddp__error(DDP_ERR_MISMATCH,
-                                    "model mismatch at parameter %zu: rank 0 has %s but rank %d "
-                                    "has %s",
-                                    i, da, q, db);
-                break;
-            }
+            if (!same_signature(&a, &b))
+                return ddp__error(DDP_ERR_MISMATCH,
+                                  "model mismatch at parameter %zu: rank 0 has %s but rank %d "
+                                  "has %s",
+                                  i, da, q, db);
         }
     }
-done:
+    return DDP_OK;
+}
+
+/* Collective. Every rank states whether it could build its reducer and how many parameters and
+ * buffers it has; then every rank's per-parameter signatures are gathered and compared with rank
+ * 0's on every rank, so all ranks report the same first difference. */
+ddp_status_t ddp__reducer_verify_model(ddp_group_t *group, ddp_status_t local,
+                                       const rparam_t *params, size_t nparams, size_t nbuffers,
+                                       size_t piece_bytes, int bucket_layout, int grad_memory,
+                                       int join)
+{
+    int world = ddp_group_size(group), rank = ddp_group_rank(group);
+    char local_text[DDP_ERROR_TEXT_MAX];
+    snprintf(local_text, sizeof local_text, "%s", ddp_last_error());
+    int64_t header[HEADER_FIELDS] = {local, (int64_t)nparams, (int64_t)nbuffers,
+                                     (int64_t)piece_bytes, bucket_layout, grad_memory, join};
+    int64_t *headers = ddp__malloc((size_t)world * sizeof header, "model verification");
+    if (!headers) return DDP_ERR_NO_MEMORY;
+    ddp_status_t status = ddp_group_allgather(group, header, headers, HEADER_FIELDS, DDP_I64);
+    if (status != DDP_OK) {
+        free(headers);
+        return ddp__error_context(status, "verifying the model across ranks");
+    }
+    if (local != DDP_OK) {
+        free(headers);
+        ddp__set_error_text(local_text);
+        return local;
+    }
+    size_t maxn = 0;
+    status = check_headers(headers, world, rank, local_text, &maxn);
+    if (status != DDP_OK) {
+        free(headers);
+        return status;
+    }
+
+    size_t rec = sizeof(signature_t);
+    unsigned char *mine = ddp__calloc(maxn ? maxn : 1, rec, "model verification");
+    unsigned char *all = ddp__calloc((size_t)world * (maxn ? maxn : 1), rec, "model verification");
+    if (!mine || !all) {
+        free(mine);
+        free(all);
+        free(headers);
+        return DDP_ERR_NO_MEMORY;
+    }
+    fill_signatures(params, nparams, grad_memory, mine);
+    status = ddp_group_allgather(group, mine, all, maxn * rec, DDP_U8);
+    if (status != DDP_OK) ddp__error_context(status, "verifying the model across ranks");
+    else status = compare_signatures(all, headers, world, maxn);
     free(mine);
     free(all);
     free(headers);

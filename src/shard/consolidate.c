@@ -1,4 +1,4 @@
-/* Consolidation of sharded optimizer state on one root, shared by ZeRO (zero.c) and FSDP
+/* Consolidation of sharded optimizer state on one root, shared by ZeRO (zero_state.c) and FSDP
  * (fsdp.c): every rank's shard blob travels to every rank (an allgather of the blobs padded to
  * the largest; the group's gather would let only the root hold them all, but the allgather is
  * what every transport runs natively) and the root merges them into whole parameters. */

@@ -23,6 +23,25 @@ typedef struct ddp__optim_run {
     uint64_t steps;
 } ddp__optim_run_t;
 
+/* Whether a dtype is a half type (f16, bf16): its runs keep an f32 master copy. */
+static inline int ddp__optim_is_half(ddp_dtype_t dtype)
+{
+    return dtype == DDP_F16 || dtype == DDP_BF16;
+}
+
+/* The type of the moments and of the arithmetic's stored values: f64 for f64, else f32. */
+static inline ddp_dtype_t ddp__optim_state_dtype(ddp_dtype_t dtype)
+{
+    return dtype == DDP_F64 ? DDP_F64 : DDP_F32;
+}
+
+/* State arrays besides the master copy: momentum; m, v; m, v, vmax. */
+static inline int ddp__optim_states_needed(const ddp_optim_config_t *c)
+{
+    if (c->kind == DDP_OPTIM_ADAM || c->kind == DDP_OPTIM_ADAMW) return c->amsgrad ? 3 : 2;
+    return c->momentum > 0.0 ? 1 : 0;
+}
+
 /* The hyperparameters, resolved per parameter group: group g's lr and weight_decay replace the
  * config's in group[g]. initial_lr is what ddp_*_scale_lr multiplies. */
 typedef struct ddp__optim_setup {

@@ -398,66 +398,66 @@ static int parse_reducer_options(int rank, int argc, char **argv, reducer_option
     return -1;
 }
 
-/* One run: a fresh reducer with `layout`, its anchor (communication with no compute), warm-up
- * and timed iterations, and rank 0's report. *compute_us < 0 is set from this run's anchor (every
- * rank takes rank 0's), so that later runs compute exactly as long. */
-static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *model,
-                    const ddp_param_t *model_params, size_t nparams, ddp_trace_t *trace,
-                    int layout, int grads, int run, int nruns, double *compute_us)
+/* The gradient memory of one run and the hook's state, made by run_memory and run_hook and
+ * freed by free_run. */
+typedef struct run_state {
+    ddp_param_t *params;
+    unsigned char *block; /* the caller's block (user-block: a transport buffer) */
+    float **copies;       /* user_grads: one buffer per parameter */
+    int grads;
+    ddp_half_hook_state_t *half;
+    void *psgd;
+} run_state_t;
+
+/* Gradient memory of this run: the caller's block in forward (registration) order, as llm.c's
+ * grads_memory, or one buffer per parameter for user_grads; sets config's memory fields. */
+static int run_memory(ddp_group_t *group, const ddp_param_t *model_params, size_t nparams,
+                      int grads, run_state_t *st, ddp_reducer_config_t *config)
 {
-    int rank = ddp_group_rank(group), world = ddp_group_size(group);
-    ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
-    /* Gradient memory of this run: the caller's block in forward (registration) order, as
-     * llm.c's grads_memory, or one buffer per parameter for user_grads. */
+    int rank = ddp_group_rank(group);
     ddp_param_t *params = calloc(nparams, sizeof *params);
     memcpy(params, model_params, nparams * sizeof *params);
+    st->params = params;
+    st->grads = grads;
     size_t block_bytes = 0;
     for (size_t i = 0; i < nparams; i++) block_bytes += params[i].numel * sizeof(float);
-    unsigned char *block = NULL;
-    float **copies = NULL;
     if (grads == GRADS_USER_BLOCK) {
-        if (ddp_group_alloc_buffer(group, block_bytes, (void **)&block) != DDP_OK) {
+        if (ddp_group_alloc_buffer(group, block_bytes, (void **)&st->block) != DDP_OK) {
             fprintf(stderr, "ddp-bench: rank %d: ddp_group_alloc_buffer: %s\n", rank,
                     ddp_last_error());
-            free(params);
             return DDP_BENCH_EXIT_FAILED;
         }
     } else if (grads == GRADS_USER_MALLOC) {
-        block = calloc(1, block_bytes);
+        st->block = calloc(1, block_bytes);
     } else if (grads == GRADS_COPY) {
-        copies = calloc(nparams, sizeof *copies);
+        st->copies = calloc(nparams, sizeof *st->copies);
         for (size_t i = 0; i < nparams; i++) {
-            copies[i] = calloc(params[i].numel, sizeof(float));
-            params[i].grad = copies[i];
+            st->copies[i] = calloc(params[i].numel, sizeof(float));
+            params[i].grad = st->copies[i];
         }
-        config.user_grads = 1;
+        config->user_grads = 1;
     }
-    if (block) {
+    if (st->block) {
         size_t off = 0;
         for (size_t i = 0; i < nparams; i++) {
-            params[i].grad = block + off;
+            params[i].grad = st->block + off;
             off += params[i].numel * sizeof(float);
         }
-        config.grad_memory = DDP_GRAD_MEMORY_USER_BLOCK;
-        config.grad_block = block;
-        config.grad_block_bytes = block_bytes;
+        config->grad_memory = DDP_GRAD_MEMORY_USER_BLOCK;
+        config->grad_block = st->block;
+        config->grad_block_bytes = block_bytes;
     }
-    if (grads == GRADS_BLOCK) config.grad_memory = DDP_GRAD_MEMORY_BLOCK;
-    config.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
-    config.first_bucket_bytes = (size_t)(o->first_mb * 1048576.0);
-    double piece_mb = o->piece_mb;
-    if (piece_mb < 0) piece_mb = o->row_blocks > 1 ? 4 : (double)config.piece_bytes / 1048576.0;
-    config.piece_bytes = (size_t)(piece_mb * 1048576.0);
-    config.rebuild_buckets = o->rebuild;
-    config.bucket_layout = layout;
-    config.trace = trace;
-    const char *hook = o->hook;
-    ddp_half_hook_state_t *half = NULL;
-    void *psgd = NULL;
+    if (grads == GRADS_BLOCK) config->grad_memory = DDP_GRAD_MEMORY_BLOCK;
+    return DDP_BENCH_EXIT_OK;
+}
+
+/* The comm hook of --hook (fp16, bf16, powersgd:RANK) with its state, into config. */
+static void run_hook(const char *hook, run_state_t *st, ddp_reducer_config_t *config)
+{
     if (!strcmp(hook, "fp16") || !strcmp(hook, "bf16")) {
-        ddp_half_hook_state_create(!strcmp(hook, "fp16") ? DDP_F16 : DDP_BF16, &half);
-        config.comm_hook = !strcmp(hook, "fp16") ? ddp_hook_fp16 : ddp_hook_bf16;
-        config.comm_hook_state = half;
+        ddp_half_hook_state_create(!strcmp(hook, "fp16") ? DDP_F16 : DDP_BF16, &st->half);
+        config->comm_hook = !strcmp(hook, "fp16") ? ddp_hook_fp16 : ddp_hook_bf16;
+        config->comm_hook_state = st->half;
     }
 #ifdef DDP_BENCH_HAVE_POWERSGD
     if (!strncmp(hook, "powersgd:", 9)) {
@@ -466,20 +466,157 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
         pc.start_powersgd_iter = 0;
         ddp_powersgd_state_t *ps = NULL;
         ddp_powersgd_state_create(&pc, &ps);
-        psgd = ps;
-        config.comm_hook = ddp_powersgd_hook;
-        config.comm_hook_state = ps;
+        st->psgd = ps;
+        config->comm_hook = ddp_powersgd_hook;
+        config->comm_hook_state = ps;
     }
 #endif
+}
+
+static void free_run(ddp_group_t *group, run_state_t *st, size_t nparams)
+{
+    if (st->grads == GRADS_USER_BLOCK) ddp_group_free_buffer(group, st->block);
+    else free(st->block);
+    for (size_t i = 0; st->copies && i < nparams; i++) free(st->copies[i]);
+    free(st->copies);
+    free(st->params);
+    ddp_half_hook_state_destroy(st->half);
+#ifdef DDP_BENCH_HAVE_POWERSGD
+    ddp_powersgd_state_destroy(st->psgd);
+#endif
+}
+
+/* Rank 0's text report before the iterations: the model, the buckets, the pieces, the anchor and
+ * (one run alone) the table's heading. */
+static void print_run_header(const bench_t *b, const reducer_options_t *o,
+                             const ddp_reducer_config_t *config, const ddp_param_t *params,
+                             int layout, int grads, int run, int nruns, double piece_mb,
+                             double compute_us, double comm_alone)
+{
+    const model_t *model = b->model;
+    double compute_total = compute_us * (double)model->nlayers;
+    if (nruns > 1)
+        printf("# run %d of %d: layout %s, grads %s\n", run + 1, nruns, layout_name(layout),
+               grads_names[grads]);
+    printf("# reducer benchmark: preset %s, %zu layers, %zu parameters (%.1f MiB f32), "
+           "%d ranks, transport %s\n",
+           o->preset, model->nlayers, model->total, (double)model->total * 4 / 1048576.0,
+           ddp_group_size(b->group), ddp_group_transport(b->group));
+    printf("# buckets: %zu (first %.2g MiB, cap %.3g MiB, layout %s, rebuild %s); compute "
+           "%.1f us per layer (%.2f ms per step, %s)\n",
+           ddp_reducer_bucket_count(b->reducer), o->first_mb, o->bucket_mb, layout_name(layout),
+           o->rebuild ? "on" : "off", compute_us, compute_total / 1000.0,
+           o->sleep_mode ? "sleep" : "busy loop");
+    printf("# bucket sizes in reduction order (MiB):");
+    for (size_t k = 0; k < ddp_reducer_bucket_count(b->reducer); k++) {
+        const size_t *ps;
+        size_t np, bytes = 0;
+        if (ddp_reducer_bucket_params(b->reducer, k, &ps, &np) != DDP_OK) break;
+        for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
+        printf(" %.2f", (double)bytes / 1048576.0);
+    }
+    printf("\n# row blocks %d per weight%s; pieces of %.3g MiB%s (%zu reductions per "
+           "step)\n",
+           o->row_blocks, o->rows_descending ? " (last rows first)" : "", piece_mb,
+           config->comm_hook ? " unused: a hook gets whole buckets" : "", b->npieces);
+    printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
+           "can only start when backward ends\n",
+           comm_alone / 1000.0);
+    if (nruns == 1)
+        printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms",
+               "exposed_ms", "comm_sum_ms", "overlap_%");
+}
+
+/* Rank 0's summary of the timed iterations: medians, as one JSON line or as text. */
+static void print_run_summary(const bench_t *b, const reducer_options_t *o,
+                              const sample_t *samples, int layout, int grads, int run,
+                              double piece_mb, double compute_us, double comm_alone)
+{
+    const model_t *model = b->model;
+    double compute_total = compute_us * (double)model->nlayers;
+    size_t n = (size_t)o->iters;
+    double bw = median_of(samples, n, 0), cm = median_of(samples, n, 1);
+    double ex = median_of(samples, n, 2);
+    double ex_min = median_of(samples, n, 5);
+    double ratio_exposed = cm > 0 ? ex / cm : 0;
+    if (o->json) {
+        printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
+               "\"layout\":\"%s\",\"rebuild\":%d,\"run\":%d,\"grads\":\"%s\","
+               "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
+               "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
+               "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
+               "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
+               o->preset, ddp_group_size(b->group), model->total,
+               ddp_reducer_bucket_count(b->reducer), layout_name(layout), o->rebuild, run,
+               grads_names[grads], compute_us, o->sleep_mode, o->row_blocks, piece_mb,
+               b->npieces, comm_alone / 1000.0, bw / 1000.0, cm / 1000.0, ex / 1000.0,
+               ex_min / 1000.0, ratio_exposed);
+        return;
+    }
+    printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
+           "exposed/comm %.1f%% (target <= 15%% when compute >= comm: compute %.2f ms "
+           "%s comm %.2f ms)\n",
+           bw / 1000.0, cm / 1000.0, ex / 1000.0, 100.0 * (1 - ratio_exposed),
+           100.0 * ratio_exposed, compute_total / 1000.0, compute_total >= cm ? ">=" : "<",
+           cm / 1000.0);
+    printf("# smallest finalize wait over the ranks (skew removed): median %.3f ms, "
+           "%.1f%% of comm\n",
+           ex_min / 1000.0, cm > 0 ? 100.0 * ex_min / cm : 0.0);
+}
+
+/* Rank 0's line on the hook's traffic per step (the half hooks and PowerSGD). */
+static void print_hook_stats(const reducer_options_t *o, const run_state_t *st)
+{
+    ddp_hook_stats_t hs = {0, 0, 0, 0};
+    double steps = (double)(o->warmup + 4 + o->warmup + o->iters);
+    if (st->half) ddp_half_hook_stats(st->half, &hs);
+    printf("# hook %s: ", o->hook);
+#ifdef DDP_BENCH_HAVE_POWERSGD
+    if (st->psgd) {
+        ddp_powersgd_stats_t ps;
+        ddp_powersgd_stats(st->psgd, &ps);
+        hs = ps.wire;
+        printf("PowerSGD compression rate %.2f; ", ps.compression_rate);
+    }
+#endif
+    printf("wire %.3f MiB per step, %.3f MiB uncompressed (x%.2f)\n",
+           (double)hs.bytes_after / 1048576.0 / steps,
+           (double)hs.bytes_before / 1048576.0 / steps,
+           hs.bytes_after ? (double)hs.bytes_before / (double)hs.bytes_after : 0);
+}
+
+/* One run: a fresh reducer with `layout`, its anchor (communication with no compute), warm-up
+ * and timed iterations, and rank 0's report. *compute_us < 0 is set from this run's anchor (every
+ * rank takes rank 0's), so that later runs compute exactly as long. */
+static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *model,
+                    const ddp_param_t *model_params, size_t nparams, ddp_trace_t *trace,
+                    int layout, int grads, int run, int nruns, double *compute_us)
+{
+    int rank = ddp_group_rank(group);
+    ddp_reducer_config_t config = DDP_REDUCER_CONFIG_INIT;
+    run_state_t st = {0};
+    int rc = run_memory(group, model_params, nparams, grads, &st, &config);
+    if (rc != DDP_BENCH_EXIT_OK) {
+        free(st.params);
+        return rc;
+    }
+    config.bucket_cap_bytes = (size_t)(o->bucket_mb * 1048576.0);
+    config.first_bucket_bytes = (size_t)(o->first_mb * 1048576.0);
+    double piece_mb = o->piece_mb;
+    if (piece_mb < 0) piece_mb = o->row_blocks > 1 ? 4 : (double)config.piece_bytes / 1048576.0;
+    config.piece_bytes = (size_t)(piece_mb * 1048576.0);
+    config.rebuild_buckets = o->rebuild;
+    config.bucket_layout = layout;
+    config.trace = trace;
+    run_hook(o->hook, &st, &config);
     bench_t b = {group, NULL, model, nparams, rank, o->row_blocks, o->rows_descending, 0, trace};
-    int rc = DDP_BENCH_EXIT_OK;
     sample_t *samples = NULL;
     ddp_status_t s;
-    if (!strncmp(hook, "powersgd:", 9) && !psgd) {
-        rc = usage(rank, "not built with PowerSGD", hook);
+    if (!strncmp(o->hook, "powersgd:", 9) && !st.psgd) {
+        rc = usage(rank, "not built with PowerSGD", o->hook);
         goto done;
     }
-    s = ddp_reducer_create(group, params, nparams, NULL, 0, &config, &b.reducer);
+    s = ddp_reducer_create(group, st.params, nparams, NULL, 0, &config, &b.reducer);
     if (s != DDP_OK) {
         fprintf(stderr, "ddp-bench: rank %d: ddp_reducer_create: %s: %s\n", rank,
                 ddp_status_string(s), ddp_last_error());
@@ -499,41 +636,11 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
     if (rc == 0 && ddp_group_broadcast(group, agreed, 1, DDP_F64, 0) != DDP_OK) rc = 1;
     comm_alone = agreed[0];
     if (*compute_us < 0) *compute_us = o->ratio * comm_alone / (double)model->nlayers;
-    double compute_total = *compute_us * (double)model->nlayers;
     int table = nruns == 1; /* several runs: their summaries only */
 
-    if (rc == 0 && rank == 0 && !o->json) {
-        if (nruns > 1)
-            printf("# run %d of %d: layout %s, grads %s\n", run + 1, nruns, layout_name(layout),
-                   grads_names[grads]);
-        printf("# reducer benchmark: preset %s, %zu layers, %zu parameters (%.1f MiB f32), "
-               "%d ranks, transport %s\n",
-               o->preset, model->nlayers, model->total, (double)model->total * 4 / 1048576.0,
-               world, ddp_group_transport(group));
-        printf("# buckets: %zu (first %.2g MiB, cap %.3g MiB, layout %s, rebuild %s); compute "
-               "%.1f us per layer (%.2f ms per step, %s)\n",
-               ddp_reducer_bucket_count(b.reducer), o->first_mb, o->bucket_mb,
-               layout_name(layout), o->rebuild ? "on" : "off", *compute_us,
-               compute_total / 1000.0, o->sleep_mode ? "sleep" : "busy loop");
-        printf("# bucket sizes in reduction order (MiB):");
-        for (size_t k = 0; k < ddp_reducer_bucket_count(b.reducer); k++) {
-            const size_t *ps;
-            size_t np, bytes = 0;
-            if (ddp_reducer_bucket_params(b.reducer, k, &ps, &np) != DDP_OK) break;
-            for (size_t j = 0; j < np; j++) bytes += params[ps[j]].numel * sizeof(float);
-            printf(" %.2f", (double)bytes / 1048576.0);
-        }
-        printf("\n# row blocks %d per weight%s; pieces of %.3g MiB%s (%zu reductions per "
-               "step)\n",
-               o->row_blocks, o->rows_descending ? " (last rows first)" : "", piece_mb,
-               config.comm_hook ? " unused: a hook gets whole buckets" : "", b.npieces);
-        printf("# anchor: communication with no compute %.2f ms (all exposed); the last bucket "
-               "can only start when backward ends\n",
-               comm_alone / 1000.0);
-        if (table)
-            printf("%6s %12s %12s %12s %12s %10s\n", "iter", "backward_ms", "comm_ms",
-                   "exposed_ms", "comm_sum_ms", "overlap_%");
-    }
+    if (rc == 0 && rank == 0 && !o->json)
+        print_run_header(&b, o, &config, st.params, layout, grads, run, nruns, piece_mb,
+                         *compute_us, comm_alone);
     for (int i = 0; i < o->warmup && rc == 0; i++)
         rc = one_iteration(&b, *compute_us, o->sleep_mode, &samples[0]);
     for (int i = 0; i < o->iters && rc == 0; i++) {
@@ -543,66 +650,13 @@ static int run_once(ddp_group_t *group, const reducer_options_t *o, model_t *mod
                    samples[i].comm / 1000.0, samples[i].exposed / 1000.0,
                    samples[i].comm_sum / 1000.0, samples[i].overlap);
     }
-    if (rc == 0 && rank == 0) {
-        size_t n = (size_t)o->iters;
-        double bw = median_of(samples, n, 0), cm = median_of(samples, n, 1);
-        double ex = median_of(samples, n, 2);
-        double ex_min = median_of(samples, n, 5);
-        double ratio_exposed = cm > 0 ? ex / cm : 0;
-        if (o->json) {
-            printf("{\"preset\":\"%s\",\"ranks\":%d,\"params\":%zu,\"buckets\":%zu,"
-                   "\"layout\":\"%s\",\"rebuild\":%d,\"run\":%d,\"grads\":\"%s\","
-                   "\"compute_us_per_layer\":%.1f,\"sleep\":%d,\"row_blocks\":%d,"
-                   "\"piece_mb\":%g,\"reductions\":%zu,\"comm_alone_ms\":%.3f,"
-                   "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_ms\":%.3f,"
-                   "\"exposed_min_ms\":%.3f,\"exposed_over_comm\":%.4f}\n",
-                   o->preset, world, model->total, ddp_reducer_bucket_count(b.reducer),
-                   layout_name(layout), o->rebuild, run, grads_names[grads], *compute_us,
-                   o->sleep_mode,
-                   o->row_blocks, piece_mb, b.npieces, comm_alone / 1000.0, bw / 1000.0,
-                   cm / 1000.0, ex / 1000.0, ex_min / 1000.0, ratio_exposed);
-        } else {
-            printf("# median: backward %.3f ms, comm %.3f ms, exposed %.3f ms, overlap %.1f%%; "
-                   "exposed/comm %.1f%% (target <= 15%% when compute >= comm: compute %.2f ms "
-                   "%s comm %.2f ms)\n",
-                   bw / 1000.0, cm / 1000.0, ex / 1000.0, 100.0 * (1 - ratio_exposed),
-                   100.0 * ratio_exposed, compute_total / 1000.0,
-                   compute_total >= cm ? ">=" : "<", cm / 1000.0);
-            printf("# smallest finalize wait over the ranks (skew removed): median %.3f ms, "
-                   "%.1f%% of comm\n",
-                   ex_min / 1000.0, cm > 0 ? 100.0 * ex_min / cm : 0.0);
-        }
-    }
-    if (rc == 0 && rank == 0 && !o->json && (half || psgd)) {
-        ddp_hook_stats_t hs = {0, 0, 0, 0};
-        double steps = (double)(o->warmup + 4 + o->warmup + o->iters);
-        if (half) ddp_half_hook_stats(half, &hs);
-        printf("# hook %s: ", hook);
-#ifdef DDP_BENCH_HAVE_POWERSGD
-        if (psgd) {
-            ddp_powersgd_stats_t ps;
-            ddp_powersgd_stats(psgd, &ps);
-            hs = ps.wire;
-            printf("PowerSGD compression rate %.2f; ", ps.compression_rate);
-        }
-#endif
-        printf("wire %.3f MiB per step, %.3f MiB uncompressed (x%.2f)\n",
-               (double)hs.bytes_after / 1048576.0 / steps,
-               (double)hs.bytes_before / 1048576.0 / steps,
-               hs.bytes_after ? (double)hs.bytes_before / (double)hs.bytes_after : 0);
-    }
+    if (rc == 0 && rank == 0)
+        print_run_summary(&b, o, samples, layout, grads, run, piece_mb, *compute_us, comm_alone);
+    if (rc == 0 && rank == 0 && !o->json && (st.half || st.psgd)) print_hook_stats(o, &st);
 done:
     free(samples);
     ddp_reducer_destroy(b.reducer);
-    if (grads == GRADS_USER_BLOCK) ddp_group_free_buffer(group, block);
-    else free(block);
-    for (size_t i = 0; copies && i < nparams; i++) free(copies[i]);
-    free(copies);
-    free(params);
-    ddp_half_hook_state_destroy(half);
-#ifdef DDP_BENCH_HAVE_POWERSGD
-    ddp_powersgd_state_destroy(psgd);
-#endif
+    free_run(group, &st, nparams);
     return rc;
 }
 

@@ -613,12 +613,17 @@ static int r_get(psgd_reader_t *r, void *out, size_t n)
 
 static int r_u64(psgd_reader_t *r, uint64_t *v) { return r_get(r, v, 8); }
 
-ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *buf, size_t size)
+/* What the header of a saved state carries besides the config (which must match). */
+typedef struct psgd_header {
+    uint64_t rng, next, nslots;
+    ddp_powersgd_stats_t stats;
+} psgd_header_t;
+
+/* Checks the size, magic and checksum of buf, reads its header and checks its config against c;
+ * leaves r at the first slot record. */
+static ddp_status_t read_header(const ddp_powersgd_config_t *c, const void *buf, size_t size,
+                                psgd_reader_t *r, psgd_header_t *h, const char *who)
 {
-    clear_error();
-    const char *who = "PowerSGD state load";
-    if (!state) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: state is NULL", who);
-    if (!buf) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL", who);
     if (size < 16)
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes are too few", who, size);
     uint64_t magic, stored;
@@ -630,15 +635,13 @@ ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *bu
     if (psgd_fnv1a(buf, size - 8) != stored)
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is corrupt or truncated "
                               "(%zu bytes, checksum mismatch)", who, size);
-    psgd_reader_t r = {(const unsigned char *)buf + 8, size - 16};
-    uint64_t rank, start, efb, warm, seed, rng, next, nslots;
+    *r = (psgd_reader_t){(const unsigned char *)buf + 8, size - 16};
+    uint64_t rank, start, efb, warm, seed;
     double rate, eps;
-    ddp_powersgd_stats_t stats;
-    if (r_u64(&r, &rank) || r_u64(&r, &start) || r_get(&r, &rate, 8) || r_u64(&r, &efb) ||
-        r_u64(&r, &warm) || r_get(&r, &eps, 8) || r_u64(&r, &seed) || r_u64(&r, &rng) ||
-        r_u64(&r, &next) || r_get(&r, &stats, sizeof stats) || r_u64(&r, &nslots))
+    if (r_u64(r, &rank) || r_u64(r, &start) || r_get(r, &rate, 8) || r_u64(r, &efb) ||
+        r_u64(r, &warm) || r_get(r, &eps, 8) || r_u64(r, &seed) || r_u64(r, &h->rng) ||
+        r_u64(r, &h->next) || r_get(r, &h->stats, sizeof h->stats) || r_u64(r, &h->nslots))
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: truncated header", who);
-    const ddp_powersgd_config_t *c = &state->config;
     if (rank != (uint64_t)c->matrix_approximation_rank || start != c->start_powersgd_iter ||
         rate != c->min_compression_rate || efb != (uint64_t)c->use_error_feedback ||
         warm != (uint64_t)c->warm_start || eps != c->orthogonalization_epsilon ||
@@ -649,107 +652,127 @@ ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *bu
                               (unsigned long long)rank, (unsigned long long)start, rate,
                               (unsigned long long)efb, (unsigned long long)warm, eps,
                               (unsigned long long)seed);
-    if (nslots > r.left / 8)
+    if (h->nslots > r->left / 8)
         return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %llu buckets in %zu bytes", who,
-                              (unsigned long long)nslots, r.left);
-    /* Built aside, installed only when everything read back. */
-    psgd_slot_t **slots = calloc(nslots ? nslots : 1, sizeof *slots);
-    size_t *layout = NULL, *ids = NULL, *offsets = NULL, *numels = NULL, *rows = NULL;
+                              (unsigned long long)h->nslots, r->left);
+    return DDP_OK;
+}
+
+/* Reads slot i's record: *out is NULL for a bucket the hook had not seen, else a new slot,
+ * planned from the saved layout as the hook planned it, with Q and the residual filled. */
+static ddp_status_t read_slot(psgd_reader_t *r, const ddp_powersgd_config_t *c, size_t i,
+                              const char *who, psgd_slot_t **out)
+{
+    uint64_t present, index, dtype, numel, nparams, have_q, have_error, have_ids;
+    *out = NULL;
+    if (r_u64(r, &present)) goto truncated;
+    if (!present) return DDP_OK;
+    if (r_u64(r, &index) || r_u64(r, &dtype) || r_u64(r, &numel) || r_u64(r, &nparams) ||
+        r_u64(r, &have_q) || r_u64(r, &have_error) || r_u64(r, &have_ids))
+        goto truncated;
+    size_t es = ddp_dtype_size((ddp_dtype_t)dtype);
+    if (index != i || (dtype != DDP_F32 && dtype != DDP_F64) || nparams == 0 ||
+        nparams > r->left / (3 * sizeof(size_t)) || numel > r->left / es)
+        return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: bucket %zu's record is "
+                              "invalid (index %llu, dtype %llu, %llu parameters)", who, i,
+                              (unsigned long long)index, (unsigned long long)dtype,
+                              (unsigned long long)nparams);
     ddp_status_t status = DDP_OK;
-    if (!slots) return ddp_hook_error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
-    for (size_t i = 0; i < nslots && status == DDP_OK; i++) {
-        uint64_t present, index, dtype, numel, nparams, have_q, have_error, have_ids;
-        if (r_u64(&r, &present)) goto truncated;
-        if (!present) continue;
-        if (r_u64(&r, &index) || r_u64(&r, &dtype) || r_u64(&r, &numel) || r_u64(&r, &nparams) ||
-            r_u64(&r, &have_q) || r_u64(&r, &have_error) || r_u64(&r, &have_ids))
-            goto truncated;
-        size_t es = ddp_dtype_size((ddp_dtype_t)dtype);
-        if (index != i || (dtype != DDP_F32 && dtype != DDP_F64) || nparams == 0 ||
-            nparams > r.left / (3 * sizeof(size_t)) || numel > r.left / es) {
-            status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: bucket %zu's record is "
-                                    "invalid (index %llu, dtype %llu, %llu parameters)", who, i,
-                                    (unsigned long long)index, (unsigned long long)dtype,
-                                    (unsigned long long)nparams);
-            break;
-        }
-        layout = malloc(3 * nparams * sizeof *layout);
-        ids = malloc(nparams * sizeof *ids);
-        offsets = malloc(nparams * sizeof *offsets);
-        numels = malloc(nparams * sizeof *numels);
-        rows = malloc(nparams * sizeof *rows);
-        slots[i] = calloc(1, sizeof *slots[i]);
-        if (!layout || !ids || !offsets || !numels || !rows || !slots[i]) {
-            status = ddp_hook_error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
-            break;
-        }
-        if (r_get(&r, layout, 3 * nparams * sizeof *layout)) goto truncated;
-        if (have_ids && r_get(&r, ids, nparams * sizeof *ids)) goto truncated;
-        for (size_t j = 0; j < nparams; j++) {
-            offsets[j] = layout[3 * j];
-            numels[j] = layout[3 * j + 1];
-            rows[j] = layout[3 * j + 2];
-        }
-        /* The bucket as the hook saw it: plan it the same way, then fill Q and the residual. */
-        ddp_comm_bucket_t b;
-        memset(&b, 0, sizeof b);
-        b.index = i;
-        b.dtype = (ddp_dtype_t)dtype;
-        b.numel = numel;
-        b.nparams = nparams;
-        b.params = have_ids ? ids : NULL;
-        b.offsets = offsets;
-        b.numels = numels;
-        b.rows = rows;
-        status = slot_plan(slots[i], c, &b);
-        if (status != DDP_OK) break;
-        if (!slot_matches(slots[i], &b)) {
-            status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: bucket %zu's layout does not "
-                                    "plan back to itself", who, i);
-            break;
-        }
-        if (r_get(&r, slots[i]->q, slots[i]->q_numel * es) ||
-            r_get(&r, slots[i]->error, numel * es))
-            goto truncated;
-        slots[i]->have_q = (int)have_q;
-        slots[i]->have_error = (int)have_error;
-        free(layout);
-        free(ids);
-        free(offsets);
-        free(numels);
-        free(rows);
-        layout = ids = offsets = numels = rows = NULL;
+    size_t *layout = malloc(3 * nparams * sizeof *layout);
+    size_t *ids = malloc(nparams * sizeof *ids);
+    size_t *offsets = malloc(nparams * sizeof *offsets);
+    size_t *numels = malloc(nparams * sizeof *numels);
+    size_t *rows = malloc(nparams * sizeof *rows);
+    psgd_slot_t *slot = calloc(1, sizeof *slot);
+    if (!layout || !ids || !offsets || !numels || !rows || !slot) {
+        status = ddp_hook_error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
+        goto done;
     }
-    if (status == DDP_OK && r.left != 0)
-        status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes left over after the "
-                                "last bucket", who, r.left);
-    goto done;
-truncated:
-    status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is truncated", who);
+    if (r_get(r, layout, 3 * nparams * sizeof *layout) ||
+        (have_ids && r_get(r, ids, nparams * sizeof *ids))) {
+        status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is truncated", who);
+        goto done;
+    }
+    for (size_t j = 0; j < nparams; j++) {
+        offsets[j] = layout[3 * j];
+        numels[j] = layout[3 * j + 1];
+        rows[j] = layout[3 * j + 2];
+    }
+    /* The bucket as the hook saw it: plan it the same way, then fill Q and the residual. */
+    ddp_comm_bucket_t b;
+    memset(&b, 0, sizeof b);
+    b.index = i;
+    b.dtype = (ddp_dtype_t)dtype;
+    b.numel = numel;
+    b.nparams = nparams;
+    b.params = have_ids ? ids : NULL;
+    b.offsets = offsets;
+    b.numels = numels;
+    b.rows = rows;
+    status = slot_plan(slot, c, &b);
+    if (status == DDP_OK && !slot_matches(slot, &b))
+        status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: bucket %zu's layout does not "
+                                "plan back to itself", who, i);
+    if (status == DDP_OK &&
+        (r_get(r, slot->q, slot->q_numel * es) || r_get(r, slot->error, numel * es)))
+        status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is truncated", who);
+    if (status == DDP_OK) {
+        slot->have_q = (int)have_q;
+        slot->have_error = (int)have_error;
+    }
 done:
     free(layout);
     free(ids);
     free(offsets);
     free(numels);
     free(rows);
+    if (status != DDP_OK && slot) {
+        slot_release(slot);
+        free(slot);
+    }
+    if (status == DDP_OK) *out = slot;
+    return status;
+truncated:
+    return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: the state is truncated", who);
+}
+
+static void free_slots(psgd_slot_t **slots, size_t nslots)
+{
+    for (size_t i = 0; i < nslots; i++) {
+        if (slots[i]) slot_release(slots[i]);
+        free(slots[i]);
+    }
+    free(slots);
+}
+
+ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *buf, size_t size)
+{
+    clear_error();
+    const char *who = "PowerSGD state load";
+    if (!state) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: state is NULL", who);
+    if (!buf) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL", who);
+    psgd_reader_t r;
+    psgd_header_t h;
+    ddp_status_t status = read_header(&state->config, buf, size, &r, &h, who);
+    if (status != DDP_OK) return status;
+    /* Built aside, installed only when everything read back. */
+    psgd_slot_t **slots = calloc(h.nslots ? h.nslots : 1, sizeof *slots);
+    if (!slots) return ddp_hook_error(DDP_ERR_NO_MEMORY, "%s: out of memory", who);
+    for (size_t i = 0; i < h.nslots && status == DDP_OK; i++)
+        status = read_slot(&r, &state->config, i, who, &slots[i]);
+    if (status == DDP_OK && r.left != 0)
+        status = ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes left over after the "
+                                "last bucket", who, r.left);
     if (status != DDP_OK) {
-        for (size_t i = 0; i < nslots; i++) {
-            if (slots[i]) slot_release(slots[i]);
-            free(slots[i]);
-        }
-        free(slots);
+        free_slots(slots, h.nslots);
         return status;
     }
-    for (size_t i = 0; i < state->nslots; i++) {
-        if (state->slots[i]) slot_release(state->slots[i]);
-        free(state->slots[i]);
-    }
-    free(state->slots);
+    free_slots(state->slots, state->nslots);
     state->slots = slots;
-    state->nslots = nslots;
-    state->rng = rng;
-    state->stats = stats;
-    state->next_iteration = next;
-    state->iteration_offset = next;
+    state->nslots = h.nslots;
+    state->rng = h.rng;
+    state->stats = h.stats;
+    state->next_iteration = h.next;
+    state->iteration_offset = h.next;
     return DDP_OK;
 }

@@ -285,6 +285,172 @@ static int pending_step(pending_t *p, const char *token, const char *group, int 
     }
 }
 
+/* One rank's side of the rendezvous of the pair connections (ddp__tcp_connect_all). */
+typedef struct rendezvous {
+    ddp_store_t *store;
+    const char *group_name, *token;
+    int rank, world, listen_fd;
+    int64_t deadline;
+    ddp__tcp_conn_t *conns;
+} rendezvous_t;
+
+/* Step 1: connects to every higher rank and sends the hello; does not wait for the answers, so
+ * that no rank waits on another that is itself waiting (the acks are read in step 3). */
+static ddp_status_t connect_higher(const rendezvous_t *rv)
+{
+    char key[DDP_STORE_MAX_KEY];
+    for (int peer = rv->rank + 1; peer < rv->world; peer++) {
+        snprintf(key, sizeof key, "%s/tcp/addr/%d", rv->group_name, peer);
+        const char *keys[1] = {key};
+        int ms = remaining_ms(rv->deadline);
+        ddp_status_t s = ddp_store_wait(rv->store, keys, 1, ms > 0 ? ms : 1);
+        if (s != DDP_OK)
+            return ddp__error_context(s, "tcp rendezvous: waiting for the address of rank %d",
+                                      peer);
+        void *value = NULL;
+        size_t vlen = 0;
+        s = ddp_store_get(rv->store, key, &value, &vlen);
+        if (s != DDP_OK)
+            return ddp__error_context(s, "tcp rendezvous: reading the address of rank %d", peer);
+        int fd = -1;
+        s = connect_to(value, peer, rv->deadline, &fd);
+        ddp_free(value);
+        if (s != DDP_OK) return s;
+        rv->conns[peer].fd = fd;
+        char hello[DDP_TCP_MAX_HELLO];
+        size_t hello_len =
+            ddp__tcp_hello_encode(hello, rv->rank, peer, rv->world, rv->token, rv->group_name);
+        s = send_all(fd, hello, hello_len, rv->deadline, peer);
+        if (s != DDP_OK) return s;
+    }
+    return DDP_OK;
+}
+
+/* The timeout of step 2: names the lower ranks that did not connect. */
+static ddp_status_t accept_timed_out(const rendezvous_t *rv)
+{
+    char missing[512] = "";
+    size_t used = 0;
+    for (int r = 0; r < rv->rank && used + 16 < sizeof missing; r++)
+        if (rv->conns[r].fd < 0)
+            used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
+                                     used ? ", " : "", r);
+    return ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d timed out "
+                      "waiting for connections from rank(s) %s", rv->group_name, rv->rank,
+                      missing);
+}
+
+/* Step 2, one poll's worth of readable pending connections: a complete, right hello is
+ * acknowledged and becomes its rank's connection (counted in *accepted); a wrong one is dropped. */
+static void read_hellos(const rendezvous_t *rv, const struct pollfd *pfds, pending_t *pend,
+                        int *npend, int *accepted)
+{
+    for (int i = *npend - 1; i >= 0; i--) {
+        if (!pfds[i + 1].revents) continue;
+        int from = -1;
+        const char *why = NULL;
+        int r = pending_step(&pend[i], rv->token, rv->group_name, rv->rank, rv->world, rv->conns,
+                             &from, &why);
+        if (r == 0) continue;
+        if (r > 0) {
+            uint32_t ack[2] = {DDP_TCP_ACK_MAGIC, 0};
+            /* 8 bytes into a fresh socket's empty buffer cannot block. */
+            if (send(pend[i].fd, ack, sizeof ack, MSG_NOSIGNAL) != (ssize_t)sizeof ack) {
+                why = "could not send the acknowledgement";
+                r = -1;
+            } else {
+                rv->conns[from].fd = pend[i].fd;
+                (*accepted)++;
+            }
+        }
+        if (r < 0) {
+            DDP_LOG(DDP_LOG_WARN, "tcp rendezvous of group '%s' (rank %d): refused a "
+                    "connection: %s", rv->group_name, rv->rank, why);
+            close(pend[i].fd);
+        }
+        pend[i] = pend[*npend - 1];
+        (*npend)--;
+    }
+}
+
+/* Step 2, the listening socket readable: every new connection joins the pending ones (too many
+ * strangers at once: the oldest is dropped). */
+static void take_new_connections(int listen_fd, pending_t *pend, int *npend)
+{
+    for (;;) {
+        int fd = ddp__socket_accept(listen_fd, NULL, NULL);
+        if (fd < 0) break;
+        if (*npend == MAX_PENDING) {
+            close(pend[0].fd);
+            pend[0] = pend[*npend - 1];
+            (*npend)--;
+        }
+        pend[*npend].fd = fd;
+        pend[*npend].have = 0;
+        (*npend)++;
+    }
+}
+
+/* Step 2: accepts from every lower rank; strangers are read without blocking the others and
+ * dropped as soon as their hello proves wrong. */
+static ddp_status_t accept_lower(const rendezvous_t *rv)
+{
+    pending_t *pend = calloc(MAX_PENDING, sizeof *pend);
+    if (!pend) return ddp__error(DDP_ERR_NO_MEMORY, "tcp rendezvous: pending connections");
+    ddp_status_t s = DDP_OK;
+    int npend = 0, accepted = 0;
+    while (accepted < rv->rank) {
+        struct pollfd pfds[MAX_PENDING + 1];
+        pfds[0].fd = rv->listen_fd;
+        pfds[0].events = POLLIN;
+        for (int i = 0; i < npend; i++) {
+            pfds[i + 1].fd = pend[i].fd;
+            pfds[i + 1].events = POLLIN;
+        }
+        int ms = remaining_ms(rv->deadline);
+        if (ms == 0) {
+            s = accept_timed_out(rv);
+            break;
+        }
+        int ready = poll(pfds, (nfds_t)npend + 1, ms > 200 ? 200 : ms);
+        if (ready < 0 && errno != EINTR) {
+            s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "tcp rendezvous: poll");
+            break;
+        }
+        if (ready <= 0) continue;
+        read_hellos(rv, pfds, pend, &npend, &accepted);
+        if (pfds[0].revents) take_new_connections(rv->listen_fd, pend, &npend);
+    }
+    for (int i = 0; i < npend; i++) close(pend[i].fd);
+    free(pend);
+    return s;
+}
+
+/* Step 3: the acknowledgements from the higher ranks; a refusal shows as a closed connection. */
+static ddp_status_t read_acks(const rendezvous_t *rv)
+{
+    for (int peer = rv->rank + 1; peer < rv->world; peer++) {
+        uint32_t ack[2];
+        int err = 0;
+        ddp__socket_io_t r = ddp__socket_recv_all(rv->conns[peer].fd, ack, sizeof ack,
+                                                  rv->deadline, NULL, &err);
+        if (r == DDP__SOCKET_IO_TIMEOUT)
+            return ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d "
+                              "timed out waiting for rank %d to accept its connection",
+                              rv->group_name, rv->rank, peer);
+        if (r == DDP__SOCKET_IO_POLL_ERROR)
+            return ddp__error_errno(DDP_ERR_SYSTEM, err, "tcp rendezvous: poll");
+        if (r != DDP__SOCKET_IO_DONE)
+            return ddp__error(DDP_ERR_REMOTE, "tcp rendezvous of group '%s': rank %d refused the "
+                              "connection of rank %d (different DDP_STORE_TOKEN, group or world "
+                              "size?)", rv->group_name, peer, rv->rank);
+        if (ack[0] != DDP_TCP_ACK_MAGIC)
+            return ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d sent a malformed "
+                              "acknowledgement", peer);
+    }
+    return DDP_OK;
+}
+
 ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, int rank,
                                   int world, int listen_fd, int timeout_ms,
                                   ddp__tcp_conn_t *conns)
@@ -299,161 +465,21 @@ ddp_status_t ddp__tcp_connect_all(ddp_store_t *store, const char *group_name, in
     if (group_len > DDP_TCP_MAX_GROUP)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "group_name is longer than %u bytes",
                           DDP_TCP_MAX_GROUP);
-    ddp_status_t s = DDP_OK;
-    pending_t *pend = NULL;
-    int npend = 0;
-    char key[DDP_STORE_MAX_KEY];
-
-    /* 1. Connect to every higher rank and send the hello; do not wait for the answers yet, so
-     * that no rank waits on another that is itself waiting (the acks are read in step 3). */
-    for (int peer = rank + 1; peer < world; peer++) {
-        snprintf(key, sizeof key, "%s/tcp/addr/%d", group_name, peer);
-        const char *keys[1] = {key};
-        s = ddp_store_wait(store, keys, 1, remaining_ms(deadline) > 0 ? remaining_ms(deadline) : 1);
-        if (s != DDP_OK) {
-            ddp__error_context(s, "tcp rendezvous: waiting for the address of rank %d", peer);
-            goto fail;
+    rendezvous_t rv = {store, group_name, token, rank, world, listen_fd, deadline, conns};
+    ddp_status_t s = connect_higher(&rv);
+    if (s == DDP_OK) s = accept_lower(&rv);
+    if (s == DDP_OK) s = read_acks(&rv);
+    if (s != DDP_OK) {
+        for (int peer = 0; peer < world; peer++) {
+            if (conns[peer].fd >= 0) close(conns[peer].fd);
+            conns[peer].fd = -1;
         }
-        void *value = NULL;
-        size_t vlen = 0;
-        s = ddp_store_get(store, key, &value, &vlen);
-        if (s != DDP_OK) {
-            ddp__error_context(s, "tcp rendezvous: reading the address of rank %d", peer);
-            goto fail;
-        }
-        int fd = -1;
-        s = connect_to(value, peer, deadline, &fd);
-        ddp_free(value);
-        if (s != DDP_OK) goto fail;
-        conns[peer].fd = fd;
-        char hello[DDP_TCP_MAX_HELLO];
-        size_t hello_len = ddp__tcp_hello_encode(hello, rank, peer, world, token, group_name);
-        s = send_all(fd, hello, hello_len, deadline, peer);
-        if (s != DDP_OK) goto fail;
+        return s;
     }
-
-    /* 2. Accept from every lower rank; strangers are read without blocking the others and
-     * dropped as soon as their hello proves wrong. */
-    pend = calloc(MAX_PENDING, sizeof *pend);
-    if (!pend) {
-        s = ddp__error(DDP_ERR_NO_MEMORY, "tcp rendezvous: pending connections");
-        goto fail;
-    }
-    int accepted = 0;
-    while (accepted < rank) {
-        struct pollfd pfds[MAX_PENDING + 1];
-        pfds[0].fd = listen_fd;
-        pfds[0].events = POLLIN;
-        for (int i = 0; i < npend; i++) {
-            pfds[i + 1].fd = pend[i].fd;
-            pfds[i + 1].events = POLLIN;
-        }
-        int ms = remaining_ms(deadline);
-        if (ms == 0) {
-            char missing[512] = "";
-            size_t used = 0;
-            for (int r = 0; r < rank && used + 16 < sizeof missing; r++)
-                if (conns[r].fd < 0)
-                    used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
-                                             used ? ", " : "", r);
-            s = ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d timed out "
-                           "waiting for connections from rank(s) %s", group_name, rank, missing);
-            goto fail;
-        }
-        int ready = poll(pfds, (nfds_t)npend + 1, ms > 200 ? 200 : ms);
-        if (ready < 0 && errno != EINTR) {
-            s = ddp__error_errno(DDP_ERR_SYSTEM, errno, "tcp rendezvous: poll");
-            goto fail;
-        }
-        if (ready <= 0) continue;
-        for (int i = npend - 1; i >= 0; i--) {
-            if (!pfds[i + 1].revents) continue;
-            int from = -1;
-            const char *why = NULL;
-            int r = pending_step(&pend[i], token, group_name, rank, world, conns, &from, &why);
-            if (r == 0) continue;
-            if (r > 0) {
-                uint32_t ack[2] = {DDP_TCP_ACK_MAGIC, 0};
-                /* 8 bytes into a fresh socket's empty buffer cannot block. */
-                if (send(pend[i].fd, ack, sizeof ack, MSG_NOSIGNAL) != (ssize_t)sizeof ack) {
-                    why = "could not send the acknowledgement";
-                    r = -1;
-                } else {
-                    conns[from].fd = pend[i].fd;
-                    accepted++;
-                }
-            }
-            if (r < 0) {
-                DDP_LOG(DDP_LOG_WARN, "tcp rendezvous of group '%s' (rank %d): refused a "
-                        "connection: %s", group_name, rank, why);
-                close(pend[i].fd);
-            }
-            pend[i] = pend[npend - 1];
-            npend--;
-        }
-        if (pfds[0].revents) {
-            for (;;) {
-                int fd = ddp__socket_accept(listen_fd, NULL, NULL);
-                if (fd < 0) break;
-                if (npend == MAX_PENDING) {
-                    /* Too many strangers at once: drop the oldest. */
-                    close(pend[0].fd);
-                    pend[0] = pend[npend - 1];
-                    npend--;
-                }
-                pend[npend].fd = fd;
-                pend[npend].have = 0;
-                npend++;
-            }
-        }
-    }
-
-    /* 3. The acknowledgements from the higher ranks: a refusal shows as a closed connection. */
-    for (int peer = rank + 1; peer < world; peer++) {
-        uint32_t ack[2];
-        int err = 0;
-        ddp__socket_io_t r = ddp__socket_recv_all(conns[peer].fd, ack, sizeof ack, deadline, NULL,
-                                                  &err);
-        if (r == DDP__SOCKET_IO_TIMEOUT) {
-            s = ddp__error(DDP_ERR_TIMEOUT, "tcp rendezvous of group '%s': rank %d "
-                           "timed out waiting for rank %d to accept its connection",
-                           group_name, rank, peer);
-            goto fail;
-        }
-        if (r == DDP__SOCKET_IO_POLL_ERROR) {
-            s = ddp__error_errno(DDP_ERR_SYSTEM, err, "tcp rendezvous: poll");
-            goto fail;
-        }
-        if (r != DDP__SOCKET_IO_DONE) {
-            s = ddp__error(DDP_ERR_REMOTE, "tcp rendezvous of group '%s': rank %d refused the "
-                           "connection of rank %d (different DDP_STORE_TOKEN, group or world "
-                           "size?)", group_name, peer, rank);
-            goto fail;
-        }
-        if (ack[0] != DDP_TCP_ACK_MAGIC) {
-            s = ddp__error(DDP_ERR_PROTOCOL, "tcp rendezvous: rank %d sent a malformed "
-                           "acknowledgement", peer);
-            goto fail;
-        }
-    }
-
     for (int peer = 0; peer < world; peer++) {
         if (peer == rank) continue;
         ddp__socket_nodelay(conns[peer].fd);
         ddp__socket_nonblocking(conns[peer].fd);
     }
-    for (int i = 0; i < npend; i++) close(pend[i].fd);
-    free(pend);
     return DDP_OK;
-
-fail:
-    if (pend) {
-        for (int i = 0; i < npend; i++) close(pend[i].fd);
-        free(pend);
-    }
-    for (int peer = 0; peer < world; peer++) {
-        if (conns[peer].fd >= 0) close(conns[peer].fd);
-        conns[peer].fd = -1;
-    }
-    return s;
 }
