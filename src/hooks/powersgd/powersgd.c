@@ -751,7 +751,7 @@ ddp_status_t ddp_powersgd_state_load(ddp_powersgd_state_t *state, const void *bu
     const char *who = "PowerSGD state load";
     if (!state) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: state is NULL", who);
     if (!buf) return ddp_hook_error(DDP_ERR_INVALID_ARGUMENT, "%s: buf is NULL", who);
-    psgd_reader_t r;
+    psgd_reader_t r = {NULL, 0}; /* set by read_header; initialised for -Wmaybe-uninitialized */
     psgd_header_t h;
     ddp_status_t status = read_header(&state->config, buf, size, &r, &h, who);
     if (status != DDP_OK) return status;
