@@ -14,6 +14,8 @@ if(DDP_SANITIZE)
   list(APPEND ddp_python_test_env "ASAN_OPTIONS=detect_leaks=0")
 elseif(DDP_TSAN)
   set(ddp_sanitizer_runtimes libtsan.so)
+  list(APPEND ddp_python_test_env
+       "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/tsan_torch.supp")
 endif()
 set(ddp_preload "")
 foreach(rt ${ddp_sanitizer_runtimes})
