@@ -43,6 +43,16 @@ if(DDP_TORCH)
   check_language(CXX)
   set(seen_versions "")
   foreach(py ${candidates})
+    if(DDP_TSAN)
+      # The Python tests preload TSan's runtime, which crashes shells, and a pyenv `python3` is a
+      # shell script: name the interpreter itself.
+      execute_process(COMMAND ${py} -c "import sys; print(sys.executable)"
+                      OUTPUT_VARIABLE real_py OUTPUT_STRIP_TRAILING_WHITESPACE
+                      RESULT_VARIABLE rc ERROR_QUIET)
+      if(rc EQUAL 0 AND EXISTS "${real_py}")
+        set(py "${real_py}")
+      endif()
+    endif()
     ddp_torch_version(${py} version)
     if(NOT version OR version IN_LIST seen_versions)
       continue()

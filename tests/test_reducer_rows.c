@@ -684,7 +684,7 @@ int main(int argc, char **argv)
     options.timeout_ms = 20000;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(cases[i].name, which) != 0) continue;
-        int rc = ddp_test_run_group(world, 60, &options, cases[i].fn, NULL);
+        int rc = ddp_test_run_group(world, 240, &options, cases[i].fn, NULL);
         printf("test_reducer_rows %s world=%d %s: %s\n", which, world,
                dtype_arg == DDP_F64 ? "f64" : "f32", rc ? "FAILED" : "ok");
         return rc;

@@ -14,9 +14,11 @@ foreach(build ${DDP_TORCH_BUILDS})
              COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/torchrun/torchrun.sh ${py}
                      ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR} ${case})
     # ddp_python_test_env (tests/python.cmake): in a sanitized build the interpreters torchrun
-    # starts must preload the sanitizer's runtime, as every Python test does.
+    # starts must preload the sanitizer's runtime, as every Python test does; torchrun.sh hands
+    # it to them alone, as DDP_TEST_PRELOAD (TSan's runtime crashes sh).
+    string(REPLACE "LD_PRELOAD=" "DDP_TEST_PRELOAD=" torchrun_env "${ddp_python_test_env}")
     set_tests_properties(test_torchrun.${case}.torch${version} PROPERTIES TIMEOUT 400
                          LABELS python SKIP_RETURN_CODE 77
-                         ENVIRONMENT "${ddp_python_test_env}")
+                         ENVIRONMENT "${torchrun_env}")
   endforeach()
 endforeach()

@@ -14,6 +14,9 @@
 set -u
 PY=$1 SRC=$2 BUILD=$3 CASE=$4
 export PYTHONPATH="$SRC/python" LIBDDP_BUILD_DIR="$BUILD" OMP_NUM_THREADS=1
+# A sanitized build (tests/torchrun.cmake): the sanitizer runtime the interpreters must preload
+# comes as DDP_TEST_PRELOAD and is given to them alone (TSan's runtime crashes shells).
+PRELOAD=${DDP_TEST_PRELOAD:+LD_PRELOAD=$DDP_TEST_PRELOAD}
 TRAIN="$SRC/tests/torchrun/train.py"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ddp-torchrun-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -31,7 +34,7 @@ one_sum() {
 }
 
 run_local() { # torchrun options...
-    timeout 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$@" \
+    timeout 300 env $PRELOAD "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$@" \
         >"$WORK/out" 2>&1
 }
 
@@ -68,7 +71,7 @@ cprogram)
         k=0
         while [ $k -lt 2 ]; do
             ip netns exec "${P}h$k" env "$@" PYTHONPATH="$PYTHONPATH" LIBDDP_BUILD_DIR="$BUILD" \
-                timeout 300 "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \
+                timeout 300 env $PRELOAD "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \
                 --rdzv-backend c10d --rdzv-endpoint 10.99.0.1:29400 --rdzv-id "job$$" \
                 --rdzv-conf is_host=$((k == 0)) --local-addr 10.99.0.$((k + 1)) \
                 --max-restarts 1 "$TRAIN" >"$LOGDIR/host$k.log" 2>&1 &
