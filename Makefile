@@ -27,7 +27,7 @@ test: test-setup
 	cd $(BUILD) && ctest --output-on-failure -j $(J) -LE extra $(CTEST_FLAGS)
 
 # test-extra: the tests too slow for make test (label "extra": packaging for the other torch, the
-# full FSDP2 matrix, bench/zero3_vs_fsdp2.sh end to end).
+# full FSDP2 matrix, Lightning and DeepSpeed, bench/zero3_vs_fsdp2.sh end to end).
 test-extra: build
 	cd $(BUILD) && ctest --output-on-failure -j $(J) -L extra $(CTEST_FLAGS)
 
