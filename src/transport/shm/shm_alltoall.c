@@ -87,22 +87,25 @@ static ddp_status_t alltoall_cma(shm_state_t *S, const ddp__collective_t *c, con
     return ddp__shm_sync_all(S, c, c->deadline_ns);
 }
 
-ddp_status_t ddp__shm_alltoall_rounds(shm_state_t *S, const ddp__collective_t *c)
+/* Runs `body` on send, or on a private copy of it when recv overlaps it. */
+static ddp_status_t with_send_apart(shm_state_t *S, const ddp__collective_t *c,
+                                    ddp_status_t (*body)(shm_state_t *, const ddp__collective_t *,
+                                                         const char *))
 {
     char *copy;
     const char *send = send_apart(c, c->count * ddp_dtype_size(c->dtype) * (size_t)S->world, &copy);
     if (!send) return DDP_ERR_NO_MEMORY;
-    ddp_status_t s = alltoall_rounds(S, c, send);
+    ddp_status_t s = body(S, c, send);
     free(copy);
     return s;
 }
 
+ddp_status_t ddp__shm_alltoall_rounds(shm_state_t *S, const ddp__collective_t *c)
+{
+    return with_send_apart(S, c, alltoall_rounds);
+}
+
 ddp_status_t ddp__shm_alltoall_cma(shm_state_t *S, const ddp__collective_t *c)
 {
-    char *copy;
-    const char *send = send_apart(c, c->count * ddp_dtype_size(c->dtype) * (size_t)S->world, &copy);
-    if (!send) return DDP_ERR_NO_MEMORY;
-    ddp_status_t s = alltoall_cma(S, c, send);
-    free(copy);
-    return s;
+    return with_send_apart(S, c, alltoall_cma);
 }
