@@ -22,13 +22,21 @@ wrapped as a DeviceMesh), so machine load hits both alike. A world-1 run of the 
                       allocated during the step above those held before it (all-gathered
                       parameters, activations, gradients before reduce-scatter)
 
+With --floor (the default), a third group in the same processes runs the same FSDP2 step over
+torch's "fake" backend (FakeProcessGroup: every collective completes at once and moves nothing;
+its results are garbage, so its losses mean nothing): its exposed_ms is what FSDP2 costs at this
+world size without any communication (sharding, its copies into and out of the flat buffers,
+two processes sharing the machine), the floor under any backend's exposed time.
+
 One JSON line per configuration and backend (and one for each world-1 anchor).
 
   PYTHONPATH=python LIBDDP_BUILD_DIR=build python3 bench/fsdp_vs_gloo.py --steps 10 --repeats 3
   (a quick check that it runs: --dim 64 --context 16 --steps 2 --warmup 1 --repeats 1)
 """
 import argparse
+import importlib
 import json
+import queue as queue_mod
 import os
 import resource
 import socket
@@ -114,7 +122,7 @@ def profiled_peak_mib(step):
     return peak / 2**20
 
 
-def step_times(args, rank, mesh, precision, layers):
+def step_times(args, rank, mesh, precision, layers, fake=False):
     """Step times (s) of a fresh FSDP2 model over mesh (None: unsharded, world 1), then torch's
     memory figures of this rank: (times, torch_state_mib, torch_peak_mib)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -141,15 +149,17 @@ def step_times(args, rank, mesh, precision, layers):
         opt.zero_grad(set_to_none=False)
 
     times = []
+    # The barrier aligns the ranks before each step (the fake group's own barrier does not).
+    sync = None if mesh is None else dist.group.WORLD if fake else mesh.get_group()
     for i in range(args.warmup + args.steps):
-        if mesh is not None:
-            dist.barrier(group=mesh.get_group())
+        if sync is not None:
+            dist.barrier(group=sync)
         t0 = time.perf_counter()
         step()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    if mesh is not None:
-        dist.barrier(group=mesh.get_group())
+    if sync is not None:
+        dist.barrier(group=sync)
     peak = profiled_peak_mib(step)
     return times, torch_state_mib(model, opt), peak
 
@@ -165,6 +175,9 @@ def worker(rank, args, port, queue):
     from torch.distributed.device_mesh import DeviceMesh
     dist.init_process_group("ddp", rank=rank, world_size=args.world)
     groups = {"ddp": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    if args.floor:
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # "fake"
+        groups["fake"] = dist.new_group(backend="fake")
     meshes = {name: DeviceMesh.from_group(g, "cpu") for name, g in groups.items()}
     out = {}
     for config in configs(args):
@@ -172,8 +185,12 @@ def worker(rank, args, port, queue):
         rss, state, peak = {}, {}, {}
         for _ in range(args.repeats):
             for name in groups:
+                # The fake group's garbage parameters may hold subnormals, slow on x86: flush
+                # them there, so the floor is not raised by arithmetic no real run does.
+                torch.set_flush_denormal(name == "fake")
                 t, state[name], peak[name] = step_times(args, rank, meshes[name], config[1],
-                                                        config[0])
+                                                        config[0], fake=name == "fake")
+                torch.set_flush_denormal(False)
                 times[name] += t
                 rss[name] = vmrss_mib()
         med = {name: statistics.median(t) for name, t in times.items()}
@@ -200,6 +217,8 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-floor", dest="floor", action="store_false",
+                   help='leave out the third group over torch\'s "fake" backend (see above)')
     args = p.parse_args()
     args.layers = [int(x) for x in args.layers.split(",")]
     args.precision = args.precision.split(",")
@@ -226,13 +245,23 @@ def main():
     procs = [ctx.Process(target=worker, args=(r, args, port, queue)) for r in range(args.world)]
     for pr in procs:
         pr.start()
-    results = [queue.get(timeout=3600) for _ in procs]
+    results = []
+    while len(results) < len(procs):  # a rank that dies must not leave this waiting an hour
+        try:
+            results.append(queue.get(timeout=5))
+        except queue_mod.Empty:
+            dead = [pr for pr in procs if pr.exitcode not in (None, 0)]
+            if dead:
+                for pr in procs:
+                    pr.kill()
+                sys.exit("fsdp_vs_gloo: rank process %d exited with status %d" %
+                         (procs.index(dead[0]), dead[0].exitcode))
     for pr in procs:
         pr.join()
     results = [out for _, out in sorted(results, key=lambda r: r[0])]
     for config in configs(args):
         anchor = anchors[config]
-        for name in ("ddp", "gloo"):
+        for name in ("ddp", "gloo") + (("fake",) if args.floor else ()):
             step = max(r[config][0][name] for r in results)
             print(json.dumps({
                 "backend": name, "world": args.world, "layers": config[0],

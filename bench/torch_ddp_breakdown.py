@@ -20,7 +20,13 @@ and backend, medians over the timed synchronised steps of the slower rank (ms):
   default_exposed   exposed with DDP's built-in C++ reduction instead of the timing hook (the
                     hook's own cost is the difference)
 
+Backend "fake" (torch >= 2: torch's FakeProcessGroup, whose collectives complete at once and move
+nothing, under a gloo default group for the barriers and the results) is DDP's floor: what its
+Reducer, its bucket copies and the two processes sharing the machine cost with no communication
+at all. No backend's exposed time can go below it.
+
   /usr/bin/python3 bench/torch_ddp_breakdown.py [--hidden 1024 4096] [--batch 1 64] [--steps 20]
+  python3 bench/torch_ddp_breakdown.py --backends gloo ddp fake    # torch 2.x, with the floor
 """
 import argparse
 import json
@@ -48,7 +54,13 @@ def run_steps(model, opt, x, y, steps, warmup, log):
     for i in range(warmup + 2 * steps):
         skip = i % 2 == 1
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), y)
+        # DDP decides in forward whether the backward synchronises: no_sync must hold the
+        # forward too, or its backward reduces like any other (as it did here before).
+        if skip:
+            with model.no_sync():
+                loss = F.cross_entropy(model(x), y)
+        else:
+            loss = F.cross_entropy(model(x), y)
         log.clear()
         start = time.perf_counter()
         if skip:
@@ -76,20 +88,37 @@ def worker(rank, world, port, hidden, batch, steps, warmup, backend, build, queu
     os.environ["MASTER_PORT"] = str(port)
     if backend == "ddp":
         bench.use_libddp(build)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    group = None  # DDP's and the timed collectives' group: the default one, but for "fake"
+    if backend == "fake":
+        import importlib
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers it
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        group = dist.new_group(backend="fake")
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=world)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(batch, 784, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
 
     # DDP's built-in reduction first: the exposed time every user gets.
-    model = torch.nn.parallel.DistributedDataParallel(bench.make_model(hidden))
+    model = torch.nn.parallel.DistributedDataParallel(bench.make_model(hidden),
+                                                      process_group=group)
+    if backend == "fake":
+        # DDP's built-in reduction takes the collective's result from its future, which the
+        # fake group leaves empty: the same allreduce and division as a hook, on the buffer.
+        def plain_hook(_, bucket):
+            buf = bucket.buffer()
+            return dist.all_reduce(buf, group=group, async_op=True).get_future().then(
+                lambda fut: buf.div_(world))
+        model.register_comm_hook(None, plain_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dist.barrier()
     s, n, _ = run_steps(model, opt, x, y, steps, warmup, [])
     default = (median(s), median(n))
 
     # The same with the timing hook.
-    model = torch.nn.parallel.DistributedDataParallel(bench.make_model(hidden))
+    model = torch.nn.parallel.DistributedDataParallel(bench.make_model(hidden),
+                                                      process_group=group)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     log = []
 
@@ -100,8 +129,10 @@ def worker(rank, world, port, hidden, batch, steps, warmup, backend, build, queu
 
         def done(fut):
             entry[1] = time.perf_counter()
-            return fut.value()[0].div_(world)
-        return dist.all_reduce(buf, async_op=True).get_future().then(done)
+            # The allreduce is in place: buf holds the sum (the fake group's future carries
+            # no value, so the buffer itself is returned for every backend).
+            return buf.div_(world)
+        return dist.all_reduce(buf, group=group, async_op=True).get_future().then(done)
     model.register_comm_hook(None, timing_hook)
     dist.barrier()
     sync_bw, nosync_bw, traces = run_steps(model, opt, x, y, steps, warmup, log)
@@ -112,7 +143,7 @@ def worker(rank, world, port, hidden, batch, steps, warmup, backend, build, queu
     dist.barrier()
     for _ in range(warmup + steps):
         t0 = time.perf_counter()
-        works = [dist.all_reduce(b, async_op=True) for b in bufs]
+        works = [dist.all_reduce(b, group=group, async_op=True) for b in bufs]
         for w in works:
             w.wait()
         alone.append(time.perf_counter() - t0)
@@ -152,7 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64], help="batch PER RANK")
-    ap.add_argument("--backends", nargs="+", default=["gloo", "ddp"], choices=["gloo", "ddp"])
+    ap.add_argument("--backends", nargs="+", default=["gloo", "ddp"], choices=["gloo", "ddp", "fake"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--build", default=os.path.join(bench.HERE, "..", "build"))

@@ -197,10 +197,11 @@ if [ -n "$MEM_RANKS" ]; then
 fi
 
 echo
-"$PY" - "$OUT/runs" "$REPEATS" "$backends" <<'PY'
+"$PY" - "$OUT/runs" "$REPEATS" "$backends" "$MEM_RANKS" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 repeats, backends = int(sys.argv[2]), sys.argv[3].split()
+mem_ranks = [int(n) for n in sys.argv[4].split()]
 def find(tag, impl, world, backend=None):
     for r in runs:
         if r["tag"] == tag and r["impl"] == impl and r["world_size"] == world and \
@@ -232,9 +233,12 @@ for k, v in ratios.items():
         print("- %s tokens/s: min %.3f, median %.3f, max %.3f (%d repeats)" % (k, v[0], statistics.median(v), v[-1], len(v)))
 
 print("\n### B. model state per rank (MiB; the rank with the most)\n")
+if not mem_ranks:
+    print("(skipped: MEM_RANKS is empty)")
+    sys.exit(0)
 print("| ranks | implementation | parameters | gradients | optimizer | sharded: params + grads + optimizer | the same x ranks | local shards without padding | gathered peak | unit gradients peak | model state (ledger) | peak RSS |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for n in (1, 2, 4):
+for n in mem_ranks:
     g = find("b", "libddp-gpt", n)
     if g:
         m = max(g["memory_mib"], key=lambda x: x["total"])
