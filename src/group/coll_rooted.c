@@ -87,7 +87,7 @@ static ddp_status_t alltoall_of_two(ddp_group_t *g, const coll_args_t *a)
 ddp_status_t ddp__coll_run_alltoall(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h)
 {
     if (ddp__group_has_alltoall(g))
-        return ddp__group_alltoall(g, a->send, a->recv, a->count, a->dtype);
+        return ddp__group_alltoall(g, a->send, a->recv, a->count, a->dtype, NULL);
     TRY(ddp__coll_agree(g, h, NULL, 0, NULL));
     int rank = ddp_group_rank(g), world = ddp_group_size(g);
     if (world == 2 && a->count) return alltoall_of_two(g, a);

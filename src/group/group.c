@@ -188,7 +188,7 @@ ddp_status_t ddp_group_barrier(ddp_group_t *group)
 int ddp__group_has_alltoall(const ddp_group_t *group) { return group->ops->alltoall; }
 
 ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *recv, size_t count,
-                                 ddp_dtype_t dtype)
+                                 ddp_dtype_t dtype, ddp_work_t **work)
 {
     ddp__collective_t c;
     memset(&c, 0, sizeof c);
@@ -197,7 +197,8 @@ ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *rec
     c.recv = recv;
     c.count = count;
     c.dtype = dtype;
-    return ddp__group_run_blocking(group, &c);
+    return work ? ddp__group_enqueue(group, &c, NULL, NULL, work)
+                : ddp__group_run_blocking(group, &c);
 }
 
 ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)

@@ -43,9 +43,10 @@ int ddp__group_recv_any_enabled(const ddp_group_t *group);
 
 /* Alltoall as one collective of the group's transport, when its table says it has one
  * (transport.h, `alltoall`); ddp__group_has_alltoall says whether it does. Every rank of a group
- * answers the same. The arguments were checked by the caller; send and recv may overlap. */
+ * answers the same. The arguments were checked by the caller; send and recv may overlap. work
+ * NULL: run it now (blocking); else queue it like the five kinds' _async calls. */
 int ddp__group_has_alltoall(const ddp_group_t *group);
 ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *recv, size_t count,
-                                 ddp_dtype_t dtype);
+                                 ddp_dtype_t dtype, ddp_work_t **work);
 
 #endif
