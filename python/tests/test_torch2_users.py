@@ -5,9 +5,9 @@ clip_grad_norm_ over DTensor gradients) at 2 and 4 ranks; DTensor on a 2x2 Devic
 Replicate, redistribute, tensor-parallel Colwise/Rowwise linears with FSDP2 over the other
 dimension); torch.distributed.checkpoint of a sharded FSDP2
 model and optimizer, resumed at 2 ranks and resharded to 1 and 4; ZeroRedundancyOptimizer
-overlapped with DDP through hook_with_zero_step; torch.compile (inductor) of a DDP model; what a
-sub-group costs; a rank SIGKILLed or SIGSTOPped inside an FSDP2 step (the others raise, naming it,
-and exit). Lightning and DeepSpeed: test_torch2_lightning.py, test_torch2_deepspeed.py."""
+overlapped with DDP through hook_with_zero_step; torch.compile (inductor) of a DDP model, with
+DDPOptimizer and with the Python reducer under compiled autograd; what a sub-group costs; a rank
+SIGKILLed or SIGSTOPped inside an FSDP2 step (the others raise, naming it, and exit). Lightning and DeepSpeed: test_torch2_lightning.py, test_torch2_deepspeed.py."""
 import os
 
 import pytest
@@ -428,6 +428,51 @@ def test_compiled_ddp_matches_gloo(compiler):
         assert torch.equal(l1, l2), (r, l1, l2)
         for a, b in zip(p1, p2):
             assert torch.equal(a, b), r
+    assert res[0][0][0][-1] < res[0][0][0][0]
+
+
+def python_reducer_train(rank, group, backend):
+    """A DDP model compiled with optimize_ddp="python_reducer" and compiled autograd: DDP's C++
+    Reducer is off and each gradient's allreduce (torch's functional collective, on `group`) is
+    traced into the compiled backward, which inductor buckets."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
+                          nn.Linear(64, 4))
+    with torch._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=True):
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        assert ddp._use_python_reducer
+        compiled = torch.compile(ddp, backend=backend)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(100 + rank)
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        losses = []
+        for _ in range(4):
+            loss = torch.nn.functional.mse_loss(compiled(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+
+
+def python_reducer_body(rank, world, backend):
+    gloo = dist.new_group(backend="gloo")
+    return python_reducer_train(rank, None, backend), python_reducer_train(rank, gloo, backend)
+
+
+@pytest.mark.parametrize("compiler", [os.environ.get("LIBDDP_TEST_COMPILE_BACKEND", "inductor")])
+def test_compiled_ddp_python_reducer_matches_gloo(compiler):
+    res = run(2, python_reducer_body, compiler, wait_s=600)
+    for r in range(2):
+        (l1, p1), (l2, p2) = res[r]
+        assert torch.equal(l1, l2), (r, l1, l2)
+        for a, b in zip(p1, p2):
+            assert torch.equal(a, b), r
+    # The gradients were averaged: both ranks hold the same parameters, which moved.
+    for a, b in zip(res[0][0][1], res[1][0][1]):
+        assert torch.equal(a, b)
     assert res[0][0][0][-1] < res[0][0][0][0]
 
 
