@@ -392,16 +392,9 @@ def test_zero_overlap_with_ddp_matches_gloo(world):
 
 # ---- 5. torch.compile of a DDP model -------------------------------------------------------------
 
-def compile_train(rank, group, backend):
-    import torch._dynamo
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    # 1.1 MB of parameters in 1 MiB buckets (the least DDPOptimizer accepts: no bucket below
-    # DDP's first one), so that DDPOptimizer splits the graph at a bucket boundary.
-    model = nn.Sequential(nn.Linear(16, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(),
-                          nn.Linear(512, 4))
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
-    compiled = torch.compile(ddp, backend=backend)
+def compiled_steps(rank, model, compiled):
+    """4 SGD steps of `compiled` (which wraps `model`) on this rank's data: the losses and the
+    final parameters."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(100 + rank)
     x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
@@ -415,56 +408,38 @@ def compile_train(rank, group, backend):
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
 
 
-def compile_body(rank, world, backend):
-    gloo = dist.new_group(backend="gloo")
-    return compile_train(rank, None, backend), compile_train(rank, gloo, backend)
-
-
-@pytest.mark.parametrize("compiler", [os.environ.get("LIBDDP_TEST_COMPILE_BACKEND", "inductor")])
-def test_compiled_ddp_matches_gloo(compiler):
-    res = run(2, compile_body, compiler, wait_s=600)
-    for r in range(2):
-        (l1, p1), (l2, p2) = res[r]
-        assert torch.equal(l1, l2), (r, l1, l2)
-        for a, b in zip(p1, p2):
-            assert torch.equal(a, b), r
-    assert res[0][0][0][-1] < res[0][0][0][0]
-
-
-def python_reducer_train(rank, group, backend):
-    """A DDP model compiled with optimize_ddp="python_reducer" and compiled autograd: DDP's C++
+def compile_train(rank, group, backend, python_reducer):
+    """DDPOptimizer (the default): 1.1 MB of parameters in 1 MiB buckets (the least it accepts:
+    no bucket below DDP's first one), so that it splits the graph at a bucket boundary. With
+    python_reducer: optimize_ddp="python_reducer" under compiled autograd, where DDP's C++
     Reducer is off and each gradient's allreduce (torch's functional collective, on `group`) is
     traced into the compiled backward, which inductor buckets."""
     import torch._dynamo
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
-                          nn.Linear(64, 4))
+    width = 64 if python_reducer else 512
+    model = nn.Sequential(nn.Linear(16, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
+                          nn.Linear(width, 4))
+    if not python_reducer:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group,
+                                                        bucket_cap_mb=1)
+        return compiled_steps(rank, model, torch.compile(ddp, backend=backend))
     with torch._dynamo.config.patch(optimize_ddp="python_reducer", compiled_autograd=True):
         ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
         assert ddp._use_python_reducer
-        compiled = torch.compile(ddp, backend=backend)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(100 + rank)
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-        losses = []
-        for _ in range(4):
-            loss = torch.nn.functional.mse_loss(compiled(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.detach())
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+        return compiled_steps(rank, model, torch.compile(ddp, backend=backend))
 
 
-def python_reducer_body(rank, world, backend):
+def compile_body(rank, world, backend, python_reducer):
     gloo = dist.new_group(backend="gloo")
-    return python_reducer_train(rank, None, backend), python_reducer_train(rank, gloo, backend)
+    return (compile_train(rank, None, backend, python_reducer),
+            compile_train(rank, gloo, backend, python_reducer))
 
 
+@pytest.mark.parametrize("python_reducer", [False, True], ids=["ddp_optimizer", "python_reducer"])
 @pytest.mark.parametrize("compiler", [os.environ.get("LIBDDP_TEST_COMPILE_BACKEND", "inductor")])
-def test_compiled_ddp_python_reducer_matches_gloo(compiler):
-    res = run(2, python_reducer_body, compiler, wait_s=600)
+def test_compiled_ddp_matches_gloo(compiler, python_reducer):
+    res = run(2, compile_body, compiler, python_reducer, wait_s=600)
     for r in range(2):
         (l1, p1), (l2, p2) = res[r]
         assert torch.equal(l1, l2), (r, l1, l2)
