@@ -9,7 +9,10 @@ Backend "ddp" runs as a plug-in: `import libddp.torch` registers it with torch.d
 the runner adds it to the sets in DistTestCases.backend_feature that gloo is in ("gpu", "cuda",
 "ddp", "subgroup") and to "plugin" before distributed_test is imported, because the suite reads
 them in its decorators at import time (a test for CUDA devices still skips itself on a machine
-without them, for either backend). Gloo runs as itself, for the baseline.
+without them, for either backend). Gloo runs as itself, for the baseline, and as "gloo_plugin":
+torch's own ProcessGroupGloo registered with Backend.register_backend exactly as "ddp" is, which
+tells a plug-in's limits (what torch does differently for any backend it does not know) from
+libddp's.
 
 Ranks are forked from this process (torch and the backend already imported) rather than spawned:
 a spawned rank imports torch anew, seconds per rank and test on a loaded machine; nothing here
@@ -35,7 +38,9 @@ FEATURES = ("gpu", "cuda", "ddp", "subgroup", "plugin")
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", required=True, help='"ddp" (libddp, as a plug-in) or "gloo"')
+    p.add_argument("--backend", required=True,
+                   help='"ddp" (libddp, as a plug-in), "gloo", or "gloo_plugin" (gloo registered '
+                        'as a plug-in the way ddp is)')
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("-k", dest="patterns", action="append", default=[],
                    help="run the tests whose name contains this (repeatable; default: all)")
@@ -68,10 +73,13 @@ def load_suite_class(backend, world_size, spawn, as_gloo=False):
 
     if backend == "ddp":
         import libddp.torch  # noqa: F401  (registers "ddp" with torch.distributed)
+    elif backend == "gloo_plugin":
+        register_gloo_plugin(dist)
+    elif backend != "gloo":
+        raise SystemExit("run_suite: backend must be ddp, gloo or gloo_plugin, got %r" % backend)
+    if backend != "gloo":
         for feature in FEATURES:
             common_distributed.DistTestCases.backend_feature[feature].add(backend)
-    elif backend not in ("gloo",):
-        raise SystemExit("run_suite: backend must be ddp or gloo, got %r" % backend)
     if not dist.is_available():
         raise SystemExit("run_suite: torch.distributed is not available in this torch")
     work_around_replicated_tensor()
@@ -106,6 +114,18 @@ def load_suite_class(backend, world_size, spawn, as_gloo=False):
             return super()._run(*args, **kwargs)
 
     return TestDistBackendRun
+
+
+def register_gloo_plugin(dist):
+    """torch's ProcessGroupGloo under the name "gloo_plugin", registered the way libddp.torch
+    registers "ddp" (a creator taking store, rank, size, timeout; CPU only)."""
+    def create(store, rank, size, timeout):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    try:
+        dist.Backend.register_backend("gloo_plugin", create, devices=["cpu"])
+    except TypeError:  # torch 1.x: no devices argument
+        dist.Backend.register_backend("gloo_plugin", create)
 
 
 def work_around_replicated_tensor():
