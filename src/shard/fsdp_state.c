@@ -187,11 +187,7 @@ static ddp_status_t check_idle(const ddp_fsdp_t *f, const char *who)
 /* The whole-parameter view (runs of numel elements, no arrays: only sizes are read). */
 static ddp__optim_run_t *whole_runs(const ddp_fsdp_t *f)
 {
-    ddp__optim_run_t *runs = ddp__calloc(f->nparams ? f->nparams : 1, sizeof *runs,
-                                         "fsdp whole state");
-    if (runs)
-        for (size_t i = 0; i < f->nparams; i++) runs[i].count = f->numel[i];
-    return runs;
+    return ddp__optim_whole_runs(f->numel, f->nparams, "fsdp whole state");
 }
 
 ddp_status_t ddp_fsdp_state_load(ddp_fsdp_t *f, const void *const *blobs, const size_t *sizes,
@@ -288,12 +284,7 @@ ddp_status_t ddp_fsdp_consolidated_optim_size(const ddp_fsdp_t *f, size_t *bytes
     if (!bytes)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "fsdp consolidated optim size: bytes is "
                           "NULL");
-    ddp__optim_run_t *runs = whole_runs(f);
-    if (!runs) return DDP_ERR_NO_MEMORY;
-    ddp__optim_view_t v = {&f->setup, f->nparams, f->numel, f->dtype, runs, 1, 0};
-    *bytes = ddp__optim_state_size(&v);
-    free(runs);
-    return DDP_OK;
+    return ddp__optim_whole_state_size(&f->setup, f->nparams, f->numel, f->dtype, bytes);
 }
 
 ddp_status_t ddp_fsdp_consolidate(ddp_fsdp_t *f, int root, void *const *params, void *optim_buf,

@@ -325,3 +325,23 @@ out:
     free(ps);
     return s;
 }
+
+ddp__optim_run_t *ddp__optim_whole_runs(const size_t *numel, size_t nparams, const char *what)
+{
+    ddp__optim_run_t *runs = ddp__calloc(nparams ? nparams : 1, sizeof *runs, what);
+    if (runs)
+        for (size_t i = 0; i < nparams; i++) runs[i].count = numel[i];
+    return runs;
+}
+
+ddp_status_t ddp__optim_whole_state_size(const ddp__optim_setup_t *setup, size_t nparams,
+                                         const size_t *numel, const ddp_dtype_t *dtype,
+                                         size_t *bytes)
+{
+    ddp__optim_run_t *runs = ddp__optim_whole_runs(numel, nparams, "consolidated state");
+    if (!runs) return DDP_ERR_NO_MEMORY;
+    ddp__optim_view_t v = {setup, nparams, numel, dtype, runs, 1, 0};
+    *bytes = ddp__optim_state_size(&v);
+    free(runs);
+    return DDP_OK;
+}

@@ -112,6 +112,13 @@ typedef struct ddp__optim_view {
 
 /* Bytes of the blob `view` makes. */
 size_t ddp__optim_state_size(const ddp__optim_view_t *view);
+/* Runs covering whole parameters (count = numel[i]; no state arrays: only sizes are read), for
+ * a consolidated view; NULL with the error set when out of memory. Free with free(). */
+ddp__optim_run_t *ddp__optim_whole_runs(const size_t *numel, size_t nparams, const char *what);
+/* *bytes = the size of the consolidated (whole-parameter) blob of these parameters. */
+ddp_status_t ddp__optim_whole_state_size(const ddp__optim_setup_t *setup, size_t nparams,
+                                         const size_t *numel, const ddp_dtype_t *dtype,
+                                         size_t *bytes);
 /* Writes the blob into buf (size bytes, at least ddp__optim_state_size). */
 ddp_status_t ddp__optim_state_write(const ddp__optim_view_t *view, void *buf, size_t size,
                                     const char *who);

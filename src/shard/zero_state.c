@@ -57,14 +57,10 @@ ddp_status_t ddp_zero_state_load(ddp_zero_t *z, const void *buf, size_t size)
     return ddp__optim_state_read(&v, &z->setup, z->runs, buf, size, "zero state load");
 }
 
-/* The whole-parameter view: runs of numel elements (no arrays: only sizes are read). */
+/* The whole-parameter view's runs. */
 static ddp__optim_run_t *whole_runs(const ddp_zero_t *z)
 {
-    ddp__optim_run_t *runs = ddp__calloc(z->nparams ? z->nparams : 1, sizeof *runs,
-                                         "zero consolidated state");
-    if (runs)
-        for (size_t i = 0; i < z->nparams; i++) runs[i].count = z->numel[i];
-    return runs;
+    return ddp__optim_whole_runs(z->numel, z->nparams, "zero consolidated state");
 }
 
 ddp_status_t ddp_zero_consolidated_state_size(const ddp_zero_t *z, size_t *bytes)
@@ -75,12 +71,7 @@ ddp_status_t ddp_zero_consolidated_state_size(const ddp_zero_t *z, size_t *bytes
     if (!bytes)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero consolidated state size: bytes is "
                           "NULL");
-    ddp__optim_run_t *runs = whole_runs(z);
-    if (!runs) return DDP_ERR_NO_MEMORY;
-    ddp__optim_view_t v = {&z->setup, z->nparams, z->numel, z->dtype, runs, 1, 0};
-    *bytes = ddp__optim_state_size(&v);
-    free(runs);
-    return DDP_OK;
+    return ddp__optim_whole_state_size(&z->setup, z->nparams, z->numel, z->dtype, bytes);
 }
 
 ddp_status_t ddp_zero_state_consolidate(ddp_zero_t *z, int root, void *buf, size_t size)
