@@ -107,18 +107,26 @@ fsdp2() {
         "$PY" bench/gpt_pytorch.py --bind "$BIND" "$@" >"$OUT/out" 2>"$OUT/err" || rc=$?
     # one line per backend and world size: those before a failure still count
     line=$(grep '^{' "$OUT/out" || true)
+    grep '^gpt_pytorch: the gloo run' "$OUT/err" >&2 || true  # a retried crash, said
     if [ "$rc" -ne 0 ] && [ -n "$line" ]; then
         echo "bench: gpt_pytorch.py $* failed after $(echo "$line" | wc -l) run(s):" >&2
-        tail -5 "$OUT/err" >&2
+        why
     fi
     record "$tag" "gpt_pytorch.py $*"
+}
+
+# why: what a failed run printed: its last lines, and before them any line of a crash (a C++
+# exception's what(), a fatal Python error) that a traceback would push out of them
+why() {
+    grep -E 'terminate called|what\(\)|Fatal|Aborted|Segmentation' "$OUT/err" | head -5 >&2
+    tail -5 "$OUT/err" >&2
 }
 
 # record TAG WHAT: $line's JSON lines into $OUT/runs, tagged; on failure, the error to stderr
 record() {
     if [ -z "$line" ]; then
         echo "bench: $2 failed:" >&2
-        tail -5 "$OUT/err" >&2
+        why
         return
     fi
     echo "$line" | while IFS= read -r l; do
@@ -138,12 +146,12 @@ if [ "$CHECK_STEPS" -gt 0 ]; then
     PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} LIBDDP_BUILD_DIR=$BUILD_ABS \
         "$PY" bench/gpt_pytorch.py --backend gloo --world "$WORLD" $PY_MODEL --warmup 0 \
         --steps "$CHECK_STEPS" --print-losses >"$OUT/loss.ddp" 2>"$OUT/err" ||
-        { echo "bench: DDP's losses failed:" >&2; tail -5 "$OUT/err" >&2; exit 1; }
+        { echo "bench: DDP's losses failed:" >&2; why; exit 1; }
     # shellcheck disable=SC2086
     PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} LIBDDP_BUILD_DIR=$BUILD_ABS \
         "$PY" bench/gpt_pytorch.py --fsdp2 --backend $backends --world "$WORLD" $PY_MODEL \
         --warmup 0 --steps "$CHECK_STEPS" --print-losses >"$OUT/loss.fsdp2" 2>"$OUT/err" ||
-        { echo "bench: FSDP2's losses failed:" >&2; tail -5 "$OUT/err" >&2; exit 1; }
+        { echo "bench: FSDP2's losses failed:" >&2; why; exit 1; }
     "$PY" - "$OUT/loss.ddp" "$OUT/loss.fsdp2" "$backends" <<'PY'
 import sys
 def runs(path):
