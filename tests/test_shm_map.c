@@ -34,7 +34,12 @@
  *               its own, a caller's registration takes an automatic one over, and peers drop
  *               their views of a registration whose memory was unmapped. Exit 77 (skipped)
  *               where libddp cannot register by itself (sanitizers' malloc, old kernels).
- * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill */
+ *   pulled      broadcast and allgather from buffers registered on every rank (issue #27): "mapped"
+ *               from the first call, the right bytes at page offsets 0, 16, 4092 and one per
+ *               rank, 64 KiB-8 MiB, f32/bf16/f64, in place and not, every root, guards and an
+ *               out-of-place input untouched; rank 1 unregistered: nobody mapped, right bytes;
+ *               registered again: mapped again within 64 calls and from then on.
+ * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -282,6 +287,122 @@ static int rank_variants(int rank, int world, ddp_store_t *store, void *arg)
                     run_case(g, &types[t], sizes[s], send_off, off, inplace, k++);
     }
     run_subrange(g, k);
+    ddp_group_destroy(g);
+    return 0;
+}
+
+/* ---- pulled: broadcast and allgather from registered memory -------------------------------- */
+
+static const type_t pull_types[] = {{DDP_F32, DDP_SUM, "f32"}, {DDP_BF16, DDP_SUM, "bf16"},
+                                    {DDP_F64, DDP_SUM, "f64"}};
+
+/* One broadcast (kind 0, root `root`) or allgather (kind 1) of `count` elements per rank from
+ * registered buffers at `off` bytes past a page (in place: the allgather's send is this rank's
+ * block of recv; the broadcast is always in place). Checks the bytes against each rank's input,
+ * the guards, an out-of-place send unchanged; returns whether "mapped" ran (the same on every
+ * rank). `reg`: register this rank's buffers. */
+static int pull_case(ddp_group_t *g, int kind, const type_t *t, size_t count, size_t off,
+                     int inplace, int root, int reg, int k)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(t->dtype), bytes = count * es;
+    size_t total = kind ? bytes * (size_t)world : bytes;
+    off -= off % es;
+    char what[160];
+    snprintf(what, sizeof what, "%s %s, %zu elements per rank, offset %zu, %s%s",
+             kind ? "allgather" : "broadcast", t->name, count, off,
+             inplace ? "in place" : "out of place", reg ? "" : ", this rank unregistered");
+    user_buf_t recv = buf_alloc(off, total), send = {0};
+    char *want = malloc(total), *in = malloc(bytes);
+    CHECK(want && in);
+    if (kind == 0) {
+        ddp_test_fill(want, t->dtype, root, count, k);
+        ddp_test_fill(recv.at, t->dtype, rank, count, k); /* the root's is the input */
+    } else {
+        for (int r = 0; r < world; r++) ddp_test_fill(want + (size_t)r * bytes, t->dtype, r, count, k);
+        memset(recv.at, 0x5A, total);
+        if (!inplace) send = buf_alloc((off + 64) % PAGE, bytes);
+        ddp_test_fill(inplace ? recv.at + (size_t)rank * bytes : send.at, t->dtype, rank, count, k);
+        memcpy(in, inplace ? recv.at + (size_t)rank * bytes : send.at, bytes);
+    }
+    if (reg) {
+        CHECK_OK(ddp_group_register_memory(g, recv.at, total));
+        if (send.at) CHECK_OK(ddp_group_register_memory(g, send.at, bytes));
+    }
+    if (kind == 0)
+        CHECK_OK(ddp_group_broadcast(g, recv.at, count, t->dtype, root));
+    else
+        CHECK_OK(ddp_group_allgather(g, inplace ? recv.at + (size_t)rank * bytes : send.at,
+                                     recv.at, count, t->dtype));
+    int mapped = is_mapped(g);
+    if (memcmp(recv.at, want, total) != 0) {
+        size_t i = 0;
+        while (i < total && recv.at[i] == want[i]) i++;
+        CHECK_MSG(0, "%s, case %d (%s): wrong from byte %zu of %zu", what, k,
+                  ddp_group_algorithm(g), i, total);
+    }
+    buf_check_guards(&recv, what, k);
+    if (send.at) {
+        buf_check_guards(&send, what, k);
+        CHECK_MSG(memcmp(send.at, in, bytes) == 0, "%s, case %d: the input changed", what, k);
+    }
+    check_same_everywhere(g, (uint64_t)mapped, what, k);
+    if (reg) {
+        CHECK_OK(ddp_group_unregister_memory(g, recv.at));
+        if (send.at) CHECK_OK(ddp_group_unregister_memory(g, send.at));
+    }
+    free(recv.base);
+    if (send.base) free(send.base);
+    free(want);
+    free(in);
+    return mapped;
+}
+
+/* Registered on every rank: "mapped" from the first call, right bytes, at page offsets 0, 16
+ * and 4092 (edges staged) and one per rank, 64 KiB (the smallest that may go mapped) to 8 MiB,
+ * in place and not, every root. Rank 1 unregistered: nobody goes mapped, right bytes; registered
+ * again everywhere: mapped again within the calls of one retry period, and from then on. */
+static int rank_pulled(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "pulled", NULL, 0);
+    static const size_t bytes_per_rank[3] = {64u << 10, (1u << 20) + 8, (8u << 20) + 16};
+    int k = 0;
+    for (int pattern = 0; pattern < 4; pattern++) {
+        size_t off = pattern < 3 ? offsets[pattern] : offsets[rank % 3];
+        for (int s = 0; s < 3; s++)
+            for (int t = 0; t < 3; t++) {
+                const type_t *ty = &pull_types[t];
+                size_t count = bytes_per_rank[s] / ddp_dtype_size(ty->dtype);
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    int m = pull_case(g, 1, ty, count, off, inplace, 0, 1, k++);
+                    CHECK_MSG(world == 1 || m, "allgather, case %d: registered everywhere, yet "
+                              "ran %s", k - 1, ddp_group_algorithm(g));
+                }
+                int root = (pattern + s) % world;
+                int m = pull_case(g, 0, ty, count * (size_t)world, off, 1, root, 1, k++);
+                CHECK_MSG(world == 1 || m, "broadcast from %d, case %d: registered everywhere, "
+                          "yet ran %s", root, k - 1, ddp_group_algorithm(g));
+            }
+    }
+    if (world > 1) {
+        /* Rank 1 unregistered: the usual way, every rank. */
+        for (int i = 0; i < 3; i++) {
+            CHECK_MSG(!pull_case(g, 1, &pull_types[0], 65536, 16, i % 2, 0, rank != 1, k++),
+                      "allgather: rank 1 unregistered, yet mapped");
+            CHECK_MSG(!pull_case(g, 0, &pull_types[0], 65536, 16, 1, world - 1, rank != 1, k++),
+                      "broadcast: rank 1 unregistered, yet mapped");
+        }
+        /* Registered everywhere again: mapped again by the 64th call, and every call after. */
+        int first = -1;
+        for (int call = 0; call < 70; call++) {
+            int m = pull_case(g, 1, &pull_types[0], 65536, 16, 0, 0, 1, k++);
+            if (m && first < 0) first = call;
+            CHECK_MSG(!(first >= 0 && !m), "allgather call %d after registering again ran %s, "
+                      "having gone mapped at call %d", call, ddp_group_algorithm(g), first);
+        }
+        CHECK_MSG(first >= 0, "registered again: 70 allgathers, none mapped");
+    }
     ddp_group_destroy(g);
     return 0;
 }
@@ -915,11 +1036,12 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "fork")       ? rank_fork
                               : !strcmp(mode, "tuned")      ? rank_tuned
                               : !strcmp(mode, "auto")       ? rank_auto
+                              : !strcmp(mode, "pulled")     ? rank_pulled
                                                             : NULL;
         if (!fn || world < 1 ||
             ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto) && world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|auto|kill (fallback, tuned, auto: world >= 2)\n");
+                            "fork|tuned|auto|kill|pulled (fallback, tuned, auto: world >= 2)\n");
             return 2;
         }
         if (fn == rank_auto && !ddp__shm_map_auto_available()) {

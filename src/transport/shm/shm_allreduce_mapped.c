@@ -6,25 +6,6 @@
 
 #include "transport/shm/shm_internal.h"
 
-/* Where a rank's edges live in its stage (of the collective's parity): the bytes of its buffers
- * outside their export's whole pages, less than a page (plus an element) at each end. The owner
- * stages its send edges; the ranks reducing those elements write the results for its recv edges,
- * which it copies out after the last phase. */
-#define EDGE_SEND_HEAD 0
-#define EDGE_SEND_TAIL (2 * PAGE)
-#define EDGE_RECV_HEAD (4 * PAGE)
-#define EDGE_RECV_TAIL (6 * PAGE)
-
-/* Elements [*lo, *hi) of a buffer of n elements described by h lie in its export's pages. */
-static void covered(const ddp__shm_map_hint_t *h, size_t n, size_t esize, size_t *lo, size_t *hi)
-{
-    size_t a = h->start > h->addr ? (size_t)(h->start - h->addr + esize - 1) / esize : 0;
-    size_t b = h->end > h->addr ? (size_t)(h->end - h->addr) / esize : 0;
-    *lo = a < n ? a : n;
-    *hi = b < n ? b : n;
-    if (*hi < *lo) *hi = *lo;
-}
-
 /* The smallest buffer DDP_SHM_MAP=auto registers (below, a copy through the stage is cheap). */
 #define MAP_AUTO_MIN ((size_t)128 << 10)
 
@@ -59,16 +40,28 @@ static int map_lookup(shm_state_t *S, const void *p, size_t bytes, ddp__shm_map_
            ddp__shm_map_find(p, bytes, hint);
 }
 
+int ddp__shm_map_one(shm_state_t *S, const void *p, size_t bytes, size_t esize,
+                     ddp__shm_map_hint_t *hint)
+{
+    hint->slot = -1;
+    if (!S->map_wanted || S->world < 2) return 0;
+    publish_live(S);
+    if ((uintptr_t)p % esize || !map_lookup(S, p, bytes, hint)) {
+        hint->slot = -1;
+        return 0;
+    }
+    return 1;
+}
+
 /* This rank's hints for c's buffers in fp->map (publishing its live registrations first), or
  * slot -1 in both; returns whether both are registered. */
 int ddp__shm_map_buffers(shm_state_t *S, const ddp__collective_t *c, size_t bytes,
                          shm_fingerprint_t *fp)
 {
-    if (!S->map_wanted || S->world < 2 || fp->buffer_id >= 0) return 0;
-    publish_live(S);
+    if (fp->buffer_id >= 0) return 0;
     const size_t esize = ddp_dtype_size(c->dtype);
-    if ((uintptr_t)c->send % esize || (uintptr_t)c->recv % esize) return 0;
-    if (!map_lookup(S, c->send, bytes, &fp->map[0])) return 0;
+    if ((uintptr_t)c->recv % esize) return 0;
+    if (!ddp__shm_map_one(S, c->send, bytes, esize, &fp->map[0])) return 0;
     if (c->recv == c->send) {
         fp->map[1] = fp->map[0];
     } else if (!map_lookup(S, c->recv, bytes, &fp->map[1])) {
@@ -95,7 +88,7 @@ void ddp__shm_map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t by
     if (!ddp__shm_map_buffers(S, c, bytes, fp)) return;
     const size_t esize = ddp_dtype_size(c->dtype);
     size_t lo, hi;
-    covered(&fp->map[0], c->count, esize, &lo, &hi);
+    ddp__shm_covered(&fp->map[0], c->count, esize, &lo, &hi);
     char *stage = stage_of(S, S->rank, (unsigned)(S->use & 1));
     memcpy(stage + EDGE_SEND_HEAD, c->send, lo * esize);
     memcpy(stage + EDGE_SEND_TAIL, (const char *)c->send + hi * esize, (c->count - hi) * esize);
@@ -105,24 +98,22 @@ void ddp__shm_map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t by
  * let the mapped path run now, mapping what is missing (one more phase, where every rank says
  * whether it could). The same answer on every rank. */
 int ddp__shm_decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
-                           ddp__shm_map_hint_t *hints, ddp_status_t *status)
+                           int nbuf, ddp__shm_map_hint_t *hints, ddp_status_t *status)
 {
     const int p = S->world;
     *status = DDP_OK;
-    for (int k = 0; k < p; k++) {
-        hints[2 * k] = S->ranks[k].map_hints[fparity][0];
-        hints[2 * k + 1] = S->ranks[k].map_hints[fparity][1];
-    }
-    int ready = ddp__shm_views_ready(&S->views, hints, 2);
+    for (int k = 0; k < p; k++)
+        for (int b = 0; b < nbuf; b++) hints[nbuf * k + b] = S->ranks[k].map_hints[fparity][b];
+    int ready = ddp__shm_views_ready(&S->views, hints, nbuf);
     if (ready != 0) return ready > 0;
     int pids[DDP__SHM_MAX_WORLD];
     for (int k = 0; k < p; k++) pids[k] = atomic_load_explicit(&S->ranks[k].pid, memory_order_relaxed);
-    S->ranks[S->rank].map_verdict = ddp__shm_views_prepare(&S->views, hints, 2, pids);
+    S->ranks[S->rank].map_verdict = ddp__shm_views_prepare(&S->views, hints, nbuf, pids);
     *status = ddp__shm_sync_all(S, c, c->deadline_ns);
     if (*status != DDP_OK) return 0;
     int all_ok = 1;
     for (int k = 0; k < p; k++) all_ok &= S->ranks[k].map_verdict == 1;
-    ddp__shm_views_settle(&S->views, hints, 2, all_ok);
+    ddp__shm_views_settle(&S->views, hints, nbuf, all_ok);
     if (!all_ok && S->rank == 0)
         DDP_LOG(DDP_LOG_INFO, "shm: a rank could not map its peers' registered memory: those "
                               "buffers are reduced the staged way (DDP_LOG_LEVEL=info on every "
@@ -165,7 +156,7 @@ ddp_status_t ddp__shm_allreduce_mapped(shm_state_t *S, const ddp__collective_t *
     cuts[ncuts++] = hi;
     for (int k = 0; k < p; k++) {
         for (int b = 0; b < 2; b++) {
-            covered(&hints[2 * k + b], n, esize, &lo_of[k][b], &hi_of[k][b]);
+            ddp__shm_covered(&hints[2 * k + b], n, esize, &lo_of[k][b], &hi_of[k][b]);
             if (lo_of[k][b] > lo && lo_of[k][b] < hi) cuts[ncuts++] = lo_of[k][b];
             if (hi_of[k][b] > lo && hi_of[k][b] < hi) cuts[ncuts++] = hi_of[k][b];
         }

@@ -1,5 +1,6 @@
 /* Choosing how a shared-memory collective runs, in one place: an allreduce's algorithm
- * (choose_allreduce), rounds or single copy for broadcast, allgather and reduce_scatter
+ * (choose_allreduce), mapped (from registered memory, run_pulled_or), rounds or single copy for
+ * broadcast and allgather, rounds or single copy for reduce_scatter and alltoall
  * (run_rounds_or_single), each once per call, with the tuner (shm_tune.c) where it has a say;
  * then the dispatch of a collective to the function that runs the choice. */
 #include <string.h>
@@ -209,7 +210,7 @@ static ddp_status_t choose_allreduce(shm_state_t *S, const ddp__collective_t *c,
     if (plan->any_zero_copy) ddp__shm_prune_views(S);
     if (plan->any_zero_copy && ddp__shm_all_registered(S, plan->fparity)) {
         S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
-        int mapped = ddp__shm_decide_mapped(S, c, plan->fparity, plan->hints, &s);
+        int mapped = ddp__shm_decide_mapped(S, c, plan->fparity, 2, plan->hints, &s);
         if (s != DDP_OK) return s;
         if (mapped) {
             plan->algorithm = DDP__SHM_ALG_MAPPED;
@@ -274,6 +275,19 @@ static ddp_status_t run_rounds_or_single(shm_state_t *S, const ddp__collective_t
     return s;
 }
 
+/* Broadcast, allgather: from registered memory where every rank's source is (shm_pulled.c),
+ * else rounds or single copy. */
+static ddp_status_t run_pulled_or(shm_state_t *S, const ddp__collective_t *c, int kind,
+                                  size_t bytes, shm_collective_fn rounds, shm_collective_fn single)
+{
+    if (S->world > 1 && bytes >= PULL_MIN) {
+        int ran;
+        ddp_status_t s = ddp__shm_try_pulled(S, c, ddp__shm_tune_key(kind, bytes), &ran);
+        if (s != DDP_OK || ran) return s;
+    }
+    return run_rounds_or_single(S, c, kind, bytes, rounds, single);
+}
+
 ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
 {
     shm_state_t *S = state;
@@ -283,12 +297,12 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
     switch (c->kind) {
     case DDP__ALLREDUCE: s = run_allreduce(S, c); break;
     case DDP__BROADCAST:
-        s = run_rounds_or_single(S, c, 1, c->count * esize, ddp__shm_broadcast_rounds,
-                                 ddp__shm_broadcast_cma);
+        s = run_pulled_or(S, c, 1, c->count * esize, ddp__shm_broadcast_rounds,
+                          ddp__shm_broadcast_cma);
         break;
     case DDP__ALLGATHER:
-        s = run_rounds_or_single(S, c, 2, c->count * esize * (size_t)S->world,
-                                 ddp__shm_allgather_rounds, ddp__shm_allgather_cma);
+        s = run_pulled_or(S, c, 2, c->count * esize * (size_t)S->world,
+                          ddp__shm_allgather_rounds, ddp__shm_allgather_cma);
         break;
     case DDP__REDUCE_SCATTER:
         s = run_rounds_or_single(S, c, 3, c->count * esize * (size_t)S->world,

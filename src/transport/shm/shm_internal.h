@@ -8,6 +8,7 @@
  *   shm_agree.c      agreement: a collective's first phase, the fingerprint in the mailbox line
  *   shm_buffers.c    memfds, segment buffers (alloc, free, find), registration for single copy
  *   shm_allreduce.c, shm_allreduce_mapped.c   the allreduce algorithms, one function each
+ *   shm_pulled.c       broadcast and allgather from registered memory
  *   shm_broadcast.c, shm_allgather.c, shm_reduce_scatter.c   rounds and single copy
  *   shm_choose.c     the one place an algorithm is chosen, and the dispatch of a collective
  *   shm.c            the transport's table and the segment's life cycle (create, abort, destroy)
@@ -219,6 +220,11 @@ typedef struct shm_state {
     ddp__shm_views_t views;
     uint8_t map_class[DDP__SHM_TUNE_CLASSES];
     uint32_t live_seen[DDP__SHM_MAX_WORLD]; /* each peer's live_epoch when its views were pruned */
+    /* Broadcast and allgather from registered memory (shm_pulled.c), per tuner key: calls made
+     * at a size that may go the mapped way, and whether at the last try every rank's source was
+     * registered. Both agreed (every rank counts the same calls and sees the same hints). */
+    uint32_t pull_calls[DDP__SHM_TUNE_KEYS];
+    uint8_t pull_ok[DDP__SHM_TUNE_KEYS];
 } shm_state_t;
 
 /* DDP_SHM_MAP: off, on (registered memory), auto (also buffers libddp registers itself). */
@@ -374,7 +380,39 @@ void ddp__shm_map_hints_of(shm_state_t *S, const ddp__collective_t *c, size_t by
 void ddp__shm_prune_views(shm_state_t *S);
 int ddp__shm_all_registered(const shm_state_t *S, unsigned q);
 int ddp__shm_decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
-                           ddp__shm_map_hint_t *hints, ddp_status_t *status);
+                           int nbuf, ddp__shm_map_hint_t *hints, ddp_status_t *status);
+/* The hint for one buffer of a collective (registering it first under DDP_SHM_MAP=auto), after
+ * publishing this rank's live registrations; 0 (slot -1) when it is not in registered memory. */
+int ddp__shm_map_one(shm_state_t *S, const void *p, size_t bytes, size_t esize,
+                     ddp__shm_map_hint_t *hint);
+
+/* Where a rank's edges live in its stage (of the collective's parity): the bytes of its buffers
+ * outside their export's whole pages, less than a page (plus an element) at each end. */
+#define EDGE_SEND_HEAD 0
+#define EDGE_SEND_TAIL (2 * PAGE)
+#define EDGE_RECV_HEAD (4 * PAGE)
+#define EDGE_RECV_TAIL (6 * PAGE)
+
+/* Elements [*lo, *hi) of a buffer of n elements described by h lie in its export's pages. */
+static inline void ddp__shm_covered(const ddp__shm_map_hint_t *h, size_t n, size_t esize,
+                                    size_t *lo, size_t *hi)
+{
+    size_t a = h->start > h->addr ? (size_t)(h->start - h->addr + esize - 1) / esize : 0;
+    size_t b = h->end > h->addr ? (size_t)(h->end - h->addr) / esize : 0;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* ---- shm_pulled.c: broadcast and allgather from registered memory ------------------------- */
+
+/* Broadcast or allgather at least this large may read its sources where they lie. */
+#define PULL_MIN ((size_t)64 << 10)
+/* Runs c (broadcast or allgather, bytes >= PULL_MIN) the mapped way when every rank's source is
+ * in registered memory and its views are agreed: *ran = 1 and the status. Else *ran = 0 after
+ * one phase (every rank the same), and the caller runs its usual way. Only tried where the
+ * last try in c's size class succeeded, or now and then (the same calls on every rank). */
+ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
 
 /* ---- shm_broadcast.c, shm_allgather.c, shm_reduce_scatter.c, shm_alltoall.c ------------------- */
 
