@@ -34,9 +34,10 @@
  *               its own, a caller's registration takes an automatic one over, and peers drop
  *               their views of a registration whose memory was unmapped. Exit 77 (skipped)
  *               where libddp cannot register by itself (sanitizers' malloc, old kernels).
- *   pulled      broadcast and allgather from buffers registered on every rank (issue #27): "mapped"
- *               from the first call, the right bytes at page offsets 0, 16, 4092 and one per
- *               rank, 64 KiB-8 MiB, f32/bf16/f64, in place and not, every root, guards and an
+ *   pulled      broadcast, allgather, alltoall and reduce_scatter from sources registered on
+ *               every rank (issue #27): "mapped" from the first call, the right bytes (reduce-
+ *               scatter: those of the usual path) at page offsets 0, 16, 4092 and one per rank,
+ *               64 KiB-8 MiB, f32/bf16/f64, in place and not, every root, guards and an
  *               out-of-place input untouched; rank 1 unregistered: nobody mapped, right bytes;
  *               registered again: mapped again within 64 calls and from then on.
  * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled */
@@ -319,7 +320,8 @@ static int pull_case(ddp_group_t *g, int kind, const type_t *t, size_t count, si
         ddp_test_fill(want, t->dtype, root, count, k);
         ddp_test_fill(recv.at, t->dtype, rank, count, k); /* the root's is the input */
     } else {
-        for (int r = 0; r < world; r++) ddp_test_fill(want + (size_t)r * bytes, t->dtype, r, count, k);
+        for (int r = 0; r < world; r++)
+            ddp_test_fill(want + (size_t)r * bytes, t->dtype, r, count, k);
         memset(recv.at, 0x5A, total);
         if (!inplace) send = buf_alloc((off + 64) % PAGE, bytes);
         ddp_test_fill(inplace ? recv.at + (size_t)rank * bytes : send.at, t->dtype, rank, count, k);
@@ -358,6 +360,91 @@ static int pull_case(ddp_group_t *g, int kind, const type_t *t, size_t count, si
     return mapped;
 }
 
+/* One alltoall of `count` elements per block from a registered send at `off` bytes past a page
+ * into an unregistered recv: block k of recv is rank k's block `rank`; guards and send intact.
+ * Returns whether "mapped" ran (the same on every rank). */
+static int alltoall_case(ddp_group_t *g, const type_t *t, size_t count, size_t off, int k)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(t->dtype), block = count * es, total = block * (size_t)world;
+    off -= off % es;
+    user_buf_t send = buf_alloc(off, total), recv = buf_alloc((off + 128) % PAGE, total);
+    char *want = malloc(total), *in = malloc(total);
+    CHECK(want && in);
+    for (int j = 0; j < world; j++) {
+        ddp_test_fill(send.at + (size_t)j * block, t->dtype, rank * world + j, count, k);
+        ddp_test_fill(want + (size_t)j * block, t->dtype, j * world + rank, count, k);
+    }
+    memcpy(in, send.at, total);
+    memset(recv.at, 0x5A, total);
+    CHECK_OK(ddp_group_register_memory(g, send.at, total));
+    CHECK_OK(ddp_group_alltoall(g, send.at, recv.at, count, t->dtype));
+    int mapped = is_mapped(g);
+    char what[96];
+    snprintf(what, sizeof what, "alltoall %s, %zu per block, offset %zu", t->name, count, off);
+    CHECK_MSG(memcmp(recv.at, want, total) == 0, "%s, case %d (%s): wrong bytes", what, k,
+              ddp_group_algorithm(g));
+    CHECK_MSG(memcmp(send.at, in, total) == 0, "%s, case %d: the input changed", what, k);
+    buf_check_guards(&send, what, k);
+    buf_check_guards(&recv, what, k);
+    check_same_everywhere(g, (uint64_t)mapped, what, k);
+    CHECK_OK(ddp_group_unregister_memory(g, send.at));
+    free(send.base);
+    free(recv.base);
+    free(want);
+    free(in);
+    return mapped;
+}
+
+/* One reduce-scatter (sum) of `count` elements per block from a registered send at `off` bytes
+ * past a page (in place: recv is this rank's block of it), then the same call on unregistered
+ * copies: the same bytes, send intact out of place, guards intact. Returns whether the first
+ * went "mapped" (the same on every rank); the second must not. */
+static int reduce_scatter_case(ddp_group_t *g, const type_t *t, size_t count, size_t off,
+                               int inplace, int k)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(t->dtype), block = count * es, total = block * (size_t)world;
+    off -= off % es;
+    user_buf_t send = buf_alloc(off, total), recv = {0};
+    user_buf_t plain = buf_alloc(off, total), plain_recv = {0};
+    ddp_test_fill(send.at, t->dtype, rank, count * (size_t)world, k);
+    memcpy(plain.at, send.at, total);
+    if (!inplace) {
+        recv = buf_alloc((off + 128) % PAGE, block);
+        plain_recv = buf_alloc((off + 128) % PAGE, block);
+        memset(recv.at, 0x5A, block);
+        memset(plain_recv.at, 0x5A, block);
+    }
+    char *out = inplace ? send.at + (size_t)rank * block : recv.at;
+    char *plain_out = inplace ? plain.at + (size_t)rank * block : plain_recv.at;
+    CHECK_OK(ddp_group_register_memory(g, send.at, total));
+    CHECK_OK(ddp_group_reduce_scatter(g, send.at, out, count, t->dtype, DDP_SUM));
+    int mapped = is_mapped(g);
+    char what[112];
+    snprintf(what, sizeof what, "reduce_scatter %s, %zu per block, offset %zu, %s", t->name,
+             count, off, inplace ? "in place" : "out of place");
+    CHECK_OK(ddp_group_reduce_scatter(g, plain.at, plain_out, count, t->dtype, DDP_SUM));
+    CHECK_MSG(!is_mapped(g), "%s, case %d: unregistered buffers ran \"mapped\"", what, k);
+    CHECK_MSG(memcmp(out, plain_out, block) == 0, "%s, case %d: mapped differs from the usual "
+              "path", what, k);
+    if (!inplace) {
+        CHECK_MSG(memcmp(send.at, plain.at, total) == 0, "%s, case %d: the input changed", what,
+                  k);
+        buf_check_guards(&recv, what, k);
+    }
+    buf_check_guards(&send, what, k);
+    check_same_everywhere(g, (uint64_t)mapped, what, k);
+    CHECK_OK(ddp_group_unregister_memory(g, send.at));
+    free(send.base);
+    free(plain.base);
+    if (!inplace) {
+        free(recv.base);
+        free(plain_recv.base);
+    }
+    return mapped;
+}
+
 /* Registered on every rank: "mapped" from the first call, right bytes, at page offsets 0, 16
  * and 4092 (edges staged) and one per rank, 64 KiB (the smallest that may go mapped) to 8 MiB,
  * in place and not, every root. Rank 1 unregistered: nobody goes mapped, right bytes; registered
@@ -379,6 +466,13 @@ static int rank_pulled(int rank, int world, ddp_store_t *store, void *arg)
                     CHECK_MSG(world == 1 || m, "allgather, case %d: registered everywhere, yet "
                               "ran %s", k - 1, ddp_group_algorithm(g));
                 }
+                for (int inplace = 0; inplace < 2; inplace++)
+                    CHECK_MSG(world == 1 || reduce_scatter_case(g, ty, count, off, inplace, k++),
+                              "reduce_scatter, case %d: registered everywhere, yet ran %s", k - 1,
+                              ddp_group_algorithm(g));
+                CHECK_MSG(world == 1 || alltoall_case(g, ty, count, off, k++),
+                          "alltoall, case %d: registered everywhere, yet ran %s", k - 1,
+                          ddp_group_algorithm(g));
                 int root = (pattern + s) % world;
                 int m = pull_case(g, 0, ty, count * (size_t)world, off, 1, root, 1, k++);
                 CHECK_MSG(world == 1 || m, "broadcast from %d, case %d: registered everywhere, "

@@ -1,8 +1,8 @@
 /* Choosing how a shared-memory collective runs, in one place: an allreduce's algorithm
- * (choose_allreduce), mapped (from registered memory, run_pulled_or), rounds or single copy for
- * broadcast and allgather, rounds or single copy for reduce_scatter and alltoall
- * (run_rounds_or_single), each once per call, with the tuner (shm_tune.c) where it has a say;
- * then the dispatch of a collective to the function that runs the choice. */
+ * (choose_allreduce); mapped (from registered memory, run_pulled_or), else rounds or single
+ * copy (run_rounds_or_single) for broadcast, allgather, reduce_scatter and alltoall; each once
+ * per call, with the tuner (shm_tune.c) where it has a say; then the dispatch of a collective
+ * to the function that runs the choice. */
 #include <string.h>
 
 #include "transport/shm/shm_internal.h"
@@ -275,8 +275,8 @@ static ddp_status_t run_rounds_or_single(shm_state_t *S, const ddp__collective_t
     return s;
 }
 
-/* Broadcast, allgather: from registered memory where every rank's source is (shm_pulled.c),
- * else rounds or single copy. */
+/* Broadcast, allgather, reduce-scatter, alltoall: from registered memory where every rank's
+ * source is (shm_pulled.c), else rounds or single copy. */
 static ddp_status_t run_pulled_or(shm_state_t *S, const ddp__collective_t *c, int kind,
                                   size_t bytes, shm_collective_fn rounds, shm_collective_fn single)
 {
@@ -305,12 +305,12 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
                           ddp__shm_allgather_rounds, ddp__shm_allgather_cma);
         break;
     case DDP__REDUCE_SCATTER:
-        s = run_rounds_or_single(S, c, 3, c->count * esize * (size_t)S->world,
-                                 ddp__shm_reduce_scatter_rounds, ddp__shm_reduce_scatter_cma);
+        s = run_pulled_or(S, c, 3, c->count * esize * (size_t)S->world,
+                          ddp__shm_reduce_scatter_rounds, ddp__shm_reduce_scatter_cma);
         break;
     case DDP__ALLTOALL:
-        s = run_rounds_or_single(S, c, 4, c->count * esize * (size_t)S->world,
-                                 ddp__shm_alltoall_rounds, ddp__shm_alltoall_cma);
+        s = run_pulled_or(S, c, 4, c->count * esize * (size_t)S->world,
+                          ddp__shm_alltoall_rounds, ddp__shm_alltoall_cma);
         break;
     case DDP__BARRIER: {
         set_algorithm(S, DDP__SHM_ALG_BARRIER);

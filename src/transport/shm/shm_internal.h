@@ -8,7 +8,7 @@
  *   shm_agree.c      agreement: a collective's first phase, the fingerprint in the mailbox line
  *   shm_buffers.c    memfds, segment buffers (alloc, free, find), registration for single copy
  *   shm_allreduce.c, shm_allreduce_mapped.c   the allreduce algorithms, one function each
- *   shm_pulled.c       broadcast and allgather from registered memory
+ *   shm_pulled.c       broadcast, allgather, reduce_scatter, alltoall from registered memory
  *   shm_broadcast.c, shm_allgather.c, shm_reduce_scatter.c   rounds and single copy
  *   shm_choose.c     the one place an algorithm is chosen, and the dispatch of a collective
  *   shm.c            the transport's table and the segment's life cycle (create, abort, destroy)
@@ -220,11 +220,11 @@ typedef struct shm_state {
     ddp__shm_views_t views;
     uint8_t map_class[DDP__SHM_TUNE_CLASSES];
     uint32_t live_seen[DDP__SHM_MAX_WORLD]; /* each peer's live_epoch when its views were pruned */
-    /* Broadcast and allgather from registered memory (shm_pulled.c), per tuner key: calls made
-     * at a size that may go the mapped way, and whether at the last try every rank's source was
-     * registered. Both agreed (every rank counts the same calls and sees the same hints). */
-    uint32_t pull_calls[DDP__SHM_TUNE_KEYS];
-    uint8_t pull_ok[DDP__SHM_TUNE_KEYS];
+    /* Broadcast, allgather, reduce_scatter, alltoall from registered memory (shm_pulled.c), per
+     * tuner key: calls to let pass before the next try, and tries in a row that found a rank's
+     * source unregistered. Agreed (every rank sees the same calls and the same hints). */
+    uint32_t pull_skip[DDP__SHM_TUNE_KEYS];
+    uint8_t pull_misses[DDP__SHM_TUNE_KEYS];
 } shm_state_t;
 
 /* DDP_SHM_MAP: off, on (registered memory), auto (also buffers libddp registers itself). */
@@ -404,14 +404,16 @@ static inline void ddp__shm_covered(const ddp__shm_map_hint_t *h, size_t n, size
     if (*hi < *lo) *hi = *lo;
 }
 
-/* ---- shm_pulled.c: broadcast and allgather from registered memory ------------------------- */
+/* ---- shm_pulled.c: broadcast, allgather, reduce_scatter, alltoall from registered memory --- */
 
-/* Broadcast or allgather at least this large may read its sources where they lie. */
+/* A broadcast, allgather (its output), reduce_scatter or alltoall (their send) at least this
+ * large may read its sources where they lie. */
 #define PULL_MIN ((size_t)64 << 10)
-/* Runs c (broadcast or allgather, bytes >= PULL_MIN) the mapped way when every rank's source is
- * in registered memory and its views are agreed: *ran = 1 and the status. Else *ran = 0 after
- * one phase (every rank the same), and the caller runs its usual way. Only tried where the
- * last try in c's size class succeeded, or now and then (the same calls on every rank). */
+/* Runs c (broadcast, allgather, reduce_scatter or alltoall; bytes >= PULL_MIN) the mapped way
+ * when every rank's source is in registered memory and its views are agreed: *ran = 1 and the
+ * status. Else *ran = 0 after one phase (every rank the same), and the caller runs its usual
+ * way. Tried at every call of a size class while its tries find every source registered;
+ * after m misses in a row, 2^(m-1) - 1 calls pass untried (at most 63; every rank the same). */
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
 
 /* ---- shm_broadcast.c, shm_allgather.c, shm_reduce_scatter.c, shm_alltoall.c ------------------- */

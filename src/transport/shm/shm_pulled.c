@@ -1,33 +1,80 @@
-/* Broadcast and allgather from registered memory (issue #27): when every rank's source (a
- * broadcast's buffer, an allgather's send) is in registered memory and the views of it are
- * agreed, each rank reads its peers' sources where they lie, one copy per byte, instead of a copy
- * into the stage and one out of it (rounds) or a system call per peer (single copy). The edges
- * outside an export's whole pages come from the owner's stage, as in the mapped allreduce.
+/* Broadcast, allgather, alltoall and reduce-scatter from registered memory (issue #27): when
+ * every rank's source (a broadcast's buffer, the others' send) is in registered memory and the
+ * views of it are agreed, each rank reads what it needs of its peers' sources where they lie:
+ * one copy per byte (a reduce-scatter: one read of each input) instead of a copy into the stage
+ * and one out of it (rounds) or a system call per peer (single copy). The edges outside an
+ * export's whole pages come from the owner's stage, as in the mapped allreduce.
  *
- * Whether to try is agreed state: per size class, the last try's outcome, and a retry at calls
- * 1, 2, 4, ..., 64 of the class and every 64th after, so that DDP_SHM_MAP=auto (which registers a
- * buffer the second time it sees it) gets its chance and a class whose buffers are never
- * registered pays the try's one phase rarely. */
+ * Whether to try is agreed state, per size class: every call while tries find every source
+ * registered; after m misses in a row (a try costs its one phase when it misses), 2^(m-1) - 1
+ * calls untried, at most 63. So a buffer registered now and then goes mapped when it comes,
+ * DDP_SHM_MAP=auto (which registers a buffer the second time it sees it) gets its chance, and a
+ * class whose sources are never registered pays a phase once in 64 calls. */
 #include <string.h>
 
 #include "transport/shm/shm_internal.h"
 
-/* Retry the mapped way at this call of a size class (calls counted from 1). */
-static int retry_due(uint32_t n) { return n <= 64 ? (n & (n - 1)) == 0 : n % 64 == 0; }
-
-/* Copies rank k's source (n elements, hint h) into dst: the pages through this rank's view of
- * its export, the edges from its stage of parity q. */
+/* Copies elements [a, b) of rank k's source (n elements, hint h) into dst: the pages through
+ * this rank's view of its export, the edges from its stage of parity q. */
 static void pull(shm_state_t *S, int k, const ddp__shm_map_hint_t *h, unsigned q, char *dst,
-                 size_t n, size_t esize, int stream)
+                 size_t n, size_t a, size_t b, size_t esize, int stream)
 {
     size_t lo, hi;
     ddp__shm_covered(h, n, esize, &lo, &hi);
     const char *stage = stage_of(S, k, q);
-    if (lo) memcpy(dst, stage + EDGE_SEND_HEAD, lo * esize);
-    if (hi > lo)
-        copy_out(dst + lo * esize, ddp__shm_view_at(&S->views, k, h, h->addr + lo * esize),
-                 (hi - lo) * esize, stream);
-    if (n > hi) memcpy(dst + hi * esize, stage + EDGE_SEND_TAIL, (n - hi) * esize);
+    size_t x = a, y = b < lo ? b : lo; /* the head edge */
+    if (y > x) memcpy(dst, stage + EDGE_SEND_HEAD + x * esize, (y - x) * esize);
+    x = a > lo ? a : lo; /* the pages */
+    y = b < hi ? b : hi;
+    if (y > x)
+        copy_out(dst + (x - a) * esize, ddp__shm_view_at(&S->views, k, h, h->addr + x * esize),
+                 (y - x) * esize, stream);
+    x = a > hi ? a : hi; /* the tail edge */
+    if (b > x)
+        memcpy(dst + (x - a) * esize, stage + EDGE_SEND_TAIL + (x - hi) * esize, (b - x) * esize);
+}
+
+/* Reduces block [a, a + n) of every rank's source (total elements each) into c->recv, in rank
+ * order with the kernel every other path uses (the same bytes whichever ran): between two cut
+ * points every rank's elements lie in one place, its export's pages or an edge in its stage. */
+static void reduce_block(shm_state_t *S, const ddp__collective_t *c,
+                         const ddp__shm_map_hint_t *hints, unsigned q, size_t total, size_t a,
+                         size_t n, size_t esize)
+{
+    const int p = S->world, me = S->rank;
+    size_t lo_of[DDP__SHM_MAX_WORLD], hi_of[DDP__SHM_MAX_WORLD];
+    size_t cuts[2 * DDP__SHM_MAX_WORLD + 2];
+    int ncuts = 0;
+    cuts[ncuts++] = a;
+    cuts[ncuts++] = a + n;
+    for (int k = 0; k < p; k++) {
+        ddp__shm_covered(&hints[k], total, esize, &lo_of[k], &hi_of[k]);
+        if (lo_of[k] > a && lo_of[k] < a + n) cuts[ncuts++] = lo_of[k];
+        if (hi_of[k] > a && hi_of[k] < a + n) cuts[ncuts++] = hi_of[k];
+    }
+    for (int i = 1; i < ncuts; i++)
+        for (int j = i; j > 0 && cuts[j - 1] > cuts[j]; j--) {
+            size_t t = cuts[j];
+            cuts[j] = cuts[j - 1];
+            cuts[j - 1] = t;
+        }
+    for (int i = 0; i + 1 < ncuts; i++) {
+        const size_t x = cuts[i], y = cuts[i + 1];
+        if (y <= x) continue;
+        const void *srcs[DDP__SHM_MAX_WORLD];
+        for (int k = 0; k < p; k++) {
+            const char *stage = stage_of(S, k, q);
+            if (k == me)
+                srcs[k] = (const char *)c->send + x * esize;
+            else if (x < lo_of[k])
+                srcs[k] = stage + EDGE_SEND_HEAD + x * esize;
+            else if (x < hi_of[k])
+                srcs[k] = ddp__shm_view_at(&S->views, k, &hints[k], hints[k].addr + x * esize);
+            else
+                srcs[k] = stage + EDGE_SEND_TAIL + (x - hi_of[k]) * esize;
+        }
+        ddp__reduce((char *)c->recv + (x - a) * esize, srcs, p, y - x, c->dtype, c->op);
+    }
 }
 
 /* Stages this rank's edges of src (n elements, hint h) for the peers that pull it. */
@@ -44,16 +91,25 @@ static void stage_edges(shm_state_t *S, const ddp__shm_map_hint_t *h, const char
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran)
 {
     *ran = 0;
-    const uint32_t calls = ++S->pull_calls[key];
-    if (!S->pull_ok[key] && !retry_due(calls)) return DDP_OK;
-    const int p = S->world, me = S->rank, bcast = c->kind == DDP__BROADCAST;
-    const size_t esize = ddp_dtype_size(c->dtype), n = c->count, bytes = n * esize;
-    /* The source: a broadcast's buffer on every rank (the root's is read, the others' need not
-     * be registered, but asking every rank keeps one rule), an allgather's send. */
-    const char *src = bcast ? (const char *)c->recv : (const char *)c->send;
+    if (S->pull_skip[key]) {
+        S->pull_skip[key]--;
+        return DDP_OK;
+    }
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype), n = c->count, block = n * esize;
+    /* The source and its elements: a broadcast's buffer on every rank (the root's is read, the
+     * others' need not be registered, but asking every rank keeps one rule); an allgather's
+     * send; an alltoall's or reduce-scatter's whole send, of which each peer reads its block. */
+    const char *src = c->kind == DDP__BROADCAST ? (const char *)c->recv : (const char *)c->send;
+    const int blocks = c->kind == DDP__ALLTOALL || c->kind == DDP__REDUCE_SCATTER;
+    const size_t total = blocks ? n * (size_t)p : n;
     shm_fingerprint_t fp;
     ddp__shm_fingerprint_of(c, &fp);
-    if (ddp__shm_map_one(S, src, bytes, esize, &fp.map[0])) stage_edges(S, &fp.map[0], src, n, esize);
+    /* An alltoall whose recv overlaps its send would overwrite what peers read: not mapped. */
+    const int apart = c->kind != DDP__ALLTOALL ||
+                      !ddp__overlaps(c->send, total * esize, c->recv, total * esize);
+    if (apart && ddp__shm_map_one(S, src, total * esize, esize, &fp.map[0]))
+        stage_edges(S, &fp.map[0], src, total, esize);
     unsigned fparity;
     ddp_status_t s = ddp__shm_first_sync_data(S, c, &fp, NULL, 0, 0, &fparity);
     if (s != DDP_OK) return s;
@@ -63,21 +119,31 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     ddp__shm_map_hint_t hints[DDP__SHM_MAX_WORLD];
     int mapped = all && ddp__shm_decide_mapped(S, c, fparity, 1, hints, &s);
     if (s != DDP_OK) return s;
-    S->pull_ok[key] = (uint8_t)mapped;
-    if (!mapped) return DDP_OK;
+    if (!mapped) {
+        if (S->pull_misses[key] < 7) S->pull_misses[key]++;
+        S->pull_skip[key] = (1u << (S->pull_misses[key] - 1)) - 1;
+        return DDP_OK;
+    }
+    S->pull_misses[key] = 0;
     *ran = 1;
     set_algorithm(S, DDP__SHM_ALG_MAPPED);
     const unsigned q = (unsigned)(S->use++ & 1);
-    const int stream = bytes * (size_t)(bcast ? 1 : p) >= STREAM_MIN_BYTES;
-    if (bcast) {
-        if (me != c->root) pull(S, c->root, &hints[c->root], q, c->recv, n, esize, stream);
+    const int stream = block * (size_t)(c->kind == DDP__BROADCAST ? 1 : p) >= STREAM_MIN_BYTES;
+    char *recv = c->recv;
+    if (c->kind == DDP__BROADCAST) {
+        if (me != c->root) pull(S, c->root, &hints[c->root], q, recv, n, 0, n, esize, stream);
+    } else if (c->kind == DDP__REDUCE_SCATTER) {
+        /* In place (recv is this rank's block of send) is safe: peers read the other blocks. */
+        reduce_block(S, c, hints, q, total, (size_t)me * n, n, esize);
     } else {
-        char *recv = c->recv;
+        /* Allgather: block k of recv is rank k's send; alltoall: rank k's block `me`. */
+        const size_t a = c->kind == DDP__ALLTOALL ? (size_t)me * n : 0;
         for (int j = 1; j < p; j++) { /* peers from the next rank on: not all on one at once */
             const int k = (me + j) % p;
-            pull(S, k, &hints[k], q, recv + (size_t)k * bytes, n, esize, stream);
+            pull(S, k, &hints[k], q, recv + (size_t)k * block, total, a, a + n, esize, stream);
         }
-        if (c->send != recv + (size_t)me * bytes) memcpy(recv + (size_t)me * bytes, c->send, bytes);
+        const char *own = (const char *)c->send + a * esize;
+        if (own != recv + (size_t)me * block) memcpy(recv + (size_t)me * block, own, block);
     }
     /* No rank changes its source until every rank has read it. */
     return ddp__shm_sync_all(S, c, c->deadline_ns);
