@@ -161,13 +161,7 @@ ddp_status_t ddp__shm_allreduce_mapped(shm_state_t *S, const ddp__collective_t *
             if (hi_of[k][b] > lo && hi_of[k][b] < hi) cuts[ncuts++] = hi_of[k][b];
         }
     }
-    /* Sorted cut points: between two, every rank's element lies in one place. */
-    for (int i = 1; i < ncuts; i++)
-        for (int j = i; j > 0 && cuts[j - 1] > cuts[j]; j--) {
-            size_t t = cuts[j];
-            cuts[j] = cuts[j - 1];
-            cuts[j - 1] = t;
-        }
+    ddp__shm_sort_cuts(cuts, ncuts);
     for (int i = 0; i + 1 < ncuts; i++) {
         const size_t x = cuts[i], y = cuts[i + 1];
         if (y <= x) continue;

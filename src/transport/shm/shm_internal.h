@@ -404,6 +404,18 @@ static inline void ddp__shm_covered(const ddp__shm_map_hint_t *h, size_t n, size
     if (*hi < *lo) *hi = *lo;
 }
 
+/* Sorts the cut points of a mapped collective (a few per rank: insertion sort). Between two
+ * neighbours every rank's element lies in one place, its export's pages or an edge. */
+static inline void ddp__shm_sort_cuts(size_t *cuts, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && cuts[j - 1] > cuts[j]; j--) {
+            size_t t = cuts[j];
+            cuts[j] = cuts[j - 1];
+            cuts[j - 1] = t;
+        }
+}
+
 /* ---- shm_pulled.c: broadcast, allgather, reduce_scatter, alltoall from registered memory --- */
 
 /* A broadcast, allgather (its output), reduce_scatter or alltoall (their send) at least this

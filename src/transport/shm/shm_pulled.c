@@ -52,12 +52,7 @@ static void reduce_block(shm_state_t *S, const ddp__collective_t *c,
         if (lo_of[k] > a && lo_of[k] < a + n) cuts[ncuts++] = lo_of[k];
         if (hi_of[k] > a && hi_of[k] < a + n) cuts[ncuts++] = hi_of[k];
     }
-    for (int i = 1; i < ncuts; i++)
-        for (int j = i; j > 0 && cuts[j - 1] > cuts[j]; j--) {
-            size_t t = cuts[j];
-            cuts[j] = cuts[j - 1];
-            cuts[j - 1] = t;
-        }
+    ddp__shm_sort_cuts(cuts, ncuts);
     for (int i = 0; i + 1 < ncuts; i++) {
         const size_t x = cuts[i], y = cuts[i + 1];
         if (y <= x) continue;
