@@ -69,6 +69,8 @@ foreach(world 1 2 3)
   ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} unregister TIMEOUT 200)
   # broadcast and allgather from registered memory ("mapped", read where it lies)
   ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} pulled TIMEOUT 300)
+  # reduce_scatter_apply (ZeRO's fused step) from registered memory
+  ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} apply TIMEOUT 200)
 endforeach()
 foreach(world 1 2)
   foreach(mode errors fork)

@@ -41,7 +41,12 @@
  *               not, every root, guards and an out-of-place input untouched; rank 1
  *               unregistered: nobody mapped, right bytes; registered again: mapped again within
  *               64 calls and from then on.
- * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled */
+ *   apply       reduce_scatter_apply with send and recv registered on every rank: "mapped"
+ *               from the first call, the bytes of reduce_scatter + the function + allgather,
+ *               the function given this rank's block in order, at the offsets above, in place
+ *               and not; rank 1 unregistered, small and empty calls: the usual path.
+ * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled|
+ *        apply */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -499,6 +504,138 @@ static int rank_pulled(int rank, int world, ddp_store_t *store, void *arg)
                       "having gone mapped at call %d", call, ddp_group_algorithm(g), first);
         }
         CHECK_MSG(first >= 0, "registered again: 70 allgathers, none mapped");
+    }
+    ddp_group_destroy(g);
+    return 0;
+}
+
+/* ---- apply: reduce_scatter_apply from registered memory ------------------------------------ */
+
+/* The function: out = old / 2 + reduced (as an optimizer reads its parameter and writes the new
+ * one), recording the pieces it was given so that the test can check they tile this rank's
+ * block in order. */
+typedef struct apply_log {
+    ddp_dtype_t dtype;
+    char *recv;
+    size_t next, calls; /* the element the next piece must start at; pieces so far */
+    int out_of_order;
+} apply_log_t;
+
+static void halve_and_add(void *arg, size_t first, void *values, size_t n)
+{
+    apply_log_t *log = arg;
+    if (first != log->next) log->out_of_order = 1;
+    log->next = first + n;
+    log->calls++;
+    for (size_t i = 0; i < n; i++) {
+        if (log->dtype == DDP_F32) {
+            float *r = (float *)log->recv + first + i;
+            *r = *r / 2 + ((float *)values)[i];
+        } else {
+            double *r = (double *)log->recv + first + i;
+            *r = *r / 2 + ((double *)values)[i];
+        }
+    }
+}
+
+/* One reduce_scatter_apply (sum, count elements per block) from send into recv, both at `off`
+ * bytes past a page (recv at another offset) or in place, registered on this rank if `reg`.
+ * Against the usual path on unregistered copies (reduce_scatter, the same function, allgather):
+ * the same bytes on every rank, pieces in order covering exactly this rank's block, guards and
+ * an out-of-place send untouched. Returns whether "mapped" ran (the same on every rank). */
+static int apply_case(ddp_group_t *g, const type_t *t, size_t count, size_t off, int inplace,
+                      int reg, int k)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t es = ddp_dtype_size(t->dtype), block = count * es, total = block * (size_t)world;
+    off -= off % es;
+    char what[160];
+    snprintf(what, sizeof what, "reduce_scatter_apply %s, %zu per block, offset %zu, %s%s",
+             t->name, count, off, inplace ? "in place" : "out of place",
+             reg ? "" : ", this rank unregistered");
+    user_buf_t send = buf_alloc(off, total), recv = {0};
+    if (!inplace) recv = buf_alloc((off + 200) % PAGE, total);
+    char *out = inplace ? send.at : recv.at;
+    ddp_test_fill(send.at, t->dtype, rank, count * (size_t)world, k);
+    if (!inplace) ddp_test_fill(recv.at, t->dtype, 1000, count * (size_t)world, k);
+    /* The expected bytes: the usual path on copies. */
+    char *in = malloc(total), *want = malloc(total), *reduced = malloc(block ? block : 1);
+    CHECK(in && want && reduced);
+    memcpy(in, send.at, total);
+    memcpy(want, out, total);
+    CHECK_OK(ddp_group_reduce_scatter(g, in, reduced, count, t->dtype, DDP_SUM));
+    apply_log_t plain = {t->dtype, want, (size_t)rank * count, 0, 0};
+    if (count) halve_and_add(&plain, (size_t)rank * count, reduced, count);
+    CHECK_OK(ddp_group_allgather(g, want + (size_t)rank * block, want, count, t->dtype));
+    if (reg) {
+        CHECK_OK(ddp_group_register_memory(g, send.at, total));
+        if (!inplace) CHECK_OK(ddp_group_register_memory(g, recv.at, total));
+    }
+    apply_log_t log = {t->dtype, out, (size_t)rank * count, 0, 0};
+    CHECK_OK(ddp_group_reduce_scatter_apply(g, send.at, out, count, t->dtype, DDP_SUM,
+                                            halve_and_add, &log));
+    int mapped = is_mapped(g);
+    CHECK_MSG(!log.out_of_order && log.next == (size_t)(rank + 1) * count &&
+                  (count == 0 || log.calls > 0),
+              "%s, case %d: the pieces did not tile this rank's block in order (%zu calls, "
+              "ended at %zu)", what, k, log.calls, log.next);
+    if (memcmp(out, want, total) != 0) {
+        size_t i = 0;
+        while (i < total && out[i] == want[i]) i++;
+        CHECK_MSG(0, "%s, case %d (%s): wrong from byte %zu of %zu (element %zu)", what, k,
+                  ddp_group_algorithm(g), i, total, i / es);
+    }
+    if (!inplace) {
+        CHECK_MSG(memcmp(send.at, in, total) == 0, "%s, case %d: the input changed", what, k);
+        buf_check_guards(&recv, what, k);
+    }
+    buf_check_guards(&send, what, k);
+    check_same_everywhere(g, (uint64_t)mapped, what, k);
+    if (reg) {
+        CHECK_OK(ddp_group_unregister_memory(g, send.at));
+        if (!inplace) CHECK_OK(ddp_group_unregister_memory(g, recv.at));
+    }
+    free(send.base);
+    if (recv.base) free(recv.base);
+    free(in);
+    free(want);
+    free(reduced);
+    return mapped;
+}
+
+/* Registered everywhere: "mapped" from the first call and the usual path's bytes, at page
+ * offsets 0, 16, 4092 and one per rank (edges of send and recv through the stages), 64 KiB to
+ * 8 MiB, f32 and f64, in place and not. Rank 1 unregistered: nobody mapped, the same bytes.
+ * Below 64 KiB and on one rank: the usual path. */
+static int rank_apply(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "apply", NULL, 0);
+    static const size_t totals[3] = {64u << 10, (1u << 20) + 24, (8u << 20) + 48};
+    static const type_t types[2] = {{DDP_F32, DDP_SUM, "f32"}, {DDP_F64, DDP_SUM, "f64"}};
+    int k = 0;
+    for (int pattern = 0; pattern < 4; pattern++) {
+        size_t off = pattern < 3 ? offsets[pattern] : offsets[rank % 3];
+        for (int s = 0; s < 3; s++)
+            for (int t = 0; t < 2; t++) {
+                if (s == 2 && pattern != 3) continue; /* 8 MiB once per dtype */
+                size_t elements = totals[s] / ddp_dtype_size(types[t].dtype);
+                size_t count = (elements + (size_t)world - 1) / (size_t)world;
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    int m = apply_case(g, &types[t], count, off, inplace, 1, k++);
+                    CHECK_MSG(world == 1 || m, "case %d: registered everywhere, yet ran %s",
+                              k - 1, ddp_group_algorithm(g));
+                }
+            }
+    }
+    for (int i = 0; i < 4; i++) {
+        /* Small (never mapped), empty, and rank 1 unregistered. */
+        CHECK_MSG(!apply_case(g, &types[i % 2], 100 + (size_t)i, 16, i % 2, 0, k++),
+                  "case %d: 100 elements ran mapped", k - 1);
+        CHECK(!apply_case(g, &types[0], 0, 0, 0, 0, k++));
+        if (world > 1)
+            CHECK_MSG(!apply_case(g, &types[i % 2], 65536, 4092, i % 2, rank != 1, k++),
+                      "case %d: rank 1 unregistered, yet mapped", k - 1);
     }
     ddp_group_destroy(g);
     return 0;
@@ -1134,11 +1271,13 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "tuned")      ? rank_tuned
                               : !strcmp(mode, "auto")       ? rank_auto
                               : !strcmp(mode, "pulled")     ? rank_pulled
+                              : !strcmp(mode, "apply")      ? rank_apply
                                                             : NULL;
         if (!fn || world < 1 ||
             ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto) && world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|auto|kill|pulled (fallback, tuned, auto: world >= 2)\n");
+                            "fork|tuned|auto|kill|pulled|apply (fallback, tuned, auto: world >= "
+                            "2)\n");
             return 2;
         }
         if (fn == rank_auto && !ddp__shm_map_auto_available()) {

@@ -12,8 +12,12 @@
  * DDP_ZERO_PARTITION_CHUNKS: stage 2's chunked layout and allgathers, from the Reducer's averaged
  * gradients, bitwise equal to the reference like stage 1.
  *
- * usage: test_zero args | stage1|stage1chunks|stage2|stage2ready|overlap sgd|nesterov|adam WORLD
- *        f32|f64 */
+ * stage2fused (and stage2fusedready, marking gradients during backward) is stage 2 with
+ * config.fused: each parameter in one reduce_scatter_apply at the step, within rounding of the
+ * reference like stage 2.
+ *
+ * usage: test_zero args | stage1|stage1chunks|stage2|stage2ready|stage2fused|stage2fusedready|
+ *        overlap sgd|nesterov|adam WORLD f32|f64 */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -221,9 +225,11 @@ static int rank_main(ddp_group_t *g, void *arg)
     ddp_dtype_t dt = tc->dtype;
     size_t es = ddp_dtype_size(dt);
     int overlap = strcmp(tc->mode, "overlap") == 0;
-    int ready_mode = strcmp(tc->mode, "stage2ready") == 0;
+    int ready_mode = strcmp(tc->mode, "stage2ready") == 0 ||
+                     strcmp(tc->mode, "stage2fusedready") == 0;
     int chunks = strcmp(tc->mode, "stage1chunks") == 0;
-    int stage = strcmp(tc->mode, "stage2") == 0 || ready_mode ? 2 : 1;
+    int fused = strncmp(tc->mode, "stage2fused", 11) == 0;
+    int stage = strcmp(tc->mode, "stage2") == 0 || ready_mode || fused ? 2 : 1;
     int layout = chunks ? 2 : stage; /* what check_state expects: stage 2's chunks or whole */
     pause_after_ready = overlap;
     size_t local = BATCH / (size_t)world;
@@ -255,6 +261,7 @@ static int rank_main(ddp_group_t *g, void *arg)
     zc.stage = stage;
     zc.optim = tc->optim;
     zc.overlap = overlap;
+    zc.fused = fused;
     zc.partition = chunks ? DDP_ZERO_PARTITION_CHUNKS : DDP_ZERO_PARTITION_PARAMS;
     zc.bucket_cap_bytes = 96 * es * (size_t)world; /* 96-element blocks: W0, W1 go direct */
     ddp_zero_t *zero = NULL;
@@ -371,6 +378,14 @@ static int args_main(ddp_group_t *g, void *arg)
     zc.overlap = 1;
     CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("overlap");
+    zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
+    zc.fused = 1; /* stage 1 */
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("fused");
+    zc.stage = 2;
+    zc.optim.max_grad_norm = 1.0;
+    CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("max_grad_norm");
     zc = (ddp_zero_config_t)DDP_ZERO_CONFIG_INIT;
     zc.partition = (ddp_zero_partition_t)2;
     CHECK_STATUS(ddp_zero_create(g, p, 1, &zc, &z), DDP_ERR_INVALID_ARGUMENT);
@@ -588,7 +603,8 @@ int main(int argc, char **argv)
     }
     if (argc != 5) {
         fprintf(stderr, "usage: %s args | mismatch 1|2 WORLD | "
-                "stage1|stage1chunks|stage2|stage2ready|overlap sgd|nesterov|adam WORLD f32|f64\n",
+                "stage1|stage1chunks|stage2|stage2ready|stage2fused|stage2fusedready|overlap "
+                "sgd|nesterov|adam WORLD f32|f64\n",
                 argv[0]);
         return 2;
     }

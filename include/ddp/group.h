@@ -203,6 +203,30 @@ DDP_API ddp_status_t ddp_group_broadcast_coalesced_async(ddp_group_t *group, voi
                                                          ddp_dtype_t dtype, int root,
                                                          ddp_work_t **work);
 
+/* A reduce-scatter whose result each rank transforms before an allgather, in one operation
+ * (ZeRO's step: average the gradients, update the owner's chunk, give every rank the new
+ * values). send and recv each hold world_size blocks of `count` elements (send == recv is
+ * allowed, other overlaps are not). Rank r reduces block r over the ranks (bitwise as
+ * reduce_scatter would) and calls fn on it, in one or more pieces in element order: fn(arg,
+ * first, values, n) gets the reduced values of elements [first, first + n) of the whole array
+ * (in scratch memory it may modify) and must write the values to keep into recv[first ...
+ * first + n) on this rank, where it may read the old ones first. Every rank's recv then holds
+ * every block. fn runs on the group's progress thread, must not call the group and must give
+ * the same output for the same input wherever it runs. On shared memory with send and recv in
+ * registered memory on every rank (ddp_group_register_memory or DDP_SHM_MAP=auto), each piece
+ * is reduced from the peers' memory, transformed while in cache and written into every rank's
+ * recv: each byte is read once and written once. Elsewhere: reduce_scatter, fn, allgather. */
+typedef void (*ddp_apply_fn)(void *arg, size_t first, void *values, size_t n);
+DDP_API ddp_status_t ddp_group_reduce_scatter_apply_async(ddp_group_t *group, const void *send,
+                                                          void *recv, size_t count,
+                                                          ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                                          ddp_apply_fn fn, void *arg,
+                                                          ddp_work_t **work);
+DDP_API ddp_status_t ddp_group_reduce_scatter_apply(ddp_group_t *group, const void *send,
+                                                    void *recv, size_t count, ddp_dtype_t dtype,
+                                                    ddp_reduce_op_t op, ddp_apply_fn fn,
+                                                    void *arg);
+
 DDP_API ddp_status_t ddp_group_reduce(ddp_group_t *group, const void *send, void *recv,
                                       size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
                                       int root);

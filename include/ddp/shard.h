@@ -270,6 +270,15 @@ typedef struct ddp_zero_config {
     size_t bucket_cap_bytes;  /* stage 2: the reduce-scatter bucketer's cap (0: no bucketing) */
     int overlap;              /* stage 1 only: driven by ddp_zero_hook (see below) */
     ddp_zero_partition_t partition; /* stage 1 without overlap: see ddp_zero_partition_t */
+    /* Stage 2 only: no reduce-scatter during backward (ddp_zero_grad_ready only notes the
+     * gradient); ddp_zero_step reduces each parameter, updates this rank's chunk piece by piece
+     * while the averaged values are in cache and writes the new values into every rank's
+     * parameter, in one ddp_group_reduce_scatter_apply. On shared memory with the gradients and
+     * parameters registered (DDP_SHM_MAP=auto does it from the second step) that reads the
+     * peers' gradient chunks and writes its chunk into their parameters, nothing more: a
+     * quarter of the memory traffic of an allreduce and an allgather. Not with max_grad_norm
+     * (the norm needs every gradient before any update). */
+    int fused;
 } ddp_zero_config_t;
 
 /* Fills *config with the defaults (DDP_ZERO_CONFIG_INIT's), from C or C++. NULL is ignored. */
@@ -283,7 +292,8 @@ DDP_API void ddp_zero_config_init(ddp_zero_config_t *config);
      .optim = DDP_OPTIM_CONFIG_INIT,                                                              \
      .bucket_cap_bytes = (size_t)25 << 20,                                                        \
      .overlap = 0,                                                                                \
-     .partition = DDP_ZERO_PARTITION_PARAMS}
+     .partition = DDP_ZERO_PARTITION_PARAMS,                                                      \
+     .fused = 0}
 #else
 #define DDP_ZERO_CONFIG_INIT                                                                      \
     ([] {                                                                                         \

@@ -23,6 +23,7 @@ const coll_kind_info_t ddp__coll_kinds[K_COUNT] = {
     [K_BROADCAST_COALESCED] = {"broadcast_coalesced", 0, 1, 1},
     [K_SEND] = {"send", 0, 0, 0},
     [K_RECV] = {"recv", 0, 0, 0},
+    [K_REDUCE_SCATTER_APPLY] = {"reduce_scatter_apply", 1, 0, 0},
 };
 
 

@@ -219,6 +219,52 @@ ddp_status_t ddp_group_alltoall(ddp_group_t *group, const void *send, void *recv
     return do_alltoall(group, send, recv, count, dtype, NULL, "alltoall");
 }
 
+static ddp_status_t do_reduce_scatter_apply(ddp_group_t *g, const void *send, void *recv,
+                                            size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                            ddp_apply_fn fn, void *arg, ddp_work_t **work,
+                                            const char *name)
+{
+    ddp__clear_error();
+    TRY(ddp__check_group(g, name));
+    TRY(ddp__check_dtype(dtype, name));
+    TRY(ddp__check_op(op, name));
+    if (!fn) return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: fn is NULL", name);
+    size_t world = (size_t)ddp_group_size(g);
+    TRY(ddp__check_count(count, world, dtype, name, "count"));
+    TRY(ddp__check_buffer(send, count * world, name, "send", "count"));
+    TRY(ddp__check_buffer(recv, count * world, name, "recv", "count"));
+    size_t bytes = count * world * ddp_dtype_size(dtype);
+    if (send != recv && ddp__overlaps(send, bytes, recv, bytes))
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "%s: send and recv overlap without being "
+                          "equal (in place needs send == recv)", name);
+    /* The transport's own goes without an operation record and a task, as alltoall does. */
+    if (ddp__group_has_reduce_scatter_apply(g))
+        return ddp__group_reduce_scatter_apply(g, send, recv, count, dtype, op, fn, arg, work);
+    coll_args_t *a = ddp__coll_new_args(
+        (coll_args_t){.kind = K_REDUCE_SCATTER_APPLY, .dtype = dtype, .op = op, .send = send,
+                      .recv = recv, .count = count, .apply = fn, .apply_arg = arg});
+    if (!a) return DDP_ERR_NO_MEMORY;
+    return ddp__coll_launch(g, a, work);
+}
+
+ddp_status_t ddp_group_reduce_scatter_apply_async(ddp_group_t *group, const void *send,
+                                                  void *recv, size_t count, ddp_dtype_t dtype,
+                                                  ddp_reduce_op_t op, ddp_apply_fn fn, void *arg,
+                                                  ddp_work_t **work)
+{
+    if (!work)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "reduce_scatter_apply_async: work is NULL");
+    return do_reduce_scatter_apply(group, send, recv, count, dtype, op, fn, arg, work,
+                                   "reduce_scatter_apply_async");
+}
+
+ddp_status_t ddp_group_reduce_scatter_apply(ddp_group_t *group, const void *send, void *recv,
+                                            size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                            ddp_apply_fn fn, void *arg)
+{
+    return do_reduce_scatter_apply(group, send, recv, count, dtype, op, fn, arg, NULL,
+                                   "reduce_scatter_apply");
+}
 
 /* ---- variable counts ---- */
 

@@ -45,6 +45,7 @@ static const coll_run_fn runs[K_COUNT] = {
     [K_BROADCAST_COALESCED] = ddp__coll_run_coalesced,
     [K_SEND] = ddp__coll_run_p2p,
     [K_RECV] = ddp__coll_run_p2p,
+    [K_REDUCE_SCATTER_APPLY] = ddp__coll_run_reduce_scatter_apply,
 };
 
 /* The task: one operation through its kind's row. */

@@ -23,6 +23,7 @@ typedef enum coll_kind {
     K_BROADCAST_COALESCED,
     K_SEND,
     K_RECV,
+    K_REDUCE_SCATTER_APPLY,
     K_COUNT
 } coll_kind_t;
 
@@ -54,6 +55,8 @@ typedef struct coll_args {
     size_t *rcounts;     /* alltoallv: receive counts */
     size_t *rdispls;     /* alltoallv: receive displacements */
     int *source;         /* recv from any source (root < 0): where the sender's rank goes */
+    ddp_apply_fn apply;  /* reduce_scatter_apply */
+    void *apply_arg;
 } coll_args_t;
 
 /* Runs one operation of its kind on the group's task thread. `h` is this rank's header (the
@@ -83,6 +86,8 @@ ddp_status_t ddp__coll_run_reduce_scatterv(ddp_group_t *g, const coll_args_t *a,
 ddp_status_t ddp__coll_run_alltoallv(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h);
 ddp_status_t ddp__coll_run_coalesced(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h);
 ddp_status_t ddp__coll_run_p2p(ddp_group_t *g, const coll_args_t *a, const coll_header_t *h);
+ddp_status_t ddp__coll_run_reduce_scatter_apply(ddp_group_t *g, const coll_args_t *a,
+                                                const coll_header_t *h);
 
 /* ---- shared (coll_common.c) ---- */
 

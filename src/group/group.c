@@ -201,6 +201,29 @@ ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *rec
                 : ddp__group_run_blocking(group, &c);
 }
 
+int ddp__group_has_reduce_scatter_apply(const ddp_group_t *group)
+{
+    return group->ops->reduce_scatter_apply;
+}
+
+ddp_status_t ddp__group_reduce_scatter_apply(ddp_group_t *group, const void *send, void *recv,
+                                             size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                             ddp_apply_fn fn, void *arg, ddp_work_t **work)
+{
+    ddp__collective_t c;
+    memset(&c, 0, sizeof c);
+    c.kind = DDP__REDUCE_SCATTER_APPLY;
+    c.send = send;
+    c.recv = recv;
+    c.count = count;
+    c.dtype = dtype;
+    c.op = op;
+    c.apply = fn;
+    c.apply_arg = arg;
+    return work ? ddp__group_enqueue(group, &c, NULL, NULL, work)
+                : ddp__group_run_blocking(group, &c);
+}
+
 ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)
 {
     ddp__clear_error();

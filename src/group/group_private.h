@@ -49,4 +49,10 @@ int ddp__group_has_alltoall(const ddp_group_t *group);
 ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *recv, size_t count,
                                  ddp_dtype_t dtype, ddp_work_t **work);
 
+/* The same for reduce_scatter_apply (transport.h, `reduce_scatter_apply`). */
+int ddp__group_has_reduce_scatter_apply(const ddp_group_t *group);
+ddp_status_t ddp__group_reduce_scatter_apply(ddp_group_t *group, const void *send, void *recv,
+                                             size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
+                                             ddp_apply_fn fn, void *arg, ddp_work_t **work);
+
 #endif

@@ -199,29 +199,43 @@ void ddp__optim_run_update_to(ddp__optim_run_t *run, const ddp_optim_config_t *c
                               ddp_dtype_t dtype, const void *param, void *out, const void *grad,
                               double grad_scale)
 {
-    uint64_t t = ++run->steps;
-    size_t n = run->count;
+    ++run->steps;
+    ddp__optim_run_update_range(run, config, dtype, param, out, grad, grad_scale, 0, run->count);
+}
+
+void ddp__optim_run_update_range(const ddp__optim_run_t *run, const ddp_optim_config_t *config,
+                                 ddp_dtype_t dtype, const void *param, void *out,
+                                 const void *grad, double grad_scale, size_t first, size_t n)
+{
+    uint64_t t = run->steps;
     if (n == 0) return;
+    float *m32 = run->m ? (float *)run->m + first : NULL;
+    float *v32 = run->v ? (float *)run->v + first : NULL;
+    float *x32 = run->vmax ? (float *)run->vmax + first : NULL;
     switch (dtype) {
     case DDP_F32:
-        update_f32(config, t, param, out, grad, grad_scale, run->m, run->v, run->vmax, n);
+        update_f32(config, t, param, out, grad, grad_scale, m32, v32, x32, n);
         break;
-    case DDP_F64:
-        update_f64(config, t, param, out, grad, grad_scale, run->m, run->v, run->vmax, n);
+    case DDP_F64: {
+        double *m = run->m ? (double *)run->m + first : NULL;
+        double *v = run->v ? (double *)run->v + first : NULL;
+        double *x = run->vmax ? (double *)run->vmax + first : NULL;
+        update_f64(config, t, param, out, grad, grad_scale, m, v, x, n);
         break;
+    }
     case DDP_BF16:
     case DDP_F16: {
         /* The master copy is the parameter; the model gets it rounded to nearest even. */
         const uint16_t *g = grad;
         float block[HALF_BLOCK];
-        float *mm = run->m, *vv = run->v, *vmax = run->vmax;
+        float *master = run->master + first;
         for (size_t i = 0; i < n; i += HALF_BLOCK) {
             size_t k = n - i < HALF_BLOCK ? n - i : HALF_BLOCK;
             ddp__half_to_f32(dtype, g + i, block, k);
-            update_f32(config, t, run->master + i, run->master + i, block, grad_scale,
-                       mm ? mm + i : NULL, vv ? vv + i : NULL, vmax ? vmax + i : NULL, k);
+            update_f32(config, t, master + i, master + i, block, grad_scale,
+                       m32 ? m32 + i : NULL, v32 ? v32 + i : NULL, x32 ? x32 + i : NULL, k);
         }
-        ddp__f32_to_half(dtype, run->master, out, n);
+        ddp__f32_to_half(dtype, master, out, n);
         break;
     }
     default:

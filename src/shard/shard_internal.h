@@ -91,6 +91,13 @@ void ddp__optim_run_update_to(ddp__optim_run_t *run, const ddp_optim_config_t *c
                               ddp_dtype_t dtype, const void *param, void *out, const void *grad,
                               double grad_scale);
 
+/* Elements [first, first + n) of the run, as the update numbered run->steps (which it does not
+ * increment): param, out and grad point at element `first`. The arithmetic is per element, so
+ * the run updated in pieces gets the bits of one whole update (optim_kernels.c). */
+void ddp__optim_run_update_range(const ddp__optim_run_t *run, const ddp_optim_config_t *config,
+                                 ddp_dtype_t dtype, const void *param, void *out,
+                                 const void *grad, double grad_scale, size_t first, size_t n);
+
 /* Sum of squares of n gradient elements (in double). */
 double ddp__optim_grad_sumsq(ddp_dtype_t dtype, const void *grad, size_t n);
 /* torch.nn.utils.clip_grad_norm_'s coefficient: min(1, max_norm / (norm + 1e-6)); 1 when

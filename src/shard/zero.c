@@ -56,6 +56,8 @@ void ddp_zero_destroy(ddp_zero_t *z)
     free(z->tail);
     free(z->zeros);
     free(z->stage_buf);
+    free(z->fused_send);
+    free(z->ready);
     free(z->own_grads);
     ddp__optim_setup_free(&z->setup);
     free(z);
@@ -113,6 +115,13 @@ static ddp_status_t check_config(const ddp_zero_config_t *c, int world)
         return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: config.overlap assigns whole "
                           "Reducer buckets; it cannot take DDP_ZERO_PARTITION_CHUNKS");
     (void)world;
+    if (c->fused && c->stage != 2)
+        return ddp__error(DDP_ERR_INVALID_ARGUMENT, "zero create: config.fused needs stage 2 "
+                          "(stage is %d)", c->stage);
+    if (c->fused && c->optim.max_grad_norm > 0.0)
+        return ddp__error(DDP_ERR_UNSUPPORTED, "zero create: config.optim.max_grad_norm needs "
+                          "the whole gradient's norm before any update; config.fused updates "
+                          "each chunk as it is reduced (use stage 2 without fused)");
     /* The overlap hook updates each bucket as soon as it is reduced, before the gradients of
      * later buckets exist, so there is no global norm to clip by at that point. */
     if (c->overlap && c->optim.max_grad_norm > 0.0)
@@ -205,7 +214,7 @@ static ddp_status_t stage2_buffers(ddp_zero_t *z, size_t max_chunk, size_t bucke
     z->tail = ddp__calloc(max_chunk, 1, "zero padded chunk");
     z->zeros = ddp__calloc(max_chunk, 1, "zero padded chunk");
     if (!z->chunks || !z->blocks || !z->tail || !z->zeros) return DDP_ERR_NO_MEMORY;
-    for (size_t i = 0; i < nparams; i++) z->chunks[i] = (zero_chunk_t){z, i};
+    for (size_t i = 0; i < nparams; i++) z->chunks[i] = (zero_chunk_t){z, i, NULL};
     return ddp_rs_bucketer_create(bucket_cap_bytes, &z->bucketer);
 }
 
@@ -232,6 +241,11 @@ static ddp_status_t own_chunks(ddp_zero_t *z, size_t bucket_cap_bytes)
     }
     z->stage_buf = ddp__calloc(max_stage ? max_stage : 1, 1, "zero allgather staging");
     if (!z->stage_buf) return DDP_ERR_NO_MEMORY;
+    if (z->fused) { /* the padded gradient of a parameter world does not divide */
+        z->fused_send = ddp__calloc(max_stage ? max_stage : 1, 1, "zero padded gradient");
+        z->ready = ddp__calloc(n1, sizeof *z->ready, "zero");
+        if (!z->fused_send || !z->ready) return DDP_ERR_NO_MEMORY;
+    }
     if (z->stage == 1) { /* chunked stage 1: no reduce-scatter, only the allgathers */
         z->own_grads = ddp__calloc(n1, sizeof *z->own_grads, "zero");
         return z->own_grads ? DDP_OK : DDP_ERR_NO_MEMORY;
@@ -258,6 +272,7 @@ ddp_status_t ddp_zero_create(ddp_group_t *group, const ddp_param_t *params, size
     z->world = world;
     z->stage = config->stage;
     z->overlap = config->overlap;
+    z->fused = config->fused;
     z->chunked = z->stage == 2 || config->partition == DDP_ZERO_PARTITION_CHUNKS;
     z->grad_norm = NAN;
     z->nparams = nparams;

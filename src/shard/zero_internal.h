@@ -29,11 +29,13 @@ typedef struct zero_bucket {
 typedef struct zero_chunk {
     ddp_zero_t *zero;
     size_t param;
+    unsigned char *recv; /* fused: the parameter's values the apply function updates */
 } zero_chunk_t;
 
 struct ddp_zero {
     ddp_group_t *group;
     int rank, world, stage, overlap;
+    int fused;                /* stage 2: reduce_scatter_apply in the step (config.fused) */
     int chunked;              /* stage 2, or stage 1 with DDP_ZERO_PARTITION_CHUNKS */
     ddp__optim_setup_t setup; /* hyperparameters per parameter group */
     double grad_norm;         /* of the last step with clipping; NaN before */
@@ -60,6 +62,8 @@ struct ddp_zero {
     unsigned char *zeros;    /* one chunk of zeros (chunks wholly past the end) */
     unsigned char *stage_buf; /* world chunks of the largest non-divisible parameter */
     const void **own_grads;   /* chunked stage 1: this rank's chunk of each averaged gradient */
+    const void **ready;       /* fused: the gradients ddp_zero_grad_ready noted this step */
+    unsigned char *fused_send; /* fused: world chunks of a padded gradient (as stage_buf) */
     /* overlap */
     zero_bucket_t **buckets;
     size_t nbuckets;

@@ -118,6 +118,11 @@ ddp_status_t ddp_zero_grad_ready(ddp_zero_t *z, size_t index, const void *grad)
         return ddp__error(DDP_ERR_INVALID_USAGE, "zero grad ready: parameter %zu (%s) was "
                           "already marked ready in step %llu", index, pname(z, index),
                           (unsigned long long)z->steps);
+    if (z->fused) { /* reduced in the step */
+        z->submitted[index] = 1;
+        z->ready[index] = grad;
+        return DDP_OK;
+    }
     return stage2_submit(z, index, grad);
 }
 
@@ -178,6 +183,57 @@ static ddp_status_t stage2_step(ddp_zero_t *z, void *const *grads)
     }
 
     return allgather_chunks(z);
+}
+
+/* Fused (inside reduce_scatter_apply, on the group's progress thread): elements [first, first +
+ * n) of parameter i's padded whole are averaged in `values`; those of this rank's run are
+ * updated in chunk->recv (elements past the parameter's end, padding, are left alone). */
+static void fused_apply(void *arg, size_t first, void *values, size_t n)
+{
+    zero_chunk_t *c = arg;
+    ddp_zero_t *z = c->zero;
+    size_t i = c->param, es = ddp_dtype_size(z->dtype[i]);
+    const ddp__optim_run_t *run = &z->runs[i];
+    size_t o = first - run->first;
+    if (o >= run->count) return;
+    if (n > run->count - o) n = run->count - o;
+    unsigned char *p = c->recv + first * es;
+    ddp__optim_run_update_range(run, ddp__optim_hp(&z->setup, i), z->dtype[i], p, p, values, 1.0,
+                                o, n);
+}
+
+/* Stage 2 fused: one reduce_scatter_apply per parameter, in index order, from its gradient into
+ * the parameter itself, or through padded copies when the world size does not divide it. */
+static ddp_status_t fused_step(ddp_zero_t *z, void *const *grads)
+{
+    size_t world = (size_t)z->world;
+    ddp_status_t s = DDP_OK;
+    for (size_t i = 0; i < z->nparams && s == DDP_OK; i++) {
+        size_t n = z->numel[i], c = chunk_of(z, i), es = ddp_dtype_size(z->dtype[i]);
+        const void *g = z->submitted[i] ? z->ready[i] : grads[i];
+        z->runs[i].steps++;
+        if (n == 0) continue;
+        zero_chunk_t *chunk = &z->chunks[i];
+        if (n % world == 0) {
+            chunk->recv = z->data[i];
+            s = ddp_group_reduce_scatter_apply(z->group, g, z->data[i], c, z->dtype[i], DDP_AVG,
+                                               fused_apply, chunk);
+        } else {
+            memcpy(z->fused_send, g, n * es);
+            memset(z->fused_send + n * es, 0, (c * world - n) * es);
+            memcpy(z->stage_buf, z->data[i], n * es);
+            memset(z->stage_buf + n * es, 0, (c * world - n) * es);
+            chunk->recv = z->stage_buf;
+            s = ddp_group_reduce_scatter_apply(z->group, z->fused_send, z->stage_buf, c,
+                                               z->dtype[i], DDP_AVG, fused_apply, chunk);
+            if (s == DDP_OK) memcpy(z->data[i], z->stage_buf, n * es);
+        }
+        if (s != DDP_OK)
+            ddp__error_context(s, "zero step %llu: reduce_scatter_apply of parameter %zu (%s)",
+                               (unsigned long long)z->steps, i, pname(z, i));
+    }
+    for (size_t i = 0; i < z->nparams; i++) z->submitted[i] = 0;
+    return s;
 }
 
 /* Stage 2 and chunked stage 1: every parameter reassembled from the ranks' chunks, in place when
@@ -253,7 +309,7 @@ ddp_status_t ddp_zero_step(ddp_zero_t *z, void *const *grads)
                                   "NULL", i, pname(z, i),
                                   own ? "grads is NULL and its .grad at ddp_zero_create"
                                       : "its grads[] entry");
-        s = stage2_step(z, grads);
+        s = z->fused ? fused_step(z, grads) : stage2_step(z, grads);
     } else {
         int own = grads == NULL;
         if (own) grads = z->grads; /* each parameter's .grad as given at create */

@@ -16,11 +16,16 @@ const char *ddp__collective_kind_name(ddp__collective_kind_t kind)
     case DDP__ALLGATHER: return "allgather";
     case DDP__BARRIER: return "barrier";
     case DDP__ALLTOALL: return "alltoall";
+    case DDP__REDUCE_SCATTER_APPLY: return "reduce_scatter_apply";
     }
     return "unknown";
 }
 
-static int has_op(int32_t kind) { return kind == DDP__ALLREDUCE || kind == DDP__REDUCE_SCATTER; }
+static int has_op(int32_t kind)
+{
+    return kind == DDP__ALLREDUCE || kind == DDP__REDUCE_SCATTER ||
+           kind == DDP__REDUCE_SCATTER_APPLY;
+}
 
 void ddp__fingerprint_text(const ddp__fingerprint_t *f, char *buf, size_t size)
 {

@@ -23,6 +23,7 @@ typedef enum ddp__collective_kind {
     DDP__ALLGATHER,
     DDP__BARRIER,
     DDP__ALLTOALL, /* only to a transport whose table sets `alltoall` */
+    DDP__REDUCE_SCATTER_APPLY, /* only to a transport whose table sets `reduce_scatter_apply` */
 } ddp__collective_kind_t;
 
 /* One collective as every rank must agree on it. The fingerprint is (seq, kind, dtype, op,
@@ -48,6 +49,10 @@ typedef struct ddp__collective {
     ddp_trace_t *trace; /* NULL, or where the transport may record events of this call (the
                            shm tuner's decisions) with ddp_trace_instant; the group's
                            ddp_group_set_trace. Not part of the fingerprint. */
+    ddp_apply_fn apply; /* reduce_scatter_apply only (send and recv hold world blocks of count;
+                           see ddp_group_reduce_scatter_apply); with apply_arg, not part of the
+                           fingerprint */
+    void *apply_arg;
 } ddp__collective_t;
 
 /* A launcher runtime's way to meet without a store (transport_ops.bootstrap). */
@@ -130,6 +135,10 @@ typedef struct ddp__transport_ops {
     /* 1: run() takes DDP__ALLTOALL (block j of send goes to rank j, block i of recv comes from
      * rank i). 0: the group builds alltoall from the other kinds. */
     int alltoall;
+
+    /* 1: run() takes DDP__REDUCE_SCATTER_APPLY. 0: the group builds it from reduce_scatter and
+     * allgather. */
+    int reduce_scatter_apply;
 
     /* Optional: how the launcher's runtime hands out a store's address when there is none yet
      * (under mpirun). Not a transport operation: the rendezvous uses it before any group

@@ -35,6 +35,8 @@ static ddp_status_t self_run(void *state, const ddp__collective_t *c)
     case DDP__BROADCAST:
     case DDP__BARRIER:
         break;
+    case DDP__REDUCE_SCATTER_APPLY: /* the group builds it: the table does not set the flag */
+        return ddp__error(DDP_ERR_UNSUPPORTED, "self: reduce_scatter_apply is not one of its kinds");
     }
     return DDP_OK;
 }

@@ -340,4 +340,5 @@ const ddp__transport_ops_t ddp__transport_shm = {
     .abort = shm_abort,
     .destroy = shm_destroy,
     .alltoall = 1,
+    .reduce_scatter_apply = 1,
 };

@@ -132,6 +132,14 @@ static void copy_except(char *dst, const char *src, size_t a, size_t b, size_t l
     }
 }
 
+void ddp__shm_copy_edges(char *recv, const char *stage, size_t n, size_t lo, size_t hi,
+                         size_t own_lo, size_t own_hi, size_t esize)
+{
+    copy_except(recv, stage + EDGE_RECV_HEAD, 0, lo, own_lo, own_hi, esize);
+    copy_except(recv + hi * esize, stage + EDGE_RECV_TAIL, 0, n - hi,
+                own_lo > hi ? own_lo - hi : 0, own_hi > hi ? own_hi - hi : 0, esize);
+}
+
 /* Mapped allreduce (every rank's send and recv in registered memory, every view agreed): rank r
  * reduces slice r reading every rank's send where it lies (its export, through this rank's
  * view; its edges, from its stage) and writes the result into every rank's recv (its export, or
@@ -198,10 +206,7 @@ ddp_status_t ddp__shm_allreduce_mapped(shm_state_t *S, const ddp__collective_t *
     ddp_status_t s = ddp__shm_sync_all(S, c, c->deadline_ns);
     if (s != DDP_OK) return s;
     /* My recv's edges: the others' slices of them are in my stage. */
-    const char *stage = stage_of(S, me, q);
-    copy_except((char *)c->recv, stage + EDGE_RECV_HEAD, 0, lo_of[me][1], lo, hi, esize);
-    copy_except((char *)c->recv + hi_of[me][1] * esize, stage + EDGE_RECV_TAIL, 0,
-                n - hi_of[me][1], lo > hi_of[me][1] ? lo - hi_of[me][1] : 0,
-                hi > hi_of[me][1] ? hi - hi_of[me][1] : 0, esize);
+    ddp__shm_copy_edges(c->recv, stage_of(S, me, q), n, lo_of[me][1], hi_of[me][1], lo, hi,
+                        esize);
     return DDP_OK;
 }

@@ -288,6 +288,16 @@ static ddp_status_t run_pulled_or(shm_state_t *S, const ddp__collective_t *c, in
     return run_rounds_or_single(S, c, kind, bytes, rounds, single);
 }
 
+ddp_status_t ddp__shm_run_staged(shm_state_t *S, const ddp__collective_t *c)
+{
+    const size_t bytes = c->count * ddp_dtype_size(c->dtype) * (size_t)S->world;
+    if (c->kind == DDP__ALLGATHER)
+        return run_rounds_or_single(S, c, 2, bytes, ddp__shm_allgather_rounds,
+                                    ddp__shm_allgather_cma);
+    return run_rounds_or_single(S, c, 3, bytes, ddp__shm_reduce_scatter_rounds,
+                                ddp__shm_reduce_scatter_cma);
+}
+
 ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
 {
     shm_state_t *S = state;
@@ -311,6 +321,10 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
     case DDP__ALLTOALL:
         s = run_pulled_or(S, c, 4, c->count * esize * (size_t)S->world,
                           ddp__shm_alltoall_rounds, ddp__shm_alltoall_cma);
+        break;
+    case DDP__REDUCE_SCATTER_APPLY:
+        s = ddp__shm_reduce_scatter_apply(
+            S, c, ddp__shm_tune_key(5, c->count * esize * (size_t)S->world));
         break;
     case DDP__BARRIER: {
         set_algorithm(S, DDP__SHM_ALG_BARRIER);

@@ -10,6 +10,7 @@
  * calls untried, at most 63. So a buffer registered now and then goes mapped when it comes,
  * DDP_SHM_MAP=auto (which registers a buffer the second time it sees it) gets its chance, and a
  * class whose sources are never registered pays a phase once in 64 calls. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "transport/shm/shm_internal.h"
@@ -34,6 +35,20 @@ static void pull(shm_state_t *S, int k, const ddp__shm_map_hint_t *h, unsigned q
         memcpy(dst + (x - a) * esize, stage + EDGE_SEND_TAIL + (x - hi) * esize, (b - x) * esize);
 }
 
+/* Where element x of rank k's send (hint h, its pages [lo, hi)) lies for this rank: its own
+ * buffer, a view of rank k's export, or an edge in rank k's stage of parity q. Elements from x to
+ * the next cut point lie in the same place. */
+static const void *source_at(shm_state_t *S, const ddp__collective_t *c, int k,
+                             const ddp__shm_map_hint_t *h, size_t lo, size_t hi, unsigned q,
+                             size_t x, size_t esize)
+{
+    const char *stage = stage_of(S, k, q);
+    if (k == S->rank) return (const char *)c->send + x * esize;
+    if (x < lo) return stage + EDGE_SEND_HEAD + x * esize;
+    if (x < hi) return ddp__shm_view_at(&S->views, k, h, h->addr + x * esize);
+    return stage + EDGE_SEND_TAIL + (x - hi) * esize;
+}
+
 /* Reduces block [a, a + n) of every rank's source (total elements each) into c->recv, in rank
  * order with the kernel every other path uses (the same bytes whichever ran): between two cut
  * points every rank's elements lie in one place, its export's pages or an edge in its stage. */
@@ -41,7 +56,7 @@ static void reduce_block(shm_state_t *S, const ddp__collective_t *c,
                          const ddp__shm_map_hint_t *hints, unsigned q, size_t total, size_t a,
                          size_t n, size_t esize)
 {
-    const int p = S->world, me = S->rank;
+    const int p = S->world;
     size_t lo_of[DDP__SHM_MAX_WORLD], hi_of[DDP__SHM_MAX_WORLD];
     size_t cuts[2 * DDP__SHM_MAX_WORLD + 2];
     int ncuts = 0;
@@ -57,17 +72,8 @@ static void reduce_block(shm_state_t *S, const ddp__collective_t *c,
         const size_t x = cuts[i], y = cuts[i + 1];
         if (y <= x) continue;
         const void *srcs[DDP__SHM_MAX_WORLD];
-        for (int k = 0; k < p; k++) {
-            const char *stage = stage_of(S, k, q);
-            if (k == me)
-                srcs[k] = (const char *)c->send + x * esize;
-            else if (x < lo_of[k])
-                srcs[k] = stage + EDGE_SEND_HEAD + x * esize;
-            else if (x < hi_of[k])
-                srcs[k] = ddp__shm_view_at(&S->views, k, &hints[k], hints[k].addr + x * esize);
-            else
-                srcs[k] = stage + EDGE_SEND_TAIL + (x - hi_of[k]) * esize;
-        }
+        for (int k = 0; k < p; k++)
+            srcs[k] = source_at(S, c, k, &hints[k], lo_of[k], hi_of[k], q, x, esize);
         ddp__reduce((char *)c->recv + (x - a) * esize, srcs, p, y - x, c->dtype, c->op);
     }
 }
@@ -83,13 +89,29 @@ static void stage_edges(shm_state_t *S, const ddp__shm_map_hint_t *h, const char
     if (n > hi) memcpy(stage + EDGE_SEND_TAIL, src + hi * esize, (n - hi) * esize);
 }
 
+/* The try policy of a size class (see the top of the file): whether this call tries, and the
+ * outcome of a try. */
+static int should_try(shm_state_t *S, int key)
+{
+    if (!S->pull_skip[key]) return 1;
+    S->pull_skip[key]--;
+    return 0;
+}
+
+static void tried(shm_state_t *S, int key, int mapped)
+{
+    if (mapped) {
+        S->pull_misses[key] = 0;
+        return;
+    }
+    if (S->pull_misses[key] < 7) S->pull_misses[key]++;
+    S->pull_skip[key] = (1u << (S->pull_misses[key] - 1)) - 1;
+}
+
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran)
 {
     *ran = 0;
-    if (S->pull_skip[key]) {
-        S->pull_skip[key]--;
-        return DDP_OK;
-    }
+    if (!should_try(S, key)) return DDP_OK;
     const int p = S->world, me = S->rank;
     const size_t esize = ddp_dtype_size(c->dtype), n = c->count, block = n * esize;
     /* The source and its elements: a broadcast's buffer on every rank (the root's is read, the
@@ -114,12 +136,8 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     ddp__shm_map_hint_t hints[DDP__SHM_MAX_WORLD];
     int mapped = all && ddp__shm_decide_mapped(S, c, fparity, 1, hints, &s);
     if (s != DDP_OK) return s;
-    if (!mapped) {
-        if (S->pull_misses[key] < 7) S->pull_misses[key]++;
-        S->pull_skip[key] = (1u << (S->pull_misses[key] - 1)) - 1;
-        return DDP_OK;
-    }
-    S->pull_misses[key] = 0;
+    tried(S, key, mapped);
+    if (!mapped) return DDP_OK;
     *ran = 1;
     set_algorithm(S, DDP__SHM_ALG_MAPPED);
     const unsigned q = (unsigned)(S->use++ & 1);
@@ -142,4 +160,131 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     }
     /* No rank changes its source until every rank has read it. */
     return ddp__shm_sync_all(S, c, c->deadline_ns);
+}
+
+/* ---- reduce_scatter_apply ----------------------------------------------------------------- */
+
+/* The piece reduce_scatter_apply reduces, hands to the caller's function and fans out at once:
+ * with the function's own arrays (an optimizer's parameter and moments) it stays in L2. */
+#define APPLY_TILE_BYTES ((size_t)32 << 10)
+
+/* Rank me's block, the mapped way: every rank's send and recv registered, views agreed (hints:
+ * send and recv of each rank). Each piece of the block is reduced from every rank's send where
+ * it lies, passed through the function (which writes this rank's recv) and copied from there
+ * into every peer's recv: its pages through the view, its edges into the peer's stage, which
+ * the peer copies in after the closing phase. */
+static ddp_status_t apply_mapped(shm_state_t *S, const ddp__collective_t *c,
+                                 const ddp__shm_map_hint_t *hints)
+{
+    const int p = S->world, me = S->rank;
+    const size_t esize = ddp_dtype_size(c->dtype), total = c->count * (size_t)p;
+    const size_t a = (size_t)me * c->count, b = a + c->count;
+    const unsigned q = (unsigned)(S->use++ & 1);
+    size_t lo_of[DDP__SHM_MAX_WORLD][2], hi_of[DDP__SHM_MAX_WORLD][2];
+    size_t cuts[4 * DDP__SHM_MAX_WORLD + 2];
+    int ncuts = 0;
+    cuts[ncuts++] = a;
+    cuts[ncuts++] = b;
+    for (int k = 0; k < p; k++)
+        for (int j = 0; j < 2; j++) {
+            ddp__shm_covered(&hints[2 * k + j], total, esize, &lo_of[k][j], &hi_of[k][j]);
+            if (lo_of[k][j] > a && lo_of[k][j] < b) cuts[ncuts++] = lo_of[k][j];
+            if (hi_of[k][j] > a && hi_of[k][j] < b) cuts[ncuts++] = hi_of[k][j];
+        }
+    ddp__shm_sort_cuts(cuts, ncuts);
+    _Alignas(64) unsigned char tile[APPLY_TILE_BYTES];
+    const size_t per = APPLY_TILE_BYTES / esize;
+    char *recv = c->recv;
+    for (int i = 0; i + 1 < ncuts; i++) {
+        const size_t x = cuts[i], y = cuts[i + 1];
+        if (y <= x) continue;
+        const char *srcs[DDP__SHM_MAX_WORLD];
+        char *dsts[DDP__SHM_MAX_WORLD];
+        for (int k = 0; k < p; k++) {
+            srcs[k] = source_at(S, c, k, &hints[2 * k], lo_of[k][0], hi_of[k][0], q, x, esize);
+            const ddp__shm_map_hint_t *hr = &hints[2 * k + 1];
+            char *stage = stage_of(S, k, q);
+            if (k == me)
+                dsts[k] = NULL;
+            else if (x < lo_of[k][1])
+                dsts[k] = stage + EDGE_RECV_HEAD + x * esize;
+            else if (x < hi_of[k][1])
+                dsts[k] = ddp__shm_view_at(&S->views, k, hr, hr->addr + x * esize);
+            else
+                dsts[k] = stage + EDGE_RECV_TAIL + (x - hi_of[k][1]) * esize;
+        }
+        for (size_t t = x; t < y; t += per) {
+            const size_t n = y - t < per ? y - t : per, off = (t - x) * esize;
+            const void *from[DDP__SHM_MAX_WORLD];
+            for (int k = 0; k < p; k++) from[k] = srcs[k] + off;
+            ddp__reduce(tile, from, p, n, c->dtype, c->op);
+            c->apply(c->apply_arg, t, tile, n);
+            for (int j = 1; j < p; j++) { /* peers from the next rank on */
+                const int k = (me + j) % p;
+                memcpy(dsts[k] + off, recv + t * esize, n * esize);
+            }
+        }
+    }
+    /* Nobody changes a send or reads a recv before every rank has written its block. */
+    ddp_status_t s = ddp__shm_sync_all(S, c, c->deadline_ns);
+    if (s != DDP_OK) return s;
+    /* My recv's edges, but for my own block: the others wrote them into my stage. */
+    const char *stage = stage_of(S, me, q);
+    ddp__shm_copy_edges(recv, stage, total, lo_of[me][1], hi_of[me][1], a, b, esize);
+    return DDP_OK;
+}
+
+/* Without the mapped way: reduce_scatter into scratch, the function, allgather in place, each
+ * the staged or single-copy way (not the pulled one: a try just found a rank unregistered). */
+static ddp_status_t apply_staged(shm_state_t *S, const ddp__collective_t *c)
+{
+    const size_t esize = ddp_dtype_size(c->dtype), block = c->count * esize;
+    void *reduced = ddp__malloc(block ? block : 1, "reduce_scatter_apply's block");
+    if (!reduced) return DDP_ERR_NO_MEMORY;
+    ddp__collective_t rs = *c;
+    rs.kind = DDP__REDUCE_SCATTER;
+    rs.recv = reduced;
+    ddp_status_t s = ddp__shm_run_staged(S, &rs);
+    if (s == DDP_OK) {
+        const size_t a = (size_t)S->rank * c->count;
+        if (c->count) c->apply(c->apply_arg, a, reduced, c->count);
+        ddp__collective_t ag = *c;
+        ag.kind = DDP__ALLGATHER;
+        ag.op = 0;
+        ag.send = (char *)c->recv + a * esize;
+        s = ddp__shm_run_staged(S, &ag);
+    }
+    free(reduced);
+    return s;
+}
+
+ddp_status_t ddp__shm_reduce_scatter_apply(shm_state_t *S, const ddp__collective_t *c, int key)
+{
+    const int p = S->world;
+    const size_t esize = ddp_dtype_size(c->dtype), total = c->count * (size_t)p;
+    if (p < 2 || total * esize < PULL_MIN || !should_try(S, key)) return apply_staged(S, c);
+    shm_fingerprint_t fp;
+    ddp__shm_fingerprint_of(c, &fp);
+    if (ddp__shm_map_one(S, c->send, total * esize, esize, &fp.map[0])) {
+        if (c->recv == c->send)
+            fp.map[1] = fp.map[0];
+        else if (!ddp__shm_map_one(S, c->recv, total * esize, esize, &fp.map[1]))
+            fp.map[0].slot = -1;
+        if (fp.map[0].slot >= 0) stage_edges(S, &fp.map[0], c->send, total, esize);
+    }
+    unsigned fparity;
+    ddp_status_t s = ddp__shm_first_sync_data(S, c, &fp, NULL, 0, 0, &fparity);
+    if (s != DDP_OK) return s;
+    ddp__shm_prune_views(S);
+    int all = 1;
+    for (int k = 0; k < p; k++)
+        all &= S->ranks[k].map_hints[fparity][0].slot >= 0 &&
+               S->ranks[k].map_hints[fparity][1].slot >= 0;
+    ddp__shm_map_hint_t hints[2 * DDP__SHM_MAX_WORLD];
+    int mapped = all && ddp__shm_decide_mapped(S, c, fparity, 2, hints, &s);
+    if (s != DDP_OK) return s;
+    tried(S, key, mapped);
+    if (!mapped) return apply_staged(S, c);
+    set_algorithm(S, DDP__SHM_ALG_MAPPED);
+    return apply_mapped(S, c, hints);
 }

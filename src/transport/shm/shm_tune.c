@@ -28,7 +28,8 @@
 #define SWITCH_MARGIN 0.9
 
 static const char *const kind_names[DDP__SHM_TUNE_KINDS] = {"allreduce", "broadcast", "allgather",
-                                                            "reduce_scatter", "alltoall"};
+                                                            "reduce_scatter", "alltoall",
+                                                            "reduce_scatter_apply"};
 
 int ddp__shm_tune_key(int kind, size_t bytes)
 {

@@ -13,7 +13,8 @@
 #include "transport/shm/shm_algorithm.h"
 
 #define DDP__SHM_TUNE_CLASSES 40 /* class = floor(log2(bytes)) - 6, clamped */
-#define DDP__SHM_TUNE_KINDS 5 /* allreduce, broadcast, allgather, reduce_scatter, alltoall */
+#define DDP__SHM_TUNE_KINDS 6 /* allreduce, broadcast, allgather, reduce_scatter, alltoall,
+                                 reduce_scatter_apply (its mapped tries' policy only) */
 /* What the tuner keeps a choice for: a collective kind (0..4) and a size class. */
 #define DDP__SHM_TUNE_KEYS (DDP__SHM_TUNE_KINDS * DDP__SHM_TUNE_CLASSES)
 #define DDP__SHM_TUNE_WINDOW 3
