@@ -8,9 +8,10 @@
 #               or resume removes the temporaries of killed saves, and only those
 #   accumulate  --accumulate 4 with batch B/4 equals batch B; --sync legacy equals the Reducer
 #   errors      missing/corrupt/truncated data, bad options, mismatching checkpoints
-#   zero        --zero 1, --zero-overlap and --zero 2 (SGD, Adam; 2 and 3 ranks): one checksum
-#               over ranks, stage 1 and overlap bitwise equal to the unsharded optimizer
-#               (--zero 0: the same libddp kernels on every element), stage 2 within 1e-4; the
+#   zero        --zero 1, --zero-overlap, --zero 2 and --zero-fused (SGD, Adam; 2 and 3 ranks):
+#               one checksum over ranks, stage 1, overlap and the fused step bitwise equal to
+#               the unsharded optimizer (--zero 0: the same libddp kernels on every element, the
+#               same averaging), stage 2 within 1e-4; the
 #               default is ZeRO-1 on several ranks (the same bits again) and unsharded on one
 #               rank or with an option ZeRO refuses; refusals; --bench-optim-share R/N (one
 #               rank stepping ZeRO-1's chunk R of N): 0/1 bitwise the whole update, the shares'
@@ -351,12 +352,13 @@ zero)
             chunked_state=$(json_field optimizer_state_bytes)
             # --bucket-mb 0.1: several Reducer buckets, so overlap spreads them over the owners
             for z in "--zero 1" "--zero 1 --zero-partition params" "--zero-overlap" \
-                     "--zero-overlap --bucket-mb 0.1" "--zero 2" "--zero 2 --bucket-mb 0.1"; do
+                     "--zero-overlap --bucket-mb 0.1" "--zero 2" "--zero 2 --bucket-mb 0.1" \
+                     "--zero-fused"; do
                 what="$n ranks $opt $z"
                 run $n $args $z
                 [ "$RC" = 0 ] || { fail "$what: exit $RC"; continue; }
                 grep -q '^zero-[12]: optimizer state' "$WORK/out" || fail "$what: no state report"
-                case "$z" in "--zero 2"*) stage=2 ;; *) stage=1 ;; esac
+                case "$z" in "--zero 2"*|--zero-fused) stage=2 ;; *) stage=1 ;; esac
                 [ "$(json_field zero)" = "$stage" ] || fail "$what: JSON zero $(json_field zero)"
                 losses >"$WORK/z"
                 [ "$(wc -l <"$WORK/z")" = 20 ] || fail "$what: expected 20 losses"
@@ -366,7 +368,7 @@ zero)
                     fail "$what: final loss $(json_field final_loss) vs plain $plain_loss"
                 one_checksum $n "$what"
                 case "$z" in
-                "--zero 1"*|--zero-overlap*)
+                "--zero 1"*|--zero-overlap*|--zero-fused)
                     [ "$(checksums)" = "$plain_sum" ] || fail "$what: parameters differ from --zero 0"
                     cmp -s "$WORK/plain" "$WORK/z" || fail "$what: losses differ from --zero 0" ;;
                 esac
@@ -382,7 +384,7 @@ zero)
         base="$COMMON --optim adam --max-steps 10"
         run $n $base --batch 48 --zero 2
         losses >"$WORK/b48"
-        for z in "--zero 1" "--zero-overlap" "--zero 2"; do
+        for z in "--zero 1" "--zero-overlap" "--zero 2" "--zero-fused"; do
             run $n $base --batch 12 --accumulate 4 $z
             [ "$RC" = 0 ] || fail "$n ranks accumulate $z"
             losses >"$WORK/acc"
@@ -435,7 +437,8 @@ zero)
                "--param-dtype bf16 --zero-overlap" "--zero-overlap --resume $WORK/ck" \
                "--zero 2 --bench-nosync" "--zero 1 --hook fp16" \
                "--zero-overlap --zero 2" "--zero 3" "--zero-overlap --hook bf16" \
-               "--zero-overlap --zero 0" "--zero-partition rows"; do
+               "--zero-overlap --zero 0" "--zero-partition rows" "--clip-grad 1 --zero-fused" \
+               "--zero 1 --zero-fused" "--zero-overlap --zero-fused"; do
         run 1 --subset 100 $bad
         [ "$RC" = 2 ] || fail "'$bad': exit $RC, expected 2"
         opt=$(echo "$bad" | awk '{ print $NF == "0" || $NF == "2" || $NF == "3" || $NF ~ /^\// ? $(NF-1) : $NF }')

@@ -53,6 +53,7 @@ typedef struct options {
     size_t psgd_start;
     int json, print_checksum, print_losses, no_eval, bench_nosync;
     int zero, zero_overlap; /* --zero 0|1|2, --zero-overlap: the ZeRO optimizer (ddp/shard.h) */
+    int zero_fused;         /* --zero-fused: ZeRO-2 with its fused step (config.fused) */
     int zero_auto;          /* no --zero given: resolve_zero_default decides once the world is known */
     int zero_whole;         /* --zero-partition params: ZeRO-1 by whole parameters (else chunks) */
     size_t save_every;      /* --save-every K: a checkpoint every K optimizer steps (0: off) */
@@ -227,6 +228,9 @@ static void usage(FILE *out)
         "  --zero-overlap      ZeRO 1 with each bucket's update computed on its owner as soon\n"
         "                      as its allreduce ends (implies --zero 1; not with --clip-grad,\n"
         "                      --param-dtype bf16 or --resume: resume it with --zero 1)\n"
+        "  --zero-fused        ZeRO 2 with its fused step: each parameter averaged, stepped\n"
+        "                      piece by piece on its owner and written into every rank's\n"
+        "                      copy in one collective (implies --zero 2; not --clip-grad)\n"
         "checkpoints:\n"
         "  --checkpoint FILE   rank 0 saves here after each epoch and when --max-steps stops;\n"
         "                      ZeRO's sharded optimizer state is gathered into it, and with\n"
@@ -373,6 +377,7 @@ static void parse_options(int argc, char **argv, options_t *o)
                     : !strcmp(name, "--no-eval")        ? &o->no_eval
                     : !strcmp(name, "--bench-nosync")   ? &o->bench_nosync
                     : !strcmp(name, "--zero-overlap")   ? &o->zero_overlap
+                    : !strcmp(name, "--zero-fused")     ? &o->zero_fused
                                                         : NULL;
         if (flag) {
             if (eq) die_usage("%s takes no value", name);
@@ -565,6 +570,15 @@ static void parse_options(int argc, char **argv, options_t *o)
         die_usage("--zero-overlap is ZeRO-1's overlap mode: it cannot be combined with --zero %d",
                   o->zero);
     if (o->zero_overlap) o->zero = 1, o->zero_auto = 0;
+    if (o->zero_fused) {
+        /* Each chunk is stepped as soon as it is averaged: no global norm first. */
+        const char *what = !o->zero_auto && o->zero != 2 ? "--zero other than 2"
+                           : o->zero_overlap             ? "--zero-overlap"
+                           : o->clip_grad > 0            ? "--clip-grad"
+                                                         : NULL;
+        if (what) die_usage("--zero-fused (ZeRO-2's fused step) cannot be combined with %s", what);
+        o->zero = 2, o->zero_auto = 0;
+    }
     if (o->zero_overlap) {
         /* The hook updates each bucket before the last gradient exists (no global norm), the
          * Reducer's buckets must hold the optimizer's dtype, and the partition is learned in the
@@ -1284,6 +1298,7 @@ static void setup_data_parallel(trainer_t *t)
         ddp_zero_config_t zc = DDP_ZERO_CONFIG_INIT;
         zc.stage = o->zero;
         zc.overlap = o->zero_overlap;
+        zc.fused = o->zero_fused;
         /* ZeRO-1 in chunks: each rank steps half of every parameter at 2 ranks (whole
          * parameters leave 56 % of this model on the rank holding fc2.weight) and the exchange
          * is one allgather per parameter, both ranks copying at once. */
@@ -1330,7 +1345,8 @@ static void print_banner(const trainer_t *t)
            t->world, t->world == 1 ? "" : "s", ddp_group_transport(t->group), t->train.count,
            o->hidden, o->batch, t->local_batch, o->accumulate > 1 ? " x accumulate" : "",
            fm_optim_names[o->optim], o->lr,
-           o->zero == 2       ? "zero-2 (reduce-scatter)"
+           o->zero_fused      ? "zero-2 fused (reduce_scatter_apply)"
+           : o->zero == 2     ? "zero-2 (reduce-scatter)"
            : o->zero_overlap ? "reducer + zero-1 overlap"
            : o->zero         ? "reducer + zero-1"
            : o->legacy       ? "legacy"
