@@ -187,18 +187,21 @@ ddp_status_t ddp_group_barrier(ddp_group_t *group)
 
 int ddp__group_has_alltoall(const ddp_group_t *group) { return group->ops->alltoall; }
 
+/* A kind only some transports take (their table says so): queued like the five kinds' _async
+ * calls, or run now when work is NULL. */
+static ddp_status_t queue_or_run(ddp_group_t *group, ddp__collective_t *c,
+                                 ddp_work_t **work)
+{
+    return work ? ddp__group_enqueue(group, c, NULL, NULL, work)
+                : ddp__group_run_blocking(group, c);
+}
+
 ddp_status_t ddp__group_alltoall(ddp_group_t *group, const void *send, void *recv, size_t count,
                                  ddp_dtype_t dtype, ddp_work_t **work)
 {
-    ddp__collective_t c;
-    memset(&c, 0, sizeof c);
-    c.kind = DDP__ALLTOALL;
-    c.send = send;
-    c.recv = recv;
-    c.count = count;
-    c.dtype = dtype;
-    return work ? ddp__group_enqueue(group, &c, NULL, NULL, work)
-                : ddp__group_run_blocking(group, &c);
+    ddp__collective_t c = {
+        .kind = DDP__ALLTOALL, .send = send, .recv = recv, .count = count, .dtype = dtype};
+    return queue_or_run(group, &c, work);
 }
 
 int ddp__group_has_reduce_scatter_apply(const ddp_group_t *group)
@@ -210,18 +213,15 @@ ddp_status_t ddp__group_reduce_scatter_apply(ddp_group_t *group, const void *sen
                                              size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op,
                                              ddp_apply_fn fn, void *arg, ddp_work_t **work)
 {
-    ddp__collective_t c;
-    memset(&c, 0, sizeof c);
-    c.kind = DDP__REDUCE_SCATTER_APPLY;
-    c.send = send;
-    c.recv = recv;
-    c.count = count;
-    c.dtype = dtype;
-    c.op = op;
-    c.apply = fn;
-    c.apply_arg = arg;
-    return work ? ddp__group_enqueue(group, &c, NULL, NULL, work)
-                : ddp__group_run_blocking(group, &c);
+    ddp__collective_t c = {.kind = DDP__REDUCE_SCATTER_APPLY,
+                                 .send = send,
+                                 .recv = recv,
+                                 .count = count,
+                                 .dtype = dtype,
+                                 .op = op,
+                                 .apply = fn,
+                                 .apply_arg = arg};
+    return queue_or_run(group, &c, work);
 }
 
 ddp_status_t ddp_group_submit(ddp_group_t *group, ddp_task_fn fn, void *arg, ddp_work_t **work)
