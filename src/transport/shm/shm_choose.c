@@ -3,6 +3,7 @@
  * copy (run_rounds_or_single) for broadcast, allgather, reduce_scatter and alltoall; each once
  * per call, with the tuner (shm_tune.c) where it has a say; then the dispatch of a collective
  * to the function that runs the choice. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "transport/shm/shm_internal.h"
@@ -288,14 +289,37 @@ static ddp_status_t run_pulled_or(shm_state_t *S, const ddp__collective_t *c, in
     return run_rounds_or_single(S, c, kind, bytes, rounds, single);
 }
 
-ddp_status_t ddp__shm_run_staged(shm_state_t *S, const ddp__collective_t *c)
+/* reduce_scatter_apply: mapped (shm_pulled.c) when every rank registered its send and recv;
+ * else reduce_scatter into scratch, the function, allgather in place, each rounds or single
+ * copy (not the pulled way: a try just found a rank unregistered). */
+static ddp_status_t run_reduce_scatter_apply(shm_state_t *S, const ddp__collective_t *c)
 {
-    const size_t bytes = c->count * ddp_dtype_size(c->dtype) * (size_t)S->world;
-    if (c->kind == DDP__ALLGATHER)
-        return run_rounds_or_single(S, c, 2, bytes, ddp__shm_allgather_rounds,
-                                    ddp__shm_allgather_cma);
-    return run_rounds_or_single(S, c, 3, bytes, ddp__shm_reduce_scatter_rounds,
-                                ddp__shm_reduce_scatter_cma);
+    const size_t esize = ddp_dtype_size(c->dtype), block = c->count * esize;
+    const size_t bytes = block * (size_t)S->world;
+    if (S->world > 1 && bytes >= PULL_MIN) {
+        int ran;
+        ddp_status_t s = ddp__shm_try_apply(S, c, ddp__shm_tune_key(5, bytes), &ran);
+        if (s != DDP_OK || ran) return s;
+    }
+    void *reduced = ddp__malloc(block ? block : 1, "reduce_scatter_apply's block");
+    if (!reduced) return DDP_ERR_NO_MEMORY;
+    ddp__collective_t rs = *c;
+    rs.kind = DDP__REDUCE_SCATTER;
+    rs.recv = reduced;
+    ddp_status_t s = run_rounds_or_single(S, &rs, 3, bytes, ddp__shm_reduce_scatter_rounds,
+                                          ddp__shm_reduce_scatter_cma);
+    if (s == DDP_OK) {
+        const size_t first = (size_t)S->rank * c->count;
+        if (c->count) c->apply(c->apply_arg, first, reduced, c->count);
+        ddp__collective_t ag = *c;
+        ag.kind = DDP__ALLGATHER;
+        ag.op = 0;
+        ag.send = (char *)c->recv + first * esize;
+        s = run_rounds_or_single(S, &ag, 2, bytes, ddp__shm_allgather_rounds,
+                                 ddp__shm_allgather_cma);
+    }
+    free(reduced);
+    return s;
 }
 
 ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
@@ -322,10 +346,7 @@ ddp_status_t ddp__shm_run(void *state, const ddp__collective_t *c)
         s = run_pulled_or(S, c, 4, c->count * esize * (size_t)S->world,
                           ddp__shm_alltoall_rounds, ddp__shm_alltoall_cma);
         break;
-    case DDP__REDUCE_SCATTER_APPLY:
-        s = ddp__shm_reduce_scatter_apply(
-            S, c, ddp__shm_tune_key(5, c->count * esize * (size_t)S->world));
-        break;
+    case DDP__REDUCE_SCATTER_APPLY: s = run_reduce_scatter_apply(S, c); break;
     case DDP__BARRIER: {
         set_algorithm(S, DDP__SHM_ALG_BARRIER);
         shm_fingerprint_t fp;

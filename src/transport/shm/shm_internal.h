@@ -427,13 +427,11 @@ static inline void ddp__shm_sort_cuts(size_t *cuts, int n)
  * way. Tried at every call of a size class while its tries find every source registered;
  * after m misses in a row, 2^(m-1) - 1 calls pass untried (at most 63; every rank the same). */
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
-/* reduce_scatter_apply (transport.h): the mapped way when every rank's send and recv are
- * registered (tried by the policy above, under `key`), else reduce_scatter, the function and
- * allgather the staged or single-copy way. */
-ddp_status_t ddp__shm_reduce_scatter_apply(shm_state_t *S, const ddp__collective_t *c, int key);
-/* (shm_choose.c) A reduce_scatter or allgather the staged or single-copy way, as the tuner picks:
- * never the mapped one. */
-ddp_status_t ddp__shm_run_staged(shm_state_t *S, const ddp__collective_t *c);
+/* reduce_scatter_apply (transport.h; world >= 2, at least PULL_MIN bytes in all) the mapped
+ * way when every rank's send and recv are registered: *ran = 1 and the status; else *ran = 0
+ * after one phase, every rank the same, and the caller builds it from reduce_scatter and
+ * allgather. Tried under the policy above, with `key`. */
+ddp_status_t ddp__shm_try_apply(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
 /* (shm_allreduce_mapped.c) After a mapped collective's closing phase: the elements of this
  * rank's recv (n) outside its exported pages [lo, hi) and outside its own part [own_lo,
  * own_hi), from the edge areas of its stage where the peers wrote them. */

@@ -10,7 +10,6 @@
  * calls untried, at most 63. So a buffer registered now and then goes mapped when it comes,
  * DDP_SHM_MAP=auto (which registers a buffer the second time it sees it) gets its chance, and a
  * class whose sources are never registered pays a phase once in 64 calls. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "transport/shm/shm_internal.h"
@@ -234,35 +233,12 @@ static ddp_status_t apply_mapped(shm_state_t *S, const ddp__collective_t *c,
     return DDP_OK;
 }
 
-/* Without the mapped way: reduce_scatter into scratch, the function, allgather in place, each
- * the staged or single-copy way (not the pulled one: a try just found a rank unregistered). */
-static ddp_status_t apply_staged(shm_state_t *S, const ddp__collective_t *c)
+ddp_status_t ddp__shm_try_apply(shm_state_t *S, const ddp__collective_t *c, int key, int *ran)
 {
-    const size_t esize = ddp_dtype_size(c->dtype), block = c->count * esize;
-    void *reduced = ddp__malloc(block ? block : 1, "reduce_scatter_apply's block");
-    if (!reduced) return DDP_ERR_NO_MEMORY;
-    ddp__collective_t rs = *c;
-    rs.kind = DDP__REDUCE_SCATTER;
-    rs.recv = reduced;
-    ddp_status_t s = ddp__shm_run_staged(S, &rs);
-    if (s == DDP_OK) {
-        const size_t a = (size_t)S->rank * c->count;
-        if (c->count) c->apply(c->apply_arg, a, reduced, c->count);
-        ddp__collective_t ag = *c;
-        ag.kind = DDP__ALLGATHER;
-        ag.op = 0;
-        ag.send = (char *)c->recv + a * esize;
-        s = ddp__shm_run_staged(S, &ag);
-    }
-    free(reduced);
-    return s;
-}
-
-ddp_status_t ddp__shm_reduce_scatter_apply(shm_state_t *S, const ddp__collective_t *c, int key)
-{
+    *ran = 0;
+    if (!should_try(S, key)) return DDP_OK;
     const int p = S->world;
     const size_t esize = ddp_dtype_size(c->dtype), total = c->count * (size_t)p;
-    if (p < 2 || total * esize < PULL_MIN || !should_try(S, key)) return apply_staged(S, c);
     shm_fingerprint_t fp;
     ddp__shm_fingerprint_of(c, &fp);
     if (ddp__shm_map_one(S, c->send, total * esize, esize, &fp.map[0])) {
@@ -284,7 +260,8 @@ ddp_status_t ddp__shm_reduce_scatter_apply(shm_state_t *S, const ddp__collective
     int mapped = all && ddp__shm_decide_mapped(S, c, fparity, 2, hints, &s);
     if (s != DDP_OK) return s;
     tried(S, key, mapped);
-    if (!mapped) return apply_staged(S, c);
+    if (!mapped) return DDP_OK;
+    *ran = 1;
     set_algorithm(S, DDP__SHM_ALG_MAPPED);
     return apply_mapped(S, c, hints);
 }
