@@ -107,6 +107,27 @@ static void tried(shm_state_t *S, int key, int mapped)
     S->pull_skip[key] = (1u << (S->pull_misses[key] - 1)) - 1;
 }
 
+/* The first phase of a try, with this rank's hints for its first nbuf buffers in fp: whether
+ * every rank published registered memory for all of them and the views are agreed (*mapped,
+ * the same on every rank; hints[nbuf * k + b] then holds rank k's), recorded for the policy. */
+static ddp_status_t agree_mapped(shm_state_t *S, const ddp__collective_t *c,
+                                 const shm_fingerprint_t *fp, int nbuf, int key,
+                                 ddp__shm_map_hint_t *hints, int *mapped)
+{
+    unsigned fparity;
+    ddp_status_t s = ddp__shm_first_sync_data(S, c, fp, NULL, 0, 0, &fparity);
+    if (s != DDP_OK) return s;
+    ddp__shm_prune_views(S);
+    int all = 1;
+    for (int k = 0; k < S->world; k++)
+        for (int b = 0; b < nbuf; b++) all &= S->ranks[k].map_hints[fparity][b].slot >= 0;
+    *mapped = all && ddp__shm_decide_mapped(S, c, fparity, nbuf, hints, &s);
+    if (s != DDP_OK) return s;
+    tried(S, key, *mapped);
+    if (*mapped) set_algorithm(S, DDP__SHM_ALG_MAPPED);
+    return DDP_OK;
+}
+
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran)
 {
     *ran = 0;
@@ -126,19 +147,9 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
                       !ddp__overlaps(c->send, total * esize, c->recv, total * esize);
     if (apart && ddp__shm_map_one(S, src, total * esize, esize, &fp.map[0]))
         stage_edges(S, &fp.map[0], src, total, esize);
-    unsigned fparity;
-    ddp_status_t s = ddp__shm_first_sync_data(S, c, &fp, NULL, 0, 0, &fparity);
-    if (s != DDP_OK) return s;
-    ddp__shm_prune_views(S);
-    int all = 1;
-    for (int k = 0; k < p; k++) all &= S->ranks[k].map_hints[fparity][0].slot >= 0;
     ddp__shm_map_hint_t hints[DDP__SHM_MAX_WORLD];
-    int mapped = all && ddp__shm_decide_mapped(S, c, fparity, 1, hints, &s);
-    if (s != DDP_OK) return s;
-    tried(S, key, mapped);
-    if (!mapped) return DDP_OK;
-    *ran = 1;
-    set_algorithm(S, DDP__SHM_ALG_MAPPED);
+    ddp_status_t s = agree_mapped(S, c, &fp, 1, key, hints, ran);
+    if (s != DDP_OK || !*ran) return s;
     const unsigned q = (unsigned)(S->use++ & 1);
     const int stream = block * (size_t)(c->kind == DDP__BROADCAST ? 1 : p) >= STREAM_MIN_BYTES;
     char *recv = c->recv;
@@ -248,20 +259,8 @@ ddp_status_t ddp__shm_try_apply(shm_state_t *S, const ddp__collective_t *c, int 
             fp.map[0].slot = -1;
         if (fp.map[0].slot >= 0) stage_edges(S, &fp.map[0], c->send, total, esize);
     }
-    unsigned fparity;
-    ddp_status_t s = ddp__shm_first_sync_data(S, c, &fp, NULL, 0, 0, &fparity);
-    if (s != DDP_OK) return s;
-    ddp__shm_prune_views(S);
-    int all = 1;
-    for (int k = 0; k < p; k++)
-        all &= S->ranks[k].map_hints[fparity][0].slot >= 0 &&
-               S->ranks[k].map_hints[fparity][1].slot >= 0;
     ddp__shm_map_hint_t hints[2 * DDP__SHM_MAX_WORLD];
-    int mapped = all && ddp__shm_decide_mapped(S, c, fparity, 2, hints, &s);
-    if (s != DDP_OK) return s;
-    tried(S, key, mapped);
-    if (!mapped) return DDP_OK;
-    *ran = 1;
-    set_algorithm(S, DDP__SHM_ALG_MAPPED);
+    ddp_status_t s = agree_mapped(S, c, &fp, 2, key, hints, ran);
+    if (s != DDP_OK || !*ran) return s;
     return apply_mapped(S, c, hints);
 }
