@@ -24,12 +24,19 @@ build: $(BUILD)/CMakeCache.txt
 # builds and runs every test through ctest. The setup runs before CMake looks for torch.
 test: test-setup
 	$(MAKE) build
-	cd $(BUILD) && ctest --output-on-failure -j $(J) -LE extra $(CTEST_FLAGS)
+	$(call ctest_in,$(BUILD)) -LE extra $(CTEST_FLAGS)
 
 # test-extra: the tests too slow for make test (label "extra": packaging for the other torch, the
 # full FSDP2 matrix, Lightning and DeepSpeed, bench/zero3_vs_fsdp2.sh end to end).
 test-extra: build
-	cd $(BUILD) && ctest --output-on-failure -j $(J) -L extra $(CTEST_FLAGS)
+	$(call ctest_in,$(BUILD)) -L extra $(CTEST_FLAGS)
+
+# ctest in build directory $(1): J tests that compute at a time, each holding one of J "cores"
+# slots (RESOURCE_GROUPS, tests/CMakeLists.txt), and up to J more of those labelled "waits",
+# which hold none (they sleep through timeouts on purpose).
+ctest_in = printf '{"version":{"major":1,"minor":0},"local":[{"cores":[{"id":"0","slots":%d}]}]}\n' \
+	$(J) >$(1)/ctest-cores.json && cd $(1) && ctest --output-on-failure -j $$(( 2 * $(J) )) \
+	--resource-spec-file ctest-cores.json
 
 test-setup:
 	./tools/test_setup.sh
@@ -71,12 +78,12 @@ python-install: build
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON
 	cmake --build build-asan -j $(J)
-	cd build-asan && ctest --output-on-failure -j $(J)
+	$(call ctest_in,build-asan)
 
 tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDP_TSAN=ON
 	cmake --build build-tsan -j $(J)
-	cd build-tsan && ctest --output-on-failure -j $(J)
+	$(call ctest_in,build-tsan)
 
 # fuzz: every libFuzzer target (tests/fuzz/, docs/fuzzing.md) built with clang in build-fuzz/
 # (everything instrumented: coverage, ASan, UBSan) and run for FUZZ_SECONDS each (default 60),
