@@ -17,7 +17,13 @@ call's. Needs the backend built (`make`).
 broadcast (root 0) or all_to_all_single. SIZE is the whole buffer, as nccl-tests count it: the
 gathered output of all_gather_into_tensor, the input of reduce_scatter_tensor, each rank's
 buffer of all_to_all_single. The direct C anchor exists for the four with a NumPy call
-(all_to_all_single has none: its C column stays empty)."""
+(all_to_all_single has none: its C column stays empty).
+
+A fourth column, "nop", is torch's own floor: the same torch call through torch's do-nothing
+backend (FakeProcessGroup, torch.testing._internal.distributed.fake_pg, torch >= 2.1; the
+column stays empty on older torch). It costs what torch spends per call before and after any
+backend: argument checks, dispatch, the Work. (ddp-nop)/C is then the share of "ddp" that is
+the backend and libddp, over the direct call."""
 import argparse
 import os
 import socket
@@ -97,6 +103,11 @@ def rank_main(rank, world, port, args, queue):
     # (libddp's NumPy API, ctypes) on a libddp group of its own, on the same memory.
     import libddp
     direct = libddp.create_with_file_store(args.store, rank, world, timeout_ms=600000)
+    try:  # registers backend "fake" (torch >= 2.1)
+        from torch.testing._internal.distributed import fake_pg  # noqa: F401
+        nop = dist.new_group(backend="fake")
+    except ImportError:
+        nop = None
     rows = []
     nbytes = 8
     while nbytes <= args.max_bytes:
@@ -110,6 +121,8 @@ def rank_main(rank, world, port, args, queue):
         }
         if anchor is not None:
             calls["C"] = (anchor, direct.barrier)
+        if nop is not None:
+            calls["nop"] = (lambda: run(nop), lambda: dist.barrier(group=gloo))
         times = {name: [] for name in calls}
         for rep in range(args.repeats):
             order = list(calls) if rep % 2 == 0 else list(reversed(list(calls)))
@@ -166,9 +179,9 @@ def main():
           (args.op, torch.__version__, args.ranks, transport, args.repeats,
            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
     print("# load average before: %s" % args.load)
-    print("%10s %10s %9s %10s %9s %10s %9s %19s %17s" % (
+    print("%10s %10s %9s %10s %9s %10s %9s %19s %17s %8s %17s" % (
         "size", "ddp us", "ddp GB/s", "gloo us", "gloo GB/s", "C us", "C GB/s",
-        "gloo/ddp time", "ddp/C time"))
+        "gloo/ddp time", "ddp/C time", "nop us", "(ddp-nop)/C"))
     for nbytes, times in rows:
         med = {k: statistics.median(v) for k, v in times.items()}
         vs_gloo = [g / d for g, d in zip(times["gloo"], times["ddp"])]
@@ -183,6 +196,11 @@ def main():
         else:
             line += " %10s %9s %7.1fx [%.1f-%.1f] %17s" % (
                 "-", "-", statistics.median(vs_gloo), min(vs_gloo), max(vs_gloo), "-")
+        if "nop" in times:
+            line += " %8.1f" % (med["nop"] * 1e6)
+            if "C" in times:
+                net = [(d - z) / c for d, z, c in zip(times["ddp"], times["nop"], times["C"])]
+                line += " %6.2fx [%.2f-%.2f]" % (statistics.median(net), min(net), max(net))
         print(line)
 
 if __name__ == "__main__":
