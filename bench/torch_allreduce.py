@@ -20,10 +20,10 @@ buffer of all_to_all_single. The direct C anchor exists for the four with a NumP
 (all_to_all_single has none: its C column stays empty).
 
 A fourth column, "nop", is torch's own floor: the same torch call through torch's do-nothing
-backend (FakeProcessGroup, torch.testing._internal.distributed.fake_pg, torch >= 2.1; the
-column stays empty on older torch). It costs what torch spends per call before and after any
-backend: argument checks, dispatch, the Work. (ddp-nop)/C is then the share of "ddp" that is
-the backend and libddp, over the direct call."""
+backend (FakeProcessGroup, torch.testing._internal.distributed.fake_pg: torch 2.13 has it,
+1.13 does not, and there the column stays empty). It costs what torch spends per call before
+and after any backend: argument checks, dispatch, the Work. (ddp-nop)/C is then what "ddp"
+costs beyond that floor, over the direct call."""
 import argparse
 import os
 import socket
@@ -103,7 +103,7 @@ def rank_main(rank, world, port, args, queue):
     # (libddp's NumPy API, ctypes) on a libddp group of its own, on the same memory.
     import libddp
     direct = libddp.create_with_file_store(args.store, rank, world, timeout_ms=600000)
-    try:  # registers backend "fake" (torch >= 2.1)
+    try:  # registers backend "fake" where torch has it
         from torch.testing._internal.distributed import fake_pg  # noqa: F401
         nop = dist.new_group(backend="fake")
     except ImportError:
