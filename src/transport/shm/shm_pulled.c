@@ -34,6 +34,48 @@ static void pull(shm_state_t *S, int k, const ddp__shm_map_hint_t *h, unsigned q
         memcpy(dst + (x - a) * esize, stage + EDGE_SEND_TAIL + (x - hi) * esize, (b - x) * esize);
 }
 
+/* A mapped broadcast with the copying shared out (every rank's buffer is registered and
+ * agreed: the root's is read, the others' are written): each receiver's exported pages are cut
+ * into `world` slices, and slice s of receiver r is copied from the root by rank (r + s) % world,
+ * the root and the other receivers included, so every rank copies (world - 1) / world of the
+ * buffer instead of the receivers copying all of it while the root waits. Two ranks on two
+ * cores: two copies of half the buffer at once rather than one of all of it. A receiver also
+ * copies the edges of its own buffer outside its pages (no view reaches them). The caller's
+ * closing phase orders the writes before anyone returns. */
+static void broadcast_shared(shm_state_t *S, const ddp__collective_t *c,
+                             const ddp__shm_map_hint_t *hints, unsigned q, size_t esize,
+                             int stream)
+{
+    const int p = S->world, me = S->rank, root = c->root;
+    const size_t n = c->count;
+    if (me != root) {
+        size_t lo, hi;
+        ddp__shm_covered(&hints[me], n, esize, &lo, &hi);
+        pull(S, root, &hints[root], q, c->recv, n, 0, lo, esize, 0);
+        pull(S, root, &hints[root], q, (char *)c->recv + hi * esize, n, hi, n, esize, 0);
+    }
+    for (int j = 1; j < p; j++) { /* receivers from the next rank on: not all on one at once */
+        const int r = (me + j) % p;
+        if (r == root) continue;
+        size_t lo, hi, a, b;
+        ddp__shm_covered(&hints[r], n, esize, &lo, &hi);
+        slice_of(hi - lo, p, (me - r + p) % p, esize, &a, &b);
+        if (b <= a) continue;
+        char *dst = ddp__shm_view_at(&S->views, r, &hints[r], hints[r].addr + (lo + a) * esize);
+        if (me == root)
+            copy_out(dst, (const char *)c->recv + (lo + a) * esize, (b - a) * esize, stream);
+        else
+            pull(S, root, &hints[root], q, dst, n, lo + a, lo + b, esize, stream);
+    }
+    if (me != root) { /* my own slice of my pages (slice 0) */
+        size_t lo, hi, a, b;
+        ddp__shm_covered(&hints[me], n, esize, &lo, &hi);
+        slice_of(hi - lo, p, 0, esize, &a, &b);
+        pull(S, root, &hints[root], q, (char *)c->recv + (lo + a) * esize, n, lo + a, lo + b,
+             esize, stream);
+    }
+}
+
 /* Where element x of rank k's send (hint h, its pages [lo, hi)) lies for this rank: its own
  * buffer, a view of rank k's export, or an edge in rank k's stage of parity q. Elements from x to
  * the next cut point lie in the same place. */
@@ -154,7 +196,7 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     const int stream = block * (size_t)(c->kind == DDP__BROADCAST ? 1 : p) >= STREAM_MIN_BYTES;
     char *recv = c->recv;
     if (c->kind == DDP__BROADCAST) {
-        if (me != c->root) pull(S, c->root, &hints[c->root], q, recv, n, 0, n, esize, stream);
+        broadcast_shared(S, c, hints, q, esize, stream);
     } else if (c->kind == DDP__REDUCE_SCATTER) {
         /* In place (recv is this rank's block of send) is safe: peers read the other blocks. */
         reduce_block(S, c, hints, q, total, (size_t)me * n, n, esize);
