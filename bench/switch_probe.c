@@ -7,7 +7,12 @@
  * Two processes pinned to one CPU take turns through a counter in shared memory: each bumps its
  * counter, then calls sched_yield until the other has caught up, so every turn is one switch.
  * Prints the median over --rounds rounds of the time per turn, in microseconds (--json: one
- * JSON object). */
+ * JSON object).
+ *
+ * --across: the two processes are pinned to the first two allowed CPUs and spin instead of
+ * yielding, and the second answers only after seeing the first's turn: every turn is one round
+ * trip of a cache line between two cores, the floor of a collective whose every rank (a
+ * broadcast's root included) returns only once it knows the others arrived. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -34,13 +39,29 @@ typedef struct shared {
     _Atomic long turn[2][16]; /* one cache line each */
 } shared_t;
 
-/* Takes `turns` turns as player `me`; returns the time per turn in microseconds. */
-static double play(shared_t *sh, int me, long first, long turns)
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Takes `turns` turns as player `me` (across: spinning, player 1 answering player 0); returns
+ * the time per turn in microseconds. */
+static double play(shared_t *sh, int me, long first, long turns, int across)
 {
     double t0 = now_us();
     for (long t = first; t < first + turns; t++) {
-        atomic_store(&sh->turn[me][0], t);
-        while (atomic_load(&sh->turn[1 - me][0]) < t) sched_yield();
+        if (!across) {
+            atomic_store(&sh->turn[me][0], t);
+            while (atomic_load(&sh->turn[1 - me][0]) < t) sched_yield();
+        } else if (me == 0) {
+            atomic_store(&sh->turn[0][0], t);
+            while (atomic_load(&sh->turn[1][0]) < t) relax();
+        } else {
+            while (atomic_load(&sh->turn[0][0]) < t) relax();
+            atomic_store(&sh->turn[1][0], t);
+        }
     }
     return (now_us() - t0) / (double)turns;
 }
@@ -53,17 +74,19 @@ static int cmp_double(const void *a, const void *b)
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: switch-probe [-n TURNS] [--rounds R] [--json]\n"
+    fprintf(out, "usage: switch-probe [-n TURNS] [--rounds R] [--across] [--json]\n"
                  "  the time one CPU takes to switch between two processes (sched_yield\n"
-                 "  ping-pong of two processes pinned to the first allowed CPU)\n");
+                 "  ping-pong of two processes pinned to the first allowed CPU); --across:\n"
+                 "  a cache line's round trip between the first two allowed CPUs (spinning)\n");
 }
 
 int main(int argc, char **argv)
 {
     long turns = 20000, rounds = 5;
-    int json = 0;
+    int json = 0, across = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--across")) across = 1;
         else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--rounds")) && i + 1 < argc) {
             char *end = NULL;
             errno = 0;
@@ -92,8 +115,14 @@ int main(int argc, char **argv)
         perror("switch-probe: sched_getaffinity");
         return 1;
     }
-    int cpu = 0;
+    int cpu = 0, cpu2 = 0;
     while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) cpu++;
+    cpu2 = cpu + 1;
+    while (cpu2 < CPU_SETSIZE && !CPU_ISSET(cpu2, &allowed)) cpu2++;
+    if (across && cpu2 >= CPU_SETSIZE) {
+        fprintf(stderr, "switch-probe: --across needs two allowed CPUs, this process has one\n");
+        return 1;
+    }
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     if (sched_setaffinity(0, sizeof one, &one) != 0) {
@@ -113,12 +142,20 @@ int main(int argc, char **argv)
     }
     /* Both play the same sequence of rounds (the affinity is inherited); the parent times. */
     int me = child == 0 ? 1 : 0;
+    if (across && me == 1) {
+        CPU_ZERO(&one);
+        CPU_SET(cpu2, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) {
+            perror("switch-probe: sched_setaffinity");
+            _exit(1);
+        }
+    }
     double per[99];
     long next = 1;
-    play(sh, me, next, turns / 10 + 1); /* warm-up */
+    play(sh, me, next, turns / 10 + 1, across); /* warm-up */
     next += turns / 10 + 1;
     for (long r = 0; r < rounds; r++) {
-        per[r] = play(sh, me, next, turns);
+        per[r] = play(sh, me, next, turns, across);
         next += turns;
     }
     if (child == 0) _exit(0);
@@ -129,7 +166,15 @@ int main(int argc, char **argv)
     }
     qsort(per, (size_t)rounds, sizeof per[0], cmp_double);
     double median = rounds % 2 ? per[rounds / 2] : (per[rounds / 2 - 1] + per[rounds / 2]) / 2;
-    if (json)
+    if (json && across)
+        printf("{\"probe\":\"round_trip\",\"cpus\":[%d,%d],\"turns\":%ld,\"rounds\":%ld,"
+               "\"round_trip_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f}\n",
+               cpu, cpu2, turns, rounds, median, per[0], per[rounds - 1]);
+    else if (across)
+        printf("cache-line round trip between cpus %d and %d: %.3f us (median of %ld rounds of %ld "
+               "turns; %.3f-%.3f)\n",
+               cpu, cpu2, median, rounds, turns, per[0], per[rounds - 1]);
+    else if (json)
         printf("{\"probe\":\"switch\",\"cpu\":%d,\"turns\":%ld,\"rounds\":%ld,\"switch_us\":%.3f,"
                "\"min_us\":%.3f,\"max_us\":%.3f}\n",
                cpu, turns, rounds, median, per[0], per[rounds - 1]);
