@@ -6,7 +6,9 @@
 
 #include "transport/shm/shm_internal.h"
 
-/* The smallest buffer DDP_SHM_MAP=auto registers (below, a copy through the stage is cheap). */
+/* The smallest collective whose buffers DDP_SHM_MAP=auto registers (below, a copy through the
+ * stage is cheap). An allgather's is its output: its source, one rank's block, is 1/world of
+ * it (4 ranks, 256 KiB: a 64 KiB source). */
 #define MAP_AUTO_MIN ((size_t)128 << 10)
 
 /* Publishes this process's live registrations when they changed (before a first phase). */
@@ -33,20 +35,21 @@ void ddp__shm_prune_views(shm_state_t *S)
 }
 
 /* The export holding buffer p of a collective, registering it first under DDP_SHM_MAP=auto. */
-static int map_lookup(shm_state_t *S, const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
+static int map_lookup(shm_state_t *S, const void *p, size_t bytes, size_t moved,
+                      ddp__shm_map_hint_t *hint)
 {
     if (ddp__shm_map_find(p, bytes, hint)) return 1;
-    return S->map_wanted == MAP_AUTO && bytes >= MAP_AUTO_MIN && ddp__shm_map_auto(p, bytes) &&
+    return S->map_wanted == MAP_AUTO && moved >= MAP_AUTO_MIN && ddp__shm_map_auto(p, bytes) &&
            ddp__shm_map_find(p, bytes, hint);
 }
 
-int ddp__shm_map_one(shm_state_t *S, const void *p, size_t bytes, size_t esize,
+int ddp__shm_map_one(shm_state_t *S, const void *p, size_t bytes, size_t moved, size_t esize,
                      ddp__shm_map_hint_t *hint)
 {
     hint->slot = -1;
     if (!S->map_wanted || S->world < 2) return 0;
     publish_live(S);
-    if ((uintptr_t)p % esize || !map_lookup(S, p, bytes, hint)) {
+    if ((uintptr_t)p % esize || !map_lookup(S, p, bytes, moved, hint)) {
         hint->slot = -1;
         return 0;
     }
@@ -61,10 +64,10 @@ int ddp__shm_map_buffers(shm_state_t *S, const ddp__collective_t *c, size_t byte
     if (fp->buffer_id >= 0) return 0;
     const size_t esize = ddp_dtype_size(c->dtype);
     if ((uintptr_t)c->recv % esize) return 0;
-    if (!ddp__shm_map_one(S, c->send, bytes, esize, &fp->map[0])) return 0;
+    if (!ddp__shm_map_one(S, c->send, bytes, bytes, esize, &fp->map[0])) return 0;
     if (c->recv == c->send) {
         fp->map[1] = fp->map[0];
-    } else if (!map_lookup(S, c->recv, bytes, &fp->map[1])) {
+    } else if (!map_lookup(S, c->recv, bytes, bytes, &fp->map[1])) {
         fp->map[0].slot = fp->map[1].slot = -1;
         return 0;
     }

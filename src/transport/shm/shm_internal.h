@@ -381,9 +381,10 @@ void ddp__shm_prune_views(shm_state_t *S);
 int ddp__shm_all_registered(const shm_state_t *S, unsigned q);
 int ddp__shm_decide_mapped(shm_state_t *S, const ddp__collective_t *c, unsigned fparity,
                            int nbuf, ddp__shm_map_hint_t *hints, ddp_status_t *status);
-/* The hint for one buffer of a collective (registering it first under DDP_SHM_MAP=auto), after
- * publishing this rank's live registrations; 0 (slot -1) when it is not in registered memory. */
-int ddp__shm_map_one(shm_state_t *S, const void *p, size_t bytes, size_t esize,
+/* The hint for one buffer of a collective (registering it first under DDP_SHM_MAP=auto when the
+ * collective moves at least the automatic minimum, `moved` bytes), after publishing this rank's
+ * live registrations; 0 (slot -1) when it is not in registered memory. */
+int ddp__shm_map_one(shm_state_t *S, const void *p, size_t bytes, size_t moved, size_t esize,
                      ddp__shm_map_hint_t *hint);
 
 /* Where a rank's edges live in its stage (of the collective's parity): the bytes of its buffers

@@ -187,7 +187,8 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     /* An alltoall whose recv overlaps its send would overwrite what peers read: not mapped. */
     const int apart = c->kind != DDP__ALLTOALL ||
                       !ddp__overlaps(c->send, total * esize, c->recv, total * esize);
-    if (apart && ddp__shm_map_one(S, src, total * esize, esize, &fp.map[0]))
+    const size_t moved = c->kind == DDP__ALLGATHER ? block * (size_t)p : total * esize;
+    if (apart && ddp__shm_map_one(S, src, total * esize, moved, esize, &fp.map[0]))
         stage_edges(S, &fp.map[0], src, total, esize);
     ddp__shm_map_hint_t hints[DDP__SHM_MAX_WORLD];
     ddp_status_t s = agree_mapped(S, c, &fp, 1, key, hints, ran);
@@ -294,10 +295,11 @@ ddp_status_t ddp__shm_try_apply(shm_state_t *S, const ddp__collective_t *c, int 
     const size_t esize = ddp_dtype_size(c->dtype), total = c->count * (size_t)p;
     shm_fingerprint_t fp;
     ddp__shm_fingerprint_of(c, &fp);
-    if (ddp__shm_map_one(S, c->send, total * esize, esize, &fp.map[0])) {
+    const size_t bytes = total * esize;
+    if (ddp__shm_map_one(S, c->send, bytes, bytes, esize, &fp.map[0])) {
         if (c->recv == c->send)
             fp.map[1] = fp.map[0];
-        else if (!ddp__shm_map_one(S, c->recv, total * esize, esize, &fp.map[1]))
+        else if (!ddp__shm_map_one(S, c->recv, bytes, bytes, esize, &fp.map[1]))
             fp.map[0].slot = -1;
         if (fp.map[0].slot >= 0) stage_edges(S, &fp.map[0], c->send, total, esize);
     }
