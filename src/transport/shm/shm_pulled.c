@@ -54,25 +54,19 @@ static void broadcast_shared(shm_state_t *S, const ddp__collective_t *c,
         pull(S, root, &hints[root], q, c->recv, n, 0, lo, esize, 0);
         pull(S, root, &hints[root], q, (char *)c->recv + hi * esize, n, hi, n, esize, 0);
     }
-    for (int j = 1; j < p; j++) { /* receivers from the next rank on: not all on one at once */
+    for (int j = 0; j < p; j++) { /* receivers from this rank on: not all on one at once */
         const int r = (me + j) % p;
         if (r == root) continue;
         size_t lo, hi, a, b;
         ddp__shm_covered(&hints[r], n, esize, &lo, &hi);
         slice_of(hi - lo, p, (me - r + p) % p, esize, &a, &b);
         if (b <= a) continue;
+        /* (Own buffer, r == me: the view is the buffer itself.) */
         char *dst = ddp__shm_view_at(&S->views, r, &hints[r], hints[r].addr + (lo + a) * esize);
         if (me == root)
             copy_out(dst, (const char *)c->recv + (lo + a) * esize, (b - a) * esize, stream);
         else
             pull(S, root, &hints[root], q, dst, n, lo + a, lo + b, esize, stream);
-    }
-    if (me != root) { /* my own slice of my pages (slice 0) */
-        size_t lo, hi, a, b;
-        ddp__shm_covered(&hints[me], n, esize, &lo, &hi);
-        slice_of(hi - lo, p, 0, esize, &a, &b);
-        pull(S, root, &hints[root], q, (char *)c->recv + (lo + a) * esize, n, lo + a, lo + b,
-             esize, stream);
     }
 }
 
