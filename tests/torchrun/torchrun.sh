@@ -34,7 +34,7 @@ one_sum() {
 }
 
 run_local() { # torchrun options...
-    timeout 300 env $PRELOAD "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$@" \
+    timeout 300 env ${PRELOAD:+"$PRELOAD"} "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 "$@" \
         >"$WORK/out" 2>&1
 }
 
@@ -71,7 +71,7 @@ cprogram)
         k=0
         while [ $k -lt 2 ]; do
             ip netns exec "${P}h$k" env "$@" PYTHONPATH="$PYTHONPATH" LIBDDP_BUILD_DIR="$BUILD" \
-                timeout 300 env $PRELOAD "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \
+                timeout 300 env ${PRELOAD:+"$PRELOAD"} "$PY" -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \
                 --rdzv-backend c10d --rdzv-endpoint 10.99.0.1:29400 --rdzv-id "job$$" \
                 --rdzv-conf is_host=$((k == 0)) --local-addr 10.99.0.$((k + 1)) \
                 --max-restarts 1 "$TRAIN" >"$LOGDIR/host$k.log" 2>&1 &
