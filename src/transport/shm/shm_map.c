@@ -133,8 +133,9 @@ static void init_once(void)
     pthread_atfork(NULL, NULL, fork_child);
 }
 
-/* The area holding addr: 1 found, 0 not mapped, -1 cannot tell. */
-static int area_at(uintptr_t addr, area_t *a)
+/* The area holding addr (its name only if want_name or from the text): 1 found, 0 not mapped,
+ * -1 cannot tell. */
+static int area_at(uintptr_t addr, area_t *a, int want_name)
 {
     memset(a, 0, sizeof *a);
     if (maps_fd >= 0) {
@@ -142,8 +143,12 @@ static int area_at(uintptr_t addr, area_t *a)
         memset(&q, 0, sizeof q);
         q.size = sizeof q;
         q.query_addr = addr;
-        q.vma_name_addr = (uint64_t)(uintptr_t)a->name;
-        q.vma_name_size = sizeof a->name;
+        /* The name costs the kernel a path lookup: 1.15-1.34 us a query with it, 0.83-0.86
+         * without (here, Linux 6.18); the check on every mapped call needs none. */
+        if (want_name) {
+            q.vma_name_addr = (uint64_t)(uintptr_t)a->name;
+            q.vma_name_size = sizeof a->name;
+        }
         if (ioctl(maps_fd, DDP_PROCMAP_QUERY, &q) != 0) {
             a->name[0] = 0;
             return errno == ENOENT ? 0 : -1;
@@ -192,7 +197,7 @@ static ddp_status_t check_movable(uintptr_t start, uintptr_t end)
 {
     for (uintptr_t at = start; at < end;) {
         area_t a;
-        int r = area_at(at, &a);
+        int r = area_at(at, &a, 1);
         if (r < 0)
             return ddp__error(DDP_ERR_UNSUPPORTED,
                               "register_memory: cannot read this process's memory map");
@@ -219,7 +224,7 @@ static ddp_status_t check_movable(uintptr_t start, uintptr_t end)
 static int backs_pages(const export_t *e)
 {
     area_t a;
-    if (area_at(e->start, &a) != 1) return 0;
+    if (area_at(e->start, &a, 0) != 1) return 0;
     return a.start == e->start && a.end == e->end && a.ino == e->ino && a.offset == 0 &&
            (a.flags & VMA_SHARED);
 }
