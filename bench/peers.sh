@@ -223,6 +223,9 @@ while [ "$rep" -le "$REPEATS" ]; do
         break
     fi
     rep_start=$now
+    # What else runs: a CPU-bound process on a rank's CPU costs a pinned pair of ranks a
+    # scheduler slice per collective (docs/benchmarks.md, "The millisecond state reproduced").
+    top -b -n 1 -o %CPU 2>/dev/null | head -n 15 >"$RAW/top.$rep.txt" || true
     "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" --json \
         | json_only >"$RAW/memcpy.$rep.json"
     if [ -x "$BUILD/cma-probe" ]; then
