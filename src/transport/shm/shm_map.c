@@ -143,8 +143,8 @@ static int area_at(uintptr_t addr, area_t *a, int want_name)
         memset(&q, 0, sizeof q);
         q.size = sizeof q;
         q.query_addr = addr;
-        /* The name costs the kernel a path lookup: 1.15-1.34 us a query with it, 0.83-0.86
-         * without (here, Linux 6.18); the check on every mapped call needs none. */
+        /* The name costs the kernel a path lookup: 1.1-1.3 us a query with it, 0.76-0.86
+         * without (two runs here, Linux 6.18); the check on every mapped call needs none. */
         if (want_name) {
             q.vma_name_addr = (uint64_t)(uintptr_t)a->name;
             q.vma_name_size = sizeof a->name;
