@@ -8,7 +8,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 
-/* Bit 0: AVX + F16C with OS support; bit 1: AVX2 as well. */
+/* Bit 0: AVX + F16C with OS support; bit 1: AVX2 as well; bit 2: AVX-512 F, BW and VL too, with
+ * the OS saving the opmask and ZMM state. */
 static int probe(void)
 {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -24,6 +25,10 @@ static int probe(void)
     if (__get_cpuid_max(0, NULL) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
         if (b & (1u << 5)) v |= 2;
+        /* EBX bits 16 (AVX512F), 30 (AVX512BW), 31 (AVX512VL); XCR0 bits 5-7: opmask, the
+         * upper halves of ZMM0-15, ZMM16-31. */
+        const unsigned avx512 = (1u << 16) | (1u << 30) | (1u << 31);
+        if ((v & 2) && (b & avx512) == avx512 && (lo & 0xe0u) == 0xe0u) v |= 4;
     }
     return v;
 }
@@ -44,4 +49,6 @@ static int features(void)
 
 int ddp__cpu_has_avx_f16c(void) { return (features() & 1) != 0; }
 
-int ddp__cpu_has_avx2_f16c(void) { return features() == 3; }
+int ddp__cpu_has_avx2_f16c(void) { return (features() & 3) == 3; }
+
+int ddp__cpu_has_avx512(void) { return features() == 7; }

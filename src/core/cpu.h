@@ -10,4 +10,9 @@ int ddp__cpu_has_avx_f16c(void);
  * run. Cached like ddp__cpu_has_avx_f16c. */
 int ddp__cpu_has_avx2_f16c(void);
 
+/* 1 when, in addition, the CPU has AVX-512 F, BW and VL (CPUID leaf 7 EBX bits 16, 30, 31) and
+ * the OS saves the opmask and ZMM state (XCR0 bits 5-7): target("avx512f,avx512bw,avx512vl")
+ * code may run. Cached like ddp__cpu_has_avx_f16c. */
+int ddp__cpu_has_avx512(void);
+
 #endif
