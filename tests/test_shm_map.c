@@ -1186,6 +1186,30 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
     CHECK_MSG(mappings <= total, "%d mappings of registered memory, %lld live registrations",
               mappings, (long long)total);
     free(last);
+    /* More small buffers than the table has slots, each seen twice by the automatic
+     * registration (registered, until the table is full), then a large buffer in collectives: it
+     * takes a small one's slot. */
+    enum { SMALL = DDP__SHM_MAP_SLOTS + 8 };
+    const size_t sbytes = 64 << 10;
+    void *small[SMALL];
+    for (int i = 0; i < SMALL; i++) {
+        small[i] = malloc(sbytes);
+        CHECK(small[i]);
+        for (int seen = 0; seen < 2; seen++) ddp__shm_map_auto(small[i], sbytes);
+    }
+    ddp__shm_map_live(gens);
+    live = 0;
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) live += gens[i] != 0;
+    CHECK_MSG(live == DDP__SHM_MAP_SLOTS, "%lld of %d slots taken by the small buffers",
+              (long long)live, DDP__SHM_MAP_SLOTS);
+    /* A mapping of its own: it overlaps no registration of a buffer freed before. */
+    float *large = mmap(NULL, mcount * sizeof(float), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(large != MAP_FAILED);
+    for (int call = 0; call < 3; call++) mapped = sum_and_check(g, large, mcount, k++, "large");
+    CHECK_MSG(mapped, "a large buffer after a table full of small ones ran %s", last_algorithm);
+    CHECK(munmap(large, mcount * sizeof(float)) == 0);
+    for (int i = 0; i < SMALL; i++) free(small[i]);
     ddp_group_destroy(g);
     return 0;
 }

@@ -285,7 +285,7 @@ static ddp_status_t run_rounds_or_single(shm_state_t *S, const ddp__collective_t
 static ddp_status_t run_pulled_or(shm_state_t *S, const ddp__collective_t *c, int kind,
                                   size_t bytes, shm_collective_fn rounds, shm_collective_fn single)
 {
-    if (S->world > 1 && bytes >= PULL_MIN) {
+    if (S->world > 1 && bytes >= PULL_MIN_PER_RANK * (size_t)S->world) {
         int ran;
         ddp_status_t s = ddp__shm_try_pulled(S, c, ddp__shm_tune_key(kind, bytes), &ran);
         if (s != DDP_OK || ran) return s;
@@ -300,7 +300,7 @@ static ddp_status_t run_reduce_scatter_apply(shm_state_t *S, const ddp__collecti
 {
     const size_t esize = ddp_dtype_size(c->dtype), block = c->count * esize;
     const size_t bytes = block * (size_t)S->world;
-    if (S->world > 1 && bytes >= PULL_MIN) {
+    if (S->world > 1 && bytes >= PULL_MIN_PER_RANK * (size_t)S->world) {
         int ran;
         ddp_status_t s = ddp__shm_try_apply(S, c, ddp__shm_tune_key(5, bytes), &ran);
         if (s != DDP_OK || ran) return s;

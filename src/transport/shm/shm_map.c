@@ -286,12 +286,27 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
             return s;
         }
     }
-    /* The caller's registrations go before libddp's own: a full table gives one of those back. */
+    /* The caller's registrations go before libddp's own: a full table gives one of those back.
+     * An automatic one may take the place of the smallest automatic one smaller than itself:
+     * small buffers registered early (a model's biases) do not keep a large one out (its
+     * gradient bucket), and a buffer displaced is registered again at most once (seen_t). */
     for (int i = 0; i < DDP__SHM_MAP_SLOTS && slot < 0 && !automatic; i++)
         if (exports[i].automatic) {
             if (release_export(&exports[i], 1) != DDP_OK) ddp__clear_error();
             if (!exports[i].gen) slot = i;
         }
+    if (slot < 0 && automatic) {
+        int smallest = -1;
+        for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++)
+            if (exports[i].automatic && exports[i].end - exports[i].start < len &&
+                (smallest < 0 ||
+                 exports[i].end - exports[i].start < exports[smallest].end - exports[smallest].start))
+                smallest = i;
+        if (smallest >= 0) {
+            if (release_export(&exports[smallest], 1) != DDP_OK) ddp__clear_error();
+            if (!exports[smallest].gen) slot = smallest;
+        }
+    }
     if (slot < 0) {
         s = ddp__error(DDP_ERR_UNSUPPORTED,
                        "register_memory: %d buffers are registered already, the most a process "
