@@ -52,3 +52,14 @@ int ddp__cpu_has_avx_f16c(void) { return (features() & 1) != 0; }
 int ddp__cpu_has_avx2_f16c(void) { return (features() & 3) == 3; }
 
 int ddp__cpu_has_avx512(void) { return features() == 7; }
+
+int ddp__cpu_is_intel(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+#else
+    return 0;
+#endif
+}

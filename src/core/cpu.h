@@ -15,4 +15,7 @@ int ddp__cpu_has_avx2_f16c(void);
  * code may run. Cached like ddp__cpu_has_avx_f16c. */
 int ddp__cpu_has_avx512(void);
 
+/* 1 when CPUID's vendor string is "GenuineIntel", else 0 (always 0 off x86-64). */
+int ddp__cpu_is_intel(void);
+
 #endif

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/cpu.h"
 #include "transport/shm/shm.h"
 #include "transport/shm/shm_internal.h"
 
@@ -32,6 +33,7 @@ typedef struct {
     long long cma_bytes, cma_hugepages;
     int cma_wanted;
     int map_wanted; /* DDP_SHM_MAP */
+    int mapped_stream; /* DDP_SHM_MAPPED_STORES: the mapped allreduce streams its results */
     int tune_mode;  /* ddp__shm_tune_mode_t */
     uint32_t fixed; /* FIXED_* */
 } shm_tuning_t;
@@ -76,6 +78,12 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     const char *map = NULL;
     if ((s = ddp__env_text("DDP_SHM_MAP", &map)) != DDP_OK) return ddp__error_context(s, "shm");
     t->map_wanted = !map || !strcmp(map, "auto") ? MAP_AUTO : !strcmp(map, "on") ? MAP_ON : MAP_OFF;
+    const char *mstores = NULL;
+    if ((s = ddp__env_text("DDP_SHM_MAPPED_STORES", &mstores)) != DDP_OK)
+        return ddp__error_context(s, "shm");
+    /* auto: non-temporal on Intel, plain elsewhere (docs/shm-transport.md, "mapped" stores). */
+    t->mapped_stream = mstores && strcmp(mstores, "auto") ? !strcmp(mstores, "nt")
+                                                          : ddp__cpu_is_intel();
     const char *tune = NULL, *stores = NULL, *rounds = NULL;
     if ((s = ddp__env_text("DDP_SHM_TUNE", &tune)) != DDP_OK ||
         (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK ||
@@ -259,6 +267,7 @@ static ddp_status_t shm_create(ddp_store_t *store, const char *group_name, int r
     S->cma_bytes = (size_t)S->hdr->cma_bytes;
     S->cma.hugepages = tuning.cma_hugepages != 0;
     S->map_wanted = tuning.map_wanted;
+    S->mapped_stream = tuning.mapped_stream;
     if ((s = ddp__shm_views_init(&S->views, world, rank)) != DDP_OK) goto fail;
     S->fixed = S->hdr->fixed;
     S->tune.mode = (int)S->hdr->tune_mode;

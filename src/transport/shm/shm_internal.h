@@ -217,6 +217,7 @@ typedef struct shm_state {
      * nobody maps), the agreed views of peers' exports, and per size class whether every rank
      * passed registered memory (agreed: then the one-shot variant is no candidate there). */
     int map_wanted;
+    int mapped_stream; /* the mapped allreduce writes results >= STREAM_MIN_BYTES non-temporally */
     ddp__shm_views_t views;
     uint8_t map_class[DDP__SHM_TUNE_CLASSES];
     uint32_t live_seen[DDP__SHM_MAX_WORLD]; /* each peer's live_epoch when its views were pruned */
