@@ -1090,6 +1090,19 @@ static int count_registered_mappings(void)
 
 /* ---- auto ---------------------------------------------------------------------------------- */
 
+/* Three sums in a 4 MiB mapping of its own, unmapped after: whether the last ran mapped. */
+static int sum_own_mapping(ddp_group_t *g, int *k, const char *what)
+{
+    const size_t mcount = (4u << 20) / sizeof(float);
+    float *m = mmap(NULL, mcount * sizeof(float), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    int mapped = 0;
+    for (int call = 0; call < 3; call++) mapped = sum_and_check(g, m, mcount, (*k)++, what);
+    CHECK(munmap(m, mcount * sizeof(float)) == 0);
+    return mapped;
+}
+
 /* DDP_SHM_MAP=auto (the default): libddp registers by itself a malloc'd buffer that comes back.
  * The first call of a buffer is not mapped, the next ones are; a buffer freed and another
  * allocated (likely at the same address) is reduced correctly (the stale registration is
@@ -1162,13 +1175,8 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
     float *last = malloc(bytes);
     CHECK(last);
     for (int call = 0; call < 2; call++) sum_and_check(g, last, count, k++, "before the unmap");
-    const size_t mcount = (4u << 20) / sizeof(float);
-    float *m = mmap(NULL, mcount * sizeof(float), PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(m != MAP_FAILED);
-    for (int call = 0; call < 3; call++) mapped = sum_and_check(g, m, mcount, k++, "own mapping");
-    CHECK_MSG(mapped, "a buffer of its own mapping ran %s", last_algorithm);
-    CHECK(munmap(m, mcount * sizeof(float)) == 0);
+    CHECK_MSG(sum_own_mapping(g, &k, "own mapping"), "a buffer of its own mapping ran %s",
+              last_algorithm);
     /* Calls on a buffer registered before (no registration follows that would notice), spread
      * over more than the 50 ms at which the owner looks for registrations that went away. */
     for (int call = 0; call < 4; call++) {
@@ -1202,13 +1210,9 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) live += gens[i] != 0;
     CHECK_MSG(live == DDP__SHM_MAP_SLOTS, "%lld of %d slots taken by the small buffers",
               (long long)live, DDP__SHM_MAP_SLOTS);
-    /* A mapping of its own: it overlaps no registration of a buffer freed before. */
-    float *large = mmap(NULL, mcount * sizeof(float), PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(large != MAP_FAILED);
-    for (int call = 0; call < 3; call++) mapped = sum_and_check(g, large, mcount, k++, "large");
-    CHECK_MSG(mapped, "a large buffer after a table full of small ones ran %s", last_algorithm);
-    CHECK(munmap(large, mcount * sizeof(float)) == 0);
+    /* (A mapping of its own: it overlaps no registration of a buffer freed before.) */
+    CHECK_MSG(sum_own_mapping(g, &k, "large"),
+              "a large buffer after a table full of small ones ran %s", last_algorithm);
     for (int i = 0; i < SMALL; i++) free(small[i]);
     ddp_group_destroy(g);
     return 0;
