@@ -81,9 +81,10 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     const char *mstores = NULL;
     if ((s = ddp__env_text("DDP_SHM_MAPPED_STORES", &mstores)) != DDP_OK)
         return ddp__error_context(s, "shm");
-    /* auto: non-temporal on Intel, plain elsewhere (docs/shm-transport.md, "mapped" stores). */
-    t->mapped_stream = mstores && strcmp(mstores, "auto") ? !strcmp(mstores, "nt")
-                                                          : ddp__cpu_is_intel();
+    /* auto (or unset, or empty): non-temporal on Intel, plain elsewhere (docs/shm-transport.md,
+     * "Knobs"). */
+    t->mapped_stream = mstores && *mstores && strcmp(mstores, "auto") ? !strcmp(mstores, "nt")
+                                                                      : ddp__cpu_is_intel();
     const char *tune = NULL, *stores = NULL, *rounds = NULL;
     if ((s = ddp__env_text("DDP_SHM_TUNE", &tune)) != DDP_OK ||
         (s = ddp__env_text("DDP_SHM_STAGED_STORES", &stores)) != DDP_OK ||
