@@ -430,14 +430,15 @@ static inline void ddp__shm_sort_cuts(size_t *cuts, int n)
 #define PULL_MIN_PER_RANK ((size_t)8 << 10)
 /* Runs c (broadcast, allgather, reduce_scatter or alltoall; bytes >= world x PULL_MIN_PER_RANK)
  * the mapped way when every rank's source is in registered memory and its views are agreed:
- * *ran = 1 and the status. Else *ran = 0 after one phase (every rank the same), and the caller runs its usual
- * way. Tried at every call of a size class while its tries find every source registered;
- * after m misses in a row, 2^(m-1) - 1 calls pass untried (at most 63; every rank the same). */
+ * *ran = 1 and the status. Else *ran = 0 after one phase (every rank the same), and the caller
+ * runs its usual way. Tried at every call of a size class while its tries find every source
+ * registered; after m misses in a row, 2^(m-1) - 1 calls pass untried (at most 63; every rank
+ * the same). */
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
 /* reduce_scatter_apply (transport.h; world >= 2, at least world x PULL_MIN_PER_RANK bytes in
- * all) the mapped way when every rank's send and recv are registered: *ran = 1 and the status; else *ran = 0
- * after one phase, every rank the same, and the caller builds it from reduce_scatter and
- * allgather. Tried under the policy above, with `key`. */
+ * all) the mapped way when every rank's send and recv are registered: *ran = 1 and the status;
+ * else *ran = 0 after one phase, every rank the same, and the caller builds it from
+ * reduce_scatter and allgather. Tried under the policy above, with `key`. */
 ddp_status_t ddp__shm_try_apply(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
 /* (shm_allreduce_mapped.c) After a mapped collective's closing phase: the elements of this
  * rank's recv (n) outside its exported pages [lo, hi) and outside its own part [own_lo,

@@ -297,11 +297,12 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
         }
     if (slot < 0 && automatic) {
         int smallest = -1;
+        size_t smallest_len = len; /* only one smaller than the new range may go */
         for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++)
-            if (exports[i].automatic && exports[i].end - exports[i].start < len &&
-                (smallest < 0 ||
-                 exports[i].end - exports[i].start < exports[smallest].end - exports[smallest].start))
+            if (exports[i].automatic && exports[i].end - exports[i].start < smallest_len) {
                 smallest = i;
+                smallest_len = exports[i].end - exports[i].start;
+            }
         if (smallest >= 0) {
             if (release_export(&exports[smallest], 1) != DDP_OK) ddp__clear_error();
             if (!exports[smallest].gen) slot = smallest;
