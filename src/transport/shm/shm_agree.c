@@ -28,17 +28,22 @@ static ddp__fingerprint_t fingerprint_in(const shm_mailbox_t *mb)
     return f;
 }
 
-/* The first phase of every collective: publish the fingerprint (with up to MAILBOX_DATA bytes
- * of the caller's data, and the zero-copy hints) in this rank's mailbox, wait for everyone,
+/* The first phase of every collective in two halves, for callers that stage data in between:
+ * the arrival (the step swap, with the sleepers check deferred to the wait), which returns the
+ * step to publish; then ddp__shm_first_publish. Writing the stage after the swap keeps the
+ * swap, a locked instruction, from waiting for those stores to reach the peers' caches. */
+uint64_t ddp__shm_first_arrive(shm_state_t *S) { return ddp__shm_arrive_ex(S, 1); }
+
+/* The second half: publish the fingerprint (with up to MAILBOX_DATA bytes of the caller's data,
+ * and the zero-copy hints) in this rank's mailbox for step `target`, wait for everyone,
  * compare. Every rank compares every rank with rank 0, so all ranks reach the same verdict and
- * print the same text. Returns the mailbox parity in *parity. `defer`: see arrive_ex. */
-ddp_status_t ddp__shm_first_sync_data(shm_state_t *S, const ddp__collective_t *c,
-                                      const shm_fingerprint_t *mine, const void *data,
-                                    size_t data_bytes, int defer, unsigned *parity)
+ * print the same text. Returns the mailbox parity in *parity. `defer` 0: the sleepers check
+ * runs right after the stamp, not in the wait (see arrive_ex). */
+ddp_status_t ddp__shm_first_publish(shm_state_t *S, const ddp__collective_t *c,
+                                    const shm_fingerprint_t *mine, const void *data,
+                                    size_t data_bytes, uint64_t target, int defer,
+                                    unsigned *parity)
 {
-    /* Arrive first (the step swap), then publish the mailbox: a stamp a peer sees is then the
-     * stamp of a rank that is in, which no give-up can undo. */
-    uint64_t target = ddp__shm_arrive_ex(S, 1);
     unsigned q = (unsigned)(target & 1);
     if (S->refused) return ddp__shm_poisoned_error(S, S->rank, S->refused, c);
     shm_rank_t *me = &S->ranks[S->rank];
@@ -81,9 +86,19 @@ ddp_status_t ddp__shm_first_sync_data(shm_state_t *S, const ddp__collective_t *c
     return DDP_OK;
 }
 
+/* Both halves. Arrive first (the step swap), then publish the mailbox: a stamp a peer sees is
+ * then the stamp of a rank that is in, which no give-up can undo. `defer`: see arrive_ex. */
+ddp_status_t ddp__shm_first_sync_data(shm_state_t *S, const ddp__collective_t *c,
+                                      const shm_fingerprint_t *mine, const void *data,
+                                      size_t data_bytes, int defer, unsigned *parity)
+{
+    uint64_t target = ddp__shm_first_arrive(S);
+    return ddp__shm_first_publish(S, c, mine, data, data_bytes, target, defer, parity);
+}
+
 ddp_status_t ddp__shm_first_sync(shm_state_t *S, const ddp__collective_t *c,
                                  const shm_fingerprint_t *mine)
 {
     unsigned q;
-    return ddp__shm_first_sync_data(S, c, mine, NULL, 0, 0, &q);
+    return ddp__shm_first_sync_data(S, c, mine, NULL, 0, 1, &q);
 }

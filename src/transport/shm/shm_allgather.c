@@ -22,9 +22,12 @@ ddp_status_t ddp__shm_allgather_rounds(shm_state_t *S, const ddp__collective_t *
     do {
         size_t k = n - o < chunk ? n - o : chunk;
         unsigned q = (unsigned)(S->use++ & 1);
-        if (k) memcpy(stage_of(S, me, q), send + o * esize, k * esize);
+        const int tiny = k == n && k * esize <= MAILBOX_DATA;
+        const uint64_t early = ddp__shm_early_arrival(S, first, k * esize);
+        if (k && !tiny) memcpy(stage_of(S, me, q), send + o * esize, k * esize);
+        int fq;
         ddp_status_t s =
-            first ? ddp__shm_first_sync(S, c, &fp) : ddp__shm_sync_all(S, c, c->deadline_ns);
+            ddp__shm_round_phase(S, c, &fp, first, early, tiny, send, k * esize, &fq);
         if (s != DDP_OK) return s;
         first = 0;
         for (int j = 0; j < p && k; j++) {
@@ -32,7 +35,8 @@ ddp_status_t ddp__shm_allgather_rounds(shm_state_t *S, const ddp__collective_t *
             if (j == me) {
                 if (!in_place) memcpy(dst, send + o * esize, k * esize);
             } else {
-                copy_out(dst, stage_of(S, j, q), k * esize, n * (size_t)p * esize >= STREAM_MIN_BYTES);
+                copy_out(dst, round_of(S, j, q, fq), k * esize,
+                         n * (size_t)p * esize >= STREAM_MIN_BYTES);
             }
         }
         o += k;

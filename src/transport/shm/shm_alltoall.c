@@ -41,12 +41,17 @@ static ddp_status_t alltoall_rounds(shm_state_t *S, const ddp__collective_t *c, 
     do {
         size_t k = n - o < chunk ? n - o : chunk;
         unsigned q = (unsigned)(S->use++ & 1);
-        char *mine = stage_of(S, me, q);
+        /* The stage holds block j at j * k: the line a tiny one rides in needs all p of them. */
+        const size_t staged = (size_t)p * k * esize;
+        const int tiny = k == n && staged <= MAILBOX_DATA;
+        const uint64_t early = ddp__shm_early_arrival(S, first, (size_t)(p - 1) * k * esize);
+        unsigned char line[MAILBOX_DATA];
+        char *mine = tiny ? (char *)line : stage_of(S, me, q);
         for (int j = 0; j < p && k; j++)
             if (j != me)
                 memcpy(mine + (size_t)j * k * esize, send + ((size_t)j * n + o) * esize, k * esize);
-        ddp_status_t s =
-            first ? ddp__shm_first_sync(S, c, &fp) : ddp__shm_sync_all(S, c, c->deadline_ns);
+        int fq;
+        ddp_status_t s = ddp__shm_round_phase(S, c, &fp, first, early, tiny, line, staged, &fq);
         if (s != DDP_OK) return s;
         first = 0;
         for (int j = 0; j < p && k; j++) {
@@ -54,7 +59,7 @@ static ddp_status_t alltoall_rounds(shm_state_t *S, const ddp__collective_t *c, 
             if (j == me) {
                 memcpy(dst, send + ((size_t)j * n + o) * esize, k * esize);
             } else {
-                copy_out(dst, stage_of(S, j, q) + (size_t)me * k * esize, k * esize, stream);
+                copy_out(dst, round_of(S, j, q, fq) + (size_t)me * k * esize, k * esize, stream);
             }
         }
         o += k;

@@ -19,13 +19,16 @@ ddp_status_t ddp__shm_broadcast_rounds(shm_state_t *S, const ddp__collective_t *
     do {
         size_t n = c->count - o < chunk ? c->count - o : chunk;
         unsigned q = (unsigned)(S->use++ & 1);
-        if (me == root && n) memcpy(stage_of(S, root, q), buf + o * esize, n * esize);
-        ddp_status_t s =
-            first ? ddp__shm_first_sync(S, c, &fp) : ddp__shm_sync_all(S, c, c->deadline_ns);
+        const int tiny = n == c->count && n * esize <= MAILBOX_DATA;
+        const uint64_t early = ddp__shm_early_arrival(S, first, me == root ? n * esize : 0);
+        if (me == root && n && !tiny) memcpy(stage_of(S, root, q), buf + o * esize, n * esize);
+        int fq;
+        ddp_status_t s = ddp__shm_round_phase(S, c, &fp, first, early, tiny,
+                                              me == root ? buf : NULL, n * esize, &fq);
         if (s != DDP_OK) return s;
         first = 0;
         if (me != root && n)
-            copy_out(buf + o * esize, stage_of(S, root, q), n * esize,
+            copy_out(buf + o * esize, round_of(S, root, q, fq), n * esize,
                      c->count * esize >= STREAM_MIN_BYTES);
         o += n;
     } while (o < c->count);

@@ -335,6 +335,60 @@ ddp_status_t ddp__shm_first_sync_data(shm_state_t *S, const ddp__collective_t *c
                                       size_t data_bytes, int defer, unsigned *parity);
 ddp_status_t ddp__shm_first_sync(shm_state_t *S, const ddp__collective_t *c,
                                  const shm_fingerprint_t *mine);
+/* The same in two halves, for a caller that fills its stage in between (after the arrival's
+ * locked swap, which would otherwise wait for those stores): first_arrive returns the step that
+ * first_publish publishes. */
+uint64_t ddp__shm_first_arrive(shm_state_t *S);
+ddp_status_t ddp__shm_first_publish(shm_state_t *S, const ddp__collective_t *c,
+                                    const shm_fingerprint_t *mine, const void *data,
+                                    size_t data_bytes, uint64_t target, int defer,
+                                    unsigned *parity);
+/* A staged collective's first round whose stage takes at most this many bytes arrives before
+ * filling it (first_arrive): the arrival's locked swap then does not wait for the stage's
+ * lines to come back from the peers that read them last. 2 ranks on the Xeon, alternating
+ * builds, medians of 3 runs, 8 B-1 KiB: allgather 0.47-0.54 -> 0.41-0.51 us, alltoall
+ * 0.44-0.52 -> 0.40-0.50, reduce_scatter 0.46-0.60 -> 0.43-0.52, broadcast even; with 2-4 KiB
+ * staged up to 8 % slower, so larger stages keep the arrival after the copy. */
+#define EARLY_ARRIVAL_MAX 1024
+_Static_assert(EARLY_ARRIVAL_MAX >= MAILBOX_DATA, "a tiny collective's first round arrives early");
+
+/* The arrival of a first round staging `staged` bytes, made now (returned) or left to
+ * ddp__shm_round_phase (0). */
+static inline uint64_t ddp__shm_early_arrival(shm_state_t *S, int first, size_t staged)
+{
+    return first && staged <= EARLY_ARRIVAL_MAX ? ddp__shm_first_arrive(S) : 0;
+}
+
+/* The phase that ends a round of the staged collectives: the first round's is the collective's
+ * first phase (its arrival already made when `early` is not 0), later rounds' a plain one.
+ * A collective whose whole stage fits in the first phase's line (`tiny`: one round of at most
+ * MAILBOX_DATA bytes; the same on every rank, as it follows from the agreed size) sends its
+ * `bytes` of `data` there instead, so that a peer's one poll brings them: *fq is then that
+ * mailbox parity (for round_of), else -1. 2 ranks on the Xeon, 8-32 B, medians of 3 runs
+ * alternating with the early arrival alone: allgather 0.47-0.48 -> 0.43-0.45 us, alltoall
+ * 0.51-0.53 -> 0.43-0.44, reduce_scatter 0.53-0.56 -> 0.41-0.43, broadcast 0.39-0.40 ->
+ * 0.37-0.38. */
+static inline ddp_status_t ddp__shm_round_phase(shm_state_t *S, const ddp__collective_t *c,
+                                                const shm_fingerprint_t *fp, int first,
+                                                uint64_t early, int tiny, const void *data,
+                                                size_t bytes, int *fq)
+{
+    unsigned q;
+    *fq = -1;
+    if (!early)
+        return first ? ddp__shm_first_sync(S, c, fp) : ddp__shm_sync_all(S, c, c->deadline_ns);
+    size_t in_line = tiny && data ? bytes : 0;
+    ddp_status_t s = ddp__shm_first_publish(S, c, fp, data, in_line, early, 1, &q);
+    if (tiny) *fq = (int)q;
+    return s;
+}
+
+/* Where rank j's round is: its stage of parity q, or the mailbox data of parity fq (>= 0) for a
+ * tiny collective (round_phase). */
+static inline const char *round_of(shm_state_t *S, int j, unsigned q, int fq)
+{
+    return fq >= 0 ? (const char *)S->ranks[j].mailbox[fq].data : stage_of(S, j, q);
+}
 
 /* ---- shm_buffers.c: memfds and segment buffers ---------------------------------------------- */
 

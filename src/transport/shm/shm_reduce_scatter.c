@@ -22,16 +22,20 @@ ddp_status_t ddp__shm_reduce_scatter_rounds(shm_state_t *S, const ddp__collectiv
     do {
         size_t k = n - o < per_block ? n - o : per_block;
         unsigned q = (unsigned)(S->use++ & 1);
-        char *mine = stage_of(S, me, q);
+        const size_t staged = (size_t)p * k * esize;
+        const int tiny = k == n && staged <= MAILBOX_DATA;
+        const uint64_t early = ddp__shm_early_arrival(S, first, staged);
+        unsigned char line[MAILBOX_DATA];
+        char *mine = tiny ? (char *)line : stage_of(S, me, q);
         for (int b = 0; b < p && k; b++)
             memcpy(mine + (size_t)b * k * esize, send + ((size_t)b * n + o) * esize, k * esize);
-        ddp_status_t s =
-            first ? ddp__shm_first_sync(S, c, &fp) : ddp__shm_sync_all(S, c, c->deadline_ns);
+        int fq;
+        ddp_status_t s = ddp__shm_round_phase(S, c, &fp, first, early, tiny, line, staged, &fq);
         if (s != DDP_OK) return s;
         first = 0;
         if (k) {
             const void *srcs[DDP__SHM_MAX_WORLD];
-            for (int j = 0; j < p; j++) srcs[j] = stage_of(S, j, q) + (size_t)me * k * esize;
+            for (int j = 0; j < p; j++) srcs[j] = round_of(S, j, q, fq) + (size_t)me * k * esize;
             ddp__reduce(recv + o * esize, srcs, p, k, c->dtype, c->op);
         }
         o += k;
