@@ -18,6 +18,7 @@ else()
   set(CMAKE_REQUIRED_LIBRARIES ${FM_OPENBLAS_LIBRARY})
   set(CMAKE_REQUIRED_QUIET ON)
   check_function_exists(openblas_set_num_threads FM_OPENBLAS_SET_THREADS)
+  check_function_exists(openblas_get_corename FM_OPENBLAS_CORENAME)
   cmake_pop_check_state()
 
   add_executable(fashion-mnist
@@ -25,13 +26,20 @@ else()
     ${PROJECT_SOURCE_DIR}/examples/fashion-mnist/data.c
     ${PROJECT_SOURCE_DIR}/examples/fashion-mnist/model.c
     ${PROJECT_SOURCE_DIR}/examples/fashion-mnist/optim.c
-    ${PROJECT_SOURCE_DIR}/examples/fashion-mnist/checkpoint.c)
-  target_include_directories(fashion-mnist PRIVATE ${FM_CBLAS_INCLUDE_DIR})
+    ${PROJECT_SOURCE_DIR}/examples/fashion-mnist/checkpoint.c
+    ${PROJECT_SOURCE_DIR}/examples/openblas_kernels.c)
+  target_include_directories(fashion-mnist PRIVATE ${FM_CBLAS_INCLUDE_DIR}
+                                                   ${PROJECT_SOURCE_DIR}/examples)
   # The shared library, as a user's program would: it holds every store and transport, whereas a
   # static link drops the ones libddp references only weakly (TCP store, TCP/MPI transports).
   target_link_libraries(fashion-mnist PRIVATE ddp ZLIB::ZLIB ${FM_OPENBLAS_LIBRARY} m)
   if(FM_OPENBLAS_SET_THREADS)
     target_compile_definitions(fashion-mnist PRIVATE FM_HAVE_OPENBLAS_THREADS=1)
+  endif()
+  # Restart with OpenBLAS's own kernels for the CPU when it fell back to SSE3 ones
+  # (examples/openblas_kernels.c).
+  if(FM_OPENBLAS_CORENAME)
+    target_compile_definitions(fashion-mnist PRIVATE EXAMPLE_HAVE_OPENBLAS_CORENAME=1)
   endif()
   # --hook powersgd needs libddp_powersgd (src/hooks/powersgd.cmake, built when CBLAS is found).
   if(TARGET ddp_powersgd)

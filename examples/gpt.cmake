@@ -15,6 +15,7 @@ else()
   set(CMAKE_REQUIRED_LIBRARIES ${GPT_OPENBLAS_LIBRARY})
   set(CMAKE_REQUIRED_QUIET ON)
   check_function_exists(openblas_set_num_threads GPT_OPENBLAS_SET_THREADS)
+  check_function_exists(openblas_get_corename GPT_OPENBLAS_CORENAME)
   cmake_pop_check_state()
 
   # The model and data on their own, shared by the trainer and tests/test_gpt_grad.
@@ -31,11 +32,17 @@ else()
   endif()
 
   add_executable(gpt ${PROJECT_SOURCE_DIR}/examples/gpt/main.c
-                     ${PROJECT_SOURCE_DIR}/examples/gpt/checkpoint.c)
+                     ${PROJECT_SOURCE_DIR}/examples/gpt/checkpoint.c
+                     ${PROJECT_SOURCE_DIR}/examples/openblas_kernels.c)
+  target_include_directories(gpt PRIVATE ${PROJECT_SOURCE_DIR}/examples)
   # The shared library, as a user's program would (see examples/fashion-mnist.cmake).
   target_link_libraries(gpt PRIVATE ddp gpt_model)
   if(GPT_OPENBLAS_SET_THREADS)
     target_compile_definitions(gpt PRIVATE GPT_HAVE_OPENBLAS_THREADS=1)
+  endif()
+  # As the Fashion-MNIST trainer: OpenBLAS's kernels for the CPU (examples/openblas_kernels.c).
+  if(GPT_OPENBLAS_CORENAME)
+    target_compile_definitions(gpt PRIVATE EXAMPLE_HAVE_OPENBLAS_CORENAME=1)
   endif()
   install(TARGETS gpt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   message(STATUS "gpt: building with ${GPT_OPENBLAS_LIBRARY}")

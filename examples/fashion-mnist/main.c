@@ -24,6 +24,7 @@
 #ifdef FM_HAVE_POWERSGD
 #include "ddp/powersgd.h"
 #endif
+#include "openblas_kernels.h"
 #include "trainer.h"
 
 #ifdef FM_HAVE_OPENBLAS_THREADS
@@ -1873,6 +1874,7 @@ static void teardown(trainer_t *t, run_stats_t *st)
 
 int main(int argc, char **argv)
 {
+    example_openblas_kernels(argv);
     trainer_t tr;
     memset(&tr, 0, sizeof tr);
     trainer_t *t = &tr;

@@ -23,6 +23,7 @@ void openblas_set_num_threads(int);
 #endif
 
 #include "gpt.h"
+#include "openblas_kernels.h"
 
 static const char *prog = "gpt";
 static int g_rank = 0;
@@ -704,6 +705,7 @@ static const char *resume_path(const options_t *o)
 
 int main(int argc, char **argv)
 {
+    example_openblas_kernels(argv);
     trainer_t tr = {0}, *t = &tr;
     parse(argc, argv, &t->o);
     const options_t *o = &t->o;
