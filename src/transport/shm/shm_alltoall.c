@@ -45,7 +45,7 @@ static ddp_status_t alltoall_rounds(shm_state_t *S, const ddp__collective_t *c, 
         const size_t staged = (size_t)p * k * esize;
         const int tiny = k == n && staged <= MAILBOX_DATA;
         const uint64_t early = ddp__shm_early_arrival(S, first, (size_t)(p - 1) * k * esize);
-        unsigned char line[MAILBOX_DATA];
+        unsigned char line[MAILBOX_DATA] = {0}; /* its own block stays unwritten: no stack bytes */
         char *mine = tiny ? (char *)line : stage_of(S, me, q);
         for (int j = 0; j < p && k; j++)
             if (j != me)

@@ -81,10 +81,10 @@ static ddp_status_t oneshot_first_phase(shm_state_t *S, const ddp__collective_t 
 {
     if (plan->variant >= 0) ddp__shm_map_buffers(S, c, bytes, fp);
     plan->stage_parity = (unsigned)(S->use++ & 1);
-    const uint64_t early = ddp__shm_early_arrival(S, 1, bytes);
+    uint64_t target = ddp__shm_early_arrival(S, 1, bytes);
     if (bytes) memcpy(stage_of(S, S->rank, plan->stage_parity), c->send, bytes);
-    ddp_status_t s = early ? ddp__shm_first_publish(S, c, fp, NULL, 0, early, 1, &plan->fparity)
-                           : ddp__shm_first_sync_data(S, c, fp, NULL, 0, 1, &plan->fparity);
+    if (!target) target = ddp__shm_first_arrive(S);
+    ddp_status_t s = ddp__shm_first_publish(S, c, fp, NULL, 0, target, 1, &plan->fparity);
     if (s != DDP_OK || bytes == 0) return s;
     if (plan->variant >= 0 && S->map_wanted && S->world > 1) {
         ddp__shm_prune_views(S);
