@@ -45,11 +45,17 @@
  *               from the first call, the bytes of reduce_scatter + the function + allgather,
  *               the function given this rank's block in order, at the offsets above, in place
  *               and not; rank 1 unregistered, small and empty calls: the usual path.
+ *   writers     (world 1) libddp gives up a registration of its own, 400 times, while another
+ *               thread writes into its pages: every one of those writes remains; a child
+ *               forked after gets those pages private.
  * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled|
- *        apply */
+ *        apply|writers */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1218,6 +1224,125 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* ---- writers ------------------------------------------------------------------------------- */
+
+/* A thread writing a generation number into every word of a range, then reading them all back:
+ * a word that reads an older generation is a write lost (the pages were replaced under it). */
+typedef struct writer {
+    uint64_t *words;
+    size_t n;
+    pthread_t thread;
+    atomic_int stop;
+    atomic_long passes, lost;
+    uint64_t last; /* the generation written last */
+} writer_t;
+
+static void *write_and_check(void *arg)
+{
+    writer_t *w = arg;
+    volatile uint64_t *words = w->words;
+    uint64_t gen = 0;
+    while (!atomic_load(&w->stop)) {
+        gen++;
+        for (size_t i = 0; i < w->n; i++) words[i] = gen;
+        for (size_t i = 0; i < w->n; i++)
+            if (words[i] != gen) {
+                atomic_fetch_add(&w->lost, 1);
+                break;
+            }
+        atomic_fetch_add(&w->passes, 1);
+    }
+    w->last = gen;
+    return NULL;
+}
+
+static void writer_start(writer_t *w, void *at, size_t bytes)
+{
+    memset(w, 0, sizeof *w);
+    w->words = at;
+    w->n = bytes / sizeof(uint64_t);
+    CHECK(pthread_create(&w->thread, NULL, write_and_check, w) == 0);
+    while (atomic_load(&w->passes) < 2) sched_yield();
+}
+
+/* Stops the writer; returns the writes it lost; checks its last generation is what remains. */
+static long writer_stop(writer_t *w)
+{
+    atomic_store(&w->stop, 1);
+    CHECK(pthread_join(w->thread, NULL) == 0);
+    for (size_t i = 0; i < w->n; i++)
+        CHECK_MSG(w->words[i] == w->last, "word %zu holds generation %llu after the writer's "
+                  "last, %llu", i, (unsigned long long)w->words[i],
+                  (unsigned long long)w->last);
+    return atomic_load(&w->lost);
+}
+
+/* DDP_SHM_MAP=auto gives up a registration of its own while another thread writes into its pages
+ * (a gradient accumulated while the progress thread reduces another bucket, or a freed buffer's
+ * pages that malloc gave to other objects). Two ways it happens, alternately, 400 times: a new
+ * buffer overlaps an automatic registration (the heap reused a freed buffer's memory), or a
+ * larger buffer takes the place of the smallest when the table is full. Every write the other
+ * thread made must remain: pages given back by copying them elsewhere would lose those made
+ * between the copy and the move. World-independent (no collective): run with world 1. */
+static int rank_writers(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)rank, (void)world, (void)store, (void)arg;
+    setenv("DDP_SHM_MAP", "auto", 1);
+    enum { ROUNDS = 400, FILL = DDP__SHM_MAP_SLOTS - 1 };
+    const size_t small = 48 << 10, big = 256 << 10, stride = 512 << 10;
+    const size_t total = (size_t)(ROUNDS + FILL) * stride;
+    char *r = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(r != MAP_FAILED);
+    /* All slots but one taken by larger automatic registrations. */
+    for (int i = 0; i < FILL; i++) {
+        char *at = r + (size_t)(ROUNDS + i) * stride;
+        CHECK(!ddp__shm_map_auto(at, big) && ddp__shm_map_auto(at, big));
+    }
+    long lost = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        char *a = r + (size_t)round * stride;
+        CHECK_MSG(!ddp__shm_map_auto(a, small) && ddp__shm_map_auto(a, small),
+                  "round %d: 48 KiB at %p not registered on its second call", round, (void *)a);
+        writer_t w;
+        /* Overlap: a buffer from a's second quarter on; the writer keeps to the first, which
+         * the new registration leaves out. Eviction: a buffer elsewhere, larger than a (the
+         * smallest registration): a's slot goes to it; the writer writes all of a. */
+        int overlap = round % 2 == 0;
+        char *b = overlap ? a + small / 4 : a + stride / 2;
+        size_t b_bytes = overlap ? small * 2 : 128 << 10;
+        writer_start(&w, a, overlap ? small / 4 : small);
+        CHECK(!ddp__shm_map_auto(b, b_bytes));
+        CHECK_MSG(ddp__shm_map_auto(b, b_bytes), "round %d: the %s buffer not registered", round,
+                  overlap ? "overlapping" : "larger");
+        lost += writer_stop(&w);
+        /* The slot back for the next round. */
+        CHECK_OK(ddp__shm_map_register(b, b_bytes));
+        CHECK_OK(ddp__shm_map_unregister(b));
+    }
+    CHECK_MSG(lost == 0, "%ld writes of another thread lost in %d rounds", lost, ROUNDS);
+    /* Given-up pages stay on their memfds (round 0's first quarter, round 1's whole buffer); a
+     * forked child gets them private: its writes do not reach this process. */
+    char *given_up[2] = {r, r + stride};
+    uint64_t before[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK_MSG(page_is_memfd(given_up[i]), "round %d's given-up pages are not on a memfd", i);
+        before[i] = hash_bytes(given_up[i], small / 4);
+    }
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        for (int i = 0; i < 2; i++) memset(given_up[i], 0x5B, small / 4);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(hash_bytes(given_up[i], small / 4) == before[i],
+                  "a forked child's writes to given-up pages reached the parent (round %d)", i);
+    CHECK(munmap(r, total) == 0);
+    return 0;
+}
+
 /* ---- kill ---------------------------------------------------------------------------------- */
 
 static double now_s(void)
@@ -1300,15 +1425,16 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "auto")       ? rank_auto
                               : !strcmp(mode, "pulled")     ? rank_pulled
                               : !strcmp(mode, "apply")      ? rank_apply
+                              : !strcmp(mode, "writers")    ? rank_writers
                                                             : NULL;
         if (!fn || world < 1 ||
             ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto) && world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|auto|kill|pulled|apply (fallback, tuned, auto: world >= "
+                            "fork|tuned|auto|kill|pulled|apply|writers (fallback, tuned, auto: world >= "
                             "2)\n");
             return 2;
         }
-        if (fn == rank_auto && !ddp__shm_map_auto_available()) {
+        if ((fn == rank_auto || fn == rank_writers) && !ddp__shm_map_auto_available()) {
             printf("test_shm_map: skipped: libddp cannot register by itself here (malloc is not "
                    "glibc's, as under a sanitizer, or the kernel has no PROCMAP_QUERY)\n");
             return 77;

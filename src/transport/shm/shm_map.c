@@ -7,7 +7,17 @@
  * caller sees the same bytes at the same addresses; the difference is that the memory is now
  * shared, which is what lets a peer map it. Only whole pages inside the registered range move:
  * the partial pages at its ends may hold other objects, which other threads may be writing while
- * the bytes are copied. */
+ * the bytes are copied.
+ *
+ * Moving pages back is the same in reverse, and only safe while nobody writes them: a write
+ * between the copy and the move is lost. The caller's own unregistration promises that. A
+ * registration libddp made by itself (DDP_SHM_MAP=auto) and gives up, because the table is full,
+ * a new buffer overlaps it, or its buffer went away, promises nothing: the buffer may still be
+ * written (a gradient accumulated while another bucket is reduced), or freed and its pages
+ * given by malloc to other objects. Those pages are therefore never moved back: the export is
+ * forgotten and its pages stay on the memfd, as harmless as private memory to this process.
+ * They carry this process's tag in the memfd's name, which is how a later registration may move
+ * them again and how a forked child finds them to make them private. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +28,7 @@
 #include <sys/auxv.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -70,10 +81,11 @@ static uint32_t last_gen;
 static uint32_t table_epoch; /* changes with the table (ddp__shm_map_live) */
 static seen_t seen[SEEN_SLOTS];
 static uint64_t seen_clock;
-/* Inodes of registrations forgotten because their pages moved or went away (fork_child). */
-#define GONE_SLOTS 256
-static uint64_t gone[GONE_SLOTS];
-static unsigned gone_next;
+/* The memfds' name, "ddp-registered-" and a random tag of this process: tells its own forgotten
+ * exports' pages from anything else shared (peers' exports mapped here have their own tags). */
+#define MEMFD_PREFIX "ddp-registered-"
+static char memfd_name[sizeof MEMFD_PREFIX + 16];
+static int any_forgotten; /* an export was forgotten: its pages may still be mapped */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int maps_fd = -1; /* /proc/self/maps for PROCMAP_QUERY; -1: the kernel has none */
 static int glibc_malloc; /* malloc is the C library's (see init_once) */
@@ -85,7 +97,7 @@ typedef struct area {
     unsigned flags; /* VMA_* */
     uint64_t ino;   /* 0: anonymous */
     uint64_t offset;
-    char name[32];  /* "[stack]" and the like; "" for plain anonymous memory */
+    char name[80];  /* "[stack]", "/memfd:..." and the like; "" for plain anonymous memory */
 } area_t;
 
 static void fork_child(void);
@@ -111,8 +123,27 @@ static int malloc_is_glibcs(void)
     return phdr && dladdr(phdr, &self) && self.dli_fbase == info.dli_fbase;
 }
 
+/* A new tag for this process's memfds (at start, and in a forked child). */
+static void new_memfd_name(void)
+{
+    uint64_t t = 0;
+    if (getrandom(&t, sizeof t, GRND_NONBLOCK) != (ssize_t)sizeof t)
+        t = (uint64_t)ddp__now_ns() ^ ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&t;
+    snprintf(memfd_name, sizeof memfd_name, MEMFD_PREFIX "%016llx", (unsigned long long)t);
+}
+
+/* Whether an area is pages of this process's exports (by the memfd's name in the area's). */
+static int area_is_ours(const area_t *a)
+{
+    const char *memfd = "/memfd:";
+    size_t m = strlen(memfd), n = strlen(memfd_name);
+    return (a->flags & VMA_SHARED) && !strncmp(a->name, memfd, m) &&
+           !strncmp(a->name + m, memfd_name, n) && (!a->name[m + n] || a->name[m + n] == ' ');
+}
+
 static void init_once(void)
 {
+    new_memfd_name();
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         struct ddp_procmap_query q;
@@ -149,7 +180,14 @@ static int area_at(uintptr_t addr, area_t *a, int want_name)
             q.vma_name_addr = (uint64_t)(uintptr_t)a->name;
             q.vma_name_size = sizeof a->name;
         }
-        if (ioctl(maps_fd, DDP_PROCMAP_QUERY, &q) != 0) {
+        int r = ioctl(maps_fd, DDP_PROCMAP_QUERY, &q);
+        if (r != 0 && errno == ENAMETOOLONG && want_name) {
+            /* A file's path longer than the buffer: no name then (none of ours is that long). */
+            q.vma_name_addr = 0;
+            q.vma_name_size = 0;
+            r = ioctl(maps_fd, DDP_PROCMAP_QUERY, &q);
+        }
+        if (r != 0) {
             a->name[0] = 0;
             return errno == ENOENT ? 0 : -1;
         }
@@ -191,8 +229,9 @@ static int area_at(uintptr_t addr, area_t *a, int want_name)
     return found;
 }
 
-/* Whether [start, end) is private anonymous read-write memory (what may be moved). On failure
- * sets the error text naming what is there instead. */
+/* Whether [start, end) is private anonymous read-write memory, or pages of this process's
+ * forgotten exports (what may be moved: the caller dealt with the live exports it overlaps). On
+ * failure sets the error text naming what is there instead. */
 static ddp_status_t check_movable(uintptr_t start, uintptr_t end)
 {
     for (uintptr_t at = start; at < end;) {
@@ -204,7 +243,8 @@ static ddp_status_t check_movable(uintptr_t start, uintptr_t end)
         if (r == 0)
             return ddp__error(DDP_ERR_INVALID_ARGUMENT,
                               "register_memory: address %p is not mapped", (void *)at);
-        if (a.ino != 0 || (a.flags & VMA_SHARED) || (a.name[0] == '[' && strcmp(a.name, "[heap]")))
+        if (!area_is_ours(&a) &&
+            (a.ino != 0 || (a.flags & VMA_SHARED) || (a.name[0] == '[' && strcmp(a.name, "[heap]"))))
             return ddp__error(DDP_ERR_UNSUPPORTED,
                               "register_memory: %p lies in %s%s%s memory, not private anonymous "
                               "memory (malloc, or mmap MAP_PRIVATE|MAP_ANONYMOUS)",
@@ -243,7 +283,18 @@ static int move_over(void *tmp, uintptr_t start, size_t len)
 }
 
 static void sweep_stale(void);
-static ddp_status_t release_export(export_t *e, int check);
+
+/* Frees e's slot and leaves its pages where they are (on the memfd): for libddp's own
+ * registrations, whose pages may be written by other threads right now, and for exports whose
+ * pages moved or went away. */
+static void forget_export(export_t *e)
+{
+    close(e->fd);
+    memset(e, 0, sizeof *e);
+    e->fd = -1;
+    any_forgotten = 1;
+    table_epoch++;
+}
 
 /* Registers [ptr, ptr + bytes) with exports_mu held. */
 static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
@@ -262,9 +313,9 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
         export_t *e = &exports[i];
         /* Memory libddp registered by itself (DDP_SHM_MAP=auto) that the new range overlaps:
-         * the caller's registration of the same pages takes it over; otherwise its pages go back
-         * to private memory first (a buffer first reduced in part, then whole, as ddp-bench
-         * does with its growing sizes, is registered again whole). */
+         * the caller's registration of the same pages takes it over; otherwise it is forgotten
+         * (a buffer first reduced in part, then whole, as ddp-bench does with its growing sizes,
+         * is registered again whole; a freed buffer's pages now hold other objects). */
         if (e->gen && e->automatic && user < e->user_end && e->user < user_end) {
             if (!automatic && e->start == start && e->end == end) {
                 e->automatic = 0;
@@ -272,7 +323,7 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
                 e->user_end = user_end;
                 return DDP_OK;
             }
-            if ((s = release_export(e, 1)) != DDP_OK) ddp__clear_error();
+            forget_export(e);
         }
         if (!e->gen) {
             if (slot < 0) slot = i;
@@ -292,8 +343,8 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
      * gradient bucket), and a buffer displaced is registered again at most once (seen_t). */
     for (int i = 0; i < DDP__SHM_MAP_SLOTS && slot < 0 && !automatic; i++)
         if (exports[i].automatic) {
-            if (release_export(&exports[i], 1) != DDP_OK) ddp__clear_error();
-            if (!exports[i].gen) slot = i;
+            forget_export(&exports[i]);
+            slot = i;
         }
     if (slot < 0 && automatic) {
         int smallest = -1;
@@ -304,8 +355,8 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
                 smallest_len = exports[i].end - exports[i].start;
             }
         if (smallest >= 0) {
-            if (release_export(&exports[smallest], 1) != DDP_OK) ddp__clear_error();
-            if (!exports[smallest].gen) slot = smallest;
+            forget_export(&exports[smallest]);
+            slot = smallest;
         }
     }
     if (slot < 0) {
@@ -316,7 +367,7 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
         return s;
     }
     if ((s = check_movable(start, end)) != DDP_OK) return s;
-    int fd = memfd_create("ddp-registered", MFD_CLOEXEC);
+    int fd = memfd_create(memfd_name, MFD_CLOEXEC);
     if (fd < 0) return ddp__error_errno(DDP_ERR_SYSTEM, errno, "register_memory: memfd_create");
     struct stat st;
     void *tmp = MAP_FAILED;
@@ -368,10 +419,7 @@ static void sweep_stale(void)
         if (exports[i].gen && !still_there(&exports[i])) {
             DDP_LOG(DDP_LOG_DEBUG, "shm: registered memory at %p is gone: slot %d freed",
                     (void *)exports[i].user, i);
-            gone[gone_next++ % GONE_SLOTS] = exports[i].ino;
-            close(exports[i].fd);
-            memset(&exports[i], 0, sizeof exports[i]);
-            table_epoch++;
+            forget_export(&exports[i]);
         }
 }
 
@@ -407,7 +455,8 @@ int ddp__shm_map_auto(const void *p, size_t bytes)
         /* Whatever register_memory accepts (private anonymous memory: malloc's mmap'd chunks,
          * its heaps). With glibc's malloc, pages that stay shared after the buffer is freed are
          * harmless: freed mmap'd chunks are unmapped, and pages of a heap it reuses are never
-         * assumed to read as zero; a fork gives the child private pages (fork_child). */
+         * assumed to read as zero; a fork gives the child private pages (fork_child). They are
+         * never moved back (forget_export). */
         ddp_status_t s = register_locked((void *)a, bytes, 1);
         if (s == DDP_OK) {
             v->registrations++;
@@ -424,7 +473,8 @@ int ddp__shm_map_auto(const void *p, size_t bytes)
 }
 
 /* Gives the pages of e back to private anonymous memory with the same bytes, closes the memfd
- * and frees the slot. `check`: only if the export still backs them. */
+ * and frees the slot: the caller's unregistration, who promised nobody writes them meanwhile.
+ * `check`: only if the export still backs them. */
 static ddp_status_t release_export(export_t *e, int check)
 {
     const size_t len = e->end - e->start;
@@ -496,47 +546,50 @@ static void fork_child(void)
     }
     memset(seen, 0, sizeof seen);
     pthread_mutex_init(&exports_mu, NULL);
-    /* Pages of a registration that moved (realloc of an mmap'd chunk moves the mapping) are no
-     * longer in the table: find them by inode among the shared mappings and copy them into
-     * private memory (peers' exports mapped here are left alone). Raw reads into a static
-     * buffer: this runs right after fork. */
-    static char buf[1 << 16];
-    int any = 0;
-    for (int i = 0; i < GONE_SLOTS; i++) any |= gone[i] != 0;
-    if (!any) return;
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    size_t have = 0;
-    for (;;) {
-        ssize_t r = read(fd, buf + have, sizeof buf - 1 - have);
-        if (r <= 0) break;
-        have += (size_t)r;
-        buf[have] = 0;
-        char *line = buf, *nl;
-        while ((nl = strchr(line, '\n'))) {
-            *nl = 0;
-            unsigned long long lo, hi, off, ino = 0;
-            char perms[8], dev[16];
-            int moved = 0;
-            if (sscanf(line, "%llx-%llx %7s %llx %15s %llu", &lo, &hi, perms, &off, dev, &ino) ==
-                    6 &&
-                perms[3] == 's' && ino && hi > lo)
-                for (int i = 0; i < GONE_SLOTS && !moved; i++) moved = gone[i] == ino;
-            if (moved) {
-                size_t len = (size_t)(hi - lo);
-                void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE,
-                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-                if (tmp != MAP_FAILED) {
-                    memcpy(tmp, (const void *)(uintptr_t)lo, len);
-                    if (move_over(tmp, (uintptr_t)lo, len) != 0) munmap(tmp, len);
+    /* Pages of forgotten exports (given up, moved by realloc, or partly replaced) are found by
+     * the memfds' name among the shared mappings and copied into private memory; peers' exports
+     * mapped here have other names and are left alone. Raw reads into a static buffer: this runs
+     * right after fork. Then the child takes a tag of its own. */
+    if (any_forgotten) {
+        static char buf[1 << 16];
+        char want[sizeof memfd_name + 8];
+        snprintf(want, sizeof want, "/memfd:%s", memfd_name);
+        int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        size_t have = 0;
+        while (fd >= 0) {
+            ssize_t r = read(fd, buf + have, sizeof buf - 1 - have);
+            if (r <= 0) break;
+            have += (size_t)r;
+            buf[have] = 0;
+            char *line = buf, *nl;
+            while ((nl = strchr(line, '\n'))) {
+                *nl = 0;
+                unsigned long long lo, hi, off, ino = 0;
+                char perms[8], dev[16];
+                int name_at = 0;
+                const char *name;
+                if (sscanf(line, "%llx-%llx %7s %llx %15s %llu %n", &lo, &hi, perms, &off, dev,
+                           &ino, &name_at) >= 6 &&
+                    name_at > 0 && perms[3] == 's' && hi > lo &&
+                    !strncmp(name = line + name_at, want, strlen(want)) &&
+                    (!name[strlen(want)] || name[strlen(want)] == ' ')) {
+                    size_t len = (size_t)(hi - lo);
+                    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                    if (tmp != MAP_FAILED) {
+                        memcpy(tmp, (const void *)(uintptr_t)lo, len);
+                        if (move_over(tmp, (uintptr_t)lo, len) != 0) munmap(tmp, len);
+                    }
                 }
+                line = nl + 1;
             }
-            line = nl + 1;
+            have = (size_t)(buf + have - line);
+            memmove(buf, line, have);
         }
-        have = (size_t)(buf + have - line);
-        memmove(buf, line, have);
+        if (fd >= 0) close(fd);
+        any_forgotten = 0;
     }
-    close(fd);
+    new_memfd_name();
 }
 
 uint32_t ddp__shm_map_live(uint32_t gens[DDP__SHM_MAP_SLOTS])
@@ -583,10 +636,7 @@ int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
                     "shm: the memory registered at %p is no longer where it was (freed without "
                     "ddp_group_unregister_memory?): forgotten",
                     (void *)e.user);
-        gone[gone_next++ % GONE_SLOTS] = exports[slot].ino;
-        close(exports[slot].fd);
-        memset(&exports[slot], 0, sizeof exports[slot]);
-        table_epoch++;
+        forget_export(&exports[slot]);
         slot = -1;
     }
     pthread_mutex_unlock(&exports_mu);

@@ -38,9 +38,10 @@ ddp_status_t ddp__shm_map_register(void *ptr, size_t bytes);
 /* Undoes it: the pages become private anonymous memory again with the same bytes. */
 ddp_status_t ddp__shm_map_unregister(void *ptr);
 
-/* DDP_SHM_MAP=auto: registers [p, p + bytes) if it is a buffer seen before that is a mapping of
- * its own (a large malloc chunk), where malloc is glibc's and the kernel has PROCMAP_QUERY to
- * notice when it is freed. Returns 1 when registered now. */
+/* DDP_SHM_MAP=auto: registers [p, p + bytes) if it is a buffer seen before in private anonymous
+ * memory (a malloc chunk of its own mapping or in a heap), where malloc is glibc's and the kernel
+ * has PROCMAP_QUERY to notice when it is freed. Returns 1 when registered now. A registration
+ * made this way is never moved back, only forgotten (shm_map.c says why). */
 int ddp__shm_map_auto(const void *p, size_t bytes);
 /* Whether ddp__shm_map_auto can register anything here (glibc's malloc and PROCMAP_QUERY; not
  * under ASan or TSan, whose malloc is their own). For tests. */
