@@ -23,7 +23,8 @@
  *               each with a message, nothing changed, the group still works. On tcp both calls
  *               succeed and do nothing.
  *   fork        after registering, a forked child gets a private copy: it sees the parent's
- *               pre-fork bytes, its writes do not reach the parent nor the parent's its own.
+ *               pre-fork bytes, its writes do not reach the parent nor the parent's its own;
+ *               the same for a registered mapping mremap grew (no longer the export).
  *   tuned       the tuner settled on one-shot at 64 KiB, then the buffers are registered: from
  *               the second registered call on, every call is mapped.
  *   kill        a rank SIGKILLs itself inside a series of 64 MiB mapped allreduces: the others
@@ -1043,6 +1044,39 @@ static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
     free(b.base);
     close(to_child[1]);
     close(to_parent[0]);
+    /* A registered mapping its owner grew with mremap (moving it if it must): its pages are on
+     * the memfd still but no longer the export. A child forked before anything noticed gets
+     * them private too. (glibc's realloc cannot do this to a registered chunk: its mremap of
+     * the whole chunk fails across the header's page, which stays private, and it copies.) */
+    const size_t rbytes = (size_t)64 << 20;
+    if (world == 1) { /* a group of one shares nothing: registering leaves the pages alone */
+        ddp_group_destroy(g);
+        return 0;
+    }
+    char *m = mmap(NULL, rbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    memset(m, 0x11, rbytes);
+    CHECK_OK(ddp_group_register_memory(g, m, rbytes));
+    char *grown = mremap(m, rbytes, 2 * rbytes, MREMAP_MAYMOVE);
+    CHECK(grown != MAP_FAILED);
+    memset(grown + rbytes, 0x22, rbytes);
+    CHECK_MSG(page_is_memfd(grown + rbytes - PAGE), "mremap gave registered pages back to private "
+                                                    "memory");
+    const uint64_t grown_hash = hash_bytes(grown, 2 * rbytes);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        memset(grown, 0x5B, 2 * rbytes);
+        _exit(0);
+    }
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_MSG(hash_bytes(grown, 2 * rbytes) == grown_hash,
+              "a forked child's writes reached a registered mapping that mremap grew");
+    /* Unregistering it now says it moved, and forgets it. */
+    ddp_status_t s = ddp_group_unregister_memory(g, m);
+    CHECK_MSG(s == DDP_ERR_INVALID_ARGUMENT, "unregistering a mapping mremap grew returned %s",
+              ddp_status_string(s));
+    CHECK(munmap(grown, 2 * rbytes) == 0);
     ddp_group_destroy(g);
     return 0;
 }

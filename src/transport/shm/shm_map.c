@@ -51,8 +51,9 @@ struct ddp_procmap_query {
 #define VMA_SHARED 0x08u
 
 /* The memfd's size: far beyond the pages it backs, sparse (nothing is allocated until touched),
- * so that a mapping of it grown by mremap (realloc of a chunk malloc had mmap'd) reads zeros
- * where it would otherwise fault with SIGBUS. */
+ * so that a mapping of it its owner grew with mremap reads zeros where it would otherwise fault
+ * with SIGBUS. (glibc's realloc does not: its mremap of a whole mmap'd chunk fails across the
+ * chunk header's page, which stays private, and it copies instead.) */
 #define MEMFD_BYTES ((off_t)1 << 40)
 
 typedef struct export {
@@ -485,6 +486,7 @@ static ddp_status_t release_export(export_t *e, int check)
                        "unregister_memory: the memory registered at %p was unmapped or moved "
                        "before it was unregistered (it is forgotten now)",
                        (void *)e->user);
+        any_forgotten = 1; /* moved pages are still on the memfd: a child must copy them */
     } else {
         void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (tmp == MAP_FAILED)
@@ -541,12 +543,14 @@ static void fork_child(void)
         if (still_there(e))
             mmap((void *)e->start, e->end - e->start, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_FIXED, e->fd, 0);
+        else
+            any_forgotten = 1; /* its pages moved (mremap): found by name below */
         close(e->fd);
         memset(e, 0, sizeof *e);
     }
     memset(seen, 0, sizeof seen);
     pthread_mutex_init(&exports_mu, NULL);
-    /* Pages of forgotten exports (given up, moved by realloc, or partly replaced) are found by
+    /* Pages of forgotten exports (given up, moved by mremap, or partly replaced) are found by
      * the memfds' name among the shared mappings and copied into private memory; peers' exports
      * mapped here have other names and are left alone. Raw reads into a static buffer: this runs
      * right after fork. Then the child takes a tag of its own. */
