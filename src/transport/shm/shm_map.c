@@ -133,13 +133,20 @@ static void new_memfd_name(void)
     snprintf(memfd_name, sizeof memfd_name, MEMFD_PREFIX "%016llx", (unsigned long long)t);
 }
 
-/* Whether an area is pages of this process's exports (by the memfd's name in the area's). */
-static int area_is_ours(const area_t *a)
+/* Whether a mapping's name (as /proc/self/maps shows it: "/memfd:NAME", maybe followed by
+ * " (deleted)") is one of this process's export memfds. */
+static int name_is_ours(const char *name)
 {
     const char *memfd = "/memfd:";
     size_t m = strlen(memfd), n = strlen(memfd_name);
-    return (a->flags & VMA_SHARED) && !strncmp(a->name, memfd, m) &&
-           !strncmp(a->name + m, memfd_name, n) && (!a->name[m + n] || a->name[m + n] == ' ');
+    return !strncmp(name, memfd, m) && !strncmp(name + m, memfd_name, n) &&
+           (!name[m + n] || name[m + n] == ' ');
+}
+
+/* Whether an area is pages of this process's exports. */
+static int area_is_ours(const area_t *a)
+{
+    return (a->flags & VMA_SHARED) && name_is_ours(a->name);
 }
 
 static void init_once(void)
@@ -556,8 +563,6 @@ static void fork_child(void)
      * right after fork. Then the child takes a tag of its own. */
     if (any_forgotten) {
         static char buf[1 << 16];
-        char want[sizeof memfd_name + 8];
-        snprintf(want, sizeof want, "/memfd:%s", memfd_name);
         int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
         size_t have = 0;
         while (fd >= 0) {
@@ -571,12 +576,9 @@ static void fork_child(void)
                 unsigned long long lo, hi, off, ino = 0;
                 char perms[8], dev[16];
                 int name_at = 0;
-                const char *name;
                 if (sscanf(line, "%llx-%llx %7s %llx %15s %llu %n", &lo, &hi, perms, &off, dev,
                            &ino, &name_at) >= 6 &&
-                    name_at > 0 && perms[3] == 's' && hi > lo &&
-                    !strncmp(name = line + name_at, want, strlen(want)) &&
-                    (!name[strlen(want)] || name[strlen(want)] == ' ')) {
+                    name_at > 0 && perms[3] == 's' && hi > lo && name_is_ours(line + name_at)) {
                     size_t len = (size_t)(hi - lo);
                     void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE,
                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
