@@ -673,6 +673,7 @@ void ddp_group_destroy(ddp_group_t *group)
     if (group->thread_started) {
         pthread_mutex_lock(&group->mu);
         group->stop = 1;
+        atomic_fetch_add(&group->pending, GROUP_STOPPING);
         pthread_cond_signal(&group->queue_cv);
         pthread_mutex_unlock(&group->mu);
         if (!ddp__group_is_progress_thread(group)) pthread_join(group->thread, NULL);

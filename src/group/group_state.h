@@ -14,6 +14,8 @@
 
 
 #define GROUP_MAX_WORLD 4096
+/* Added to ddp_group.pending when a stop is requested (far above any queue length). */
+#define GROUP_STOPPING (1 << 30)
 
 
 struct ddp_work {
@@ -59,7 +61,13 @@ struct ddp_group {
     ddp_work_t *head;
     ddp_work_t *tail;
     int stop;
-    int busy; /* a collective or task is executing (on the progress thread or inline) */
+    /* A collective or task is executing, on the progress thread or inline on a caller's thread.
+     * Whoever sets it 0 -> 1 (compare-exchange) holds the group: no lock is needed to run a
+     * collective inline. The progress thread claims it under `mu`; an inline caller without. */
+    _Atomic int busy;
+    /* Queued works, plus GROUP_STOPPING once a stop is requested: changed under `mu`, read
+     * without it by an inline caller, which runs only while it is 0. */
+    _Atomic int pending;
     int thread_started;
     pthread_t thread;
 
