@@ -39,6 +39,35 @@ static void test_many_in_flight(ddp_group_t *g)
     }
 }
 
+/* A blocking call issued after async works runs after them, though a blocking call on an idle
+ * group runs on the calling thread: a sum then a max of the same buffer gives sum(r+1), the
+ * other order world * world. Sizes from one element (the async work may still be queued) to
+ * 256 Ki (it is running). */
+static void test_blocking_after_async(ddp_group_t *g)
+{
+    int rank = ddp_group_rank(g), world = ddp_group_size(g);
+    size_t n = 1 << 18;
+    float *x = malloc(n * sizeof(float));
+    CHECK(x);
+    float want = (float)(world * (world + 1) / 2);
+    for (int k = 0; k < 200; k++) {
+        size_t count = k % 2 ? 1 : (size_t)1 << (k % 19);
+        for (size_t i = 0; i < count; i++) x[i] = (float)(rank + 1);
+        ddp_work_t *w = NULL;
+        CHECK_OK(ddp_group_allreduce_async(g, x, x, count, DDP_F32, DDP_SUM, &w));
+        CHECK_OK(ddp_group_allreduce(g, x, x, count, DDP_F32, DDP_MAX));
+        int done = 0;
+        CHECK_OK(ddp_work_test(w, &done));
+        CHECK_MSG(done == 1, "round %d: the async work is not done after a blocking call behind it", k);
+        CHECK_OK(ddp_work_wait(w));
+        ddp_work_free(w);
+        for (size_t i = 0; i < count; i++)
+            CHECK_MSG(x[i] == want, "round %d, %zu elements: element %zu is %g, want %g", k, count,
+                      i, x[i], want);
+    }
+    free(x);
+}
+
 /* Two groups on one store, collectives interleaved, plus a subgroup from ddp_group_split. */
 static void test_two_groups_and_split(ddp_group_t *a, ddp_store_t *store)
 {
@@ -227,6 +256,7 @@ static int rank_main(int rank, int world, ddp_store_t *store, void *arg)
     CHECK(strcmp(ddp_group_transport(g), world == 1 ? "self" : "shm") == 0);
     CHECK(ddp_group_timeout_ms(g) == 30000);
     test_many_in_flight(g);
+    test_blocking_after_async(g);
     test_two_groups_and_split(g, store);
     test_tasks(g);
     test_segment_buffers(g);
