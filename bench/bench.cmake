@@ -12,6 +12,8 @@ add_executable(switch-probe ${PROJECT_SOURCE_DIR}/bench/switch_probe.c)
 # on both cores at once) timed apart, to find what limits it (docs/shm-transport.md).
 if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   add_executable(cma-probe ${PROJECT_SOURCE_DIR}/bench/cma_probe.c)
+  # "reduce streamed" times the library's own streamed reduction kernel.
+  target_link_libraries(cma-probe PRIVATE ddp_internal m)
 endif()
 find_package(MPI COMPONENTS C QUIET)
 if(MPI_C_FOUND)

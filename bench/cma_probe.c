@@ -14,6 +14,11 @@
  *   reduce part     only the first half of that (the reads in pieces and the additions)
  *   gather part     only the second (one process_vm_readv of S/2 into the output)
  *   ... 512K, 32K   the same with pieces of 512 KiB or 32 KiB instead of 128 KiB
+ *   reduce streamed both ranks move what the registered ("mapped") allreduce moves, with its
+ *                   kernel (ddp__reduce_multi_stream, every destination non-temporal): in a
+ *                   shared memfd (4 KiB pages, as registered memory) holding both ranks' sends
+ *                   and recvs, each sums its half of the two sends into that half of both recvs
+ *   memcpy x2 memfd "memcpy x2" between buffers of that memfd instead of huge pages
  * GB/s = S / time, as ddp-bench's algbw (so "allreduce bytes" compares with its algbw directly).
  * Usage: cma-probe [-b SIZE] [-e SIZE] [-f N] [--rounds N] */
 #ifndef _GNU_SOURCE
@@ -31,6 +36,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "core/reduce.h"
 
 #define HUGE ((size_t)2 << 20)
 #define PIECE ((size_t)128 << 10)
@@ -120,12 +127,19 @@ enum {
     ALLREDUCE_512K,
     REDUCE_PART_512K,
     REDUCE_PART_32K,
+    REDUCE_STREAMED,
+    MEMCPY2_MEMFD,
     TESTS
 };
 static const char *const names[TESTS] = {
     "memcpy",          "memcpy-cold",      "memcpy x2",       "readv",
     "readv x2",        "readv x2 128K",    "allreduce bytes", "  reduce part",
-    "  gather part",   "allreduce 512K",   "  reduce 512K",   "  reduce 32K"};
+    "  gather part",   "allreduce 512K",   "  reduce 512K",   "  reduce 32K",
+    "reduce streamed", "memcpy x2 memfd"};
+
+/* The shared memfd of "reduce streamed": rank 0's send, rank 1's send, rank 0's recv, rank 1's
+ * recv, each the largest size long. */
+static char *shared_bufs[4];
 
 /* One timed run of test t on rank r; returns microseconds (rank 0's, or the slower rank's when
  * both work). */
@@ -168,6 +182,15 @@ static double run(int t, int r, char *src, char *dst, char *evict, char *scratch
         if (rc == 0 && gather) rc = readv_all(peer, dst + other, dst + other, half, half);
         break;
     }
+    case REDUCE_STREAMED: {
+        size_t half = bytes / 2 / sizeof(float) * sizeof(float), mine = (size_t)r * half;
+        size_t count = (r ? bytes / sizeof(float) * sizeof(float) - half : half) / sizeof(float);
+        const void *srcs[2] = {shared_bufs[0] + mine, shared_bufs[1] + mine};
+        void *dsts[2] = {shared_bufs[2 + r] + mine, shared_bufs[3 - r] + mine};
+        ddp__reduce_multi_stream(dsts, 2, 3u, srcs, 2, count, DDP_F32, DDP_SUM);
+        break;
+    }
+    case MEMCPY2_MEMFD: memcpy(shared_bufs[2 + r], shared_bufs[r], bytes); break;
     }
     __asm__ __volatile__("" : : "r"(dst) : "memory");
     sh->us[r] = now_us() - t0;
@@ -205,6 +228,17 @@ int main(int argc, char **argv)
     if (sh == MAP_FAILED) return 1;
     memset(sh, 0, sizeof *sh);
     sh->pid[0] = getpid();
+    int fd = memfd_create("cma-probe", MFD_CLOEXEC);
+    char *area = fd < 0 || ftruncate(fd, (off_t)(4 * hi)) != 0
+                     ? MAP_FAILED
+                     : mmap(NULL, 4 * hi, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (area == MAP_FAILED) {
+        fprintf(stderr, "cma-probe: cannot make a shared memfd of %zu bytes: %s\n", 4 * hi,
+                strerror(errno));
+        return 1;
+    }
+    memset(area, 0, 4 * hi);
+    for (int b = 0; b < 4; b++) shared_bufs[b] = area + (size_t)b * hi;
     /* Yama's ptrace_scope 1 lets only ancestors read a process: the child reads the parent. */
     (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     pid_t child = fork();
