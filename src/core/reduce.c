@@ -429,7 +429,7 @@ static kernel_fn kernel_for(ddp_dtype_t dtype)
     }
 }
 
-/* ---- f32 sums streamed to every destination ------------------------------------------------
+/* ---- f32 and bf16 sums streamed to every destination ---------------------------------------
  * The streamed results of a large allreduce (every destination written with non-temporal
  * stores) go to memory at the rate of the loop that writes them. The block kernels above finish
  * a block in L1 and then stream it to one destination after another, 16 bytes a store: on the
@@ -489,37 +489,97 @@ SUM_STREAM_KERNEL(sum_f32_stream_avx512, DDP_TARGET_AVX512, __m512, 16, _mm512_l
                   _mm512_add_ps, _mm512_div_ps, _mm512_set1_ps, _mm512_stream_ps)
 SUM_STREAM_KERNEL(sum_f32_stream_avx2, DDP_TARGET_AVX2, __m256, 8, _mm256_loadu_ps,
                   _mm256_add_ps, _mm256_div_ps, _mm256_set1_ps, _mm256_stream_ps)
+
+/* bf16 (AVX-512 only): 16 elements widened to f32 (exact), summed in f32 in source order, AVG
+ * divided once, rounded to nearest even with NaNs kept quiet: f32_to_bf16_inline, sixteen at a
+ * time. 32 elements (one 64-byte line) per step. */
+DDP_TARGET_AVX512 INLINE __m512 bf16x16_widen(const uint16_t *p)
+{
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+DDP_TARGET_AVX512 INLINE __m256i bf16x16_narrow(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+DDP_TARGET_AVX512 INLINE void sum_bf16_stream_avx512_step(const reduce_args_t *a, size_t i,
+                                                          int avg, __m512 div)
+{
+    const uint16_t *s0 = (const uint16_t *)a->srcs[0] + i;
+    __m512 x0 = bf16x16_widen(s0), x1 = bf16x16_widen(s0 + 16);
+    _mm_prefetch((const char *)s0 + 512, _MM_HINT_T0);
+    for (int s = 1; s < a->nsrcs; s++) {
+        const uint16_t *p = (const uint16_t *)a->srcs[s] + i;
+        _mm_prefetch((const char *)p + 512, _MM_HINT_T0);
+        x0 = _mm512_add_ps(x0, bf16x16_widen(p));
+        x1 = _mm512_add_ps(x1, bf16x16_widen(p + 16));
+    }
+    if (avg) {
+        x0 = _mm512_div_ps(x0, div);
+        x1 = _mm512_div_ps(x1, div);
+    }
+    const __m512i line =
+        _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_narrow(x0)), bf16x16_narrow(x1), 1);
+    for (int d = 0; d < a->ndsts; d++)
+        _mm512_stream_si512((__m512i *)((uint16_t *)a->dsts[d] + i), line);
+}
+
+DDP_TARGET_AVX512 static void sum_bf16_stream_avx512(const reduce_args_t *a, size_t n)
+{
+    const int avg = a->op == DDP_AVG;
+    const __m512 div = _mm512_set1_ps((float)a->nsrcs);
+    const size_t step = 32, page = STREAM_PAGE_BYTES / sizeof(uint16_t);
+    const size_t group = STREAM_PAGES * page;
+    size_t i = 0;
+    for (; i + group <= n; i += group)
+        for (size_t o = 0; o < page; o += step)
+            for (size_t k = 0; k < STREAM_PAGES; k++)
+                sum_bf16_stream_avx512_step(a, i + k * page + o, avg, div);
+    for (; i < n; i += step) sum_bf16_stream_avx512_step(a, i, avg, div);
+}
 #endif
 
-/* The register kernel on what it can take of a (f32, SUM or AVG, every destination streamed
- * and all equally aligned): returns how many elements it did, from element *head on (the
- * elements before the destinations' vector alignment are left to the block kernel), or 0. */
-static size_t sum_f32_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_t *head)
+/* The register kernels on what they can take of a (f32 or, with AVX-512, bf16; SUM or AVG;
+ * every destination streamed and all equally aligned): returns how many elements they did, from
+ * element *head on (the elements before the destinations' vector alignment are left to the
+ * block kernel), or 0. */
+static size_t sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_t *head)
 {
     *head = 0;
 #if DDP_REDUCE_X86
     const int v = choose();
     const unsigned every = a->ndsts >= 32 ? ~0u : (1u << a->ndsts) - 1u;
-    if (v == 0 || dtype != DDP_F32 || (a->op != DDP_SUM && a->op != DDP_AVG) ||
-        a->nsrcs > STREAM_MAX_SRCS || a->ndsts > STREAM_MAX_DSTS ||
-        (a->stream & every) != every)
+    if (v == 0 || !(dtype == DDP_F32 || (dtype == DDP_BF16 && v == 2)) ||
+        (a->op != DDP_SUM && a->op != DDP_AVG) || a->nsrcs > STREAM_MAX_SRCS ||
+        a->ndsts > STREAM_MAX_DSTS || (a->stream & every) != every)
         return 0;
-    const size_t align = v == 2 ? 64 : 32, lanes2 = align / sizeof(float) * 2;
+    const size_t esize = dtype == DDP_F32 ? 4 : 2, align = v == 2 ? 64 : 32;
+    const size_t step = (dtype == DDP_F32 ? 2 * align : align) / esize;
     const uintptr_t mis = (uintptr_t)a->dsts[0] % align;
-    if (mis % sizeof(float)) return 0;
+    if (mis % esize) return 0;
     for (int d = 1; d < a->ndsts; d++)
         if ((uintptr_t)a->dsts[d] % align != mis) return 0;
-    const size_t h = mis ? (align - mis) / sizeof(float) : 0;
-    if (h >= a->count || a->count - h < lanes2) return 0;
-    const size_t n = (a->count - h) / lanes2 * lanes2;
+    const size_t h = mis ? (align - mis) / esize : 0;
+    if (h >= a->count || a->count - h < step) return 0;
+    const size_t n = (a->count - h) / step * step;
     const void *srcs[STREAM_MAX_SRCS];
     void *dsts[STREAM_MAX_DSTS];
-    for (int s = 0; s < a->nsrcs; s++) srcs[s] = (const float *)a->srcs[s] + h;
-    for (int d = 0; d < a->ndsts; d++) dsts[d] = (float *)a->dsts[d] + h;
+    for (int s = 0; s < a->nsrcs; s++) srcs[s] = (const char *)a->srcs[s] + h * esize;
+    for (int d = 0; d < a->ndsts; d++) dsts[d] = (char *)a->dsts[d] + h * esize;
     reduce_args_t b = *a;
     b.srcs = srcs;
     b.dsts = dsts;
-    if (v == 2) sum_f32_stream_avx512(&b, n);
+    if (dtype == DDP_BF16) sum_bf16_stream_avx512(&b, n);
+    else if (v == 2) sum_f32_stream_avx512(&b, n);
     else sum_f32_stream_avx2(&b, n);
     *head = h;
     return n;
@@ -538,7 +598,7 @@ void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
     kernel_fn fn = kernel_for(dtype);
     if (!fn) return;
     reduce_args_t a = {dsts, ndsts, srcs, nsrcs, count, op, stream};
-    size_t head = 0, done = stream ? sum_f32_streamed(&a, dtype, &head) : 0;
+    size_t head = 0, done = stream ? sum_streamed(&a, dtype, &head) : 0;
     if (!done) {
         fn(&a);
     } else {
@@ -551,8 +611,9 @@ void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
         if (from < count) {
             const void *s2[STREAM_MAX_SRCS];
             void *d2[STREAM_MAX_DSTS];
-            for (int s = 0; s < nsrcs; s++) s2[s] = (const float *)srcs[s] + from;
-            for (int d = 0; d < ndsts; d++) d2[d] = (float *)dsts[d] + from;
+            const size_t skip = from * ddp_dtype_size(dtype);
+            for (int s = 0; s < nsrcs; s++) s2[s] = (const char *)srcs[s] + skip;
+            for (int d = 0; d < ndsts; d++) d2[d] = (char *)dsts[d] + skip;
             reduce_args_t t = {d2, ndsts, s2, nsrcs, count - from, op, stream};
             fn(&t);
         }
