@@ -228,6 +228,40 @@ static void test_streamed(void)
     }
 }
 
+/* ddp__copy_stream copies exactly [dst, dst + bytes) in every variant: sizes around the
+ * 1 KiB, 128-byte and 16 KiB (4-page) steps, source and destination at every offset mod 64. */
+static void test_copy_stream(void)
+{
+    const size_t sizes[] = {0, 1, 255, 256, 1023, 1024, 1025, 4096 + 127, 16384, 16384 + 129,
+                            3 * 16384 + 4095, 200000};
+    const size_t guard = 64, most = 200000 + 2 * guard + 64;
+    unsigned char *src = aligned_alloc(64, most), *dst = aligned_alloc(64, most);
+    for (size_t i = 0; i < most; i++) src[i] = (unsigned char)(i * 131 + 7);
+    for (int v = 0; v <= 2; v++) {
+        if (ddp__reduce_force_variant(v) != 0) continue;
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            for (size_t so = 0; so < 64; so += 13) {
+                for (size_t dof = 0; dof < 64; dof += 9) {
+                    size_t n = sizes[si];
+                    memset(dst, 0xee, most);
+                    ddp__copy_stream(dst + guard + dof, src + so, n);
+                    CHECK_MSG(memcmp(dst + guard + dof, src + so, n) == 0,
+                              "copy_stream, variant %d: %zu bytes from offset %zu to %zu differ",
+                              v, n, so, dof);
+                    for (size_t i = 0; i < guard + dof; i++)
+                        CHECK_MSG(dst[i] == 0xee, "copy_stream wrote before its destination");
+                    for (size_t i = guard + dof + n; i < most; i++)
+                        CHECK_MSG(dst[i] == 0xee, "copy_stream, variant %d, %zu bytes: wrote "
+                                  "byte %zu after its destination", v, n, i - guard - dof - n);
+                }
+            }
+        }
+    }
+    ddp__reduce_force_variant(-1);
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     printf("reduce kernels: %s\n", ddp__reduce_variant());
@@ -235,6 +269,7 @@ int main(void)
     test_against_reference();
     test_variants_and_aliasing();
     test_streamed();
+    test_copy_stream();
     printf("variants compared with the baseline:%s%s\n", variants_compared & 2 ? " avx2+f16c" : "",
            variants_compared & 4 ? " avx512" : "");
     printf("test_group_reduce: ok\n");
