@@ -18,7 +18,7 @@
  *                   kernel (ddp__reduce_multi_stream, every destination non-temporal): in a
  *                   shared memfd (4 KiB pages, as registered memory) holding both ranks' sends
  *                   and recvs, each sums its half of the two sends into that half of both recvs
- *   memcpy x2 memfd "memcpy x2" between buffers of that memfd instead of huge pages
+ *   memfd copy x2   "memcpy x2" between buffers of that memfd instead of huge pages
  * GB/s = S / time, as ddp-bench's algbw (so "allreduce bytes" compares with its algbw directly).
  * Usage: cma-probe [-b SIZE] [-e SIZE] [-f N] [--rounds N] */
 #ifndef _GNU_SOURCE
@@ -135,7 +135,7 @@ static const char *const names[TESTS] = {
     "memcpy",          "memcpy-cold",      "memcpy x2",       "readv",
     "readv x2",        "readv x2 128K",    "allreduce bytes", "  reduce part",
     "  gather part",   "allreduce 512K",   "  reduce 512K",   "  reduce 32K",
-    "reduce streamed", "memcpy x2 memfd"};
+    "reduce streamed", "memfd copy x2"};
 
 /* The shared memfd of "reduce streamed": rank 0's send, rank 1's send, rank 0's recv, rank 1's
  * recv, each the largest size long. */

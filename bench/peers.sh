@@ -232,7 +232,7 @@ while [ "$rep" -le "$REPEATS" ]; do
         | json_only >"$RAW/memcpy.$rep.json"
     if [ -x "$BUILD/cma-probe" ]; then
         "$BUILD/cma-probe" -b "$X2_MIN" -e "$MAX" -f 4 --rounds "$ROUNDS" 2>/dev/null \
-            | grep '^memcpy x2' >"$RAW/x2.$rep.txt" || true
+            | grep -E '^memcpy x2 +[0-9]' >"$RAW/x2.$rep.txt" || true
     fi
     k=0
     for n in $RANKS; do
