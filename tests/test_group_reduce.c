@@ -188,7 +188,9 @@ static void test_streamed(void)
                 ddp__reduce_force_variant(0);
                 ddp__reduce(ref, (const void *const *)src, k, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
                 char *area[3];
-                for (int d = 0; d < 3; d++) area[d] = aligned_alloc(64, (n + 2 * pad) * es + 64);
+                /* aligned_alloc wants a size that is a multiple of the alignment */
+                const size_t area_bytes = ((n + 2 * pad) * es + 64 + 63) / 64 * 64;
+                for (int d = 0; d < 3; d++) area[d] = aligned_alloc(64, area_bytes);
                 for (int v = 0; v <= 2; v++) {
                     if (ddp__reduce_force_variant(v) != 0) continue;
                     for (size_t shift = 0; shift < 17; shift += 5) {
@@ -234,7 +236,7 @@ static void test_copy_stream(void)
 {
     const size_t sizes[] = {0, 1, 255, 256, 1023, 1024, 1025, 4096 + 127, 16384, 16384 + 129,
                             3 * 16384 + 4095, 200000};
-    const size_t guard = 64, most = 200000 + 2 * guard + 64;
+    const size_t guard = 64, most = 200000 + 2 * guard + 64; /* a multiple of 64 */
     unsigned char *src = aligned_alloc(64, most), *dst = aligned_alloc(64, most);
     for (size_t i = 0; i < most; i++) src[i] = (unsigned char)(i * 131 + 7);
     for (int v = 0; v <= 2; v++) {
