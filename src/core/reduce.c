@@ -10,39 +10,17 @@
  * (opmasks and a narrowing move make bf16's rounding half as many instructions), and the variant
  * is chosen once at run time. Element-wise IEEE operations give the same bits at any vector
  * width and no FMA is used (no loop multiplies and adds in one expression), so every variant
- * produces identical results. */
-#include <stdatomic.h>
+ * produces identical results. The variant is chosen in reduce_variant.c; the register kernels
+ * for streamed f32/bf16 sums and the non-temporal copies are in reduce_stream.c. */
 #include <stdint.h>
 #include <string.h>
 
-#include "core/cpu.h"
 #include "core/half.h"
 #include "core/internal.h"
 #include "core/reduce.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define DDP_REDUCE_X86 1
-#define DDP_TARGET_AVX2 __attribute__((target("avx2,f16c")))
-#define DDP_TARGET_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl")))
-#else
-#define DDP_REDUCE_X86 0
-#define DDP_TARGET_AVX2
-#define DDP_TARGET_AVX512
-#endif
+#include "core/reduce_kernels.h"
 
 #define BLOCK 1024
-#define INLINE static inline __attribute__((always_inline))
-
-typedef struct reduce_args {
-    void *const *dsts;
-    int ndsts;
-    const void *const *srcs;
-    int nsrcs;
-    size_t count;
-    ddp_reduce_op_t op;
-    unsigned stream; /* bit d: destination d is written with non-temporal stores */
-} reduce_args_t;
 
 /* Copies a finished block from `block` (destination 0's block, or an L1 accumulator) to every
  * destination that is not `block` itself, streaming to those flagged in a->stream. */
@@ -371,44 +349,9 @@ INT_KERNEL(reduce_u8, uint8_t)
 
 typedef void (*kernel_fn)(const reduce_args_t *a);
 
-static _Atomic int kernels_chosen = -1; /* -1 unknown, else a variant (reduce.h) */
-
-static int best_variant(void)
-{
-#if DDP_REDUCE_X86
-    if (ddp__cpu_has_avx512()) return 2;
-    if (ddp__cpu_has_avx2_f16c()) return 1;
-#endif
-    return 0;
-}
-
-static int choose(void)
-{
-    int v = atomic_load_explicit(&kernels_chosen, memory_order_relaxed);
-    if (v >= 0) return v;
-    v = best_variant();
-    atomic_store_explicit(&kernels_chosen, v, memory_order_relaxed);
-    return v;
-}
-
-const char *ddp__reduce_variant(void)
-{
-    static const char *const names[] = {"baseline", "avx2+f16c", "avx512"};
-    return names[choose()];
-}
-
-int ddp__reduce_force_variant(int variant)
-{
-    atomic_store_explicit(&kernels_chosen, -1, memory_order_relaxed);
-    if (variant < 0) return 0;
-    if (variant > best_variant()) return -1;
-    atomic_store_explicit(&kernels_chosen, variant, memory_order_relaxed);
-    return 0;
-}
-
 static kernel_fn kernel_for(ddp_dtype_t dtype)
 {
-    const int v = choose();
+    const int v = ddp__reduce_choose();
     (void)v;
     switch (dtype) {
 #if DDP_REDUCE_X86
@@ -429,167 +372,6 @@ static kernel_fn kernel_for(ddp_dtype_t dtype)
     }
 }
 
-/* ---- f32 and bf16 sums streamed to every destination ---------------------------------------
- * The streamed results of a large allreduce (every destination written with non-temporal
- * stores) go to memory at the rate of the loop that writes them. The block kernels above finish
- * a block in L1 and then stream it to one destination after another, 16 bytes a store: on the
- * Intel Xeon of issue #27 that moved 6.5-7.3 GB/s per core where two cores' memcpy moves 9-10
- * (2 ranks, 128 MiB, both cores at once, cma-probe's "reduce streamed" against "memcpy x2").
- * Here each 128 bytes of every source are summed in registers and stored at once to every
- * destination in whole lines, and STREAM_PAGES 4 KiB pages are walked side by side, as glibc's
- * large memcpy does, so that more sequential streams are in flight for the hardware
- * prefetchers: 9.5-10.5 GB/s in the same test, at or above memcpy's. The sums are the block
- * kernels' (source 0, then + each next source in order, AVG divided once at the end), so the
- * bits are the same whichever kernel ran. */
-#define STREAM_PAGES 4
-#define STREAM_PAGE_BYTES 4096
-#define STREAM_MAX_SRCS 16
-#define STREAM_MAX_DSTS 32
-
-#if DDP_REDUCE_X86
-#define SUM_STREAM_KERNEL(NAME, ATTR, VEC, LANES, LOAD, ADD, DIV, SET1, STORE)                   \
-    ATTR static inline __attribute__((always_inline)) void NAME##_step(                            \
-        const reduce_args_t *a, size_t i, int avg, VEC div)                                       \
-    {                                                                                             \
-        const float *s0 = (const float *)a->srcs[0] + i;                                          \
-        VEC x0 = LOAD(s0), x1 = LOAD(s0 + LANES);                                                 \
-        _mm_prefetch((const char *)s0 + 512, _MM_HINT_T0);                                        \
-        for (int s = 1; s < a->nsrcs; s++) {                                                      \
-            const float *p = (const float *)a->srcs[s] + i;                                       \
-            _mm_prefetch((const char *)p + 512, _MM_HINT_T0);                                     \
-            x0 = ADD(x0, LOAD(p));                                                                \
-            x1 = ADD(x1, LOAD(p + LANES));                                                        \
-        }                                                                                         \
-        if (avg) {                                                                                \
-            x0 = DIV(x0, div);                                                                    \
-            x1 = DIV(x1, div);                                                                    \
-        }                                                                                         \
-        for (int d = 0; d < a->ndsts; d++) {                                                      \
-            float *q = (float *)a->dsts[d] + i;                                                   \
-            STORE(q, x0);                                                                         \
-            STORE(q + LANES, x1);                                                                 \
-        }                                                                                         \
-    }                                                                                             \
-    /* Elements [0, n), n a multiple of 2 * LANES, every destination aligned to the vector. */   \
-    ATTR static void NAME(const reduce_args_t *a, size_t n)                                       \
-    {                                                                                             \
-        const int avg = a->op == DDP_AVG;                                                         \
-        const VEC div = SET1((float)a->nsrcs);                                                    \
-        const size_t step = 2 * LANES, page = STREAM_PAGE_BYTES / sizeof(float);                 \
-        const size_t group = STREAM_PAGES * page;                                                 \
-        size_t i = 0;                                                                             \
-        for (; i + group <= n; i += group)                                                        \
-            for (size_t o = 0; o < page; o += step)                                               \
-                for (size_t k = 0; k < STREAM_PAGES; k++)                                         \
-                    NAME##_step(a, i + k * page + o, avg, div);                                   \
-        for (; i < n; i += step) NAME##_step(a, i, avg, div);                                     \
-    }
-
-SUM_STREAM_KERNEL(sum_f32_stream_avx512, DDP_TARGET_AVX512, __m512, 16, _mm512_loadu_ps,
-                  _mm512_add_ps, _mm512_div_ps, _mm512_set1_ps, _mm512_stream_ps)
-SUM_STREAM_KERNEL(sum_f32_stream_avx2, DDP_TARGET_AVX2, __m256, 8, _mm256_loadu_ps,
-                  _mm256_add_ps, _mm256_div_ps, _mm256_set1_ps, _mm256_stream_ps)
-
-/* bf16 (AVX-512 only): 16 elements widened to f32 (exact), summed in f32 in source order, AVG
- * divided once, rounded to nearest even with NaNs kept quiet: f32_to_bf16_inline, sixteen at a
- * time. 32 elements (one 64-byte line) per step. */
-DDP_TARGET_AVX512 INLINE __m512 bf16x16_widen(const uint16_t *p)
-{
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-DDP_TARGET_AVX512 INLINE __m256i bf16x16_narrow(__m512 x)
-{
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
-}
-
-DDP_TARGET_AVX512 INLINE void sum_bf16_stream_avx512_step(const reduce_args_t *a, size_t i,
-                                                          int avg, __m512 div)
-{
-    const uint16_t *s0 = (const uint16_t *)a->srcs[0] + i;
-    __m512 x0 = bf16x16_widen(s0), x1 = bf16x16_widen(s0 + 16);
-    _mm_prefetch((const char *)s0 + 512, _MM_HINT_T0);
-    for (int s = 1; s < a->nsrcs; s++) {
-        const uint16_t *p = (const uint16_t *)a->srcs[s] + i;
-        _mm_prefetch((const char *)p + 512, _MM_HINT_T0);
-        x0 = _mm512_add_ps(x0, bf16x16_widen(p));
-        x1 = _mm512_add_ps(x1, bf16x16_widen(p + 16));
-    }
-    if (avg) {
-        x0 = _mm512_div_ps(x0, div);
-        x1 = _mm512_div_ps(x1, div);
-    }
-    const __m512i line =
-        _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_narrow(x0)), bf16x16_narrow(x1), 1);
-    for (int d = 0; d < a->ndsts; d++)
-        _mm512_stream_si512((__m512i *)((uint16_t *)a->dsts[d] + i), line);
-}
-
-DDP_TARGET_AVX512 static void sum_bf16_stream_avx512(const reduce_args_t *a, size_t n)
-{
-    const int avg = a->op == DDP_AVG;
-    const __m512 div = _mm512_set1_ps((float)a->nsrcs);
-    const size_t step = 32, page = STREAM_PAGE_BYTES / sizeof(uint16_t);
-    const size_t group = STREAM_PAGES * page;
-    size_t i = 0;
-    for (; i + group <= n; i += group)
-        for (size_t o = 0; o < page; o += step)
-            for (size_t k = 0; k < STREAM_PAGES; k++)
-                sum_bf16_stream_avx512_step(a, i + k * page + o, avg, div);
-    for (; i < n; i += step) sum_bf16_stream_avx512_step(a, i, avg, div);
-}
-#endif
-
-/* The register kernels on what they can take of a (f32 or, with AVX-512, bf16; SUM or AVG;
- * every destination streamed and all equally aligned): returns how many elements they did, from
- * element *head on (the elements before the destinations' vector alignment are left to the
- * block kernel), or 0. */
-static size_t sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_t *head)
-{
-    *head = 0;
-#if DDP_REDUCE_X86
-    const int v = choose();
-    const unsigned every = a->ndsts >= 32 ? ~0u : (1u << a->ndsts) - 1u;
-    if (v == 0 || !(dtype == DDP_F32 || (dtype == DDP_BF16 && v == 2)) ||
-        (a->op != DDP_SUM && a->op != DDP_AVG) || a->nsrcs > STREAM_MAX_SRCS ||
-        a->ndsts > STREAM_MAX_DSTS || (a->stream & every) != every)
-        return 0;
-    const size_t esize = dtype == DDP_F32 ? 4 : 2, align = v == 2 ? 64 : 32;
-    const size_t step = (dtype == DDP_F32 ? 2 * align : align) / esize;
-    const uintptr_t mis = (uintptr_t)a->dsts[0] % align;
-    if (mis % esize) return 0;
-    for (int d = 1; d < a->ndsts; d++)
-        if ((uintptr_t)a->dsts[d] % align != mis) return 0;
-    const size_t h = mis ? (align - mis) / esize : 0;
-    if (h >= a->count || a->count - h < step) return 0;
-    const size_t n = (a->count - h) / step * step;
-    const void *srcs[STREAM_MAX_SRCS];
-    void *dsts[STREAM_MAX_DSTS];
-    for (int s = 0; s < a->nsrcs; s++) srcs[s] = (const char *)a->srcs[s] + h * esize;
-    for (int d = 0; d < a->ndsts; d++) dsts[d] = (char *)a->dsts[d] + h * esize;
-    reduce_args_t b = *a;
-    b.srcs = srcs;
-    b.dsts = dsts;
-    if (dtype == DDP_BF16) sum_bf16_stream_avx512(&b, n);
-    else if (v == 2) sum_f32_stream_avx512(&b, n);
-    else sum_f32_stream_avx2(&b, n);
-    *head = h;
-    return n;
-#else
-    (void)a;
-    (void)dtype;
-    return 0;
-#endif
-}
-
 void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
                               const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
                               ddp_reduce_op_t op)
@@ -598,7 +380,7 @@ void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
     kernel_fn fn = kernel_for(dtype);
     if (!fn) return;
     reduce_args_t a = {dsts, ndsts, srcs, nsrcs, count, op, stream};
-    size_t head = 0, done = stream ? sum_streamed(&a, dtype, &head) : 0;
+    size_t head = 0, done = stream ? ddp__reduce_sum_streamed(&a, dtype, &head) : 0;
     if (!done) {
         fn(&a);
     } else {
@@ -625,97 +407,6 @@ void ddp__reduce_multi(void *const *dsts, int ndsts, const void *const *srcs, in
                        size_t count, ddp_dtype_t dtype, ddp_reduce_op_t op)
 {
     ddp__reduce_multi_stream(dsts, ndsts, 0, srcs, nsrcs, count, dtype, op);
-}
-
-/* ---- non-temporal copies -------------------------------------------------------------------- */
-
-#if DDP_REDUCE_X86
-/* Whole vectors as the register kernels store them, 4 pages side by side (see above): on the
- * Intel Xeon of issue #27, both cores copying 128 MiB at once, 10.1-10.6 GB/s each against
- * 8.0-8.6 for 16-byte stores in one stream and 9.7-10.2 for glibc's memcpy. */
-#define COPY_STREAM_KERNEL(NAME, ATTR, VEC, LOAD, STORE)                                          \
-    ATTR static inline __attribute__((always_inline)) void NAME##_step(char *d, const char *s)    \
-    {                                                                                             \
-        _mm_prefetch(s + 512, _MM_HINT_T0);                                                       \
-        _mm_prefetch(s + 576, _MM_HINT_T0);                                                       \
-        for (size_t v = 0; v < 128; v += sizeof(VEC)) STORE((VEC *)(d + v), LOAD((const VEC *)(s + v))); \
-    }                                                                                             \
-    /* bytes a multiple of 128, d aligned to the vector. */                                       \
-    ATTR static void NAME(char *d, const char *s, size_t bytes)                                   \
-    {                                                                                             \
-        const size_t group = STREAM_PAGES * STREAM_PAGE_BYTES;                                    \
-        size_t i = 0;                                                                             \
-        for (; i + group <= bytes; i += group)                                                    \
-            for (size_t o = 0; o < STREAM_PAGE_BYTES; o += 128)                                   \
-                for (size_t k = 0; k < STREAM_PAGES; k++)                                         \
-                    NAME##_step(d + i + k * STREAM_PAGE_BYTES + o, s + i + k * STREAM_PAGE_BYTES + o); \
-        for (; i < bytes; i += 128) NAME##_step(d + i, s + i);                                    \
-    }
-
-COPY_STREAM_KERNEL(copy_stream_avx512, DDP_TARGET_AVX512, __m512i, _mm512_loadu_si512,
-                   _mm512_stream_si512)
-COPY_STREAM_KERNEL(copy_stream_avx2, DDP_TARGET_AVX2, __m256i, _mm256_loadu_si256,
-                   _mm256_stream_si256)
-#endif
-
-void ddp__copy_stream_nofence(void *dst, const void *src, size_t bytes)
-{
-#if DDP_REDUCE_X86
-    const int v = choose();
-    if (v > 0 && bytes >= 1024) {
-        const size_t align = v == 2 ? 64 : 32;
-        char *d = dst;
-        const char *s = src;
-        size_t head = (align - ((uintptr_t)d & (align - 1))) & (align - 1);
-        memcpy(d, s, head);
-        d += head;
-        s += head;
-        bytes -= head;
-        size_t body = bytes & ~(size_t)127;
-        if (v == 2) copy_stream_avx512(d, s, body);
-        else copy_stream_avx2(d, s, body);
-        memcpy(d + body, s + body, bytes - body);
-        return;
-    }
-    if (bytes >= 256) {
-        char *d = dst;
-        const char *s = src;
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-        memcpy(d, s, head);
-        d += head;
-        s += head;
-        bytes -= head;
-        size_t body = bytes & ~(size_t)63;
-        for (size_t i = 0; i < body; i += 64) {
-            __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
-            __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), x0);
-            _mm_stream_si128((__m128i *)(d + i + 16), x1);
-            _mm_stream_si128((__m128i *)(d + i + 32), x2);
-            _mm_stream_si128((__m128i *)(d + i + 48), x3);
-        }
-        memcpy(d + body, s + body, bytes - body);
-        return;
-    }
-#endif
-    memcpy(dst, src, bytes);
-}
-
-void ddp__stream_fence(void)
-{
-#if DDP_REDUCE_X86
-    _mm_sfence();
-#else
-    atomic_thread_fence(memory_order_seq_cst);
-#endif
-}
-
-void ddp__copy_stream(void *dst, const void *src, size_t bytes)
-{
-    ddp__copy_stream_nofence(dst, src, bytes);
-    ddp__stream_fence();
 }
 
 void ddp__reduce(void *dst, const void *const *srcs, int nsrcs, size_t count, ddp_dtype_t dtype,
