@@ -56,6 +56,15 @@
 #ifndef STREAM_MIN_BYTES
 #define STREAM_MIN_BYTES ((size_t)8 << 20)
 #endif
+/* Where S->mapped_stream is set (DDP_SHM_MAPPED_STORES; by default on Intel CPUs), the mapped
+ * allreduce streams its results from 2 MiB, the pulled allgather its output from 2 MiB and the
+ * pulled broadcast from 4 MiB. On the Intel Xeon of issue #27, 2 ranks, ddp-bench against
+ * STREAM_MIN_BYTES, 2 alternating runs each, default and registered buffers: allreduce 1 MiB
+ * 1.10-1.15x, 2 MiB 1.30-1.32x, 4 MiB 1.17-1.20x; allgather 2 MiB 1.08-1.10x, 4 MiB
+ * 1.09-1.20x; broadcast 1 MiB 0.49-0.53x, 2 MiB 0.92x, 4 MiB 1.28-1.29x (results in
+ * bench/results/2026-11-28-1946-stream-threshold-ab.txt). */
+#define MAPPED_STREAM_MIN_BYTES ((size_t)2 << 20)
+#define PULLED_BROADCAST_STREAM_MIN_BYTES ((size_t)4 << 20)
 #define DDP__SHM_MAX_WORLD 64
 /* Knobs rank 0 had set explicitly (shm_header_t.fixed): the tuner keeps to them. */
 #define FIXED_ONESHOT 1u     /* DDP_SHM_ONESHOT_BYTES: one-shot exactly up to it */
