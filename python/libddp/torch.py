@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from . import _candidate_dirs
 
-__all__ = ["BACKEND", "extension_path", "ProcessGroupDDP", "transport"]
+__all__ = ["BACKEND", "backend", "extension_path", "ProcessGroupDDP", "transport"]
 
 BACKEND = "ddp"
 
@@ -103,8 +103,9 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     return _ext.create_process_group(store, rank, size, timeout)
 
 
-def transport(group: Any = None) -> str:
-    """The libddp transport under a "ddp" process group (default: the default group)."""
+def backend(group: Any = None) -> Any:
+    """The ProcessGroupDDP under a "ddp" process group (default: the default group); ValueError
+    for a group of another backend."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupDDP) and hasattr(pg, "_get_backend"):
         # torch >= 2: a ProcessGroup dispatches to one backend per device.
@@ -114,7 +115,12 @@ def transport(group: Any = None) -> str:
             pass
     if not isinstance(pg, ProcessGroupDDP):
         raise ValueError("not a libddp process group: %r" % (pg,))
-    return pg.transport
+    return pg
+
+
+def transport(group: Any = None) -> str:
+    """The libddp transport under a "ddp" process group (default: the default group)."""
+    return backend(group).transport
 
 
 def _ordered_batches(original: Any) -> Any:
@@ -179,6 +185,67 @@ def _monitored_barriers(original: Any) -> Any:
     return monitored_barrier
 
 
+# torch < 2.7's blocking collective functions: each asks the backend for an async Work and waits
+# for it at once, and nothing in the call tells the backend so (torch >= 2.7 sets asyncOp).
+_BLOCKING = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+             "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
+             "all_to_all_single", "all_to_all", "gather", "scatter", "barrier",
+             "all_reduce_coalesced", "all_gather_coalesced")
+
+
+def _waited(original: Any) -> Any:
+    """torch < 2.7's `original` (one of _BLOCKING), telling the backend when the caller waits: with
+    async_op=False the call marks this thread (the extension's set_caller_waits) while torch runs
+    it, and the backend then runs the collective on this thread, as it does for torch >= 2.7's
+    asyncOp = false, instead of handing it to libddp's progress thread and waiting for that thread
+    (two thread switches per call: 1.3-1.7x the direct call at 32 KiB-2 MiB, docs/benchmarks.md).
+    The mark is this thread's only, restored when the call returns or raises, and read only by
+    "ddp" groups: other backends and async_op=True calls are unchanged."""
+    import functools
+    import inspect
+
+    position = list(inspect.signature(original).parameters).index("async_op")
+    mark = _ext.set_caller_waits
+
+    @functools.wraps(original)
+    def blocking(*args, **kwargs):  # type: ignore[no-untyped-def]
+        async_op = args[position] if len(args) > position else kwargs.get("async_op", False)
+        if async_op:
+            return original(*args, **kwargs)
+        was = mark(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            mark(was)
+
+    blocking._libddp_waited = True  # type: ignore[attr-defined]
+    return blocking
+
+
+def _mark_blocking_calls() -> None:
+    """Wraps torch.distributed's blocking collectives with _waited, where torch's options cannot
+    say that the caller waits (torch < 2.7). LIBDDP_TORCH_MARK_BLOCKING=0 leaves torch untouched
+    (every call then crosses to libddp's progress thread above 64 KiB, as before)."""
+    if _ext.options_have_async_op or os.environ.get("LIBDDP_TORCH_MARK_BLOCKING", "1") == "0":
+        return
+    import inspect
+
+    c10d = dist.distributed_c10d
+    for name in _BLOCKING:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "_libddp_waited", False):
+            continue
+        try:
+            if "async_op" not in inspect.signature(original).parameters:
+                continue
+        except (TypeError, ValueError):
+            continue
+        wrapped = _waited(original)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+
+
 def _register() -> None:
     # "ddp" may be registered already by the entry point (libddp._autoload), which imports this
     # module when the first "ddp" group is created: the patches below are applied either way.
@@ -197,5 +264,6 @@ def _register() -> None:
         monitored = _monitored_barriers(dist.monitored_barrier)
         dist.monitored_barrier = monitored
         dist.distributed_c10d.monitored_barrier = monitored
+    _mark_blocking_calls()
 
 _register()

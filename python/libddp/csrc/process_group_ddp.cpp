@@ -41,6 +41,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/ddp.h"
@@ -53,20 +54,30 @@ using BackendBase = c10d::Backend;
 using BackendBase = c10d::ProcessGroup;
 #endif
 
-// Whether an options struct says the caller will not wait asynchronously (torch >= 2.7 has
-// `asyncOp`; older ones always ask for an async Work).
+// Set on this thread while one of torch's blocking collective functions runs, by libddp.torch's
+// wrappers of them (torch < 2.7 only: its options have no `asyncOp`, and its dist.all_reduce(t)
+// asks for an async Work and waits for it at once). See set_caller_waits below.
+static thread_local bool caller_waits = false;
+
+// Whether the caller may leave the Work outstanding (async_op=True) rather than wait for it at
+// once: torch >= 2.7 says so in the options (`asyncOp`); for older ones libddp.torch's wrappers
+// of the blocking functions say so through caller_waits, and anything else counts as async.
 template <typename Opts>
 static auto is_async(const Opts& o, int) -> decltype(bool(o.asyncOp)) {
     return o.asyncOp;
 }
 template <typename Opts>
 static bool is_async(const Opts&, long) {
-    return true;
+    return !caller_waits;
 }
 template <typename Opts>
 static bool is_async(const Opts& o) {
     return is_async(o, 0);
 }
+template <typename Opts, typename = void>
+struct has_async_op : std::false_type {};
+template <typename Opts>
+struct has_async_op<Opts, decltype(void(std::declval<Opts&>().asyncOp))> : std::true_type {};
 
 // ---- the store adapter ------------------------------------------------------------------------
 
@@ -633,6 +644,7 @@ class ProcessGroupDDP : public BackendBase {
     uint64_t getSequenceNumberForGroup() override { return sequence_number_.load(); }
     std::string transport() const { return ddp_group_transport(group_); }
     int timeoutMs() const { return ddp_group_timeout_ms(group_); }
+    uint64_t inlineRuns() const { return inline_runs_.load(std::memory_order_relaxed); }
 
     // ---- natively supported --------------------------------------------------------------------
 
@@ -1506,8 +1518,9 @@ class ProcessGroupDDP : public BackendBase {
     static constexpr size_t kInlineMaxBytes = 64 * 1024;
 
     // Inline also at any size when the caller waits at once anyway (torch >= 2.7 says so with
-    // asyncOp = false: dist.all_reduce(t) without async_op), and always inside a completion
-    // callback of this group (see issue()).
+    // asyncOp = false: dist.all_reduce(t) without async_op; older torch through libddp.torch's
+    // wrappers, see caller_waits), and always inside a completion callback of this group (see
+    // issue()).
     bool can_run_inline(size_t bytes, bool async) const {
         return in_completion() ||
                ((bytes <= kInlineMaxBytes || !async) && outstanding_.load() == 0);
@@ -1531,6 +1544,7 @@ class ProcessGroupDDP : public BackendBase {
     template <typename Run>
     c10::intrusive_ptr<c10d::Work> run_inline(const c10::intrusive_ptr<WorkDDP>& w, Run run) {
         ddp_status_t s = run();  // on failure ddp_last_error() holds the text on this thread
+        inline_runs_.fetch_add(1, std::memory_order_relaxed);
         outstanding_.fetch_add(1);
         on_complete(new Completion{w, &outstanding_, group_}, s);
         return w;
@@ -1540,6 +1554,7 @@ class ProcessGroupDDP : public BackendBase {
     ddp_group_t* group_ = nullptr;
     std::mutex close_mu_;
     std::atomic<int> outstanding_{0};
+    std::atomic<uint64_t> inline_runs_{0};      // collectives run on the issuing thread
     std::atomic<uint64_t> sequence_number_{0};  // collectives issued (getSequenceNumberForGroup)
     bool coalescing_ = false;  // between startCoalescing and endCoalescing (issuing thread only)
     std::vector<c10::intrusive_ptr<WorkDDP>> coalesced_;
@@ -1565,9 +1580,24 @@ PYBIND11_MODULE(_ddp_torch, m) {
                libddp_torch::BackendBase>(m, "ProcessGroupDDP")
         .def_property_readonly("transport", &libddp_torch::ProcessGroupDDP::transport,
                                "The libddp transport this group runs on (shm, tcp, ...)")
-        .def_property_readonly("timeout_ms", &libddp_torch::ProcessGroupDDP::timeoutMs);
+        .def_property_readonly("timeout_ms", &libddp_torch::ProcessGroupDDP::timeoutMs)
+        .def_property_readonly("inline_runs", &libddp_torch::ProcessGroupDDP::inlineRuns,
+                               "How many collectives ran on the issuing thread (the blocking "
+                               "ones and small ones), not through libddp's progress thread");
     m.def("create_process_group", &libddp_torch::create, py::arg("store"), py::arg("rank"),
           py::arg("size"), py::arg("timeout"),
           "Creates the backend's process group (the creator torch.distributed calls)");
     m.attr("torch_version") = TORCH_VERSION;
+    // Whether torch's options tell the backend that the caller waits (asyncOp, torch >= 2.7).
+    m.attr("options_have_async_op") = libddp_torch::has_async_op<c10d::AllreduceOptions>::value;
+    m.def(
+        "set_caller_waits",
+        [](bool waits) {
+            bool was = libddp_torch::caller_waits;
+            libddp_torch::caller_waits = waits;
+            return was;
+        },
+        py::arg("waits"),
+        "Marks whether this thread's collectives are waited for at once (the blocking functions "
+        "of torch < 2.7, wrapped by libddp.torch); returns the previous mark");
 }
