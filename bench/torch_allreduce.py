@@ -17,7 +17,8 @@ call's. Needs the backend built (`make`).
 broadcast (root 0) or all_to_all_single. SIZE is the whole buffer, as nccl-tests count it: the
 gathered output of all_gather_into_tensor, the input of reduce_scatter_tensor, each rank's
 buffer of all_to_all_single. The direct C anchor exists for the four with a NumPy call
-(all_to_all_single has none: its C column stays empty).
+(all_to_all_single has none: its C column stays empty). torch 1.13's gloo has no
+all_gather_into_tensor or reduce_scatter_tensor: there its columns stay empty.
 
 A fourth column, "nop", is torch's own floor: the same torch call through torch's do-nothing
 backend (FakeProcessGroup, torch.testing._internal.distributed.fake_pg: torch 2.13 has it,
@@ -108,6 +109,15 @@ def rank_main(rank, world, port, args, queue):
         nop = dist.new_group(backend="fake")
     except ImportError:
         nop = None
+    # torch 1.13's gloo has no _allgather_base or _reduce_scatter_base: it refuses them before
+    # any communication, on every rank alike, and its columns then stay empty.
+    try:
+        ops(args.op, 64 * world, world, direct)[0](gloo)
+        with_gloo = True
+    except RuntimeError as e:
+        if "support" not in str(e):
+            raise
+        with_gloo = False
     rows = []
     nbytes = 8
     while nbytes <= args.max_bytes:
@@ -115,10 +125,9 @@ def rank_main(rank, world, port, args, queue):
             nbytes *= 8
             continue
         run, anchor = ops(args.op, nbytes, world, direct)
-        calls = {
-            "ddp": (lambda: run(None), lambda: dist.barrier()),
-            "gloo": (lambda: run(gloo), lambda: dist.barrier(group=gloo)),
-        }
+        calls = {"ddp": (lambda: run(None), lambda: dist.barrier())}
+        if with_gloo:
+            calls["gloo"] = (lambda: run(gloo), lambda: dist.barrier(group=gloo))
         if anchor is not None:
             calls["C"] = (anchor, direct.barrier)
         if nop is not None:
@@ -184,18 +193,22 @@ def main():
         "gloo/ddp time", "ddp/C time", "nop us", "(ddp-nop)/C"))
     for nbytes, times in rows:
         med = {k: statistics.median(v) for k, v in times.items()}
-        vs_gloo = [g / d for g, d in zip(times["gloo"], times["ddp"])]
-        line = "%10s %10.1f %9.3f %10.1f %9.3f" % (
-            human(nbytes), med["ddp"] * 1e6, nbytes / med["ddp"] / 1e9,
-            med["gloo"] * 1e6, nbytes / med["gloo"] / 1e9)
+        line = "%10s %10.1f %9.3f" % (human(nbytes), med["ddp"] * 1e6, nbytes / med["ddp"] / 1e9)
+        if "gloo" in times:
+            vs_gloo = [g / d for g, d in zip(times["gloo"], times["ddp"])]
+            line += " %10.1f %9.3f" % (med["gloo"] * 1e6, nbytes / med["gloo"] / 1e9)
+            gloo_ratio = "%7.1fx [%.1f-%.1f]" % (statistics.median(vs_gloo), min(vs_gloo),
+                                                 max(vs_gloo))
+        else:
+            line += " %10s %9s" % ("-", "-")
+            gloo_ratio = "%19s" % "-"
         if "C" in times:
             vs_c = [d / c for d, c in zip(times["ddp"], times["C"])]
-            line += " %10.1f %9.3f %7.1fx [%.1f-%.1f] %6.2fx [%.2f-%.2f]" % (
-                med["C"] * 1e6, nbytes / med["C"] / 1e9, statistics.median(vs_gloo),
-                min(vs_gloo), max(vs_gloo), statistics.median(vs_c), min(vs_c), max(vs_c))
+            line += " %10.1f %9.3f %s %6.2fx [%.2f-%.2f]" % (
+                med["C"] * 1e6, nbytes / med["C"] / 1e9, gloo_ratio, statistics.median(vs_c),
+                min(vs_c), max(vs_c))
         else:
-            line += " %10s %9s %7.1fx [%.1f-%.1f] %17s" % (
-                "-", "-", statistics.median(vs_gloo), min(vs_gloo), max(vs_gloo), "-")
+            line += " %10s %9s %s %17s" % ("-", "-", gloo_ratio, "-")
         if "nop" in times:
             line += " %8.1f" % (med["nop"] * 1e6)
             if "C" in times:
