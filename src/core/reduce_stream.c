@@ -21,10 +21,24 @@
 #define STREAM_PAGES 4
 #define STREAM_PAGE_BYTES 4096
 
+/* The walk every loop here takes over [0, n) in units of `step` (n a multiple of it): groups of
+ * STREAM_PAGES runs of `page` units, one step of each run in turn, then the rest in order.
+ * STEP(args..., offset) does one step. */
+#define STREAM_WALK(n, step, page, STEP, ...)                                                     \
+    do {                                                                                          \
+        const size_t group_ = STREAM_PAGES * (page);                                              \
+        size_t i_ = 0;                                                                            \
+        for (; i_ + group_ <= (n); i_ += group_)                                                  \
+            for (size_t o_ = 0; o_ < (page); o_ += (step))                                        \
+                for (size_t k_ = 0; k_ < STREAM_PAGES; k_++)                                      \
+                    STEP(__VA_ARGS__, i_ + k_ * (page) + o_);                                     \
+        for (; i_ < (n); i_ += (step)) STEP(__VA_ARGS__, i_);                                     \
+    } while (0)
+
 #if DDP_REDUCE_X86
 #define SUM_STREAM_KERNEL(NAME, ATTR, VEC, LANES, LOAD, ADD, DIV, SET1, STORE)                   \
     ATTR static inline __attribute__((always_inline)) void NAME##_step(                            \
-        const reduce_args_t *a, size_t i, int avg, VEC div)                                       \
+        const reduce_args_t *a, int avg, VEC div, size_t i)                                       \
     {                                                                                             \
         const float *s0 = (const float *)a->srcs[0] + i;                                          \
         VEC x0 = LOAD(s0), x1 = LOAD(s0 + LANES);                                                 \
@@ -50,14 +64,7 @@
     {                                                                                             \
         const int avg = a->op == DDP_AVG;                                                         \
         const VEC div = SET1((float)a->nsrcs);                                                    \
-        const size_t step = 2 * LANES, page = STREAM_PAGE_BYTES / sizeof(float);                 \
-        const size_t group = STREAM_PAGES * page;                                                 \
-        size_t i = 0;                                                                             \
-        for (; i + group <= n; i += group)                                                        \
-            for (size_t o = 0; o < page; o += step)                                               \
-                for (size_t k = 0; k < STREAM_PAGES; k++)                                         \
-                    NAME##_step(a, i + k * page + o, avg, div);                                   \
-        for (; i < n; i += step) NAME##_step(a, i, avg, div);                                     \
+        STREAM_WALK(n, 2 * LANES, STREAM_PAGE_BYTES / sizeof(float), NAME##_step, a, avg, div);  \
     }
 
 SUM_STREAM_KERNEL(sum_f32_stream_avx512, DDP_TARGET_AVX512, __m512, 16, _mm512_loadu_ps,
@@ -86,8 +93,8 @@ DDP_TARGET_AVX512 INLINE __m256i bf16x16_narrow(__m512 x)
     return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
-DDP_TARGET_AVX512 INLINE void sum_bf16_stream_avx512_step(const reduce_args_t *a, size_t i,
-                                                          int avg, __m512 div)
+DDP_TARGET_AVX512 INLINE void sum_bf16_stream_avx512_step(const reduce_args_t *a, int avg,
+                                                          __m512 div, size_t i)
 {
     const uint16_t *s0 = (const uint16_t *)a->srcs[0] + i;
     __m512 x0 = bf16x16_widen(s0), x1 = bf16x16_widen(s0 + 16);
@@ -112,14 +119,8 @@ DDP_TARGET_AVX512 static void sum_bf16_stream_avx512(const reduce_args_t *a, siz
 {
     const int avg = a->op == DDP_AVG;
     const __m512 div = _mm512_set1_ps((float)a->nsrcs);
-    const size_t step = 32, page = STREAM_PAGE_BYTES / sizeof(uint16_t);
-    const size_t group = STREAM_PAGES * page;
-    size_t i = 0;
-    for (; i + group <= n; i += group)
-        for (size_t o = 0; o < page; o += step)
-            for (size_t k = 0; k < STREAM_PAGES; k++)
-                sum_bf16_stream_avx512_step(a, i + k * page + o, avg, div);
-    for (; i < n; i += step) sum_bf16_stream_avx512_step(a, i, avg, div);
+    STREAM_WALK(n, 32, STREAM_PAGE_BYTES / sizeof(uint16_t), sum_bf16_stream_avx512_step, a, avg,
+                div);
 }
 #endif
 
@@ -172,8 +173,11 @@ size_t ddp__reduce_sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_
  * Intel Xeon of issue #27, both cores copying 128 MiB at once, 10.1-10.6 GB/s each against
  * 8.0-8.6 for 16-byte stores in one stream and 9.7-10.2 for glibc's memcpy. */
 #define COPY_STREAM_KERNEL(NAME, ATTR, VEC, LOAD, STORE)                                          \
-    ATTR static inline __attribute__((always_inline)) void NAME##_step(char *d, const char *s)    \
+    ATTR static inline __attribute__((always_inline)) void NAME##_step(char *d, const char *s,    \
+                                                                         size_t i)                \
     {                                                                                             \
+        d += i;                                                                                   \
+        s += i;                                                                                   \
         _mm_prefetch(s + 512, _MM_HINT_T0);                                                       \
         _mm_prefetch(s + 576, _MM_HINT_T0);                                                       \
         for (size_t v = 0; v < 128; v += sizeof(VEC)) STORE((VEC *)(d + v), LOAD((const VEC *)(s + v))); \
@@ -181,13 +185,7 @@ size_t ddp__reduce_sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_
     /* bytes a multiple of 128, d aligned to the vector. */                                       \
     ATTR static void NAME(char *d, const char *s, size_t bytes)                                   \
     {                                                                                             \
-        const size_t group = STREAM_PAGES * STREAM_PAGE_BYTES;                                    \
-        size_t i = 0;                                                                             \
-        for (; i + group <= bytes; i += group)                                                    \
-            for (size_t o = 0; o < STREAM_PAGE_BYTES; o += 128)                                   \
-                for (size_t k = 0; k < STREAM_PAGES; k++)                                         \
-                    NAME##_step(d + i + k * STREAM_PAGE_BYTES + o, s + i + k * STREAM_PAGE_BYTES + o); \
-        for (; i < bytes; i += 128) NAME##_step(d + i, s + i);                                    \
+        STREAM_WALK(bytes, 128, STREAM_PAGE_BYTES, NAME##_step, d, s);                            \
     }
 
 COPY_STREAM_KERNEL(copy_stream_avx512, DDP_TARGET_AVX512, __m512i, _mm512_loadu_si512,
