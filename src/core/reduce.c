@@ -393,10 +393,8 @@ void ddp__reduce_multi_stream(void *const *dsts, int ndsts, unsigned stream,
         if (from < count) {
             const void *s2[STREAM_MAX_SRCS];
             void *d2[STREAM_MAX_DSTS];
-            const size_t skip = from * ddp_dtype_size(dtype);
-            for (int s = 0; s < nsrcs; s++) s2[s] = (const char *)srcs[s] + skip;
-            for (int d = 0; d < ndsts; d++) d2[d] = (char *)dsts[d] + skip;
-            reduce_args_t t = {d2, ndsts, s2, nsrcs, count - from, op, stream};
+            const reduce_args_t t =
+                reduce_args_from(&a, from, count - from, ddp_dtype_size(dtype), s2, d2);
             fn(&t);
         }
     }

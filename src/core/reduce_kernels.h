@@ -35,6 +35,20 @@ typedef struct reduce_args {
 #define STREAM_MAX_SRCS 16
 #define STREAM_MAX_DSTS 32
 
+/* a from element `first` on, `count` elements of `esize` bytes: the moved pointers go into srcs
+ * and dsts (room for a->nsrcs and a->ndsts). */
+static inline reduce_args_t reduce_args_from(const reduce_args_t *a, size_t first, size_t count,
+                                             size_t esize, const void **srcs, void **dsts)
+{
+    for (int s = 0; s < a->nsrcs; s++) srcs[s] = (const char *)a->srcs[s] + first * esize;
+    for (int d = 0; d < a->ndsts; d++) dsts[d] = (char *)a->dsts[d] + first * esize;
+    reduce_args_t b = *a;
+    b.srcs = srcs;
+    b.dsts = dsts;
+    b.count = count;
+    return b;
+}
+
 /* The kernel variant in use: 0 baseline, 1 AVX2+F16C, 2 AVX-512 (ddp__reduce_force_variant). */
 int ddp__reduce_choose(void);
 

@@ -149,11 +149,7 @@ size_t ddp__reduce_sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_
     const size_t n = (a->count - h) / step * step;
     const void *srcs[STREAM_MAX_SRCS];
     void *dsts[STREAM_MAX_DSTS];
-    for (int s = 0; s < a->nsrcs; s++) srcs[s] = (const char *)a->srcs[s] + h * esize;
-    for (int d = 0; d < a->ndsts; d++) dsts[d] = (char *)a->dsts[d] + h * esize;
-    reduce_args_t b = *a;
-    b.srcs = srcs;
-    b.dsts = dsts;
+    const reduce_args_t b = reduce_args_from(a, h, n, esize, srcs, dsts);
     if (dtype == DDP_BF16) sum_bf16_stream_avx512(&b, n);
     else if (v == 2) sum_f32_stream_avx512(&b, n);
     else sum_f32_stream_avx2(&b, n);
