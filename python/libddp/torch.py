@@ -193,18 +193,17 @@ _BLOCKING = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into
              "all_reduce_coalesced", "all_gather_coalesced")
 
 
-def _waited(original: Any) -> Any:
+def _waited(original: Any, position: int) -> Any:
     """torch < 2.7's `original` (one of _BLOCKING), telling the backend when the caller waits: with
     async_op=False the call marks this thread (the extension's set_caller_waits) while torch runs
     it, and the backend then runs the collective on this thread, as it does for torch >= 2.7's
     asyncOp = false, instead of handing it to libddp's progress thread and waiting for that thread
     (two thread switches per call: 1.3-1.7x the direct call at 32 KiB-2 MiB, docs/benchmarks.md).
     The mark is this thread's only, restored when the call returns or raises, and read only by
-    "ddp" groups: other backends and async_op=True calls are unchanged."""
+    "ddp" groups: other backends and async_op=True calls are unchanged. `position`: where
+    async_op stands among original's parameters."""
     import functools
-    import inspect
 
-    position = list(inspect.signature(original).parameters).index("async_op")
     mark = _ext.set_caller_waits
 
     @functools.wraps(original)
@@ -236,11 +235,12 @@ def _mark_blocking_calls() -> None:
         if original is None or getattr(original, "_libddp_waited", False):
             continue
         try:
-            if "async_op" not in inspect.signature(original).parameters:
-                continue
+            parameters = list(inspect.signature(original).parameters)
         except (TypeError, ValueError):
             continue
-        wrapped = _waited(original)
+        if "async_op" not in parameters:
+            continue
+        wrapped = _waited(original, parameters.index("async_op"))
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)

@@ -182,8 +182,8 @@ ddp_status_t ddp__shm_allreduce_mapped(shm_state_t *S, const ddp__collective_t *
      * 52-57 GB/s, 128 MiB 10-17 against 19); on the Intel Xeon of issue #27 it is faster from
      * 32 MiB (2 ranks, two runs each: 32 MiB 6.2 -> 3.2-3.5 ms, 128 MiB 25.8-27.7 -> 18.6-19.4 ms;
      * 2-8 MiB even), and with the register kernel of reduce_stream.c from 1 MiB (the threshold
-     * is at 2 MiB: shm_internal.h). Every rank reducing everything into its own recv (no remote writes) was
-     * slower on the EPYC too (2 MiB 33 against 46 GB/s). */
+     * is at 2 MiB: shm_internal.h). Every rank reducing everything into its own recv (no remote
+     * writes) was slower on the EPYC too (2 MiB 33 against 46 GB/s). */
     const unsigned stream = S->mapped_stream && n * esize >= MAPPED_STREAM_MIN_BYTES ? ~0u : 0u;
     for (int i = 0; i + 1 < ncuts; i++) {
         const size_t x = cuts[i], y = cuts[i + 1];
