@@ -25,7 +25,7 @@
 # reduce_scatter alltoall"), DTYPES ("f32 bf16"), RANKS ("2 4"), MIN (8), MAX (128M), FACTOR (8),
 # REPEATS (3 at most), DURATION (1800 s: a repeat starts only if, lasting as long as the one
 # before, it ends by then; the first always runs), ITERS (3), WARMUP (5), ROUNDS (3), MIN_MS (5),
-# X2_MIN (32M: smallest size of the two-core copy bound), RUN_TIMEOUT (seconds one program may take, 900),
+# X2_MIN (MIN: smallest size of the two-core copy bound), RUN_TIMEOUT (seconds one program may take, 900),
 # MPICH_OVERSUBSCRIBE (1: run MPICH with more ranks than CPUs too; by default it is skipped there,
 # where it busy-polls until the time-out), ONECCL_SPEC and
 # IMPI_SPEC and MPICH_SPEC (the pip requirements), OUT (the report,
@@ -54,7 +54,16 @@ ITERS=${ITERS:-3}
 WARMUP=${WARMUP:-5}
 ROUNDS=${ROUNDS:-3}
 MIN_MS=${MIN_MS:-5}
-X2_MIN=${X2_MIN:-32M}
+X2_MIN=${X2_MIN:-$MIN}
+# A size with a K, M or G suffix (powers of 1024), as the benchmark programs read it, in bytes.
+bytes_of() {
+    case $1 in
+    *K) echo $((${1%K} << 10)) ;;
+    *M) echo $((${1%M} << 20)) ;;
+    *G) echo $((${1%G} << 30)) ;;
+    *) echo "$1" ;;
+    esac
+}
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 INSTALL=${INSTALL:-1}
 # oneCCL's wheels (2021.17.2 and 2022.1.2 alike) ship libccl.so.1 that names libccl.so.2 as a
@@ -231,8 +240,10 @@ while [ "$rep" -le "$REPEATS" ]; do
     "$BUILD/memcpy-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" --rounds "$ROUNDS" --json \
         | json_only >"$RAW/memcpy.$rep.json"
     if [ -x "$BUILD/cma-probe" ]; then
-        "$BUILD/cma-probe" -b "$X2_MIN" -e "$MAX" -f 4 --rounds "$ROUNDS" 2>/dev/null \
-            | grep -E '^memcpy x2 +[0-9]' >"$RAW/x2.$rep.txt" || true
+        # On the comparison's sizes (MIN times powers of FACTOR), from X2_MIN.
+        "$BUILD/cma-probe" -b "$MIN" -e "$MAX" -f "$FACTOR" --rounds "$ROUNDS" 2>/dev/null \
+            | awk -v lo="$(bytes_of "$X2_MIN")" '$1 == "memcpy" && $2 == "x2" && $3 >= lo' \
+                >"$RAW/x2.$rep.txt" || true
     fi
     k=0
     for n in $RANKS; do

@@ -57,12 +57,15 @@
 #define STREAM_MIN_BYTES ((size_t)8 << 20)
 #endif
 /* Where S->mapped_stream is set (DDP_SHM_MAPPED_STORES; by default on Intel CPUs), the mapped
- * allreduce streams its results from 2 MiB, the pulled allgather its output from 2 MiB and the
- * pulled broadcast from 4 MiB. On the Intel Xeon of issue #27, 2 ranks, ddp-bench against
- * STREAM_MIN_BYTES, 2 alternating runs each, default and registered buffers: allreduce 1 MiB
- * 1.10-1.15x, 2 MiB 1.30-1.32x, 4 MiB 1.17-1.20x; allgather 2 MiB 1.08-1.10x, 4 MiB
- * 1.09-1.20x; broadcast 1 MiB 0.49-0.53x, 2 MiB 0.92x, 4 MiB 1.28-1.29x (results in
- * bench/results/2026-11-28-1946-stream-threshold-ab.txt). */
+ * allreduce streams its results from 2 MiB, the pulled allgather and alltoall their outputs
+ * from 2 MiB and the pulled broadcast from 4 MiB. On the Intel Xeon of issue #27, 2 ranks,
+ * ddp-bench against STREAM_MIN_BYTES, 2 alternating runs each, default and registered buffers:
+ * allreduce 1 MiB 1.10-1.15x, 2 MiB 1.30-1.32x, 4 MiB 1.17-1.20x; allgather 2 MiB 1.08-1.10x,
+ * 4 MiB 1.09-1.20x; broadcast 1 MiB 0.49-0.53x, 2 MiB 0.92x, 4 MiB 1.28-1.29x (results in
+ * bench/results/2026-11-28-1946-stream-threshold-ab.txt). Alltoall, 3 alternating runs, the
+ * time against STREAM_MIN_BYTES's (bench/results/2026-11-29-0100-alltoall-stream-ab.txt): 2
+ * ranks 2 MiB 0.92-0.97x, 4 MiB 0.96x; 4 ranks 2 MiB 0.88-0.91x, 4 MiB 0.85-0.94x; 1 MiB
+ * (not streamed) 0.97-1.06x, i.e. noise. */
 #define MAPPED_STREAM_MIN_BYTES ((size_t)2 << 20)
 #define PULLED_BROADCAST_STREAM_MIN_BYTES ((size_t)4 << 20)
 #define DDP__SHM_MAX_WORLD 64

@@ -190,7 +190,8 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     const unsigned q = (unsigned)(S->use++ & 1);
     const size_t stream_min = !S->mapped_stream                ? STREAM_MIN_BYTES
                               : c->kind == DDP__BROADCAST        ? PULLED_BROADCAST_STREAM_MIN_BYTES
-                              : c->kind == DDP__ALLGATHER        ? MAPPED_STREAM_MIN_BYTES
+                              : c->kind == DDP__ALLGATHER || c->kind == DDP__ALLTOALL
+                                  ? MAPPED_STREAM_MIN_BYTES
                                                                  : STREAM_MIN_BYTES;
     const int stream = block * (size_t)(c->kind == DDP__BROADCAST ? 1 : p) >= stream_min;
     char *recv = c->recv;
