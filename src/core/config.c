@@ -50,9 +50,9 @@
       "shm: round size of the staged allreduce: auto: tuned (default long with nt stores, short "  \
       "with plain); long: DDP_SHM_ALLREDUCE_ROUND_BYTES only; short: DDP_SHM_ROUND_BYTES only")   \
     X("DDP_SHM_MAPPED_STORES", "auto", CHOICE, 0, 0, "auto|nt|plain",                             \
-      "shm: result writes of the mapped allreduce and pulled allgather from 2 MiB and pulled "     \
-      "broadcast from 4 MiB (else from 8 MiB): auto: non-temporal from there on Intel CPUs, "      \
-      "plain elsewhere; nt: non-temporal; plain: plain stores")                                    \
+      "shm: result writes of the mapped allreduce and pulled allgather and alltoall from 2 MiB "   \
+      "and pulled broadcast from 4 MiB (else from 8 MiB): auto: non-temporal from there on Intel " \
+      "CPUs, plain elsewhere; nt: non-temporal; plain: plain stores")                              \
     X("DDP_SHM_CMA", "auto", CHOICE, 0, 0, "auto|off",                                            \
       "shm: auto: large allreduces of user buffers read peers' buffers directly "                 \
       "(process_vm_readv) when every rank can; off: stage them through the segment")             \

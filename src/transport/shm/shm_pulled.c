@@ -188,13 +188,15 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
     ddp_status_t s = agree_mapped(S, c, &fp, 1, key, hints, ran);
     if (s != DDP_OK || !*ran) return s;
     const unsigned q = (unsigned)(S->use++ & 1);
-    const size_t stream_min = !S->mapped_stream                ? STREAM_MIN_BYTES
-                              : c->kind == DDP__BROADCAST        ? PULLED_BROADCAST_STREAM_MIN_BYTES
-                              : c->kind == DDP__ALLGATHER || c->kind == DDP__ALLTOALL
-                                  ? MAPPED_STREAM_MIN_BYTES
-                                                                 : STREAM_MIN_BYTES;
+    const int streams_from_2m = c->kind == DDP__ALLGATHER || c->kind == DDP__ALLTOALL;
+    const size_t stream_min = !S->mapped_stream           ? STREAM_MIN_BYTES
+                              : c->kind == DDP__BROADCAST ? PULLED_BROADCAST_STREAM_MIN_BYTES
+                              : streams_from_2m           ? MAPPED_STREAM_MIN_BYTES
+                                                          : STREAM_MIN_BYTES;
     const int stream = block * (size_t)(c->kind == DDP__BROADCAST ? 1 : p) >= stream_min;
     char *recv = c->recv;
+    /* An allgather's or alltoall's own block: copied after the closing arrival (below). */
+    const char *own = NULL;
     if (c->kind == DDP__BROADCAST) {
         broadcast_shared(S, c, hints, q, esize, stream);
     } else if (c->kind == DDP__REDUCE_SCATTER) {
@@ -207,20 +209,17 @@ ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int
             const int k = (me + j) % p;
             pull(S, k, &hints[k], q, recv + (size_t)k * block, total, a, a + n, esize, stream);
         }
-        /* This rank has read every peer's source: it says so first, then copies its own block
-         * (no peer reads this rank's recv) while the peers finish, and then waits. Against the
-         * copy before the closing phase, 2 ranks, 2 x 6-8 alternating runs, medians: 64-256 KiB
-         * 0.89-1.07x the time, most cells 0.92-0.96x; 512 KiB-1 MiB even
-         * (bench/results/2026-11-29-0155-pulled-own-copy-ab.txt). */
-        const char *own = (const char *)c->send + a * esize;
-        if (own != recv + (size_t)me * block) {
-            const uint64_t read_all = ddp__shm_arrive(S);
-            memcpy(recv + (size_t)me * block, own, block);
-            return ddp__shm_wait_all(S, read_all, c, c->deadline_ns);
-        }
+        own = (const char *)c->send + a * esize;
+        if (own == recv + (size_t)me * block) own = NULL;
     }
-    /* No rank changes its source until every rank has read it. */
-    return ddp__shm_sync_all(S, c, c->deadline_ns);
+    /* No rank changes its source until every rank has read it. This rank has read every peer's
+     * source: it says so first, then copies its own block (no peer reads this rank's recv) while
+     * the peers finish, and then waits. Against the copy before the closing phase, 2 ranks, 2 x
+     * 6-8 alternating runs, medians: 64-256 KiB 0.89-1.07x the time, most cells 0.92-0.96x; 512
+     * KiB-1 MiB even (bench/results/2026-11-29-0155-pulled-own-copy-ab.txt). */
+    const uint64_t read_all = ddp__shm_arrive(S);
+    if (own) memcpy(recv + (size_t)me * block, own, block);
+    return ddp__shm_wait_all(S, read_all, c, c->deadline_ns);
 }
 
 /* ---- reduce_scatter_apply ----------------------------------------------------------------- */
