@@ -58,6 +58,7 @@ static const setting_t bad_shm_settings[] = {
     {"DDP_SHM_STAGED_STORES", "streaming"},
     {"DDP_SHM_STAGED_ROUNDS", "1M"},
     {"DDP_SHM_MAPPED_STORES", "stream"},
+    {"DDP_SHM_MAP_WATCH", "on"},
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -68,7 +69,7 @@ static const char *const all_names[] = {
     "DDP_SHM_ONESHOT_BYTES", "DDP_SHM_YIELD_NS",      "DDP_SHM_SPIN_NS",
     "DDP_SHM_CMA",           "DDP_SHM_CMA_BYTES",     "DDP_SHM_CMA_HUGEPAGES",
     "DDP_SHM_TUNE",          "DDP_SHM_STAGED_STORES", "DDP_SHM_STAGED_ROUNDS",
-    "DDP_SHM_MAP",           "DDP_SHM_MAPPED_STORES",
+    "DDP_SHM_MAP",           "DDP_SHM_MAPPED_STORES", "DDP_SHM_MAP_WATCH",
 };
 
 static void clear_settings(void)

@@ -49,10 +49,17 @@
  *   writers     (world 1) libddp gives up a registration of its own, 400 times, while another
  *               thread writes into its pages: every one of those writes remains; a child
  *               forked after gets those pages private.
+ *   watch       registered mappings taken away behind libddp's back (munmap, munmap by another
+ *               thread, mmap MAP_FIXED over them, mremap away) and private memory mapped at the
+ *               same address: the next allreduce is correct and not "mapped"; where the kernel
+ *               can watch (a userfaultfd probe of its own), registrations are watched, ten
+ *               mapped calls ask the kernel at most once, and the watch heard of each change
+ *               when it returned; unregistering and registering again, three times.
  * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled|
- *        apply|writers */
+ *        apply|writers|watch */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -60,7 +67,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,6 +77,7 @@
 #include "harness.h"
 #include "transport/shm/shm.h"
 #include "transport/shm/shm_map.h"
+#include "transport/shm/shm_watch.h"
 
 #define PAGE 4096
 
@@ -1081,6 +1091,118 @@ static int rank_fork(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* ---- watch --------------------------------------------------------------------------------- */
+
+/* Whether this kernel lets a process watch shared memory as shm_watch.c does (userfaultfd, unmap
+ * and remap events, write-protect mode on a memfd mapping), asked here independently. */
+static int kernel_can_watch(void)
+{
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+    if (fd < 0 && errno == EINVAL) fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 0;
+    struct uffdio_api api = {.api = UFFD_API,
+                             .features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMAP |
+                                         UFFD_FEATURE_WP_HUGETLBFS_SHMEM};
+    int ok = ioctl(fd, UFFDIO_API, &api) == 0;
+    int mfd = ok ? memfd_create("watch-probe", MFD_CLOEXEC) : -1;
+    void *m = MAP_FAILED;
+    if (mfd >= 0 && ftruncate(mfd, PAGE) == 0)
+        m = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    if (m != MAP_FAILED) {
+        struct uffdio_register reg = {.range = {.start = (uintptr_t)m, .len = PAGE},
+                                      .mode = UFFDIO_REGISTER_MODE_WP};
+        ok = ioctl(fd, UFFDIO_REGISTER, &reg) == 0;
+        /* Unregistered first: nothing reads this descriptor's reports. */
+        if (ok) ioctl(fd, UFFDIO_UNREGISTER, &reg.range);
+        munmap(m, PAGE);
+    } else {
+        ok = 0;
+    }
+    if (mfd >= 0) close(mfd);
+    close(fd);
+    return ok;
+}
+
+static void *unmap_elsewhere(void *m)
+{
+    return (void *)(intptr_t)munmap(m, (size_t)4 << 20);
+}
+
+/* Registered mappings of their own, then taken away behind libddp's back in each way a process
+ * can, and private memory mapped at the same address: the next allreduce there is correct and
+ * not "mapped" (the registration is found gone). Where the kernel can watch (kernel_can_watch),
+ * the registrations are watched, ten mapped calls ask the kernel at most once (the first), and
+ * the watch has heard of each change by the time the call that made it returned. */
+static int rank_watch(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "watch", NULL, 0);
+    const size_t bytes = (size_t)4 << 20, count = bytes / sizeof(float);
+    const int can = kernel_can_watch();
+    if (rank == 0)
+        printf("test_shm_map watch: this kernel %s watch registered memory\n",
+               can ? "can" : "cannot");
+    const char *ways[] = {"munmap", "munmap by another thread", "mmap MAP_FIXED over it",
+                          "mremap away"};
+    int k = 0;
+    for (int way = 0; way < 4; way++) {
+        float *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(m != MAP_FAILED);
+        CHECK_OK(ddp_group_register_memory(g, m, bytes));
+        CHECK_MSG(ddp__shm_map_watched(m) == can, "the registration is %swatched",
+                  can ? "not " : "");
+        const uint64_t checks = ddp__shm_map_kernel_checks();
+        for (int call = 0; call < 10; call++)
+            CHECK_MSG(sum_and_check(g, m, count, k++, "registered"), "registered, ran %s",
+                      last_algorithm);
+        const uint64_t asked = ddp__shm_map_kernel_checks() - checks;
+        CHECK_MSG(!can || asked <= 1, "ten calls on a watched registration asked the kernel %llu "
+                                      "times",
+                  (unsigned long long)asked);
+        const uint64_t heard = ddp__shm_watch_epoch();
+        void *moved = NULL;
+        if (way == 0) {
+            CHECK(munmap(m, bytes) == 0);
+        } else if (way == 1) {
+            pthread_t t;
+            void *rc = NULL;
+            CHECK(pthread_create(&t, NULL, unmap_elsewhere, m) == 0);
+            CHECK(pthread_join(t, &rc) == 0 && rc == NULL);
+        } else if (way == 3) {
+            moved = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            CHECK(moved != MAP_FAILED);
+            CHECK(mremap(m, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, moved) == moved);
+        }
+        /* Private memory at the same address (over the registration itself for way 2). */
+        void *again = mmap(m, bytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | (way == 2 ? MAP_FIXED : MAP_FIXED_NOREPLACE),
+                           -1, 0);
+        CHECK_MSG(again == m, "%s: no private memory at the same address", ways[way]);
+        CHECK_MSG(!can || ddp__shm_watch_epoch() != heard, "%s: the watch did not hear of it",
+                  ways[way]);
+        CHECK_MSG(!page_is_memfd((char *)m + PAGE), "%s: still a memfd", ways[way]);
+        CHECK_MSG(!sum_and_check(g, m, count, k++, ways[way]), "%s, then private memory at the "
+                                                                "same address: ran %s",
+                  ways[way], last_algorithm);
+        CHECK(munmap(m, bytes) == 0);
+        if (moved) CHECK(munmap(moved, bytes) == 0);
+    }
+    /* Unregistering moves the pages back (the watch hears that too); registering the same
+     * memory again is watched and mapped again. */
+    float *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    for (int round = 0; round < 3; round++) {
+        CHECK_OK(ddp_group_register_memory(g, m, bytes));
+        CHECK_MSG(ddp__shm_map_watched(m) == can, "registered again: %swatched", can ? "not " : "");
+        CHECK_MSG(sum_and_check(g, m, count, k++, "registered again"), "ran %s", last_algorithm);
+        CHECK_OK(ddp_group_unregister_memory(g, m));
+        CHECK_MSG(!sum_and_check(g, m, count, k++, "unregistered"), "ran %s", last_algorithm);
+    }
+    CHECK(munmap(m, bytes) == 0);
+    ddp_group_destroy(g);
+    return 0;
+}
+
 /* ---- tuned --------------------------------------------------------------------------------- */
 
 /* The tuner settled on one-shot for a size class (rank 0's clock says it is a million times
@@ -1460,12 +1582,14 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "pulled")     ? rank_pulled
                               : !strcmp(mode, "apply")      ? rank_apply
                               : !strcmp(mode, "writers")    ? rank_writers
+                              : !strcmp(mode, "watch")      ? rank_watch
                                                             : NULL;
         if (!fn || world < 1 ||
-            ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto) && world < 2)) {
+            ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto || fn == rank_watch) &&
+             world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|auto|kill|pulled|apply|writers (fallback, tuned, auto: world >= "
-                            "2)\n");
+                            "fork|tuned|auto|kill|pulled|apply|writers|watch (fallback, tuned, auto, "
+                            "watch: world >= 2)\n");
             return 2;
         }
         if ((fn == rank_auto || fn == rank_writers) && !ddp__shm_map_auto_available()) {

@@ -60,6 +60,10 @@
       "shm: on: memory registered with ddp_group_register_memory moves onto shared memory and "   \
       "allreduces on it read peers' buffers in place; auto: also allreduce buffers that are "      \
       "large malloc chunks, registered by libddp when they come back; off: neither")              \
+    X("DDP_SHM_MAP_WATCH", "auto", CHOICE, 0, 0, "auto|off",                                      \
+      "shm: auto: a userfaultfd hears when registered memory is unmapped or moved, so that a "     \
+      "mapped collective needs no system call to check it is still there; off: a system call "    \
+      "every collective")                                                                          \
     X("DDP_SHM_CMA_BYTES", "1048576", INTEGER, 0, 1099511627776, "",                              \
       "shm: smallest allreduce that may read peers' buffers directly (rank 0's value wins)")      \
     X("DDP_SHM_CMA_HUGEPAGES", "1", INTEGER, 0, 1, "",                                             \

@@ -75,8 +75,12 @@ static ddp_status_t read_tuning(shm_tuning_t *t)
     const char *cma = NULL;
     if ((s = ddp__env_text("DDP_SHM_CMA", &cma)) != DDP_OK) return ddp__error_context(s, "shm");
     t->cma_wanted = !cma || strcmp(cma, "off") != 0;
-    const char *map = NULL;
-    if ((s = ddp__env_text("DDP_SHM_MAP", &map)) != DDP_OK) return ddp__error_context(s, "shm");
+    const char *map = NULL, *watch = NULL;
+    /* DDP_SHM_MAP_WATCH is used by the process's first registration (shm_watch.c); checked here,
+     * where a bad value stops the group forming instead of going unnoticed. */
+    if ((s = ddp__env_text("DDP_SHM_MAP", &map)) != DDP_OK ||
+        (s = ddp__env_text("DDP_SHM_MAP_WATCH", &watch)) != DDP_OK)
+        return ddp__error_context(s, "shm");
     t->map_wanted = !map || !strcmp(map, "auto") ? MAP_AUTO : !strcmp(map, "on") ? MAP_ON : MAP_OFF;
     const char *mstores = NULL;
     if ((s = ddp__env_text("DDP_SHM_MAPPED_STORES", &mstores)) != DDP_OK)

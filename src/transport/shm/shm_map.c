@@ -34,6 +34,7 @@
 
 #include "core/internal.h"
 #include "transport/shm/shm_map.h"
+#include "transport/shm/shm_watch.h"
 
 #define PAGE ((uintptr_t)4096)
 
@@ -63,6 +64,8 @@ typedef struct export {
     uint32_t gen;             /* 0: slot free */
     int automatic;            /* registered by libddp itself (DDP_SHM_MAP=auto) */
     uint64_t ino;
+    int watched;              /* its pages are watched (shm_watch.c) */
+    uint64_t checked;         /* the watch's epoch when they were last found in place (odd: not) */
 } export_t;
 
 /* DDP_SHM_MAP=auto: buffers seen before, by (address, size). A buffer is registered the second
@@ -269,17 +272,30 @@ static ddp_status_t check_movable(uintptr_t start, uintptr_t end)
 
 /* Whether the export's memfd still backs its pages (on any kernel: without PROCMAP_QUERY this
  * reads /proc/self/maps' text). */
+static uint64_t kernel_checks; /* backs_pages calls (under exports_mu), for tests */
+
 static int backs_pages(const export_t *e)
 {
+    kernel_checks++;
     area_t a;
     if (area_at(e->start, &a, 0) != 1) return 0;
     return a.start == e->start && a.end == e->end && a.ino == e->ino && a.offset == 0 &&
            (a.flags & VMA_SHARED);
 }
 
-/* The same on every use of an export: always 1 where the kernel cannot say cheaply (the caller
- * promised to unregister before unmapping). */
-static int still_there(const export_t *e) { return maps_fd < 0 || backs_pages(e); }
+/* The same on every use of an export: always 1 where the kernel cannot say cheaply and nothing
+ * watches the pages (the caller promised to unregister before unmapping). Watched pages are
+ * asked about only when the watch heard of a change to watched memory since they were last
+ * found in place; then on any kernel. */
+static int still_there(export_t *e)
+{
+    if (!e->watched) return maps_fd < 0 || backs_pages(e);
+    const uint64_t epoch = ddp__shm_watch_epoch();
+    if (epoch == e->checked) return 1;
+    if (!backs_pages(e)) return 0;
+    if (!(epoch & 1)) e->checked = epoch;
+    return 1;
+}
 
 /* ---- moving pages --------------------------------------------------------------------------- */
 
@@ -403,6 +419,8 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
     e->fd = fd;
     e->ino = (uint64_t)st.st_ino;
     e->automatic = automatic;
+    e->watched = ddp__shm_watch_add(start, len);
+    e->checked = 1; /* odd: the first use asks the kernel */
     e->gen = ++last_gen ? last_gen : ++last_gen;
     table_epoch++;
     DDP_LOG(DDP_LOG_DEBUG, "shm: registered %zu bytes at %p (slot %d%s)", len, (void *)start, slot,
@@ -544,9 +562,13 @@ static void fork_child(void)
         close(maps_fd);
         maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     }
+    /* The watch is the parent's, and a change the parent made just before the fork may not have
+     * reached it yet: the child asks the kernel. */
+    ddp__shm_watch_forked();
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
         export_t *e = &exports[i];
         if (!e->gen) continue;
+        e->watched = 0;
         if (still_there(e))
             mmap((void *)e->start, e->end - e->start, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_FIXED, e->fd, 0);
@@ -598,6 +620,26 @@ static void fork_child(void)
     new_memfd_name();
 }
 
+int ddp__shm_map_watched(const void *p)
+{
+    const uintptr_t a = (uintptr_t)p;
+    int watched = 0;
+    pthread_mutex_lock(&exports_mu);
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++)
+        if (exports[i].gen && a >= exports[i].start && a < exports[i].end)
+            watched = exports[i].watched;
+    pthread_mutex_unlock(&exports_mu);
+    return watched;
+}
+
+uint64_t ddp__shm_map_kernel_checks(void)
+{
+    pthread_mutex_lock(&exports_mu);
+    uint64_t n = kernel_checks;
+    pthread_mutex_unlock(&exports_mu);
+    return n;
+}
+
 uint32_t ddp__shm_map_live(uint32_t gens[DDP__SHM_MAP_SLOTS])
 {
     /* Registrations whose memory was unmapped are noticed here too, at most every 50 ms (one
@@ -626,25 +668,23 @@ int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint)
     export_t e;
     int slot = -1;
     pthread_mutex_lock(&exports_mu);
-    for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
+    for (int i = 0; i < DDP__SHM_MAP_SLOTS && slot < 0; i++) {
         const export_t *x = &exports[i];
         /* Covered but for less than a page at each end (those bytes go through the segment). */
         if (x->gen && a < x->end && b > x->start && (a >= x->start || x->start - a < PAGE) &&
-            (b <= x->end || b - x->end < PAGE)) {
-            e = *x;
+            (b <= x->end || b - x->end < PAGE))
             slot = i;
-            break;
-        }
     }
-    if (slot >= 0 && !still_there(&e)) {
-        if (!e.automatic)
+    if (slot >= 0 && !still_there(&exports[slot])) {
+        if (!exports[slot].automatic)
             DDP_LOG(DDP_LOG_INFO,
                     "shm: the memory registered at %p is no longer where it was (freed without "
                     "ddp_group_unregister_memory?): forgotten",
-                    (void *)e.user);
+                    (void *)exports[slot].user);
         forget_export(&exports[slot]);
         slot = -1;
     }
+    if (slot >= 0) e = exports[slot];
     pthread_mutex_unlock(&exports_mu);
     if (slot < 0) return 0;
     hint->start = e.start;

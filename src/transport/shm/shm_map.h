@@ -47,13 +47,19 @@ int ddp__shm_map_auto(const void *p, size_t bytes);
  * under ASan or TSan, whose malloc is their own). For tests. */
 int ddp__shm_map_auto_available(void);
 
+/* For tests: whether the registration holding p is watched (shm_watch.c), and how many times
+ * this process asked the kernel whether a registration is still in place. */
+int ddp__shm_map_watched(const void *p);
+uint64_t ddp__shm_map_kernel_checks(void);
+
 /* This process's registrations: gens[slot] (0: none); returns a counter that changes whenever
  * they do. */
 uint32_t ddp__shm_map_live(uint32_t gens[DDP__SHM_MAP_SLOTS]);
 
 /* The hint for a collective buffer [p, p + bytes): an export whose pages cover all of it but
  * less than a page at each end, still backing those addresses. Returns 0 (hint->slot = -1)
- * when there is none. Cheap: a table scan and, where the kernel has PROCMAP_QUERY, one ioctl. */
+ * when there is none. Cheap: a table scan and, unless the watch heard nothing since the last
+ * time (shm_watch.c), one PROCMAP_QUERY ioctl where the kernel has it. */
 int ddp__shm_map_find(const void *p, size_t bytes, ddp__shm_map_hint_t *hint);
 
 /* One group's views of its peers' exports, by (rank, slot). Agreed: changed only through
