@@ -1,9 +1,10 @@
 /* Watching registered pages. Before each mapped collective, shm_map.c must know that a
  * registration's memfd still backs the caller's addresses: a buffer freed (glibc unmaps a large
  * chunk) and allocated again at the same address is private memory there, and peers reading the
- * memfd would read old bytes. Asking the kernel (PROCMAP_QUERY) costs a system call every call:
- * 0.5-0.8 us of a 2-rank allgather's 8-10 us at 256 KiB on the Intel Xeon, where the call
- * without it took 0.94x the time (5 alternating runs; bench/results/2026-11-29-0330-watch-ab.txt).
+ * memfd would read old bytes. Asking the kernel (PROCMAP_QUERY) every call cost more than the
+ * ioctl's 0.3 us: watched instead, the five mapped collectives of 32-512 KiB took 0.65-0.98x
+ * the time on the Intel Xeon (2 ranks, medians of 5 alternating runs; 2-8 MiB even within the
+ * noise; bench/results/2026-11-29-0321-watch-ab.txt).
  *
  * A userfaultfd with the unmap and remap events hears of every munmap, mremap, brk or mmap
  * MAP_FIXED that takes pages it watches away or moves them, and the thread that does it waits,
