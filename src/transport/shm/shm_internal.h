@@ -3,7 +3,9 @@
  * offers the others. The files, lowest first (each calls only files before it in this list):
  *   shm_algorithm.c  the ways a collective runs (one enum) and their names
  *   shm_tune.c       the tuner: which candidate a size class uses, by measurement
- *   shm_cma.c, shm_map.c, shm_desc.c   single-copy reads, registered memory, store texts
+ *   shm_watch.c      hearing when registered pages are unmapped or moved (for shm_map.c)
+ *   shm_cma.c, shm_map.c, shm_views.c, shm_desc.c   single-copy reads, registered memory,
+ *                    peers' registrations mapped here, store texts
  *   shm_sync.c       synchronisation: arrive, wait (spin, yield, futex), poison, give up, abort
  *   shm_agree.c      agreement: a collective's first phase, the fingerprint in the mailbox line
  *   shm_buffers.c    memfds, segment buffers (alloc, free, find), registration for single copy

@@ -7,8 +7,8 @@
  * the caller's memory at their old addresses. Views are one group's mappings of its peers'
  * exports; which of them every rank holds is agreed state (changed only at collectives where
  * every rank saw the same hints), so the choice of the mapped path needs no extra phase once the
- * views exist. shm_allreduce_mapped.c owns the protocol; this file owns the memory. Not
- * installed. */
+ * views exist. shm_allreduce_mapped.c owns the protocol; shm_map.c the exports (with
+ * shm_watch.c, which hears when their pages go), shm_views.c the views. Not installed. */
 #ifndef DDP_TRANSPORT_SHM_MAP_H
 #define DDP_TRANSPORT_SHM_MAP_H
 
