@@ -291,7 +291,7 @@ static int still_there(export_t *e)
 {
     if (!e->watched) return maps_fd < 0 || backs_pages(e);
     const uint64_t epoch = ddp__shm_watch_epoch();
-    if (epoch == e->checked) return 1;
+    if (epoch == e->checked && !(epoch & 1)) return 1;
     if (!backs_pages(e)) return 0;
     if (!(epoch & 1)) e->checked = epoch;
     return 1;
@@ -420,7 +420,7 @@ static ddp_status_t register_locked(void *ptr, size_t bytes, int automatic)
     e->ino = (uint64_t)st.st_ino;
     e->automatic = automatic;
     e->watched = ddp__shm_watch_add(start, len);
-    e->checked = 1; /* odd: the first use asks the kernel */
+    e->checked = 1; /* odd, never trusted: the first use asks the kernel */
     e->gen = ++last_gen ? last_gen : ++last_gen;
     table_epoch++;
     DDP_LOG(DDP_LOG_DEBUG, "shm: registered %zu bytes at %p (slot %d%s)", len, (void *)start, slot,
@@ -563,7 +563,8 @@ static void fork_child(void)
         maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     }
     /* The watch is the parent's, and a change the parent made just before the fork may not have
-     * reached it yet: the child asks the kernel. */
+     * reached it yet: the child checks as without a watch (asking the kernel where it has
+     * PROCMAP_QUERY; on older kernels the caller's promise stands, as it always did there). */
     ddp__shm_watch_forked();
     for (int i = 0; i < DDP__SHM_MAP_SLOTS; i++) {
         export_t *e = &exports[i];

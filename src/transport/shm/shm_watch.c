@@ -17,10 +17,20 @@
  * nothing is watched and every check is a system call, as before; DDP_SHM_MAP_WATCH=off asks
  * for that.
  *
- * What it does not hear: shmat(SHM_REMAP) over the pages (the kernel does not report it), a
- * caller's contract broken anyway. The thread lives as long as the process: a change to
- * watched pages would wait for it forever otherwise. A forked child has no watch (the kernel
- * does not carry it into the child, whose registrations shm_map.c drops anyway). */
+ * What it does not hear: shmat(SHM_REMAP) and remap_file_pages over the pages (the kernel
+ * maps those without reporting), a caller's contract broken anyway; nor mremap growing the
+ * mapping in place or mprotect splitting it, which leave the memfd where it was (the next
+ * check after any report then finds the area changed and forgets the registration).
+ *
+ * The thread must read every report, or the thread that caused it waits for ever. It lives as
+ * long as the process (libddp is linked -z nodelete, so dlclose cannot take its code away) but
+ * not longer: when it is the last thread (main called pthread_exit), it closes the descriptor
+ * and ends. Should its descriptor fail (closed by a program closing what it did not open), it
+ * gives up: the epoch stays odd, the descriptor is closed if still its own (the kernel then
+ * lets every waiter go and drops the watch), and every check is a system call again. A forked
+ * child has no watch (the kernel does not carry it into the child, whose registrations
+ * shm_map.c drops anyway). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -28,6 +38,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -36,19 +47,34 @@
 #include "core/internal.h"
 #include "transport/shm/shm_watch.h"
 
-static int uffd = -1; /* -1: none (not opened yet, refused, or off) */
+static int uffd = -1; /* -1: none (not opened yet, refused, off, or given up) */
 static int tried;     /* opening was tried in this process */
+static _Atomic int dead; /* the thread gave up: nothing is watched from then on */
 static _Atomic uint64_t epoch;
 
-/* Reads every report there is. A page fault is never expected (nothing is write-protected):
- * should one come, the page is made writable and the thread woken rather than left waiting. */
-static void take_reports(void)
+/* The thread cannot read reports any more (its descriptor failed or was closed under it, or it
+ * is the process's last thread): the epoch stays odd for good, so nothing is trusted again, and
+ * closing the descriptor lets every thread waiting on a report go and ends the watch of every
+ * page. `close_it`: the descriptor is still this thread's to close. */
+static void give_up(int close_it, const char *why)
+{
+    atomic_store(&dead, 1);
+    atomic_fetch_or(&epoch, 1);
+    if (close_it) close(uffd);
+    DDP_LOG(DDP_LOG_DEBUG, "shm: registered memory is no longer watched (%s)", why);
+}
+
+/* Reads every report there is: 1, or 0 when reading failed. A page fault is never expected
+ * (nothing is write-protected): should one come, the page is made writable and the thread
+ * woken rather than left waiting. */
+static int take_reports(void)
 {
     struct uffd_msg msg[16];
     for (;;) {
         ssize_t r = read(uffd, msg, sizeof msg);
         if (r < 0 && errno == EINTR) continue;
-        if (r < (ssize_t)sizeof *msg) return; /* EAGAIN: none left */
+        if (r < 0) return errno == EAGAIN;
+        if (r < (ssize_t)sizeof *msg) return 0;
         for (size_t i = 0; i < (size_t)r / sizeof *msg; i++) {
             if (msg[i].event != UFFD_EVENT_PAGEFAULT) continue;
             struct uffdio_writeprotect wp;
@@ -61,21 +87,58 @@ static void take_reports(void)
     }
 }
 
+/* Whether this is the process's only live thread (its main thread called pthread_exit, which
+ * leaves it a zombie that /proc still counts, and every other thread ended): then the watch
+ * must end too, or the process would never exit. Stops at the second live thread found. */
+static int last_thread(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return 0;
+    int live = 0;
+    struct dirent *t;
+    while (live < 2 && (t = readdir(d))) {
+        if (t->d_name[0] == '.') continue;
+        char path[64], stat[512];
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/stat", t->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, stat, sizeof stat - 1);
+        close(fd);
+        if (n <= 0) continue;
+        stat[n] = 0;
+        /* "tid (name) S ...": the name may hold anything, the state follows its last ')'. */
+        const char *state = strrchr(stat, ')');
+        if (state && state[1] == ' ' && state[2] != 'Z' && state[2] != 'X') live++;
+    }
+    closedir(d);
+    return live == 1;
+}
+
 static void *watch_main(void *arg)
 {
     (void)arg;
     for (;;) {
         struct pollfd p = {.fd = uffd, .events = POLLIN, .revents = 0};
-        int r = poll(&p, 1, -1);
-        if (r <= 0 || (p.revents & (POLLERR | POLLNVAL))) {
-            if (r != 0 && errno != EINTR) usleep(1000); /* never expected: do not spin */
+        int r = poll(&p, 1, 1000);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 || (p.revents & (POLLERR | POLLHUP | POLLNVAL))) {
+            give_up(!(p.revents & POLLNVAL), "its descriptor failed");
+            return NULL;
+        }
+        if (r == 0) {
+            if (last_thread()) {
+                give_up(1, "the process's last thread");
+                return NULL;
+            }
             continue;
         }
         atomic_fetch_add_explicit(&epoch, 1, memory_order_seq_cst);
-        take_reports();
+        if (!take_reports()) {
+            give_up(1, "reading its reports failed"); /* odd already: stays so */
+            return NULL;
+        }
         atomic_fetch_add_explicit(&epoch, 1, memory_order_seq_cst);
     }
-    return NULL;
 }
 
 /* Opens the userfaultfd and starts the thread: the descriptor, or -1 (logged at debug). */
@@ -109,6 +172,15 @@ static int open_watch(void)
         close(fd);
         return -1;
     }
+    /* The thread must be able to wait for reports and read them (a sandbox may refuse poll), or
+     * a thread unmapping watched pages would wait for ever: both are tried first. */
+    struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
+    struct uffd_msg msg;
+    if (poll(&p, 1, 0) != 0 || read(fd, &msg, sizeof msg) >= 0 || errno != EAGAIN) {
+        DDP_LOG(DDP_LOG_DEBUG, "shm: cannot wait for the userfaultfd's reports here");
+        close(fd);
+        return -1;
+    }
     uffd = fd;
     /* Every signal blocked in the thread: handlers run on the caller's threads. */
     sigset_t all, old;
@@ -138,7 +210,7 @@ int ddp__shm_watch_add(uintptr_t start, size_t len)
         tried = 1;
         open_watch();
     }
-    if (uffd < 0) return 0;
+    if (uffd < 0 || atomic_load(&dead)) return 0;
     struct uffdio_register reg;
     memset(&reg, 0, sizeof reg);
     reg.range.start = start;
@@ -159,8 +231,12 @@ uint64_t ddp__shm_watch_epoch(void)
 
 void ddp__shm_watch_forked(void)
 {
-    /* The descriptor names the parent's memory and no thread reads it here. */
-    if (uffd >= 0) close(uffd);
+    /* The descriptor names the parent's memory and no thread reads it here. A fork while the
+     * parent's thread took a report leaves the epoch odd: even again, so that a watch the child
+     * opens keeps odd for its reports. */
+    if (uffd >= 0 && !atomic_load(&dead)) close(uffd);
     uffd = -1;
     tried = 0;
+    atomic_store(&dead, 0);
+    atomic_store(&epoch, (atomic_load(&epoch) + 1) & ~(uint64_t)1);
 }
