@@ -141,16 +141,17 @@ static void *watch_main(void *arg)
     }
 }
 
-/* Opens the userfaultfd and starts the thread: the descriptor, or -1 (logged at debug). */
-static int open_watch(void)
+/* Opens the userfaultfd and starts the thread; leaves uffd at -1 where it cannot (logged at
+ * debug). */
+static void open_watch(void)
 {
     const char *setting = NULL;
     if (ddp__env_text("DDP_SHM_MAP_WATCH", &setting) != DDP_OK) {
         DDP_LOG(DDP_LOG_WARN, "shm: %s; registered memory is not watched", ddp_last_error());
         ddp__clear_error();
-        return -1;
+        return;
     }
-    if (setting && !strcmp(setting, "off")) return -1;
+    if (setting && !strcmp(setting, "off")) return;
     /* User faults only: what an unprivileged process may open (vm.unprivileged_userfaultfd=0),
      * and all a watch that never faults needs. Kernels before 5.11 have no such flag. */
     int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
@@ -159,7 +160,7 @@ static int open_watch(void)
         DDP_LOG(DDP_LOG_DEBUG, "shm: no userfaultfd (%s): registered memory is checked by system "
                                "call every collective",
                 strerror(errno));
-        return -1;
+        return;
     }
     struct uffdio_api api;
     memset(&api, 0, sizeof api);
@@ -170,7 +171,7 @@ static int open_watch(void)
         DDP_LOG(DDP_LOG_DEBUG, "shm: the userfaultfd cannot watch shared memory here (%s)",
                 strerror(errno));
         close(fd);
-        return -1;
+        return;
     }
     /* The thread must be able to wait for reports and read them (a sandbox may refuse poll), or
      * a thread unmapping watched pages would wait for ever: both are tried first. */
@@ -179,7 +180,7 @@ static int open_watch(void)
     if (poll(&p, 1, 0) != 0 || read(fd, &msg, sizeof msg) >= 0 || errno != EAGAIN) {
         DDP_LOG(DDP_LOG_DEBUG, "shm: cannot wait for the userfaultfd's reports here");
         close(fd);
-        return -1;
+        return;
     }
     uffd = fd;
     /* Every signal blocked in the thread: handlers run on the caller's threads. */
@@ -199,9 +200,8 @@ static int open_watch(void)
         DDP_LOG(DDP_LOG_DEBUG, "shm: no thread to watch registered memory (%s)", strerror(rc));
         uffd = -1;
         close(fd);
-        return -1;
+        return;
     }
-    return fd;
 }
 
 int ddp__shm_watch_add(uintptr_t start, size_t len)
