@@ -77,6 +77,10 @@ foreach(world 1 2)
     ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} ${mode} TIMEOUT 200)
   endforeach()
 endforeach()
+# registered memory below the one-shot size: mapped from the measured thresholds on
+foreach(world 2 4)
+  ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS ${world} small TIMEOUT 200)
+endforeach()
 # registered memory taken away behind libddp's back, noticed without a system call per call
 ddp_add_test(NAME test_shm_map SOURCES test_shm_map.c ARGS 2 watch TIMEOUT 200)
 # libddp giving up its own registrations while other threads write their pages (no collective)

@@ -58,8 +58,15 @@
  *               registration is watched by a watch of its own; a process whose main thread
  *               registers and calls pthread_exit exits; unregistering and registering again,
  *               three times.
+ *   small       registered buffers below the one-shot size (issue #27): allreduce from 2 KiB a
+ *               rank to 16 KiB (f32 sum, bf16 sum, f64 max; whole pages, and edges at offset
+ *               16) "mapped" from the second call, with the bytes of an unregistered call;
+ *               half that size not; broadcast, allgather, alltoall and reduce_scatter (f32,
+ *               bf16) mapped from 8 KiB at 2 ranks (8 KiB a rank at more), not at half that;
+ *               DDP_SHM_ONESHOT_BYTES set keeps one-shot up to it; DDP_SHM_MAP=auto maps a
+ *               page-aligned buffer of the smallest size from its third call.
  * Usage: test_shm_map <world> variants|fallback|unregister|errors|fork|tuned|auto|kill|pulled|
- *        apply|writers|watch */
+ *        apply|writers|watch|small */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -1462,6 +1469,119 @@ static int rank_auto(int rank, int world, ddp_store_t *store, void *arg)
     return 0;
 }
 
+/* ---- small: registered memory below the one-shot size ------------------------------------- */
+
+/* Three in-place allreduces of `bytes` on a registered buffer at `off` bytes past a page, each
+ * checked against the same call on an unregistered copy (not "mapped"): same bytes everywhere,
+ * guards intact. Returns whether the last two ran "mapped" (the first may not: there its size
+ * class learns that every rank registered), the same on every rank. */
+static int small_allreduce(ddp_group_t *g, const type_t *t, size_t bytes, size_t off, int *k)
+{
+    int rank = ddp_group_rank(g);
+    size_t es = ddp_dtype_size(t->dtype), count = bytes / es;
+    char what[112];
+    snprintf(what, sizeof what, "allreduce %s, %zu bytes at offset %zu", t->name, bytes, off);
+    user_buf_t reg = buf_alloc(off, bytes), plain = buf_alloc(off, bytes);
+    CHECK_OK(ddp_group_register_memory(g, reg.at, bytes));
+    int mapped = 1;
+    for (int call = 0; call < 3; call++, (*k)++) {
+        ddp_test_fill(reg.at, t->dtype, rank, count, *k);
+        memcpy(plain.at, reg.at, bytes);
+        CHECK_OK(ddp_group_allreduce(g, reg.at, reg.at, count, t->dtype, t->op));
+        char alg[32];
+        snprintf(alg, sizeof alg, "%s", ddp_group_algorithm(g));
+        if (call) mapped &= !strcmp(alg, "mapped");
+        CHECK_OK(ddp_group_allreduce(g, plain.at, plain.at, count, t->dtype, t->op));
+        CHECK_MSG(!is_mapped(g), "%s, case %d: unregistered, yet mapped", what, *k);
+        CHECK_MSG(memcmp(reg.at, plain.at, bytes) == 0,
+                  "%s, case %d: %s differs from the unregistered call (%s)", what, *k, alg,
+                  ddp_group_algorithm(g));
+        if (t->dtype == DDP_F32 && t->op == DDP_SUM)
+            check_f32_sum((const float *)reg.at, count, ddp_group_size(g), *k, what);
+        buf_check_guards(&reg, what, *k);
+        check_same_everywhere(g, hash_bytes(reg.at, bytes), what, *k);
+    }
+    check_same_everywhere(g, (uint64_t)mapped, what, *k);
+    CHECK_OK(ddp_group_unregister_memory(g, reg.at));
+    free(reg.base);
+    free(plain.base);
+    return mapped;
+}
+
+static int rank_small(int rank, int world, ddp_store_t *store, void *arg)
+{
+    (void)arg;
+    ddp_group_t *g = make_group(rank, world, store, "small", NULL, 0);
+    /* shm_choose.c's MAPPED_ALLREDUCE_MIN_PER_RANK, ddp__shm_pull_min in shm_internal.h. */
+    const size_t allreduce_min = (size_t)world * 2048;
+    const size_t pull_min = world == 2 ? 8192 : (size_t)world * 8192;
+    int k = 0;
+    if (world > 1) {
+        /* Allreduce, from the smallest size that goes mapped to the one-shot size. */
+        const type_t *ts[3] = {&types[0], &types[2], &types[3]};
+        const size_t extra[3] = {0, allreduce_min / 2, (16u << 10) - allreduce_min};
+        for (int t = 0; t < 3; t++)
+            for (int e = 0; e < 3; e++) {
+                size_t bytes = allreduce_min + extra[e];
+                CHECK_MSG(small_allreduce(g, ts[t], bytes, 0, &k),
+                          "allreduce %s of %zu registered bytes: not mapped (%s)",
+                          ts[t]->name, bytes, ddp_group_algorithm(g));
+            }
+        /* Edges outside the whole pages, through the stage. */
+        CHECK_MSG(small_allreduce(g, &types[0], 16u << 10, 16, &k),
+                  "allreduce of 16 KiB at offset 16: not mapped (%s)", ddp_group_algorithm(g));
+        /* Below the size: one-shot. */
+        if (allreduce_min / 2 >= PAGE)
+            CHECK_MSG(!small_allreduce(g, &types[0], allreduce_min / 2, 0, &k),
+                      "allreduce of %zu registered bytes ran mapped", allreduce_min / 2);
+        /* The others (in place, page-aligned: a small block has no whole page of its own). */
+        for (int t = 0; t < 2; t++) {
+            const type_t *ty = &pull_types[t];
+            const size_t es = ddp_dtype_size(ty->dtype);
+            for (int below = 0; below < 2; below++) {
+                const size_t total = below ? pull_min / 2 : pull_min;
+                const size_t block = total / (size_t)world / es;
+                const int want = !below;
+                CHECK_MSG(pull_case(g, 1, ty, block, 0, 1, 0, 1, k++) == want,
+                          "allgather %s of %zu bytes: mapped %d", ty->name, total, !want);
+                CHECK_MSG(pull_case(g, 0, ty, total / es, 0, 1, world - 1, 1, k++) == want,
+                          "broadcast %s of %zu bytes: mapped %d", ty->name, total, !want);
+                CHECK_MSG(alltoall_case(g, ty, block, 0, k++) == want,
+                          "alltoall %s of %zu bytes: mapped %d", ty->name, total, !want);
+                CHECK_MSG(reduce_scatter_case(g, ty, block, 0, 0, k++) == want,
+                          "reduce_scatter %s of %zu bytes: mapped %d", ty->name, total, !want);
+            }
+        }
+    }
+    ddp_group_destroy(g);
+    if (world > 1) {
+        /* DDP_SHM_ONESHOT_BYTES set: one-shot exactly up to it, registered or not. */
+        setenv("DDP_SHM_ONESHOT_BYTES", "16384", 1);
+        g = make_group(rank, world, store, "small-oneshot", NULL, 0);
+        unsetenv("DDP_SHM_ONESHOT_BYTES");
+        CHECK_MSG(!small_allreduce(g, &types[0], 16u << 10, 0, &k),
+                  "DDP_SHM_ONESHOT_BYTES=16384, yet 16 KiB ran mapped");
+        ddp_group_destroy(g);
+    }
+    if (world > 1 && ddp__shm_map_auto_available()) {
+        /* DDP_SHM_MAP=auto (the default): a page-aligned malloc'd buffer of the smallest size,
+         * mapped from its third call (registered at the second, its class told there). */
+        setenv("DDP_SHM_MAP", "auto", 1);
+        g = make_group(rank, world, store, "small-auto", NULL, 0);
+        const size_t count = allreduce_min / sizeof(float);
+        float *buf = aligned_alloc(PAGE, allreduce_min);
+        CHECK(buf);
+        for (int call = 0; call < 5; call++) {
+            int mapped = sum_and_check(g, buf, count, k++, "auto, small");
+            CHECK_MSG(call < 2 || mapped, "auto, %zu bytes: call %d ran %s", allreduce_min,
+                      call + 1, last_algorithm);
+        }
+        free(buf);
+        ddp_group_destroy(g);
+    }
+    return 0;
+}
+
 /* ---- writers ------------------------------------------------------------------------------- */
 
 /* A thread writing a generation number into every word of a range, then reading them all back:
@@ -1665,12 +1785,13 @@ int main(int argc, char **argv)
                               : !strcmp(mode, "apply")      ? rank_apply
                               : !strcmp(mode, "writers")    ? rank_writers
                               : !strcmp(mode, "watch")      ? rank_watch
+                              : !strcmp(mode, "small")      ? rank_small
                                                             : NULL;
         if (!fn || world < 1 ||
             ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto || fn == rank_watch) &&
              world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|auto|kill|pulled|apply|writers|watch (fallback, tuned, auto, "
+                            "fork|tuned|auto|kill|pulled|apply|writers|watch|small (fallback, tuned, auto, "
                             "watch: world >= 2)\n");
             return 2;
         }

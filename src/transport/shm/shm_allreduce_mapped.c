@@ -6,13 +6,14 @@
 
 #include "transport/shm/shm_internal.h"
 
-/* The smallest collective whose buffers DDP_SHM_MAP=auto registers (below, a copy through the
- * stage is cheap). An allgather's is its output: its source, one rank's block, is 1/world of
- * it (4 ranks, 256 KiB: a 64 KiB source). 128 KiB until the Intel Xeon of issue #27, where 2
- * ranks' default allgather, alltoall, broadcast and reduce_scatter of 32-64 KiB took 3.7-9.7 us
- * through the stage and 2.0-3.6 us registered automatically (two runs each). A table full of
+/* The smallest collective whose buffers DDP_SHM_MAP=auto registers: a page (a range registers
+ * its whole pages). Which sizes ask at all is each path's own threshold (ddp__shm_pull_min,
+ * MAPPED_ALLREDUCE_MIN_PER_RANK, the one-shot size); since registered memory is watched they
+ * go down to 4-8 KiB at 2 ranks. It was 32 KiB from the Intel Xeon of issue #27 on (2 ranks'
+ * default allgather, alltoall, broadcast and reduce_scatter of 32-64 KiB took 3.7-9.7 us
+ * through the stage and 2.0-3.6 us registered automatically), 128 KiB before. A table full of
  * small registrations does not keep a larger buffer out (shm_map.c). */
-#define MAP_AUTO_MIN ((size_t)32 << 10)
+#define MAP_AUTO_MIN ((size_t)4 << 10)
 
 /* Publishes this process's live registrations when they changed (before a first phase). */
 static void publish_live(shm_state_t *S)

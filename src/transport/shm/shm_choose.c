@@ -73,20 +73,39 @@ static int tuner_pick(shm_state_t *S, size_t bytes, int *key, unsigned *candidat
     return ddp__shm_tune_pick(&S->tune, cls, candidates, fallback);
 }
 
+/* Registered allreduces from this many bytes a rank go the mapped way below the one-shot size
+ * too (unless DDP_SHM_ONESHOT_BYTES was set: one-shot exactly up to it). On the Intel Xeon of
+ * issue #27, page-aligned buffers, two runs each (29 Nov 2026, 06:45 UTC): 2 ranks, mapped
+ * against one-shot, f32 4 KiB 1.72-1.74 us against 2.02-2.10, 8 KiB 1.79-1.80 against
+ * 3.15-3.29, 16 KiB 2.12-2.14 against 5.47-5.55; bf16 4 KiB 1.84-1.86 against 3.45-3.73, 16 KiB
+ * 2.83-2.90 against 11.0-11.7; 2 KiB lost (1.94-1.96 against 1.50-1.54). 4 ranks on the 2
+ * cores: 8 KiB won (f32 7.5-7.7 against 8.5-8.8), 4 KiB lost (7.4-7.5 against 5.9). One-shot's
+ * every rank reads every rank's freshly staged copy from another core's cache, ~4-5 GB/s here;
+ * the mapped way reads each source where it lies, once. */
+#define MAPPED_ALLREDUCE_MIN_PER_RANK ((size_t)2 << 10)
+
+static int mapped_below_oneshot(const shm_state_t *S, size_t bytes)
+{
+    return S->map_wanted && S->world > 1 && !(S->fixed & FIXED_ONESHOT) &&
+           bytes >= MAPPED_ALLREDUCE_MIN_PER_RANK * (size_t)S->world;
+}
+
 /* One-shot's first phase: stage the whole input, publish (with the registered-memory hints when
- * the tuner picked it), wait. When every rank passed registered memory, this size class goes the
- * mapped way from the next call on (one-shot stops being a candidate, the same on every rank). */
+ * the tuner picked it, or the size may go mapped below the one-shot size), wait. When every
+ * rank passed registered memory, this size class goes the mapped way from the next call on
+ * (one-shot stops being a candidate, the same on every rank). */
 static ddp_status_t oneshot_first_phase(shm_state_t *S, const ddp__collective_t *c,
                                         shm_plan_t *plan, shm_fingerprint_t *fp, size_t bytes)
 {
-    if (plan->variant >= 0) ddp__shm_map_buffers(S, c, bytes, fp);
+    const int hint = plan->variant >= 0 || mapped_below_oneshot(S, bytes);
+    if (hint) ddp__shm_map_buffers(S, c, bytes, fp);
     plan->stage_parity = (unsigned)(S->use++ & 1);
     uint64_t target = ddp__shm_early_arrival(S, 1, bytes);
     if (bytes) memcpy(stage_of(S, S->rank, plan->stage_parity), c->send, bytes);
     if (!target) target = ddp__shm_first_arrive(S);
     ddp_status_t s = ddp__shm_first_publish(S, c, fp, NULL, 0, target, 1, &plan->fparity);
     if (s != DDP_OK || bytes == 0) return s;
-    if (plan->variant >= 0 && S->map_wanted && S->world > 1) {
+    if (hint && S->map_wanted && S->world > 1) {
         ddp__shm_prune_views(S);
         if (ddp__shm_all_registered(S, plan->fparity))
             S->map_class[ddp__shm_tune_key(0, bytes)] = 1;
@@ -167,7 +186,8 @@ static int agreed_zero_copy(shm_state_t *S, const shm_fingerprint_t *fp, unsigne
 /* The one place an allreduce's algorithm is chosen, once per call (the functions of
  * shm_allreduce*.c then run it). In order:
  *   1. up to MAILBOX_DATA bytes: mailbox (the data rides in the first phase's line);
- *   2. up to DDP_SHM_ONESHOT_BYTES: one-shot, by the static rule, untimed;
+ *   2. up to DDP_SHM_ONESHOT_BYTES: one-shot, by the static rule, untimed, unless the size
+ *      class found every rank's buffers registered before (mapped_below_oneshot): then as 3;
  *   3. above: the tuner's pick (tuner_pick), timed from here. The one-shot pick runs one-shot.
  *      Any other: the first phase publishes where this rank's buffers are, and what every rank
  *      published decides, in this order: zero copy (every rank's send and recv at the same
@@ -189,7 +209,10 @@ static ddp_status_t choose_allreduce(shm_state_t *S, const ddp__collective_t *c,
         set_algorithm(S, plan->algorithm);
         return ddp__shm_first_sync_data(S, c, &fp, c->send, bytes, 1, &plan->fparity);
     }
-    if (bytes > S->oneshot_bytes) {
+    /* Agreed on every rank: the size, and whether this class found registered memory
+     * everywhere before. */
+    if (bytes > S->oneshot_bytes ||
+        (mapped_below_oneshot(S, bytes) && S->map_class[ddp__shm_tune_key(0, bytes)])) {
         plan->variant = tuner_pick(S, bytes, &plan->key, &plan->candidates);
         S->untimed_ns = 0;
         plan->start_ns = ddp__now_ns();
@@ -287,7 +310,7 @@ static ddp_status_t run_rounds_or_single(shm_state_t *S, const ddp__collective_t
 static ddp_status_t run_pulled_or(shm_state_t *S, const ddp__collective_t *c, int kind,
                                   size_t bytes, shm_collective_fn rounds, shm_collective_fn single)
 {
-    if (S->world > 1 && bytes >= PULL_MIN_PER_RANK * (size_t)S->world) {
+    if (S->world > 1 && bytes >= ddp__shm_pull_min(S->world)) {
         int ran;
         ddp_status_t s = ddp__shm_try_pulled(S, c, ddp__shm_tune_key(kind, bytes), &ran);
         if (s != DDP_OK || ran) return s;
@@ -302,7 +325,7 @@ static ddp_status_t run_reduce_scatter_apply(shm_state_t *S, const ddp__collecti
 {
     const size_t esize = ddp_dtype_size(c->dtype), block = c->count * esize;
     const size_t bytes = block * (size_t)S->world;
-    if (S->world > 1 && bytes >= PULL_MIN_PER_RANK * (size_t)S->world) {
+    if (S->world > 1 && bytes >= ddp__shm_pull_min(S->world)) {
         int ran;
         ddp_status_t s = ddp__shm_try_apply(S, c, ddp__shm_tune_key(5, bytes), &ran);
         if (s != DDP_OK || ran) return s;

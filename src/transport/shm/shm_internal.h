@@ -489,21 +489,28 @@ static inline void ddp__shm_sort_cuts(size_t *cuts, int n)
 /* ---- shm_pulled.c: broadcast, allgather, reduce_scatter, alltoall from registered memory --- */
 
 /* A broadcast, allgather (its output), reduce_scatter or alltoall (their send) of at least
- * world times this may read its sources where they lie. On the Intel Xeon of issue #27 (a cache
- * line's round trip between the two cores 0.36 us), registered buffers, two runs each: 2 ranks,
- * 16 KiB 2.1-3.0 us through the stage against 1.9-2.5 read where they lie, 32 KiB 3.8-5.7
- * against 2.1-3.0, 8 KiB lost (1.3-1.9 against 1.6-2.0); 4 ranks on 2 cores, 32 KiB won
- * (7.6-10.6 against 6.6-8.2), 16 KiB lost (5.0-5.7 against 6.0-7.1). It was 64 KiB whatever the
- * world, chosen on an AMD EPYC. */
+ * ddp__shm_pull_min(world) bytes may read its sources where they lie. On the Intel Xeon of issue
+ * #27, since registered memory is watched instead of checked by a system call every call, 2
+ * ranks on registered buffers, two runs each (29 Nov 2026, 06:40 UTC): 8 KiB 1.36-1.53 us read
+ * where they lie against 1.57-1.96 through the stage, 16 KiB 1.39-1.58 against 2.54-3.15, 4 KiB
+ * lost or even (broadcast 1.48-1.51 against 1.09-1.17); before the watch 8 KiB lost (1.6-2.0
+ * against 1.3-1.9). 4 ranks on the 2 cores, 16 KiB: alltoall and reduce_scatter won (6.8-7.0
+ * against 8.0-8.2), allgather and broadcast lost (6.3-7.0 against 5.3-6.1), 8 KiB lost or even;
+ * there it stays 8 KiB a rank (32 KiB won). It was 64 KiB whatever the world on an AMD EPYC. */
 #define PULL_MIN_PER_RANK ((size_t)8 << 10)
-/* Runs c (broadcast, allgather, reduce_scatter or alltoall; bytes >= world x PULL_MIN_PER_RANK)
+#define PULL_MIN_TWO_RANKS ((size_t)8 << 10)
+static inline size_t ddp__shm_pull_min(int world)
+{
+    return world == 2 ? PULL_MIN_TWO_RANKS : (size_t)world * PULL_MIN_PER_RANK;
+}
+/* Runs c (broadcast, allgather, reduce_scatter or alltoall; bytes >= ddp__shm_pull_min(world))
  * the mapped way when every rank's source is in registered memory and its views are agreed:
  * *ran = 1 and the status. Else *ran = 0 after one phase (every rank the same), and the caller
  * runs its usual way. Tried at every call of a size class while its tries find every source
  * registered; after m misses in a row, 2^(m-1) - 1 calls pass untried (at most 63; every rank
  * the same). */
 ddp_status_t ddp__shm_try_pulled(shm_state_t *S, const ddp__collective_t *c, int key, int *ran);
-/* reduce_scatter_apply (transport.h; world >= 2, at least world x PULL_MIN_PER_RANK bytes in
+/* reduce_scatter_apply (transport.h; world >= 2, at least ddp__shm_pull_min(world) bytes in
  * all) the mapped way when every rank's send and recv are registered: *ran = 1 and the status;
  * else *ran = 0 after one phase, every rank the same, and the caller builds it from
  * reduce_scatter and allgather. Tried under the policy above, with `key`. */

@@ -473,6 +473,8 @@ int ddp__shm_map_auto(const void *p, size_t bytes)
     pthread_once(&once, init_once);
     if (maps_fd < 0 || !glibc_malloc) return 0;
     const uintptr_t a = (uintptr_t)p;
+    /* No whole page in it: nothing to register (asked at every call of such a buffer). */
+    if (((a + PAGE - 1) & ~(PAGE - 1)) + PAGE > a + bytes) return 0;
     pthread_mutex_lock(&exports_mu);
     seen_t *v = seen_of(a, bytes);
     v->last = ++seen_clock;
