@@ -137,7 +137,7 @@ static void test_variants_and_aliasing(void)
                 void *ref = malloc(n * es), *alt = malloc(n * es), *d2 = malloc(n * es);
                 ddp__reduce_force_variant(0);
                 ddp__reduce(ref, (const void *const *)src, k, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
-                for (int v = 1; v <= 2; v++) {
+                for (int v = 1; v <= DDP__REDUCE_VARIANT_MAX; v++) {
                     if (ddp__reduce_force_variant(v) != 0) continue; /* not on this CPU */
                     variants_compared |= 1 << v;
                     ddp__reduce(alt, (const void *const *)src, k, n, (ddp_dtype_t)dt, (ddp_reduce_op_t)op);
@@ -191,7 +191,7 @@ static void test_streamed(void)
                 /* aligned_alloc wants a size that is a multiple of the alignment */
                 const size_t area_bytes = ((n + 2 * pad) * es + 64 + 63) / 64 * 64;
                 for (int d = 0; d < 3; d++) area[d] = aligned_alloc(64, area_bytes);
-                for (int v = 0; v <= 2; v++) {
+                for (int v = 0; v <= DDP__REDUCE_VARIANT_MAX; v++) {
                     if (ddp__reduce_force_variant(v) != 0) continue;
                     for (size_t shift = 0; shift < 17; shift += 5) {
                         void *dsts[3];
@@ -239,7 +239,7 @@ static void test_copy_stream(void)
     const size_t guard = 64, most = 200000 + 2 * guard + 64; /* a multiple of 64 */
     unsigned char *src = aligned_alloc(64, most), *dst = aligned_alloc(64, most);
     for (size_t i = 0; i < most; i++) src[i] = (unsigned char)(i * 131 + 7);
-    for (int v = 0; v <= 2; v++) {
+    for (int v = 0; v <= DDP__REDUCE_VARIANT_MAX; v++) {
         if (ddp__reduce_force_variant(v) != 0) continue;
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             for (size_t so = 0; so < 64; so += 13) {
@@ -272,8 +272,9 @@ int main(void)
     test_variants_and_aliasing();
     test_streamed();
     test_copy_stream();
-    printf("variants compared with the baseline:%s%s\n", variants_compared & 2 ? " avx2+f16c" : "",
-           variants_compared & 4 ? " avx512" : "");
+    printf("variants compared with the baseline:%s%s%s\n",
+           variants_compared & 2 ? " avx2+f16c" : "", variants_compared & 4 ? " avx512" : "",
+           variants_compared & 8 ? " avx512+bf16" : "");
     printf("test_group_reduce: ok\n");
     return 0;
 }

@@ -9,7 +9,7 @@
 #include <cpuid.h>
 
 /* Bit 0: AVX + F16C with OS support; bit 1: AVX2 as well; bit 2: AVX-512 F, BW and VL too, with
- * the OS saving the opmask and ZMM state. */
+ * the OS saving the opmask and ZMM state; bit 3: AVX-512 DQ and BF16 as well. */
 static int probe(void)
 {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -29,6 +29,13 @@ static int probe(void)
          * upper halves of ZMM0-15, ZMM16-31. */
         const unsigned avx512 = (1u << 16) | (1u << 30) | (1u << 31);
         if ((v & 2) && (b & avx512) == avx512 && (lo & 0xe0u) == 0xe0u) v |= 4;
+        /* EBX bit 17: AVX512DQ; leaf 7 subleaf 1 EAX bit 5: AVX512_BF16. */
+        const int dq = (b & (1u << 17)) != 0;
+        unsigned max_sub = a;
+        if ((v & 4) && dq && max_sub >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            if (a & (1u << 5)) v |= 8;
+        }
     }
     return v;
 }
@@ -51,7 +58,9 @@ int ddp__cpu_has_avx_f16c(void) { return (features() & 1) != 0; }
 
 int ddp__cpu_has_avx2_f16c(void) { return (features() & 3) == 3; }
 
-int ddp__cpu_has_avx512(void) { return features() == 7; }
+int ddp__cpu_has_avx512(void) { return (features() & 7) == 7; }
+
+int ddp__cpu_has_avx512_bf16(void) { return features() == 15; }
 
 int ddp__cpu_is_intel(void)
 {

@@ -15,6 +15,10 @@ int ddp__cpu_has_avx2_f16c(void);
  * code may run. Cached like ddp__cpu_has_avx_f16c. */
 int ddp__cpu_has_avx512(void);
 
+/* 1 when, in addition, the CPU has AVX-512 DQ (CPUID leaf 7 EBX bit 17) and BF16 (leaf 7
+ * subleaf 1 EAX bit 5): target("avx512dq,avx512bf16") code may run too. Cached likewise. */
+int ddp__cpu_has_avx512_bf16(void);
+
 /* 1 when CPUID's vendor string is "GenuineIntel", else 0 (always 0 off x86-64). */
 int ddp__cpu_is_intel(void);
 

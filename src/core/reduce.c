@@ -7,8 +7,9 @@
  * be one of the sources (in place). Every loop is a plain element-wise loop over arrays the
  * compiler vectorises; the same loops are compiled three times, for baseline x86-64, with
  * target("avx2,f16c") (F16C converts halves eight at a time) and with AVX-512 F/BW/VL as well
- * (opmasks and a narrowing move make bf16's rounding half as many instructions), and the variant
- * is chosen once at run time. Element-wise IEEE operations give the same bits at any vector
+ * (opmasks and a narrowing move make bf16's rounding half as many instructions); where the CPU
+ * has AVX-512 BF16 as well, bf16 sums and averages have a register kernel of their own that
+ * rounds with VCVTNEPS2BF16 (reduce_bf16_avx512_bf16). The variant is chosen once at run time. Element-wise IEEE operations give the same bits at any vector
  * width and no FMA is used (no loop multiplies and adds in one expression), so every variant
  * produces identical results. The variant is chosen in reduce_variant.c; the register kernels
  * for streamed f32/bf16 sums and the non-temporal copies are in reduce_stream.c. */
@@ -297,6 +298,55 @@ HALF_KERNEL(reduce_f16_avx2, widen_f16_avx2, narrow_f16_avx2, DDP_TARGET_AVX2)
 HALF_FUSED_KERNEL(reduce_bf16_avx2, bf16_to_f32_inline, f32_to_bf16_inline, DDP_TARGET_AVX2)
 HALF_KERNEL(reduce_f16_avx512, widen_f16_avx2, narrow_f16_avx2, DDP_TARGET_AVX512)
 HALF_FUSED_KERNEL(reduce_bf16_avx512, bf16_to_f32_inline, f32_to_bf16_inline, DDP_TARGET_AVX512)
+
+/* bf16 SUM and AVG with AVX-512 BF16 (the other ops take reduce_bf16_avx512): sixteen elements
+ * at a time in registers, each source widened and added in order, AVG divided once, rounded
+ * once by VCVTNE2PS2BF16 (bf16x32_narrow_native): the bits of the kernels above. The
+ * compiler's vectorisation of f32_to_bf16_inline takes ~19 instructions per 16 elements, most
+ * of them on the two ports AVX-512 has; this loop ~7. On the Intel Xeon of issue #27, variants
+ * forced alternately, 2 sources: 2048 elements 4.1 -> 9.5 Gelem/s, 131072 4.3 -> 8.6; 3 and 4
+ * sources 1.7-2.1x (bench/results/2026-11-29-0700-bf16-native-ab.txt). */
+DDP_TARGET_AVX512_BF16 static void reduce_bf16_avx512_bf16(const reduce_args_t *a)
+{
+    if (a->op != DDP_SUM && a->op != DDP_AVG) {
+        reduce_bf16_avx512(a);
+        return;
+    }
+    uint16_t out[BLOCK];
+    const int avg = a->op == DDP_AVG, k = a->nsrcs;
+    const uint16_t *const *src = (const uint16_t *const *)a->srcs;
+    const __m512 div = _mm512_set1_ps((float)k);
+    for (size_t base = 0; base < a->count; base += BLOCK) {
+        const size_t n = a->count - base < BLOCK ? a->count - base : BLOCK;
+        uint16_t *d0 = (a->stream & 1u) ? out : (uint16_t *)a->dsts[0] + base;
+        size_t i = 0;
+        /* 32 elements a step as one vector a source: the even-numbered ones widened by a shift,
+         * the odd-numbered ones by a mask (no widening across lanes), rounded together and put
+         * back in order by one permutation. The rest sixteen at a time, masked. */
+        for (; i + 32 <= n; i += 32) {
+            __m512i x = _mm512_loadu_si512(src[0] + base + i);
+            __m512 even = bf16x32_even(x), odd = bf16x32_odd(x);
+            for (int s = 1; s < k; s++) {
+                x = _mm512_loadu_si512(src[s] + base + i);
+                even = _mm512_add_ps(even, bf16x32_even(x));
+                odd = _mm512_add_ps(odd, bf16x32_odd(x));
+            }
+            if (avg) {
+                even = _mm512_div_ps(even, div);
+                odd = _mm512_div_ps(odd, div);
+            }
+            _mm512_storeu_si512(d0 + i, bf16x32_narrow_native(even, odd));
+        }
+        for (; i < n; i += 16) {
+            const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+            __m512 x = bf16x16_widen_masked(src[0] + base + i, m);
+            for (int s = 1; s < k; s++) x = _mm512_add_ps(x, bf16x16_widen_masked(src[s] + base + i, m));
+            if (avg) x = _mm512_div_ps(x, div);
+            _mm256_mask_storeu_epi16(d0 + i, m, bf16x16_narrow_native(x));
+        }
+        fan_out_from(a, d0, base * 2, n * 2);
+    }
+}
 #endif
 
 /* ---- integers: accumulated in 64 bits with wrapping arithmetic ------------------------------ */
@@ -355,10 +405,14 @@ static kernel_fn kernel_for(ddp_dtype_t dtype)
     (void)v;
     switch (dtype) {
 #if DDP_REDUCE_X86
-    case DDP_F32: return v == 2 ? reduce_f32_avx512 : v ? reduce_f32_avx2 : reduce_f32_base;
-    case DDP_F64: return v == 2 ? reduce_f64_avx512 : v ? reduce_f64_avx2 : reduce_f64_base;
-    case DDP_F16: return v == 2 ? reduce_f16_avx512 : v ? reduce_f16_avx2 : reduce_f16_base;
-    case DDP_BF16: return v == 2 ? reduce_bf16_avx512 : v ? reduce_bf16_avx2 : reduce_bf16_base;
+    case DDP_F32: return v >= 2 ? reduce_f32_avx512 : v ? reduce_f32_avx2 : reduce_f32_base;
+    case DDP_F64: return v >= 2 ? reduce_f64_avx512 : v ? reduce_f64_avx2 : reduce_f64_base;
+    case DDP_F16: return v >= 2 ? reduce_f16_avx512 : v ? reduce_f16_avx2 : reduce_f16_base;
+    case DDP_BF16:
+        return v == 3   ? reduce_bf16_avx512_bf16
+               : v == 2 ? reduce_bf16_avx512
+               : v      ? reduce_bf16_avx2
+                        : reduce_bf16_base;
 #else
     case DDP_F32: return reduce_f32_base;
     case DDP_F64: return reduce_f64_base;

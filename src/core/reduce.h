@@ -72,11 +72,15 @@ DDP_MODULE_API void ddp__divide_by(void *data, size_t count, ddp_dtype_t dtype, 
 DDP_MODULE_API void ddp__acc_finish(void *out, void *acc, size_t count, ddp_dtype_t dtype,
                                     ddp_dtype_t acc_dtype, ddp_reduce_op_t op, int n);
 
-/* Name of the kernel variant chosen at run time ("avx512", "avx2+f16c" or "baseline"), for
- * benchmarks. */
+/* Name of the kernel variant chosen at run time ("avx512+bf16", "avx512", "avx2+f16c" or
+ * "baseline"), for benchmarks. */
 const char *ddp__reduce_variant(void);
 
-/* Tests only: force the baseline (0), AVX2+F16C (1) or AVX-512 (2) kernels; -1 goes back to
+/* The highest variant ddp__reduce_force_variant knows. */
+#define DDP__REDUCE_VARIANT_MAX 3
+
+/* Tests only: force the baseline (0), AVX2+F16C (1), AVX-512 (2) or AVX-512 with BF16 (3)
+ * kernels; -1 goes back to
  * choosing by CPU. Returns -1 (and chooses by CPU) when the CPU lacks that variant's
  * instructions. Not thread-safe with concurrent reductions. */
 int ddp__reduce_force_variant(int variant);

@@ -73,55 +73,39 @@ SUM_STREAM_KERNEL(sum_f32_stream_avx2, DDP_TARGET_AVX2, __m256, 8, _mm256_loadu_
                   _mm256_add_ps, _mm256_div_ps, _mm256_set1_ps, _mm256_stream_ps)
 
 /* bf16 (AVX-512 only): 16 elements widened to f32 (exact), summed in f32 in source order, AVG
- * divided once, rounded to nearest even with NaNs kept quiet: f32_to_bf16_inline, sixteen at a
- * time. 32 elements (one 64-byte line) per step. */
-DDP_TARGET_AVX512 INLINE __m512 bf16x16_widen(const uint16_t *p)
-{
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-DDP_TARGET_AVX512 INLINE __m256i bf16x16_narrow(__m512 x)
-{
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
-}
-
-DDP_TARGET_AVX512 INLINE void sum_bf16_stream_avx512_step(const reduce_args_t *a, int avg,
-                                                          __m512 div, size_t i)
-{
-    const uint16_t *s0 = (const uint16_t *)a->srcs[0] + i;
-    __m512 x0 = bf16x16_widen(s0), x1 = bf16x16_widen(s0 + 16);
-    _mm_prefetch((const char *)s0 + 512, _MM_HINT_T0);
-    for (int s = 1; s < a->nsrcs; s++) {
-        const uint16_t *p = (const uint16_t *)a->srcs[s] + i;
-        _mm_prefetch((const char *)p + 512, _MM_HINT_T0);
-        x0 = _mm512_add_ps(x0, bf16x16_widen(p));
-        x1 = _mm512_add_ps(x1, bf16x16_widen(p + 16));
+ * divided once, rounded to nearest even with NaNs kept quiet (bf16x16_narrow, or the same bits
+ * from VCVTNEPS2BF16 with AVX-512 BF16). 32 elements (one 64-byte line) per step. */
+#define BF16_STREAM_KERNEL(NAME, ATTR, NARROW)                                                    \
+    ATTR static inline __attribute__((always_inline)) void NAME##_step(                            \
+        const reduce_args_t *a, int avg, __m512 div, size_t i)                                    \
+    {                                                                                             \
+        const uint16_t *s0 = (const uint16_t *)a->srcs[0] + i;                                    \
+        __m512 x0 = bf16x16_widen(s0), x1 = bf16x16_widen(s0 + 16);                               \
+        _mm_prefetch((const char *)s0 + 512, _MM_HINT_T0);                                        \
+        for (int s = 1; s < a->nsrcs; s++) {                                                      \
+            const uint16_t *p = (const uint16_t *)a->srcs[s] + i;                                 \
+            _mm_prefetch((const char *)p + 512, _MM_HINT_T0);                                     \
+            x0 = _mm512_add_ps(x0, bf16x16_widen(p));                                             \
+            x1 = _mm512_add_ps(x1, bf16x16_widen(p + 16));                                        \
+        }                                                                                         \
+        if (avg) {                                                                                \
+            x0 = _mm512_div_ps(x0, div);                                                          \
+            x1 = _mm512_div_ps(x1, div);                                                          \
+        }                                                                                         \
+        const __m512i line =                                                                      \
+            _mm512_inserti64x4(_mm512_castsi256_si512(NARROW(x0)), NARROW(x1), 1);                \
+        for (int d = 0; d < a->ndsts; d++)                                                        \
+            _mm512_stream_si512((__m512i *)((uint16_t *)a->dsts[d] + i), line);                   \
+    }                                                                                             \
+    ATTR static void NAME(const reduce_args_t *a, size_t n)                                       \
+    {                                                                                             \
+        const int avg = a->op == DDP_AVG;                                                         \
+        const __m512 div = _mm512_set1_ps((float)a->nsrcs);                                       \
+        STREAM_WALK(n, 32, STREAM_PAGE_BYTES / sizeof(uint16_t), NAME##_step, a, avg, div);      \
     }
-    if (avg) {
-        x0 = _mm512_div_ps(x0, div);
-        x1 = _mm512_div_ps(x1, div);
-    }
-    const __m512i line =
-        _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_narrow(x0)), bf16x16_narrow(x1), 1);
-    for (int d = 0; d < a->ndsts; d++)
-        _mm512_stream_si512((__m512i *)((uint16_t *)a->dsts[d] + i), line);
-}
 
-DDP_TARGET_AVX512 static void sum_bf16_stream_avx512(const reduce_args_t *a, size_t n)
-{
-    const int avg = a->op == DDP_AVG;
-    const __m512 div = _mm512_set1_ps((float)a->nsrcs);
-    STREAM_WALK(n, 32, STREAM_PAGE_BYTES / sizeof(uint16_t), sum_bf16_stream_avx512_step, a, avg,
-                div);
-}
+BF16_STREAM_KERNEL(sum_bf16_stream_avx512, DDP_TARGET_AVX512, bf16x16_narrow)
+BF16_STREAM_KERNEL(sum_bf16_stream_avx512_bf16, DDP_TARGET_AVX512_BF16, bf16x16_narrow_native)
 #endif
 
 /* The register kernels on what they can take of a (f32 or, with AVX-512, bf16; SUM or AVG;
@@ -134,11 +118,11 @@ size_t ddp__reduce_sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_
 #if DDP_REDUCE_X86
     const int v = ddp__reduce_choose();
     const unsigned every = a->ndsts >= 32 ? ~0u : (1u << a->ndsts) - 1u;
-    if (v == 0 || !(dtype == DDP_F32 || (dtype == DDP_BF16 && v == 2)) ||
+    if (v == 0 || !(dtype == DDP_F32 || (dtype == DDP_BF16 && v >= 2)) ||
         (a->op != DDP_SUM && a->op != DDP_AVG) || a->nsrcs > STREAM_MAX_SRCS ||
         a->ndsts > STREAM_MAX_DSTS || (a->stream & every) != every)
         return 0;
-    const size_t esize = dtype == DDP_F32 ? 4 : 2, align = v == 2 ? 64 : 32;
+    const size_t esize = dtype == DDP_F32 ? 4 : 2, align = v >= 2 ? 64 : 32;
     const size_t step = (dtype == DDP_F32 ? 2 * align : align) / esize;
     const uintptr_t mis = (uintptr_t)a->dsts[0] % align;
     if (mis % esize) return 0;
@@ -150,8 +134,9 @@ size_t ddp__reduce_sum_streamed(const reduce_args_t *a, ddp_dtype_t dtype, size_
     const void *srcs[STREAM_MAX_SRCS];
     void *dsts[STREAM_MAX_DSTS];
     const reduce_args_t b = reduce_args_from(a, h, n, esize, srcs, dsts);
-    if (dtype == DDP_BF16) sum_bf16_stream_avx512(&b, n);
-    else if (v == 2) sum_f32_stream_avx512(&b, n);
+    if (dtype == DDP_BF16 && v == 3) sum_bf16_stream_avx512_bf16(&b, n);
+    else if (dtype == DDP_BF16) sum_bf16_stream_avx512(&b, n);
+    else if (v >= 2) sum_f32_stream_avx512(&b, n);
     else sum_f32_stream_avx2(&b, n);
     *head = h;
     return n;
@@ -195,7 +180,7 @@ void ddp__copy_stream_nofence(void *dst, const void *src, size_t bytes)
 #if DDP_REDUCE_X86
     const int v = ddp__reduce_choose();
     if (v > 0 && bytes >= 1024) {
-        const size_t align = v == 2 ? 64 : 32;
+        const size_t align = v >= 2 ? 64 : 32;
         char *d = dst;
         const char *s = src;
         size_t head = (align - ((uintptr_t)d & (align - 1))) & (align - 1);
@@ -204,7 +189,7 @@ void ddp__copy_stream_nofence(void *dst, const void *src, size_t bytes)
         s += head;
         bytes -= head;
         size_t body = bytes & ~(size_t)127;
-        if (v == 2) copy_stream_avx512(d, s, body);
+        if (v >= 2) copy_stream_avx512(d, s, body);
         else copy_stream_avx2(d, s, body);
         memcpy(d + body, s + body, bytes - body);
         return;

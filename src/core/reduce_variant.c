@@ -10,6 +10,7 @@ static _Atomic int kernels_chosen = -1; /* -1 unknown, else a variant (reduce.h)
 static int best_variant(void)
 {
 #if DDP_REDUCE_X86
+    if (ddp__cpu_has_avx512_bf16()) return 3;
     if (ddp__cpu_has_avx512()) return 2;
     if (ddp__cpu_has_avx2_f16c()) return 1;
 #endif
@@ -27,7 +28,7 @@ int ddp__reduce_choose(void)
 
 const char *ddp__reduce_variant(void)
 {
-    static const char *const names[] = {"baseline", "avx2+f16c", "avx512"};
+    static const char *const names[] = {"baseline", "avx2+f16c", "avx512", "avx512+bf16"};
     return names[ddp__reduce_choose()];
 }
 
