@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/half.h"
 #include "core/internal.h"
 #include "harness.h"
 
@@ -66,6 +67,30 @@ static void test_half_conversions(void)
     CHECK(ddp_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);  /* tie to even */
     CHECK(ddp_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
     CHECK(isnan(ddp_bf16_to_f32(ddp_f32_to_bf16(NAN))));
+    /* The bulk conversions (vectorised, with AVX-512 BF16 where the CPU has it) give the
+     * scalar's bits: f32 patterns across every exponent, denormals, ties, infinities and NaNs,
+     * in runs long enough for the vector loops and a tail. */
+    enum { N = 1 << 16 };
+    static float f[N + 7];
+    static uint16_t h[N + 7];
+    static float back[N + 7];
+    for (uint32_t i = 0; i < N + 7; i++) {
+        uint32_t u = i * 0x9e3779b9u; /* every exponent, varied mantissas */
+        if (i % 5 == 0) u &= 0x807fffffu;          /* denormal (or zero) */
+        if (i % 7 == 0) u = (u & 0xffff0000u) | 0x8000u; /* a tie */
+        if (i % 11 == 0) u |= 0x7f800000u;         /* infinity or NaN */
+        memcpy(&f[i], &u, sizeof u);
+    }
+    ddp__f32_to_half(DDP_BF16, f, h, N + 7);
+    for (uint32_t i = 0; i < N + 7; i++)
+        CHECK_MSG(h[i] == ddp_f32_to_bf16(f[i]), "bulk bf16 of element %u: 0x%04x, scalar 0x%04x",
+                  i, h[i], ddp_f32_to_bf16(f[i]));
+    for (uint32_t i = 0; i < N + 7; i++) h[i] = (uint16_t)(i * 40503u);
+    ddp__half_to_f32(DDP_BF16, h, back, N + 7);
+    for (uint32_t i = 0; i < N + 7; i++) {
+        float want = ddp_bf16_to_f32(h[i]);
+        CHECK_MSG(memcmp(&back[i], &want, sizeof want) == 0, "bulk widening of 0x%04x", h[i]);
+    }
 }
 
 static void test_env_table(void)
