@@ -6,7 +6,8 @@ add_executable(memcpy-probe ${PROJECT_SOURCE_DIR}/bench/memcpy_probe.c)
 target_link_libraries(memcpy-probe PRIVATE m)
 # build/switch-probe: the cost of one CPU switching between two processes, the floor of a small
 # collective when there are more ranks than cores; --across: a cache line's round trip between two
-# cores, the floor when every rank has its own.
+# cores, the floor when every rank has its own; --across --bytes N: N freshly written bytes handed
+# from one core's cache to the other's, the floor of a copy through a stage.
 add_executable(switch-probe ${PROJECT_SOURCE_DIR}/bench/switch_probe.c)
 # build/cma-probe: the parts of a 2-rank single-copy allreduce (process_vm_readv, memcpy alone and
 # on both cores at once) timed apart, to find what limits it (docs/shm-transport.md).

@@ -12,7 +12,12 @@
  * --across: the two processes are pinned to the first two allowed CPUs and spin instead of
  * yielding, and the second answers only after seeing the first's turn: every turn is one round
  * trip of a cache line between two cores, the floor of a collective whose every rank (a
- * broadcast's root included) returns only once it knows the others arrived. */
+ * broadcast's root included) returns only once it knows the others arrived.
+ *
+ * --across --bytes N: each turn the first process also writes N bytes into shared memory before
+ * its turn and the second copies them out before answering: the hand-off of N freshly written
+ * bytes from one core's cache to another's, the floor of a collective that copies through a
+ * stage (docs/shm-transport.md, "One-shot"). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -46,6 +51,11 @@ static inline void relax(void)
 #endif
 }
 
+/* --bytes: the shared area player 0 writes (from its private source) and player 1 reads (into
+ * its private copy) each turn. */
+static char *area, *source, *copy;
+static size_t area_bytes;
+
 /* Takes `turns` turns as player `me` (across: spinning, player 1 answering player 0); returns
  * the time per turn in microseconds. */
 static double play(shared_t *sh, int me, long first, long turns, int across)
@@ -56,10 +66,15 @@ static double play(shared_t *sh, int me, long first, long turns, int across)
             atomic_store(&sh->turn[me][0], t);
             while (atomic_load(&sh->turn[1 - me][0]) < t) sched_yield();
         } else if (me == 0) {
+            if (area_bytes) {
+                source[0] = (char)t;
+                memcpy(area, source, area_bytes);
+            }
             atomic_store(&sh->turn[0][0], t);
             while (atomic_load(&sh->turn[1][0]) < t) relax();
         } else {
             while (atomic_load(&sh->turn[0][0]) < t) relax();
+            if (area_bytes) memcpy(copy, area, area_bytes);
             atomic_store(&sh->turn[1][0], t);
         }
     }
@@ -74,10 +89,12 @@ static int cmp_double(const void *a, const void *b)
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: switch-probe [-n TURNS] [--rounds R] [--across] [--json]\n"
+    fprintf(out, "usage: switch-probe [-n TURNS] [--rounds R] [--across [--bytes N]] [--json]\n"
                  "  the time one CPU takes to switch between two processes (sched_yield\n"
                  "  ping-pong of two processes pinned to the first allowed CPU); --across:\n"
-                 "  a cache line's round trip between the first two allowed CPUs (spinning)\n");
+                 "  a cache line's round trip between the first two allowed CPUs (spinning);\n"
+                 "  --bytes N: each turn also hands N freshly written bytes from the first\n"
+                 "  CPU's cache to the second (memcpy in, memcpy out)\n");
 }
 
 int main(int argc, char **argv)
@@ -87,6 +104,18 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--across")) across = 1;
+        else if (!strcmp(argv[i], "--bytes") && i + 1 < argc) {
+            char *end = NULL;
+            errno = 0;
+            long v = strtol(argv[i + 1], &end, 10);
+            if (errno || !end || *end || v < 1 || v > (1L << 30)) {
+                fprintf(stderr, "switch-probe: --bytes wants 1 to 1073741824, not '%s'\n",
+                        argv[i + 1]);
+                return 2;
+            }
+            area_bytes = (size_t)v;
+            i++;
+        }
         else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--rounds")) && i + 1 < argc) {
             char *end = NULL;
             errno = 0;
@@ -109,6 +138,10 @@ int main(int argc, char **argv)
         }
     }
     if (rounds > 99) rounds = 99;
+    if (area_bytes && !across) {
+        fprintf(stderr, "switch-probe: --bytes goes with --across\n");
+        return 2;
+    }
 
     cpu_set_t allowed, one;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
@@ -135,6 +168,18 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(sh, 0, sizeof *sh);
+    if (area_bytes) {
+        area = mmap(NULL, area_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        source = malloc(area_bytes);
+        copy = malloc(area_bytes);
+        if (area == MAP_FAILED || !source || !copy) {
+            perror("switch-probe: --bytes buffers");
+            return 1;
+        }
+        memset(area, 0, area_bytes);
+        memset(source, 1, area_bytes);
+        memset(copy, 2, area_bytes);
+    }
     pid_t child = fork();
     if (child < 0) {
         perror("switch-probe: fork");
@@ -167,9 +212,14 @@ int main(int argc, char **argv)
     qsort(per, (size_t)rounds, sizeof per[0], cmp_double);
     double median = rounds % 2 ? per[rounds / 2] : (per[rounds / 2 - 1] + per[rounds / 2]) / 2;
     if (json && across)
-        printf("{\"probe\":\"round_trip\",\"cpus\":[%d,%d],\"turns\":%ld,\"rounds\":%ld,"
-               "\"round_trip_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f}\n",
-               cpu, cpu2, turns, rounds, median, per[0], per[rounds - 1]);
+        printf("{\"probe\":\"round_trip\",\"cpus\":[%d,%d],\"bytes\":%zu,\"turns\":%ld,"
+               "\"rounds\":%ld,\"round_trip_us\":%.3f,\"min_us\":%.3f,\"max_us\":%.3f}\n",
+               cpu, cpu2, area_bytes, turns, rounds, median, per[0], per[rounds - 1]);
+    else if (across && area_bytes)
+        printf("hand-off of %zu bytes from cpu %d to cpu %d, with the round trip: %.3f us, %.2f GB/s "
+               "(median of %ld rounds of %ld turns; %.3f-%.3f)\n",
+               area_bytes, cpu, cpu2, median, (double)area_bytes / median / 1e3, rounds, turns,
+               per[0], per[rounds - 1]);
     else if (across)
         printf("cache-line round trip between cpus %d and %d: %.3f us (median of %ld rounds of %ld "
                "turns; %.3f-%.3f)\n",
