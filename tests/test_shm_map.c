@@ -1791,8 +1791,8 @@ int main(int argc, char **argv)
             ((fn == rank_fallback || fn == rank_tuned || fn == rank_auto || fn == rank_watch) &&
              world < 2)) {
             fprintf(stderr, "usage: test_shm_map <world> variants|fallback|unregister|errors|"
-                            "fork|tuned|auto|kill|pulled|apply|writers|watch|small (fallback, tuned, auto, "
-                            "watch: world >= 2)\n");
+                            "fork|tuned|auto|kill|pulled|apply|writers|watch|small (fallback, "
+                            "tuned, auto, watch: world >= 2)\n");
             return 2;
         }
         if ((fn == rank_auto || fn == rank_writers) && !ddp__shm_map_auto_available()) {

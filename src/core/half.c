@@ -34,7 +34,8 @@ __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(const uint16_t
     return i;
 }
 
-DDP_TARGET_AVX512_BF16 static size_t f32_to_bf16_avx512_bf16(const float *in, uint16_t *out, size_t n)
+DDP_TARGET_AVX512_BF16 static size_t f32_to_bf16_avx512_bf16(const float *in, uint16_t *out,
+                                                             size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)

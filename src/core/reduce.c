@@ -9,10 +9,11 @@
  * target("avx2,f16c") (F16C converts halves eight at a time) and with AVX-512 F/BW/VL as well
  * (opmasks and a narrowing move make bf16's rounding half as many instructions); where the CPU
  * has AVX-512 BF16 as well, bf16 sums and averages have a register kernel of their own that
- * rounds with VCVTNEPS2BF16 (reduce_bf16_avx512_bf16). The variant is chosen once at run time. Element-wise IEEE operations give the same bits at any vector
- * width and no FMA is used (no loop multiplies and adds in one expression), so every variant
- * produces identical results. The variant is chosen in reduce_variant.c; the register kernels
- * for streamed f32/bf16 sums and the non-temporal copies are in reduce_stream.c. */
+ * rounds with VCVTNE2PS2BF16 (reduce_bf16_avx512_bf16, element by element: in place too). The
+ * variant is chosen once at run time. Element-wise IEEE operations give the same bits at any
+ * vector width and no FMA is used (no loop multiplies and adds in one expression), so every
+ * variant produces identical results. The variant is chosen in reduce_variant.c; the register
+ * kernels for streamed f32/bf16 sums and the non-temporal copies are in reduce_stream.c. */
 #include <stdint.h>
 #include <string.h>
 
@@ -299,9 +300,9 @@ HALF_FUSED_KERNEL(reduce_bf16_avx2, bf16_to_f32_inline, f32_to_bf16_inline, DDP_
 HALF_KERNEL(reduce_f16_avx512, widen_f16_avx2, narrow_f16_avx2, DDP_TARGET_AVX512)
 HALF_FUSED_KERNEL(reduce_bf16_avx512, bf16_to_f32_inline, f32_to_bf16_inline, DDP_TARGET_AVX512)
 
-/* bf16 SUM and AVG with AVX-512 BF16 (the other ops take reduce_bf16_avx512): sixteen elements
- * at a time in registers, each source widened and added in order, AVG divided once, rounded
- * once by VCVTNE2PS2BF16 (bf16x32_narrow_native): the bits of the kernels above. The
+/* bf16 SUM and AVG with AVX-512 BF16 (the other ops take reduce_bf16_avx512): 32 elements a
+ * step in registers, each source widened and added in order, AVG divided once, rounded once by
+ * VCVTNE2PS2BF16 (bf16x32_narrow_native): the bits of the kernels above. The
  * compiler's vectorisation of f32_to_bf16_inline takes ~19 instructions per 16 elements, most
  * of them on the two ports AVX-512 has; this loop ~7. On the Intel Xeon of issue #27, variants
  * forced alternately, 2 sources: 2048 elements 4.1 -> 9.5 Gelem/s, 131072 4.3 -> 8.6; 3 and 4
@@ -338,9 +339,11 @@ DDP_TARGET_AVX512_BF16 static void reduce_bf16_avx512_bf16(const reduce_args_t *
             _mm512_storeu_si512(d0 + i, bf16x32_narrow_native(even, odd));
         }
         for (; i < n; i += 16) {
-            const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+            const __mmask16 m =
+                n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
             __m512 x = bf16x16_widen_masked(src[0] + base + i, m);
-            for (int s = 1; s < k; s++) x = _mm512_add_ps(x, bf16x16_widen_masked(src[s] + base + i, m));
+            for (int s = 1; s < k; s++)
+                x = _mm512_add_ps(x, bf16x16_widen_masked(src[s] + base + i, m));
             if (avg) x = _mm512_div_ps(x, div);
             _mm256_mask_storeu_epi16(d0 + i, m, bf16x16_narrow_native(x));
         }

@@ -80,9 +80,8 @@ const char *ddp__reduce_variant(void);
 #define DDP__REDUCE_VARIANT_MAX 3
 
 /* Tests only: force the baseline (0), AVX2+F16C (1), AVX-512 (2) or AVX-512 with BF16 (3)
- * kernels; -1 goes back to
- * choosing by CPU. Returns -1 (and chooses by CPU) when the CPU lacks that variant's
- * instructions. Not thread-safe with concurrent reductions. */
+ * kernels; -1 goes back to choosing by CPU. Returns -1 (and chooses by CPU) when the CPU lacks
+ * that variant's instructions. Not thread-safe with concurrent reductions. */
 int ddp__reduce_force_variant(int variant);
 
 #endif

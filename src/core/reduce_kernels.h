@@ -113,7 +113,8 @@ DDP_TARGET_AVX512_BF16 INLINE __m512i bf16x32_narrow_native(__m512 even, __m512 
                                            24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                            16, 0);
     __m512i r = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
-    const __mmask16 de = _mm512_fpclass_ps_mask(even, 0x20), dodd = _mm512_fpclass_ps_mask(odd, 0x20);
+    const __mmask16 de = _mm512_fpclass_ps_mask(even, 0x20);
+    const __mmask16 dodd = _mm512_fpclass_ps_mask(odd, 0x20);
     if (de | dodd) {
         const __m512i fixed = _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_narrow(even)),
                                                  bf16x16_narrow(odd), 1);
