@@ -1488,8 +1488,8 @@ static int small_allreduce(ddp_group_t *g, const type_t *t, size_t bytes, size_t
         ddp_test_fill(reg.at, t->dtype, rank, count, *k);
         memcpy(plain.at, reg.at, bytes);
         CHECK_OK(ddp_group_allreduce(g, reg.at, reg.at, count, t->dtype, t->op));
-        char alg[32];
-        snprintf(alg, sizeof alg, "%s", ddp_group_algorithm(g));
+        last_algorithm = ddp_group_algorithm(g);
+        const char *alg = last_algorithm;
         if (call) mapped &= !strcmp(alg, "mapped");
         CHECK_OK(ddp_group_allreduce(g, plain.at, plain.at, count, t->dtype, t->op));
         CHECK_MSG(!is_mapped(g), "%s, case %d: unregistered, yet mapped", what, *k);
@@ -1525,11 +1525,11 @@ static int rank_small(int rank, int world, ddp_store_t *store, void *arg)
                 size_t bytes = allreduce_min + extra[e];
                 CHECK_MSG(small_allreduce(g, ts[t], bytes, 0, &k),
                           "allreduce %s of %zu registered bytes: not mapped (%s)",
-                          ts[t]->name, bytes, ddp_group_algorithm(g));
+                          ts[t]->name, bytes, last_algorithm);
             }
         /* Edges outside the whole pages, through the stage. */
         CHECK_MSG(small_allreduce(g, &types[0], 16u << 10, 16, &k),
-                  "allreduce of 16 KiB at offset 16: not mapped (%s)", ddp_group_algorithm(g));
+                  "allreduce of 16 KiB at offset 16: not mapped (%s)", last_algorithm);
         /* Below the size: one-shot. */
         if (allreduce_min / 2 >= PAGE)
             CHECK_MSG(!small_allreduce(g, &types[0], allreduce_min / 2, 0, &k),

@@ -31,7 +31,7 @@ static int probe(void)
         if ((v & 2) && (b & avx512) == avx512 && (lo & 0xe0u) == 0xe0u) v |= 4;
         /* EBX bit 17: AVX512DQ; leaf 7 subleaf 1 EAX bit 5: AVX512_BF16. */
         const int dq = (b & (1u << 17)) != 0;
-        unsigned max_sub = a;
+        const unsigned max_sub = a;
         if ((v & 4) && dq && max_sub >= 1) {
             __cpuid_count(7, 1, a, b, c, d);
             if (a & (1u << 5)) v |= 8;
